@@ -1,0 +1,113 @@
+"""The on-disk layout of bertjax training checkpoints, and reading their parameters alone.
+
+A training run's workdir holds `checkpoints/`, an orbax `CheckpointManager` directory with one
+folder per saved step. Each step has the items
+
+- `params`: the model parameters as a flat dict `{"bert/encoder/layer/0/...": array}` (flat string
+  keys survive any orbax version and any sharding unchanged);
+- `meta`: JSON (see `make_meta`) with the architecture, the HF-style model config, the shapes of
+  the params, the tokenizer location (relative to the workdir) and the resolved run config;
+
+plus the items the trainer adds for an exact resume (optimizer state, data position, RNG). The
+checkpoint *policy* (when to save, what to keep, resume order) lives in `train.checkpoints`; this
+module only fixes the layout so analysis can load params without knowing about training.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from flax import nnx
+
+from bertjax.errors import UserError
+
+CHECKPOINTS = "checkpoints"
+PARAMS = "params"
+META = "meta"
+SEP = "/"
+
+
+def flatten_params(state: nnx.State) -> dict[str, jax.Array]:
+    return {SEP.join(str(p) for p in path): v.get_value() for path, v in nnx.to_flat_state(state)}
+
+
+def make_meta(model: nnx.Module, tokenizer: str, run_config: dict[str, Any]) -> dict[str, Any]:
+    params = flatten_params(nnx.state(model, nnx.Param))
+    return {
+        "architecture": type(model).__name__,
+        "model_config": model.config.to_hf_dict(type(model).__name__),
+        "param_shapes": {k: [list(v.shape), str(v.dtype)] for k, v in params.items()},
+        "tokenizer": tokenizer,
+        "run_config": run_config,
+    }
+
+
+def save_args(params: dict[str, jax.Array], meta: dict[str, Any]) -> dict[str, ocp.args.CheckpointArgs]:
+    """The items every checkpoint has; the trainer adds its own to the same `Composite`."""
+    return {PARAMS: ocp.args.StandardSave(params), META: ocp.args.JsonSave(meta)}
+
+
+def path_key(path: tuple) -> str:
+    return SEP.join(str(p) for p in path)
+
+
+def checkpoint_dir(path: Path) -> Path | None:
+    """The orbax manager directory for a run workdir or the directory itself; None if neither."""
+    for candidate in (path / CHECKPOINTS, path):
+        if candidate.is_dir() and any(_step_of(c) is not None for c in candidate.iterdir()):
+            return candidate
+    return None
+
+
+def _step_of(folder: Path) -> int | None:
+    if folder.is_dir() and folder.name.isdigit() and (folder / META).is_dir():
+        return int(folder.name)
+    return None
+
+
+def available_steps(directory: Path) -> list[int]:
+    return sorted(s for s in (_step_of(c) for c in directory.iterdir()) if s is not None)
+
+
+def resolve_step(path: Path, step: int | None) -> tuple[Path, int]:
+    """(manager directory, step) for a workdir, a checkpoints directory or one step's folder."""
+    if _step_of(path) is not None:
+        if step is not None and step != int(path.name):
+            raise UserError(f"{path} is the checkpoint of step {path.name}, not of step {step}")
+        return path.parent, int(path.name)
+    directory = checkpoint_dir(path)
+    if directory is None:
+        raise UserError(f"{path}: no bertjax checkpoints found (expected {CHECKPOINTS}/<step>/)")
+    steps = available_steps(directory)
+    if step is None:
+        return directory, steps[-1]
+    if step not in steps:
+        raise UserError(f"{directory}: no checkpoint for step {step}; available: {steps}")
+    return directory, step
+
+
+def read_meta(directory: Path, step: int) -> dict[str, Any]:
+    manager = ocp.CheckpointManager(directory, item_names=(META,), options=_read_only())
+    try:
+        return manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise UserError(f"{directory / str(step)}: unreadable checkpoint metadata ({e})") from None
+
+
+def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
+    """Restores the `params` item into the shapes (and shardings) of `abstract`."""
+    manager = ocp.CheckpointManager(directory, item_names=(PARAMS,), options=_read_only())
+    try:
+        restored = manager.restore(
+            step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)})
+        )
+    except (FileNotFoundError, ValueError, KeyError) as e:
+        raise UserError(f"{directory / str(step)}: cannot restore params ({e})") from None
+    return restored[PARAMS]
+
+
+def _read_only() -> ocp.CheckpointManagerOptions:
+    return ocp.CheckpointManagerOptions(read_only=True, create=False)

@@ -1,0 +1,136 @@
+"""The BERT architecture config: presets by size, and the HF `config.json` in both directions."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+
+from bertjax.errors import UserError
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture and numerics of a BERT encoder; field names follow HF's `BertConfig`."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    num_labels: int = 2
+    # Compute dtype (activations, matmuls) is separate from the storage dtype of the parameters so
+    # that accelerators can run bf16 over fp32 master weights. Softmax and LayerNorm statistics
+    # always run in fp32.
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_attention_heads:
+            raise UserError(
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            raise UserError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def compute_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.dtype)
+
+    @property
+    def storage_dtype(self) -> jnp.dtype:
+        return jnp.dtype(self.param_dtype)
+
+    def replace(self, **changes: Any) -> BertConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_hf_dict(self, architecture: str = "BertModel") -> dict[str, Any]:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        fields.pop("dtype")
+        fields.pop("param_dtype")
+        num_labels = fields.pop("num_labels")
+        hf = {"architectures": [architecture], "model_type": "bert", **fields}
+        hf["position_embedding_type"] = "absolute"
+        hf["tie_word_embeddings"] = True
+        hf["dtype"] = self.param_dtype
+        if architecture == "BertForSequenceClassification":
+            hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+            hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+        return hf
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], source: str = "config", **overrides: Any) -> BertConfig:
+        """Reads the fields bertjax models; rejects BERT variants it does not implement."""
+        model_type = hf.get("model_type", "bert")
+        if model_type != "bert":
+            raise UserError(f"{source}: model_type {model_type!r} is not 'bert'")
+        position = hf.get("position_embedding_type", "absolute")
+        if position != "absolute":
+            raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
+        names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
+        kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
+        if "id2label" in hf:
+            kwargs["num_labels"] = len(hf["id2label"])
+        elif "num_labels" in hf:
+            kwargs["num_labels"] = hf["num_labels"]
+        kwargs.update(overrides)
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path, **overrides: Any) -> BertConfig:
+        path = Path(path)
+        try:
+            hf = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise UserError(f"{path}: no such file") from None
+        except json.JSONDecodeError as e:
+            raise UserError(f"{path}: not valid JSON ({e})") from None
+        return cls.from_hf_dict(hf, source=str(path), **overrides)
+
+    def to_json_file(self, path: str | Path, architecture: str = "BertModel") -> None:
+        Path(path).write_text(json.dumps(self.to_hf_dict(architecture), indent=2, sort_keys=True) + "\n")
+
+
+ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+
+
+def _preset(layers: int, hidden: int, heads: int) -> BertConfig:
+    return BertConfig(
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+    )
+
+
+# The sizes of Turc et al. 2019 ("Well-read students learn better"), plus BERT-base and -large.
+PRESETS: dict[str, BertConfig] = {
+    "tiny": _preset(2, 128, 2),
+    "mini": _preset(4, 256, 4),
+    "small": _preset(4, 512, 8),
+    "medium": _preset(8, 512, 8),
+    "base": _preset(12, 768, 12),
+    "large": _preset(24, 1024, 16),
+}
+
+
+def preset(name: str, **overrides: Any) -> BertConfig:
+    if name not in PRESETS:
+        raise UserError(f"unknown model preset {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

@@ -1,0 +1,355 @@
+"""BERT in Flax NNX, with attribute names that mirror HF's `modeling_bert` tree.
+
+The module tree is the HF state-dict tree with HF's leaf names swapped for Flax's (`weight` →
+`kernel`/`embedding`/`scale`), so `bertjax.convert` is a short table, not guesswork.
+
+Dropout is functional: pass `dropout_rng` to a call to train with dropout; without it the model is
+deterministic. The module therefore carries parameters only, which keeps `nnx.split` states, orbax
+checkpoints and shardings free of RNG counters.
+
+Attention has two paths. When attention probabilities are needed (returned, attention dropout,
+uniform disabling) the softmax is explicit; otherwise `jax.nn.dot_product_attention` runs, which
+dispatches to a fused kernel on GPU. A head mask ξ multiplies the probabilities; on the fused path
+it multiplies the head's output instead, which is the same product (ξ·P)V = ξ·(PV).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx, struct
+
+from bertjax.config import BertConfig
+
+Array = jax.Array
+
+
+@struct.dataclass
+class BertOutput:
+    last_hidden_state: Array  # [B, T, d]
+    pooler_output: Array | None  # [B, d]
+    attentions: tuple[Array, ...] | None  # L × [B, H, T, T], fp32
+
+
+@struct.dataclass
+class PreTrainingOutput:
+    prediction_logits: Array  # [B, P, V] at masked_positions, or [B, T, V]
+    seq_relationship_logits: Array  # [B, 2]
+    attentions: tuple[Array, ...] | None
+
+
+@struct.dataclass
+class ClassificationOutput:
+    logits: Array  # [B, num_labels]
+    attentions: tuple[Array, ...] | None
+
+
+def _activation(name: str):
+    if name == "gelu":
+        return lambda x: jax.nn.gelu(x, approximate=False)
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: jax.nn.gelu(x, approximate=True)
+    return jax.nn.relu
+
+
+def _dense(config: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+    return nnx.Linear(
+        n_in,
+        n_out,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        kernel_init=nnx.initializers.normal(config.initializer_range),
+        rngs=rngs,
+    )
+
+
+def _layer_norm(config: BertConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+    return nnx.LayerNorm(
+        config.hidden_size,
+        epsilon=config.layer_norm_eps,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        # fp32 statistics: bf16 variance over 768 features loses too many bits.
+        use_fast_variance=False,
+        rngs=rngs,
+    )
+
+
+def _embed(config: BertConfig, num: int, rngs: nnx.Rngs) -> nnx.Embed:
+    return nnx.Embed(
+        num,
+        config.hidden_size,
+        dtype=config.compute_dtype,
+        param_dtype=config.storage_dtype,
+        embedding_init=nnx.initializers.normal(config.initializer_range),
+        rngs=rngs,
+    )
+
+
+def _dropout(x: Array, rate: float, rngs: nnx.Rngs | None) -> Array:
+    if rngs is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(rngs.dropout(), 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
+
+
+class BertEmbeddings(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.word_embeddings = _embed(config, config.vocab_size, rngs)
+        self.position_embeddings = _embed(config, config.max_position_embeddings, rngs)
+        self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs)
+        self.LayerNorm = _layer_norm(config, rngs)
+
+    def __call__(self, input_ids, token_type_ids, position_ids, rngs=None) -> Array:
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(position_ids)
+            + self.token_type_embeddings(token_type_ids)
+        )
+        return _dropout(self.LayerNorm(x), self.config.hidden_dropout_prob, rngs)
+
+
+class BertSelfAttention(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        d = config.hidden_size
+        self.query = _dense(config, d, d, rngs)
+        self.key = _dense(config, d, d, rngs)
+        self.value = _dense(config, d, d, rngs)
+
+    def __call__(
+        self,
+        x: Array,
+        real: Array,
+        head_mask: Array | None,
+        disable: Array | None,
+        output_attentions: bool,
+        rngs: nnx.Rngs | None,
+    ) -> tuple[Array, Array | None]:
+        """x [B, T, d]; real [B, T] bool (non-padding keys); head_mask [H]; disable [H] bool."""
+        cfg = self.config
+        batch, length, _ = x.shape
+        split = lambda y: y.reshape(batch, length, cfg.num_attention_heads, cfg.head_dim)
+        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
+        dropout_active = rngs is not None and cfg.attention_probs_dropout_prob > 0.0
+
+        if not (output_attentions or dropout_active or disable is not None):
+            context = jax.nn.dot_product_attention(q, k, v, mask=real[:, None, None, :])
+            if head_mask is not None:
+                context = context * head_mask.astype(context.dtype)[None, None, :, None]
+            return context.reshape(batch, length, -1), None
+
+        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+        scores = scores / math.sqrt(cfg.head_dim)
+        scores = jnp.where(real[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1)
+        if disable is not None:
+            # Kovaleva et al.'s disabling: the head attends uniformly over the real tokens.
+            uniform = real / real.sum(axis=-1, keepdims=True)
+            probs = jnp.where(disable[None, :, None, None], uniform[:, None, None, :], probs)
+        if head_mask is not None:
+            probs = probs * head_mask.astype(jnp.float32)[None, :, None, None]
+        used = _dropout(probs, cfg.attention_probs_dropout_prob, rngs)
+        context = jnp.einsum("bhqk,bkhd->bqhd", used.astype(v.dtype), v)
+        return context.reshape(batch, length, -1), probs if output_attentions else None
+
+
+class BertSelfOutput(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+        self.LayerNorm = _layer_norm(config, rngs)
+
+    def __call__(self, hidden: Array, residual: Array, rngs=None) -> Array:
+        hidden = _dropout(self.dense(hidden), self.config.hidden_dropout_prob, rngs)
+        return self.LayerNorm(hidden + residual)
+
+
+class BertAttention(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.self = BertSelfAttention(config, rngs=rngs)
+        self.output = BertSelfOutput(config, rngs=rngs)
+
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None):
+        context, probs = self.self(x, real, head_mask, disable, output_attentions, rngs)
+        return self.output(context, x, rngs), probs
+
+
+class BertIntermediate(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.hidden_size, config.intermediate_size, rngs)
+        self.activation = _activation(config.hidden_act)
+
+    def __call__(self, x: Array) -> Array:
+        return self.activation(self.dense(x))
+
+
+class BertOutputBlock(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.dense = _dense(config, config.intermediate_size, config.hidden_size, rngs)
+        self.LayerNorm = _layer_norm(config, rngs)
+
+    def __call__(self, hidden: Array, residual: Array, rngs=None) -> Array:
+        hidden = _dropout(self.dense(hidden), self.config.hidden_dropout_prob, rngs)
+        return self.LayerNorm(hidden + residual)
+
+
+class BertLayer(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.attention = BertAttention(config, rngs=rngs)
+        self.intermediate = BertIntermediate(config, rngs=rngs)
+        self.output = BertOutputBlock(config, rngs=rngs)
+
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None):
+        attended, probs = self.attention(x, real, head_mask, disable, output_attentions, rngs)
+        return self.output(self.intermediate(attended), attended, rngs), probs
+
+
+class BertEncoder(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.layer = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
+
+    def __call__(self, x, real, head_mask, disable_heads, output_attentions, rngs=None):
+        attentions = []
+        for i, layer in enumerate(self.layer):
+            x, probs = layer(
+                x,
+                real,
+                None if head_mask is None else head_mask[i],
+                None if disable_heads is None else disable_heads[i],
+                output_attentions,
+                rngs,
+            )
+            attentions.append(probs)
+        return x, tuple(attentions) if output_attentions else None
+
+
+class BertPooler(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+
+    def __call__(self, hidden: Array) -> Array:
+        return jnp.tanh(self.dense(hidden[:, 0]))
+
+
+class BertModel(nnx.Module):
+    """The encoder: embeddings, L layers, pooler. Mirrors `transformers.BertModel`."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, add_pooling_layer: bool = True):
+        self.config = config
+        self.embeddings = BertEmbeddings(config, rngs=rngs)
+        self.encoder = BertEncoder(config, rngs=rngs)
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer else None
+
+    def __call__(
+        self,
+        input_ids: Array,
+        attention_mask: Array | None = None,
+        token_type_ids: Array | None = None,
+        position_ids: Array | None = None,
+        *,
+        head_mask: Array | None = None,
+        disable_heads: Array | None = None,
+        output_attentions: bool = False,
+        dropout_rng: Array | None = None,
+    ) -> BertOutput:
+        """input_ids [B, T]; attention_mask [B, T] (1 = real token); head_mask [L, H] floats that
+        multiply each head's attention; disable_heads [L, H] bool, heads replaced by uniform
+        attention over the real tokens; dropout_rng enables dropout (training)."""
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        if position_ids is None:
+            position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
+        rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
+        real = attention_mask.astype(bool)
+        x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs)
+        pooled = None if self.pooler is None else self.pooler(x)
+        return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions)
+
+
+class BertPredictionHeadTransform(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.dense = _dense(config, config.hidden_size, config.hidden_size, rngs)
+        self.activation = _activation(config.hidden_act)
+        self.LayerNorm = _layer_norm(config, rngs)
+
+    def __call__(self, x: Array) -> Array:
+        return self.LayerNorm(self.activation(self.dense(x)))
+
+
+class BertLMPredictionHead(nnx.Module):
+    """The MLM head; its decoder is the word-embedding matrix (tied), plus its own bias."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.transform = BertPredictionHeadTransform(config, rngs=rngs)
+        self.bias = nnx.Param(jnp.zeros((config.vocab_size,), config.storage_dtype))
+
+    def __call__(self, hidden: Array, word_embeddings: nnx.Embed) -> Array:
+        logits = word_embeddings.attend(self.transform(hidden))
+        return logits.astype(jnp.float32) + self.bias[...].astype(jnp.float32)
+
+
+class BertPreTrainingHeads(nnx.Module):
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.predictions = BertLMPredictionHead(config, rngs=rngs)
+        self.seq_relationship = _dense(config, config.hidden_size, 2, rngs)
+
+
+class BertForPreTraining(nnx.Module):
+    """BERT with the MLM and NSP heads. Mirrors `transformers.BertForPreTraining`."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.bert = BertModel(config, rngs=rngs)
+        self.cls = BertPreTrainingHeads(config, rngs=rngs)
+
+    def __call__(
+        self,
+        input_ids: Array,
+        attention_mask: Array | None = None,
+        token_type_ids: Array | None = None,
+        position_ids: Array | None = None,
+        *,
+        masked_positions: Array | None = None,
+        **kwargs: Any,
+    ) -> PreTrainingOutput:
+        """masked_positions [B, P]: MLM logits are computed only there (vocab projection is the
+        largest matmul of the model), else at every position."""
+        out = self.bert(input_ids, attention_mask, token_type_ids, position_ids, **kwargs)
+        hidden = out.last_hidden_state
+        if masked_positions is not None:
+            hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
+        prediction_logits = self.cls.predictions(hidden, self.bert.embeddings.word_embeddings)
+        nsp_logits = self.cls.seq_relationship(out.pooler_output).astype(jnp.float32)
+        return PreTrainingOutput(prediction_logits, nsp_logits, out.attentions)
+
+
+class BertForSequenceClassification(nnx.Module):
+    """A linear classifier on the pooled [CLS] output. Mirrors HF's class of the same name."""
+
+    def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
+        self.config = config
+        self.bert = BertModel(config, rngs=rngs)
+        self.classifier = _dense(config, config.hidden_size, config.num_labels, rngs)
+
+    def __call__(self, input_ids: Array, *args: Any, **kwargs: Any) -> ClassificationOutput:
+        out = self.bert(input_ids, *args, **kwargs)
+        dropout_rng = kwargs.get("dropout_rng")
+        rngs = None if dropout_rng is None else nnx.Rngs(dropout=jax.random.fold_in(dropout_rng, 1))
+        pooled = _dropout(out.pooler_output, self.config.hidden_dropout_prob, rngs)
+        return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions)
+
+
+MODEL_CLASSES: dict[str, type[nnx.Module]] = {
+    "BertModel": BertModel,
+    "BertForPreTraining": BertForPreTraining,
+    "BertForSequenceClassification": BertForSequenceClassification,
+}

