@@ -1,0 +1,430 @@
+"""`python -m analysis.roles`: which attention heads hold which roles (Pande et al. 2021).
+
+Data flow: GLUE (or CoNLL-U) examples → parses (cached) → encoded sequences → per batch: sieve masks
+and one jitted function doing the model forward *and* the sieve-bias kernel, so attention never
+leaves the device and memory does not grow with N → per-sequence scores → one-sided tests →
+`roles.csv`, `scores.npz`, figures, `run.json`.
+
+Outputs are written into a temporary sibling of `--out` and renamed at the end, so a failed run
+leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import logging
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flax import nnx
+from tqdm import tqdm
+
+from analysis import plots, stats, summary
+from bertjax import cli, glue
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from sieves.align import EncodedSequence, encode_batch
+from sieves.builders import DEFAULT_ROLES, ROLES, SieveOptions, build_batch, get_role
+from sieves.kernel import sieve_scores
+from sieves.parse import SpacyParser, read_conllu
+
+log = logging.getLogger(__name__)
+
+CONLLU_TASK = "ud"
+LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
+
+
+@dataclasses.dataclass(frozen=True)
+class RolesConfig:
+    """Everything that decides the numbers of a run; saved in run.json."""
+
+    ckpt: str
+    task: str = "all"
+    step: int | None = None
+    glue_dir: str | None = None
+    split: str = "dev"
+    n: int = 1000
+    max_length: int = 128
+    batch_size: int = 32
+    roles: tuple[str, ...] = DEFAULT_ROLES
+    window: int = 2
+    special_rows: bool = True
+    tau: str = "3"
+    alpha: float = 0.05
+    test: str = "t"
+    correction: str = "none"
+    parser: str = "spacy"
+    spacy_model: str | None = None
+    conllu: str | None = None
+    cache_dir: str = str(Path("~/.cache/bertjax").expanduser())
+    out: str = "roles_out"
+    overwrite: bool = False
+    figures: bool = True
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise UserError(f"--n must be at least 1, got {self.n}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.window < 1:
+            raise UserError(f"--window must be at least 1, got {self.window}")
+        if not 0.0 < self.alpha < 1.0:
+            raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
+        if self.tau != "auto":
+            try:
+                float(self.tau)
+            except ValueError:
+                raise UserError(f"--tau must be a number or 'auto', got {self.tau!r}") from None
+        for role in self.roles:
+            get_role(role)
+        if self.parser == "conllu" and not self.conllu:
+            raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
+
+
+@dataclasses.dataclass
+class TaskScores:
+    """Per-sequence scores of one task: role → ([n_f, L, H] scores, [n_f] example indices)."""
+
+    scores: dict[str, np.ndarray]
+    indices: dict[str, np.ndarray]
+    absent: list[str]
+    n_sequences: int
+
+
+def resolve_tasks(spec: str) -> list[str]:
+    """`all`, one task, or a comma-separated list, in the order given."""
+    tasks = [t for part in spec.split(",") for t in glue.resolve_tasks(part.strip())]
+    return list(dict.fromkeys(tasks))
+
+
+def examples_for(config: RolesConfig, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
+    """(segments per example, example indices, files read) in file order."""
+    if task == CONLLU_TASK:
+        sentences = read_conllu(Path(config.conllu), limit=config.n)
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), [Path(config.conllu)]
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    examples = glue.load_glue(task, config.split, glue_dir, config.n)
+    files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
+    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    return segments, [e.index for e in examples], files
+
+
+def parse_segments(config: RolesConfig, task: str, segments: Sequence[tuple[str, ...]], parser):
+    if task == CONLLU_TASK:
+        return [(words,) for _, words in read_conllu(Path(config.conllu), limit=config.n)]
+    flat = [text for example in segments for text in example]
+    parsed = iter(parser.parse(flat))
+    return [tuple(next(parsed) for _ in example) for example in segments]
+
+
+def make_scorer(model: nnx.Module):
+    """One jitted function: forward pass with attentions, then β for every role/layer/head."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves):
+        out = nnx.merge(graphdef, state)(
+            input_ids, attention_mask, token_type_ids, output_attentions=True
+        )
+        return sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+
+    return lambda *arrays: score(state, *arrays)
+
+
+def batches(seqs: Sequence[EncodedSequence], size: int) -> Iterator[list[EncodedSequence]]:
+    """Batches of similar length (sorted), so padding — and forward cost — stays small."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)
+    for begin in range(0, len(order), size):
+        yield [seqs[i] for i in order[begin : begin + size]]
+
+
+def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> dict[str, np.ndarray]:
+    """Model inputs padded to [batch_size, length]; missing rows are all-padding (no scored rows)."""
+    arrays = {k: np.zeros((batch_size, length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    for b, seq in enumerate(seqs):
+        arrays["input_ids"][b, : seq.length] = seq.input_ids
+        arrays["attention_mask"][b, : seq.length] = 1
+        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    # An all-padding row would softmax over nothing; give it one real token (its scores are unused).
+    arrays["attention_mask"][len(seqs) :, 0] = 1
+    return arrays
+
+
+def score_task(
+    scorer, seqs: Sequence[EncodedSequence], roles: Sequence[str], config: RolesConfig, desc: str
+) -> TaskScores:
+    options = SieveOptions(window=config.window, special_rows=config.special_rows)
+    paired = all(seq.num_segments == 2 for seq in seqs)
+    present = [r for r in roles if paired or not get_role(r).needs_pair]
+    absent = [r for r in roles if r not in present]
+    collected: dict[str, list[np.ndarray]] = {r: [] for r in present}
+    collected_index: dict[str, list[np.ndarray]] = {r: [] for r in present}
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
+        for chunk in batches(seqs, config.batch_size):
+            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
+            arrays = pad_batch(chunk, config.batch_size, length)
+            rows, sieves = build_batch(chunk, present, options, length)
+            rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
+            sieves = np.pad(sieves, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0), (0, 0)))
+            scores, counts = scorer(
+                arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves
+            )
+            scores, counts = np.asarray(scores), np.asarray(counts)
+            index = np.array([s.index for s in chunk])
+            for r, role in enumerate(present):
+                kept = counts[r, : len(chunk)] > 0
+                collected[role].append(scores[r, : len(chunk)][kept])
+                collected_index[role].append(index[kept])
+            progress.update(len(chunk))
+    merged = {}
+    merged_index = {}
+    for role in present:
+        index = np.concatenate(collected_index[role])
+        order = np.argsort(index, kind="stable")  # back to file order
+        merged[role] = np.concatenate(collected[role])[order]
+        merged_index[role] = index[order]
+    return TaskScores(merged, merged_index, absent, len(seqs))
+
+
+def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.DataFrame, float]:
+    """One row per (task, layer, head, role) with the test of H0: mean β ≤ τ."""
+    if config.tau == "auto":
+        tau = float(stats.tau_auto(s for r in results.values() for s in r.scores.values()))
+    else:
+        tau = float(config.tau)
+    frames = []
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            test = stats.one_sided_test(scores, tau, axis=0, test=config.test)
+            layers, heads = np.meshgrid(np.arange(scores.shape[1]), np.arange(scores.shape[2]), indexing="ij")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "task": task,
+                        "layer": layers.ravel(),
+                        "head": heads.ravel(),
+                        "role": role,
+                        "n": test.n.ravel(),
+                        "mean": test.mean.ravel(),
+                        "std": test.std.ravel(),
+                        "ci_low": test.ci_low.ravel(),
+                        "ci_high": test.ci_high.ravel(),
+                        "t": test.statistic.ravel(),
+                        "p_value": test.p_value.ravel(),
+                    }
+                )
+            )
+    table = pd.concat(frames, ignore_index=True)
+    table["p_adjusted"] = stats.adjust_pvalues(table["p_value"].to_numpy(), config.correction)
+    table["assigned"] = stats.assign(table["p_adjusted"].to_numpy(), config.alpha)
+    return table, tau
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+        )
+    except OSError:
+        return None
+    return out.stdout.strip() or None
+
+
+def versions() -> dict[str, str | None]:
+    packages = ["bertjax", "jax", "jaxlib", "flax", "numpy", "scipy", "transformers", "tokenizers", "spacy"]
+    found = {}
+    for name in packages:
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            found[name] = None
+    return {"python": platform.python_version(), **found, "git_commit": _git_commit()}
+
+
+def prepare_out(config: RolesConfig) -> Path:
+    """A temporary directory beside --out (so the final rename is atomic); checks writability early."""
+    out = Path(config.out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not config.overwrite:
+        raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+
+
+def publish(tmp: Path, out: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+
+
+def run(config: RolesConfig) -> pd.DataFrame:
+    """The whole analysis; returns the roles table (also written under config.out)."""
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    tasks = [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
+    out = Path(config.out).expanduser().resolve()
+    tmp = prepare_out(config)
+    try:
+        table = _run(config, tasks, tmp, timings, started)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return table
+
+
+def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float) -> pd.DataFrame:
+    clock = time.perf_counter()
+    source = resolve(config.ckpt, config.step)
+    model = from_pretrained(config.ckpt, step=config.step)
+    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    scorer = make_scorer(model)
+    timings["load_model"] = time.perf_counter() - clock
+
+    parser = None
+    if config.parser == "spacy" and any(get_role(r).needs_parse for r in config.roles):
+        parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
+    results: dict[str, TaskScores] = {}
+    data_files: dict[str, list[dict[str, str]]] = {}
+    for task in tasks:
+        clock = time.perf_counter()
+        segments, indices, files = examples_for(config, task)
+        data_files[task] = [{"path": str(f), "sha256": _sha256(f)} for f in files]
+        parses = parse_segments(config, task, segments, parser) if parser or task == CONLLU_TASK else None
+        seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
+        timings[f"{task}/prepare"] = time.perf_counter() - clock
+        clock = time.perf_counter()
+        results[task] = score_task(scorer, seqs, config.roles, config, desc=f"{task} β")
+        timings[f"{task}/score"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    table, tau = test_roles(results, config)
+    table.to_csv(tmp / "roles.csv", index=False)
+    arrays = {}
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            arrays[f"{task}/{role}"] = scores
+            arrays[f"{task}/{role}/index"] = result.indices[role]
+    np.savez(tmp / "scores.npz", **arrays)
+    timings["tests_and_tables"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    coarse = {name: role.coarse for name, role in ROLES.items()}
+    figures = []
+    if config.figures:
+        scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
+        figures = plots.plot_all(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse)
+    timings["figures"] = time.perf_counter() - clock
+    digest = summary.summarize(table, coarse=coarse)
+    digest.to_csv(tmp / "summary.csv", index=False)
+    timings["total"] = time.perf_counter() - started
+
+    run_info = {
+        "config": dataclasses.asdict(config),
+        "tau": tau,
+        "checkpoint": source.describe(),
+        "model_config": model.config.to_hf_dict(),
+        "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+        "tasks": {
+            t: {"sequences": r.n_sequences, "n_by_role": {k: len(v) for k, v in r.scores.items()}, "absent_roles": r.absent}
+            for t, r in results.items()
+        },
+        "data_files": data_files,
+        "figures": sorted(p.name for p in figures),
+        "versions": versions(),
+        "device": str(jax.devices()[0]),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "command": sys.argv,
+    }
+    (tmp / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
+    print(summary.format_summary(digest))
+    for task, result in results.items():
+        if result.absent:
+            print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
+    return table
+
+
+def parse_args(argv: list[str] | None) -> RolesConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
+    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
+    p.add_argument("--task", default="all", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
+    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "validation", "test"])
+    p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
+    p.add_argument("--window", type=int, default=2, help="local window k")
+    p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
+    p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--test", choices=["t", "z"], default="t")
+    p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
+    p.add_argument("--parser", choices=["spacy", "conllu"], default="spacy")
+    p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
+    p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
+    p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
+    p.add_argument("--out", default="roles_out")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--no-figures", action="store_true")
+    a = p.parse_args(argv)
+    return RolesConfig(
+        ckpt=a.ckpt,
+        task=a.task,
+        step=a.step,
+        glue_dir=a.glue_dir,
+        split=a.split,
+        n=a.n,
+        max_length=a.max_length,
+        batch_size=a.batch_size,
+        roles=tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES,
+        window=a.window,
+        special_rows=not a.no_special_rows,
+        tau=a.tau,
+        alpha=a.alpha,
+        test=a.test,
+        correction=a.correction,
+        parser=a.parser,
+        spacy_model=a.spacy_model,
+        conllu=a.conllu,
+        cache_dir=a.cache_dir,
+        out=a.out,
+        overwrite=a.overwrite,
+        figures=not a.no_figures,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,250 @@
+"""Head roles end to end: planted roles through the kernel and the tests, and the CLI contract."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from transformers import BertTokenizerFast
+
+import bertjax
+from analysis import roles as roles_cli
+from analysis import stats
+from bertjax import cli
+from sieves.align import EncodedSequence
+from sieves.builders import DEFAULT_ROLES, RELATIONS, SieveOptions, build_batch
+from sieves.kernel import sieve_scores
+
+# ---------------------------------------------------------------------------------------------
+# Planted roles: synthetic two-segment sequences whose dependency heads lie beyond the local window,
+# and synthetic attention heads built to do one thing each.
+
+PLANTED = ["local", "prev", "next", "block", "cls", "sep", "syntactic", "uniform"]
+WINDOW = 2
+
+
+def _synthetic_sequence(rng: np.random.Generator, index: int) -> EncodedSequence:
+    """[CLS] A [SEP] B [SEP], one wordpiece per word; every relation word's head is ≥ 4 away."""
+    len_a, len_b = rng.integers(12, 24, size=2)
+    n = len_a + len_b + 3
+    token_type = np.r_[np.zeros(len_a + 2, np.int32), np.ones(len_b + 1, np.int32)]
+    is_cls = np.zeros(n, bool)
+    is_cls[0] = True
+    is_sep = np.zeros(n, bool)
+    is_sep[[len_a + 1, n - 1]] = True
+    special = is_cls | is_sep
+    word_positions = np.flatnonzero(~special)
+    word_ids = np.full(n, -1, np.int32)
+    word_ids[word_positions] = np.arange(len(word_positions))
+    deps = ["det"] * len(word_positions)
+    heads = np.arange(len(word_positions), dtype=np.int32)  # every word its own root by default
+    segment_of = token_type[word_positions]
+    for w in rng.permutation(len(word_positions))[: len(word_positions) // 3]:
+        far = [
+            h for h in range(len(word_positions))
+            if segment_of[h] == segment_of[w] and abs(word_positions[h] - word_positions[w]) >= WINDOW + 2
+        ]  # fmt: skip
+        deps[w] = RELATIONS[rng.integers(len(RELATIONS))]
+        heads[w] = rng.choice(far)
+    return EncodedSequence(
+        input_ids=np.arange(n, dtype=np.int32),
+        token_type_ids=token_type,
+        special=special,
+        is_cls=is_cls,
+        is_sep=is_sep,
+        word_ids=word_ids,
+        word_dep=tuple(deps),
+        word_head=heads,
+        num_segments=2,
+        index=index,
+    )
+
+
+def _planted_attention(seq: EncodedSequence) -> np.ndarray:
+    """[H, n, n] attention rows, one head per entry of PLANTED."""
+    n = seq.length
+    t = np.arange(n)
+    uniform = np.full((n, n), 1.0 / n)
+    offsets = t[None, :] - t[:, None]
+    local = (np.abs(offsets) <= WINDOW).astype(float)
+    prev = (offsets == -1).astype(float)
+    prev[0] = 1.0  # row 0 has no previous token and is not a scored `prev` row
+    nxt = (offsets == 1).astype(float)
+    nxt[-1] = 1.0
+    block = (seq.token_type_ids[:, None] == seq.token_type_ids[None, :]) & ~seq.special[None, :]
+    cls = np.broadcast_to(seq.is_cls, (n, n)).astype(float)
+    sep = np.broadcast_to(seq.is_sep, (n, n)).astype(float)
+    syntactic = uniform.copy()
+    for row in range(n):
+        w = seq.word_ids[row]
+        if w >= 0 and seq.word_dep[w] in RELATIONS:
+            syntactic[row] = seq.word_ids == seq.word_head[w]
+    heads = [local, prev, nxt, block.astype(float), cls, sep, syntactic, uniform]
+    return np.stack([h / h.sum(-1, keepdims=True) for h in heads])
+
+
+@pytest.fixture(scope="module")
+def planted_scores():
+    rng = np.random.default_rng(0)
+    seqs = [_synthetic_sequence(rng, i) for i in range(40)]
+    length = max(s.length for s in seqs)
+    attention = np.zeros((1, len(seqs), len(PLANTED), length, length), np.float32)
+    real = np.zeros((len(seqs), length), bool)
+    for b, seq in enumerate(seqs):
+        attention[0, b, :, : seq.length, : seq.length] = _planted_attention(seq)
+        real[b, : seq.length] = True
+    rows, sieves = build_batch(seqs, DEFAULT_ROLES, SieveOptions(window=WINDOW), length)
+    scores, counts = sieve_scores(attention, real, rows, sieves)
+    return seqs, np.asarray(scores)[:, :, 0], np.asarray(counts)  # [R, B, H], [R, B]
+
+
+def test_planted_heads_get_exactly_their_roles(planted_scores):
+    _, scores, counts = planted_scores
+    assigned = {}
+    for r, role in enumerate(DEFAULT_ROLES):
+        sample = scores[r][counts[r] > 0]
+        result = stats.one_sided_test(sample, 3.0, axis=0)
+        for h, head in enumerate(PLANTED):
+            if stats.assign(result.p_value[h], 0.05):
+                assigned.setdefault(head, set()).add(role)
+    # Each sieve that contains the planted one is implied by it: S_prev ⊂ S_local, {[CLS]} ⊂ the
+    # delimiters, a relation's sieve is part of `syntactic`.
+    assert assigned == {
+        "local": {"local", "prev", "next"},
+        "prev": {"prev", "local"},
+        "next": {"next", "local"},
+        "cls": {"cls", "delimiter"},
+        "sep": {"sep", "delimiter"},
+        "syntactic": {"syntactic", *RELATIONS},
+    }
+
+
+def test_a_perfect_block_head_scores_two_plus_a_length_term(planted_scores):
+    """Why no `block` above: Σ_{s∈S} α = 1 on every row, so β(t) = n/|S(t)| and the mean over the
+    rows is 2 + 2/|A| + 1/|B| ([CLS] and the first [SEP] score against A, the last [SEP] against
+    B) — always below τ = 3 for segments longer than two words."""
+    seqs, scores, _ = planted_scores
+    block = scores[DEFAULT_ROLES.index("block"), :, PLANTED.index("block")]
+    len_a = np.array([int((s.token_type_ids == 0).sum()) - 2 for s in seqs])
+    len_b = np.array([int((s.token_type_ids == 1).sum()) - 1 for s in seqs])
+    np.testing.assert_allclose(block, 2 + 2 / len_a + 1 / len_b, rtol=1e-5)
+
+
+def test_a_uniform_head_scores_one_everywhere(planted_scores):
+    _, scores, counts = planted_scores
+    uniform = scores[:, :, PLANTED.index("uniform")]
+    np.testing.assert_allclose(uniform[counts > 0], 1.0, rtol=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI on a tiny random BERT with the real uncased vocabulary and the real GLUE files.
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, shared_data):
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1)
+    bertjax.save_pretrained(model, directory)
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tiny_ckpt, shared_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    cache = tmp_path_factory.mktemp("cache")
+    argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc,sst2", "--glue-dir", str(shared_data / "glue"),
+            "--n", "24", "--batch-size", "8", "--out", str(out), "--cache-dir", str(cache)]  # fmt: skip
+    roles_cli.main(argv)
+    return out, argv, cache
+
+
+def test_cli_writes_the_contracted_outputs(tiny_run):
+    out, _, _ = tiny_run
+    table = pd.read_csv(out / "roles.csv")
+    assert list(table.columns) == [
+        "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high", "t", "p_value", "p_adjusted", "assigned"
+    ]  # fmt: skip
+    assert set(table.task) == {"mrpc", "sst2"}
+    assert set(table.role[table.task == "sst2"]) == set(DEFAULT_ROLES) - {"block"}  # SST-2 is single-segment
+    assert len(table[(table.task == "mrpc") & (table.role == "local")]) == 2 * 2  # L × H
+    scores = np.load(out / "scores.npz")
+    local = scores["mrpc/local"]
+    assert local.shape == (24, 2, 2) and list(scores["mrpc/local/index"]) == list(range(24))
+    row = table[(table.task == "mrpc") & (table.role == "local") & (table.layer == 1) & (table["head"] == 0)].iloc[0]
+    np.testing.assert_allclose(row["mean"], local[:, 1, 0].mean(), rtol=1e-6)
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["n"] == 24 and run["tau"] == 3.0
+    assert run["tasks"]["sst2"]["absent_roles"] == ["block"]
+    assert {f["path"].split("/")[-2] for f in run["data_files"]["mrpc"]} == {"MRPC"}
+    assert run["versions"]["jax"] and "total" in run["timings_s"]
+    figures = {p.name for p in out.iterdir() if p.suffix in (".png", ".svg")}
+    assert {"mrpc_role_grid.png", "mrpc_role_grid.svg", "sst2_role_grid.png"} <= figures
+    assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
+
+
+def test_rerun_reuses_the_parse_cache(tiny_run, monkeypatch):
+    out, argv, _ = tiny_run
+    from sieves import parse
+
+    def no_parsing(self, texts):
+        assert not texts, f"{len(texts)} texts were parsed again"
+        return iter(())
+
+    monkeypatch.setattr(parse.SpacyParser, "_run_spacy", no_parsing)
+    roles_cli.main(argv + ["--overwrite", "--no-figures"])
+    assert (out / "roles.csv").is_file()
+
+
+def _fails(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(roles_cli.main, argv)
+    assert exit_info.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    return lines[-1]
+
+
+def _bad_glue(tmp_path, text: str):
+    (tmp_path / "glue" / "MRPC").mkdir(parents=True)
+    (tmp_path / "glue" / "MRPC" / "dev.tsv").write_text(text)
+    return tmp_path / "glue"
+
+
+HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("unknown_task", "error: unknown task 'cola'"),
+        ("missing_file", "MRPC/dev.tsv"),
+        ("malformed_row", "dev.tsv:3"),
+        ("empty_text", "dev.tsv:2"),
+        ("n_zero", "error: --n must be at least 1, got 0"),
+        ("unwritable_out", "cannot write there"),
+    ],
+)
+def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, shared_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(out), "--n", "4"]
+    if case == "unknown_task":
+        argv[3] = "cola"
+    elif case == "missing_file":
+        argv[5] = str(tmp_path / "nowhere")
+    elif case == "malformed_row":
+        argv[5] = str(_bad_glue(tmp_path, HEADER + "1\t1\t2\tA b.\tC d.\n0\t3\tonly three fields\n"))
+    elif case == "empty_text":
+        argv[5] = str(_bad_glue(tmp_path, HEADER + "1\t1\t2\t \tC d.\n"))
+    elif case == "n_zero":
+        argv[-1] = "0"
+    elif case == "unwritable_out":
+        blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
+        blocker.write_text("")
+        argv[7] = str(blocker / "out")
+    message = _fails(argv, capsys)
+    assert message.startswith("error: ") and expected in message
+    assert not out.exists()
+    assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
