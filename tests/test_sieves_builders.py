@@ -1,0 +1,226 @@
+"""Sieve builders against hand-written masks, and the role registry."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bertjax.errors import UserError
+from sieves.align import EncodedSequence, encode_batch
+from sieves.builders import DEFAULT_ROLES, ROLES, SieveOptions, build_batch, register_role
+from sieves.parse import read_conllu
+
+CLS, SEP = 101, 102
+
+
+def make_seq(
+    types: list[int],
+    word_ids: list[int] | None = None,
+    deps: tuple[str, ...] = (),
+    heads: tuple[int, ...] = (),
+    num_segments: int | None = None,
+) -> EncodedSequence:
+    """A sequence with [CLS] first and a [SEP] closing each run of equal token types."""
+    n = len(types)
+    is_sep = np.array([t == n - 1 or types[t + 1] != types[t] for t in range(n)])
+    is_cls = np.arange(n) == 0
+    return EncodedSequence(
+        input_ids=np.where(is_cls, CLS, np.where(is_sep, SEP, 1000)).astype(np.int32),
+        token_type_ids=np.asarray(types, dtype=np.int32),
+        special=is_cls | is_sep,
+        is_cls=is_cls,
+        is_sep=is_sep,
+        word_ids=np.asarray(word_ids if word_ids is not None else [-1] * n, dtype=np.int32),
+        word_dep=deps,
+        word_head=np.asarray(heads, dtype=np.int32),
+        num_segments=num_segments or len(set(types)),
+        index=0,
+    )
+
+
+def masks_as_sets(
+    role: str, seq: EncodedSequence, options: SieveOptions = SieveOptions()
+) -> dict[int, set[int]]:
+    """The role's scored rows mapped to their sieves, checking that no scored row has an empty one."""
+    rows, sieve = ROLES[role].build(seq, options)
+    assert rows.shape == (seq.length,) and sieve.shape == (seq.length, seq.length)
+    assert sieve[rows].any(axis=1).all(), "a scored row has an empty sieve"
+    return {t: set(np.flatnonzero(sieve[t]).tolist()) for t in np.flatnonzero(rows).tolist()}
+
+
+# [CLS] a b [SEP] c d e [SEP]
+PAIR = make_seq([0, 0, 0, 0, 1, 1, 1, 1])
+SINGLE = make_seq([0, 0, 0, 0, 0])  # [CLS] a b c [SEP]
+
+
+def test_local_clips_at_both_ends() -> None:
+    assert masks_as_sets("local", PAIR) == {
+        0: {0, 1, 2}, 1: {0, 1, 2, 3}, 2: {0, 1, 2, 3, 4}, 3: {1, 2, 3, 4, 5},
+        4: {2, 3, 4, 5, 6}, 5: {3, 4, 5, 6, 7}, 6: {4, 5, 6, 7}, 7: {5, 6, 7},
+    }  # fmt: skip
+    assert masks_as_sets("local", SINGLE, SieveOptions(window=1)) == {
+        0: {0, 1}, 1: {0, 1, 2}, 2: {1, 2, 3}, 3: {2, 3, 4}, 4: {3, 4},
+    }  # fmt: skip
+
+
+def test_prev_and_next() -> None:
+    assert masks_as_sets("prev", PAIR) == {
+        1: {0}, 2: {0, 1}, 3: {1, 2}, 4: {2, 3}, 5: {3, 4}, 6: {4, 5}, 7: {5, 6},
+    }  # fmt: skip
+    assert masks_as_sets("next", PAIR) == {
+        0: {1, 2}, 1: {2, 3}, 2: {3, 4}, 3: {4, 5}, 4: {5, 6}, 5: {6, 7}, 6: {7},
+    }  # fmt: skip
+    wide = SieveOptions(window=3)
+    assert masks_as_sets("prev", SINGLE, wide) == {1: {0}, 2: {0, 1}, 3: {0, 1, 2}, 4: {1, 2, 3}}
+    assert masks_as_sets("next", SINGLE, wide) == {0: {1, 2, 3}, 1: {2, 3, 4}, 2: {3, 4}, 3: {4}}
+
+
+def test_block_uses_token_types_and_skips_specials() -> None:
+    segment_a, segment_b = {1, 2}, {4, 5, 6}
+    assert masks_as_sets("block", PAIR) == {
+        0: segment_a, 1: segment_a, 2: segment_a, 3: segment_a,
+        4: segment_b, 5: segment_b, 6: segment_b, 7: segment_b,
+    }  # fmt: skip
+
+
+def test_block_is_undefined_on_single_segments() -> None:
+    assert ROLES["block"].needs_pair
+    assert masks_as_sets("block", SINGLE) == {}
+    rows, sieves = build_batch([SINGLE], ["block"], SieveOptions(), 8)
+    assert not rows.any() and not sieves.any()
+
+
+def test_delimiter_roles() -> None:
+    every = range(PAIR.length)
+    assert masks_as_sets("cls", PAIR) == {t: {0} for t in every}
+    assert masks_as_sets("sep", PAIR) == {t: {3, 7} for t in every}
+    assert masks_as_sets("delimiter", PAIR) == {t: {0, 3, 7} for t in every}
+    assert masks_as_sets("sep", SINGLE) == {t: {4} for t in range(SINGLE.length)}
+
+
+def test_special_rows_switch() -> None:
+    no_specials = SieveOptions(special_rows=False)
+    for role in ("local", "prev", "next", "block", "cls", "sep", "delimiter"):
+        scored = set(masks_as_sets(role, PAIR, no_specials))
+        assert scored == set(masks_as_sets(role, PAIR)) - {0, 3, 7}
+    assert masks_as_sets("local", PAIR, no_specials)[1] == {0, 1, 2, 3}  # specials stay keys
+
+
+# [CLS] she ate red app ##les quick ##ly . [SEP]
+#   words: 0 she(nsubj→1) 1 ate(root) 2 red(amod→3) 3 apples(dobj→1) 4 quickly(advmod→1)
+#          5 .(punct→1)
+SENTENCE = make_seq(
+    [0] * 10,
+    word_ids=[-1, 0, 1, 2, 3, 3, 4, 4, 5, -1],
+    deps=("nsubj", "root", "amod", "dobj", "advmod", "punct"),
+    heads=(1, 1, 3, 1, 1, 1),
+)
+
+
+def test_relations() -> None:
+    assert masks_as_sets("nsubj", SENTENCE) == {1: {2}}
+    assert masks_as_sets("dobj", SENTENCE) == {4: {2}, 5: {2}}
+    assert masks_as_sets("amod", SENTENCE) == {3: {4, 5}}
+    assert masks_as_sets("advmod", SENTENCE) == {6: {2}, 7: {2}}
+    assert masks_as_sets("syntactic", SENTENCE) == {1: {2}, 3: {4, 5}, 4: {2}, 5: {2}, 6: {2}, 7: {2}}
+    assert all(ROLES[r].needs_parse for r in ("nsubj", "dobj", "amod", "advmod", "syntactic"))
+
+
+def test_relations_need_both_words_and_a_distinct_head() -> None:
+    # Truncated after "red": "apples" (amod head; dobj word) owns no piece. "ate" is tagged advmod
+    # but heads itself, so it is no row either.
+    truncated = make_seq(
+        [0] * 5,
+        word_ids=[-1, 0, 1, 2, -1],
+        deps=("nsubj", "advmod", "amod", "dobj", "advmod", "punct"),
+        heads=(1, 1, 3, 1, 1, 1),
+    )
+    assert masks_as_sets("nsubj", truncated) == {1: {2}}
+    assert masks_as_sets("amod", truncated) == {}
+    assert masks_as_sets("dobj", truncated) == {}
+    assert masks_as_sets("advmod", truncated) == {}
+    assert masks_as_sets("syntactic", truncated) == {1: {2}}
+    assert masks_as_sets("syntactic", PAIR) == {}  # no parse at all
+
+
+def test_pair_relations_stay_within_their_words() -> None:
+    # [CLS] dogs bark [SEP] cats [SEP]: global words 0 dogs(nsubj→1) 1 bark 2 cats(nsubj→2: root)
+    seq = make_seq(
+        [0, 0, 0, 0, 1, 1], word_ids=[-1, 0, 1, -1, 2, -1], deps=("nsubj", "root", "nsubj"), heads=(1, 1, 2)
+    )
+    assert masks_as_sets("nsubj", seq) == {1: {2}}
+
+
+def test_build_batch_pads_and_orders_roles() -> None:
+    roles = ["local", "block", "nsubj"]
+    rows, sieves = build_batch([PAIR, SENTENCE, SINGLE], roles, SieveOptions(), length=12)
+    assert rows.shape == (3, 3, 12) and sieves.shape == (3, 3, 12, 12)
+    assert rows.dtype == bool and sieves.dtype == bool
+    for r, role in enumerate(roles):
+        for b, seq in enumerate([PAIR, SENTENCE, SINGLE]):
+            expected_rows, expected_sieve = ROLES[role].build(seq, SieveOptions())
+            np.testing.assert_array_equal(rows[r, b, : seq.length], expected_rows)
+            np.testing.assert_array_equal(sieves[r, b, : seq.length, : seq.length], expected_sieve)
+            assert not rows[r, b, seq.length :].any()
+            assert not sieves[r, b, seq.length :].any() and not sieves[r, b, :, seq.length :].any()
+    with pytest.raises(ValueError, match="more than length"):
+        build_batch([SENTENCE], ["local"], SieveOptions(), length=8)
+    with pytest.raises(UserError, match="unknown role 'nope'"):
+        build_batch([SENTENCE], ["nope"], SieveOptions(), length=12)
+
+
+def test_build_batch_drops_rows_with_empty_sieves() -> None:
+    # A two-segment input whose segment A lost every piece: [CLS] [SEP] b [SEP].
+    seq = make_seq([0, 0, 1, 1])
+    rows, _ = build_batch([seq], ["block"], SieveOptions(), length=4)
+    assert rows[0, 0].tolist() == [False, False, True, True]
+
+
+def test_registry() -> None:
+    assert DEFAULT_ROLES == (
+        "local", "prev", "next", "block", "cls", "sep", "delimiter",
+        "nsubj", "dobj", "amod", "advmod", "syntactic",
+    )  # fmt: skip
+    assert set(DEFAULT_ROLES) <= set(ROLES)
+    assert {name: ROLES[name].coarse for name in DEFAULT_ROLES} == {
+        "local": "local", "prev": "local", "next": "local", "block": "block",
+        "cls": "delimiter", "sep": "delimiter", "delimiter": "delimiter",
+        "nsubj": "syntactic", "dobj": "syntactic", "amod": "syntactic", "advmod": "syntactic",
+        "syntactic": "syntactic",
+    }  # fmt: skip
+    assert [name for name in DEFAULT_ROLES if ROLES[name].needs_pair] == ["block"]
+
+
+def test_a_new_role_is_one_builder_and_a_name() -> None:
+    @register_role("self", coarse="local")
+    def self_sieve(seq, options):
+        return np.ones(seq.length, dtype=bool), np.eye(seq.length, dtype=bool)
+
+    try:
+        assert masks_as_sets("self", SINGLE) == {t: {t} for t in range(5)}
+        rows, _ = build_batch([SINGLE], ["self", "local"], SieveOptions(), 6)
+        assert rows[0, 0, :5].all()
+        with pytest.raises(ValueError, match="already registered"):
+            register_role("self", coarse="local")(self_sieve)
+    finally:
+        del ROLES["self"]
+
+
+def test_window_must_be_positive() -> None:
+    with pytest.raises(UserError, match="window"):
+        SieveOptions(window=0)
+
+
+def test_real_sequences_have_non_empty_sieves(minilm_tokenizer, ud_english_ewt: Path) -> None:
+    sentences = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=40)
+    pairs = [[sentences[i][0], sentences[i + 1][0]] for i in range(0, 40, 2)]
+    parses = [[sentences[i][1], sentences[i + 1][1]] for i in range(0, 40, 2)]
+    seqs = encode_batch(minilm_tokenizer, pairs, parses, max_length=24)
+    rows, sieves = build_batch(seqs, DEFAULT_ROLES, SieveOptions(), length=24)
+    for r, role in enumerate(DEFAULT_ROLES):
+        for b, seq in enumerate(seqs):
+            built_rows, built_sieve = ROLES[role].build(seq, SieveOptions())
+            assert built_sieve[built_rows].any(axis=1).all(), (role, b)
+            np.testing.assert_array_equal(rows[r, b, : seq.length], built_rows)
+    assert rows[DEFAULT_ROLES.index("syntactic")].any()
+    assert (rows[DEFAULT_ROLES.index("syntactic")] == rows[7:11].any(axis=0)).all()

@@ -1,0 +1,151 @@
+"""The jitted sieve bias kernel equals the slow, obvious per-token loop."""
+
+import hypothesis.extra.numpy as hnp
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sieves.kernel import sieve_scores
+
+# Fixed tiny shapes so the kernel compiles once per dtype.
+L, B, H, T, R = 2, 3, 2, 6, 3
+
+
+def sieve_scores_reference(
+    attentions: np.ndarray, real: np.ndarray, rows: np.ndarray, sieves: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """DESIGN's β and per-sequence mean, one token at a time, in float64."""
+    attentions = np.asarray(attentions, dtype=np.float64)
+    num_roles, batch = rows.shape[:2]
+    layers, _, heads = attentions.shape[:3]
+    scores = np.full((num_roles, batch, layers, heads), np.nan)
+    counts = np.zeros((num_roles, batch), dtype=np.int32)
+    for r in range(num_roles):
+        for b in range(batch):
+            n = int(real[b].sum())
+            scored = [t for t in range(attentions.shape[-1]) if rows[r, b, t]]
+            counts[r, b] = len(scored)
+            if not scored:
+                continue
+            for layer in range(layers):
+                for head in range(heads):
+                    betas = []
+                    for t in scored:
+                        sieve = [s for s in range(attentions.shape[-1]) if sieves[r, b, t, s]]
+                        keys = [s for s in range(attentions.shape[-1]) if real[b, s]]
+                        alpha = attentions[layer, b, head, t]
+                        in_sieve = sum(alpha[s] for s in sieve) / len(sieve)
+                        overall = sum(alpha[s] for s in keys) / n
+                        betas.append(in_sieve / overall)
+                    scores[r, b, layer, head] = sum(betas) / len(betas)
+    return scores, counts
+
+
+@st.composite
+def kernel_inputs(draw) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    # Hypothesis draws the structure (lengths, densities, extreme logits); a drawn seed fills the
+    # bulk, since element-by-element arrays this size trip Hypothesis' input-size health check.
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    lengths = np.array(draw(st.lists(st.integers(1, T), min_size=B, max_size=B)))
+    real = np.arange(T)[None, :] < lengths[:, None]
+    logits = draw(hnp.arrays(np.float64, (L, B, H, T, T), elements=st.floats(-12, 12)))
+    logits = logits + draw(st.sampled_from([0.0, 1.0, 5.0])) * rng.normal(size=logits.shape)
+    keys = real[None, :, None, None, :]
+    weights = np.where(keys, np.exp(logits), 0.0)
+    attentions = weights / weights.sum(-1, keepdims=True)
+    # Padding query rows carry no attention at all, the harshest case for NaN leaks.
+    attentions = np.where(real[None, :, None, :, None], attentions, 0.0)
+    sieve_density, row_density = draw(st.floats(0.1, 1.0)), draw(st.floats(0.2, 1.0))
+    sieves = (rng.random((R, B, T, T)) < sieve_density) & real[None, :, None, :]
+    rows = (rng.random((R, B, T)) < row_density) & real[None] & sieves.any(-1)
+    return attentions, real, rows, sieves
+
+
+@settings(max_examples=30, deadline=None)
+@given(kernel_inputs())
+def test_matches_reference_in_float64(inputs) -> None:
+    expected_scores, expected_counts = sieve_scores_reference(*inputs)
+    with jax.enable_x64(True):
+        scores, counts = sieve_scores(*(jnp.asarray(x) for x in inputs))
+        assert scores.dtype == jnp.float64
+        scores, counts = np.asarray(scores), np.asarray(counts)
+    np.testing.assert_array_equal(counts, expected_counts)
+    np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected_scores))
+    assert (np.isnan(scores) == (expected_counts == 0)[..., None, None]).all()
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6, atol=0)
+
+
+@settings(max_examples=10, deadline=None)
+@given(kernel_inputs())
+def test_matches_reference_in_float32(inputs) -> None:
+    attentions, real, rows, sieves = inputs
+    attentions = attentions.astype(np.float32)
+    expected_scores, _ = sieve_scores_reference(attentions, real, rows, sieves)
+    scores, counts = sieve_scores(attentions, real, rows, sieves)
+    assert scores.dtype == jnp.float32 and counts.dtype == jnp.int32
+    np.testing.assert_allclose(np.asarray(scores), expected_scores, rtol=1e-5, atol=0)
+
+
+def fixed_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    real = np.arange(T)[None, :] < np.array([6, 4, 1])[:, None]
+    weights = np.where(real[None, :, None, None, :], rng.random((L, B, H, T, T)), 0.0)
+    attentions = (weights / weights.sum(-1, keepdims=True)).astype(np.float32)
+    sieves = (rng.random((R, B, T, T)) < 0.5) & real[None, :, None, :]
+    rows = (rng.random((R, B, T)) < 0.7) & real[None] & sieves.any(-1)
+    rows[1, 0] = False
+    return attentions, real, rows, sieves
+
+
+def test_sequence_without_scored_rows_is_nan() -> None:
+    attentions, real, rows, sieves = fixed_inputs()
+    scores, counts = sieve_scores(attentions, real, rows, sieves)
+    assert counts[1, 0] == 0 and np.isnan(np.asarray(scores[1, 0])).all()
+    assert np.isfinite(np.asarray(scores))[np.asarray(counts) > 0].all()
+
+
+def test_uniform_attention_scores_one() -> None:
+    # Uniform attention over the real keys makes every β exactly 1, whatever the sieve.
+    _, real, rows, sieves = fixed_inputs()
+    uniform = real / real.sum(-1, keepdims=True)  # [B, keys]
+    attentions = np.broadcast_to(uniform[None, :, None, None, :], (L, B, H, T, T))
+    scores, counts = sieve_scores(attentions.astype(np.float32), real, rows, sieves)
+    np.testing.assert_allclose(np.asarray(scores)[np.asarray(counts) > 0], 1.0, rtol=1e-6)
+
+
+def test_bfloat16_input_reduces_in_float32() -> None:
+    attentions, real, rows, sieves = fixed_inputs()
+    low = jnp.asarray(attentions, dtype=jnp.bfloat16)
+    scores, _ = sieve_scores(low, real, rows, sieves)
+    assert scores.dtype == jnp.float32
+    expected, _ = sieve_scores_reference(np.asarray(low.astype(jnp.float32)), real, rows, sieves)
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)
+
+
+def test_usable_inside_another_jit() -> None:
+    attentions, real, rows, sieves = fixed_inputs()
+
+    @jax.jit
+    def fused(logits, real, rows, sieves):
+        probabilities = jax.nn.softmax(jnp.where(real[None, :, None, None, :], logits, -jnp.inf), axis=-1)
+        return sieve_scores(probabilities, real, rows, sieves)
+
+    logits = np.log(np.where(attentions > 0, attentions, 1.0))
+    scores, counts = fused(logits, real, rows, sieves)
+    expected, expected_counts = sieve_scores_reference(attentions, real, rows, sieves)
+    np.testing.assert_array_equal(np.asarray(counts), expected_counts)
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("role_count", [1, 4])
+def test_any_number_of_roles(role_count: int) -> None:
+    attentions, real, rows, sieves = fixed_inputs()
+    rows = np.concatenate([rows] * 2)[:role_count]
+    sieves = np.concatenate([sieves] * 2)[:role_count]
+    scores, counts = sieve_scores(attentions, real, rows, sieves)
+    assert scores.shape == (role_count, B, L, H) and counts.shape == (role_count, B)
+    expected, _ = sieve_scores_reference(attentions, real, rows, sieves)
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)

@@ -1,0 +1,185 @@
+"""Dependency parses: gold CoNLL-U trees (real UD English-EWT and hand-made edge cases) and spaCy."""
+
+from pathlib import Path
+
+import pytest
+
+from bertjax.errors import UserError
+from sieves.parse import SpacyParser, Word, read_conllu
+
+
+def _assert_well_formed(text: str, words: tuple[Word, ...]) -> None:
+    for index, word in enumerate(words):
+        assert 0 <= word.start < word.end <= len(text)
+        assert text[word.start : word.end].strip() == text[word.start : word.end]
+        assert 0 <= word.head < len(words)
+        assert word.dep == word.dep.lower() and word.dep != "obj"
+        assert (word.dep == "root") == (word.head == index)
+
+
+def test_ewt_dev_spans_and_arcs(ud_english_ewt: Path) -> None:
+    sentences = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu")
+    assert len(sentences) == 2001
+    for text, words in sentences:
+        _assert_well_formed(text, words)
+
+    text, words = sentences[0]
+    assert text == "From the AP comes this story :"
+    assert [text[w.start : w.end] for w in words] == ["From", "the", "AP", "comes", "this", "story", ":"]
+    assert [w.head for w in words] == [2, 2, 3, 3, 5, 3, 3]
+    assert words[5].dep == "nsubj"
+
+    text, words = sentences[1]
+    individuals = words[6]
+    assert text[individuals.start : individuals.end] == "individuals"
+    assert (individuals.dep, individuals.head) == ("dobj", 4)
+
+
+def test_ewt_dev_limit_and_subtypes(ud_english_ewt: Path) -> None:
+    sentences = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=200)
+    assert len(sentences) == 200
+    labels = {word.dep for _, words in sentences for word in words}
+    assert "nsubj:pass" in labels and "dobj" in labels and "obj" not in labels
+
+
+def test_ewt_dev_multiword_tokens_share_their_span(ud_english_ewt: Path) -> None:
+    path = ud_english_ewt / "en_ewt-ud-dev.conllu"
+    sentences = read_conllu(path)
+    # Find the first multiword token in the file and check its words against the parse.
+    by_text = {}
+    for block in path.read_text(encoding="utf-8").split("\n\n"):
+        lines = block.splitlines()
+        fields = [line.split("\t") for line in lines if not line.startswith("#")]
+        ranges = [row for row in fields if "-" in row[0]]
+        if ranges:
+            text = next(line[len("# text = ") :] for line in lines if line.startswith("# text = "))
+            by_text[text] = ranges
+    text, words = next((text, words) for text, words in sentences if text in by_text)
+    first, last = (int(part) for part in by_text[text][0][0].split("-"))
+    form = by_text[text][0][1]
+    shared = {(words[i - 1].start, words[i - 1].end) for i in range(first, last + 1)}
+    assert len(shared) == 1
+    start, end = shared.pop()
+    assert text[start:end] == form
+
+
+CONLLU = """\
+# sent_id = a
+# text = I don't know,really.
+1\tI\tI\tPRON\t_\t_\t4\tnsubj\t_\t_
+2-3\tdon't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tdo\tdo\tAUX\t_\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\t_\t_\t4\tadvmod\t_\t_
+4\tknow\tknow\tVERB\t_\t_\t0\troot\t_\tSpaceAfter=No
+4.1\tsay\tsay\tVERB\t_\t_\t_\t_\t4:conj\t_
+5\t,\t,\tPUNCT\t_\t_\t6\tpunct\t_\tSpaceAfter=No
+6\treally\treally\tADV\t_\t_\t4\tadvmod\t_\tSpaceAfter=No
+7\t.\t.\tPUNCT\t_\t_\t4\tpunct\t_\t_
+
+# text = Eat  it
+1\tEat\teat\tVERB\t_\t_\t0\troot\t_\t_
+2\tit\tit\tPRON\t_\t_\t1\tobj\t_\t_
+"""
+
+
+def test_multiword_tokens_empty_nodes_and_space_after(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.conllu"
+    path.write_text(CONLLU, encoding="utf-8")
+    (text, words), (text2, words2) = read_conllu(path)
+    assert text == "I don't know,really."
+    assert words == (
+        Word(0, 1, "nsubj", 3),
+        Word(2, 7, "aux", 3),
+        Word(2, 7, "advmod", 3),
+        Word(8, 12, "root", 3),
+        Word(12, 13, "punct", 5),
+        Word(13, 19, "advmod", 3),
+        Word(19, 20, "punct", 3),
+    )
+    assert text2 == "Eat  it"
+    assert words2 == (Word(0, 3, "root", 0), Word(5, 7, "dobj", 0))
+    assert len(read_conllu(path, limit=1)) == 1
+
+
+def test_form_missing_from_text_names_file_and_line(tmp_path: Path) -> None:
+    path = tmp_path / "bad.conllu"
+    path.write_text(CONLLU.replace("6\treally\treally", "6\tsurely\treally"), encoding="utf-8")
+    with pytest.raises(UserError, match=r"bad\.conllu:10: form 'surely' not found"):
+        read_conllu(path)
+
+
+def test_space_after_no_is_respected(tmp_path: Path) -> None:
+    # With SpaceAfter=No on "know", a space before "," in the text is a mismatch, not skipped.
+    path = tmp_path / "gap.conllu"
+    path.write_text(CONLLU.replace("know,really", "know ,really"), encoding="utf-8")
+    with pytest.raises(UserError, match=r"gap\.conllu:9: form ','"):
+        read_conllu(path)
+
+
+def test_missing_text_comment(tmp_path: Path) -> None:
+    path = tmp_path / "notext.conllu"
+    path.write_text("\n" + CONLLU.split("\n\n")[1].replace("# text = Eat  it\n", ""), encoding="utf-8")
+    with pytest.raises(UserError, match=r"notext\.conllu:2: .*# text"):
+        read_conllu(path)
+
+
+@pytest.fixture(scope="module")
+def spacy_parser() -> SpacyParser:
+    return SpacyParser()
+
+
+def test_spacy_words(spacy_parser: SpacyParser) -> None:
+    texts = ["Hello   world.\n\nThe cat ate the red apple quickly. ", "  ", "She said \"no\"."]
+    parses = spacy_parser.parse(texts)
+    assert len(parses) == 3
+    assert parses[1] == ()
+    for text, words in zip(texts, parses, strict=True):
+        _assert_well_formed(text, words)
+    text, words = texts[0], parses[0]
+    assert [text[w.start : w.end] for w in words] == [
+        "Hello", "world", ".", "The", "cat", "ate", "the", "red", "apple", "quickly", ".",
+    ]  # fmt: skip
+    by_form = {text[w.start : w.end]: w for w in words}
+    assert (by_form["cat"].dep, words[by_form["cat"].head]) == ("nsubj", by_form["ate"])
+    assert (by_form["apple"].dep, words[by_form["apple"].head]) == ("dobj", by_form["ate"])
+    assert (by_form["red"].dep, words[by_form["red"].head]) == ("amod", by_form["apple"])
+    assert spacy_parser.name.startswith("en_core_web_sm") and spacy_parser.version
+
+
+def test_spacy_cache_skips_spacy_on_second_run(tmp_path: Path) -> None:
+    texts = ["The dog barked.", "A cat slept.", "The dog barked."]
+    first = SpacyParser(cache_dir=tmp_path)
+    calls = []
+    pipe = first.nlp.pipe
+    first.nlp.pipe = lambda batch, **kwargs: calls.append(list(batch)) or pipe(calls[-1], **kwargs)
+    expected = first.parse(texts)
+    assert calls == [["The dog barked.", "A cat slept."]]
+
+    second = SpacyParser(cache_dir=tmp_path)
+
+    def no_spacy(*args, **kwargs):
+        raise AssertionError("spaCy called for cached texts")
+
+    second.nlp.pipe = no_spacy
+    assert second.parse(texts) == expected
+    assert second.parse(list(reversed(texts))) == list(reversed(expected))
+
+    calls.clear()
+    assert first.parse(["A new sentence.", "A cat slept."])[1] == expected[1]
+    assert calls == [["A new sentence."]]
+
+
+def test_spacy_without_cache_matches_cached(tmp_path: Path, spacy_parser: SpacyParser) -> None:
+    texts = ["Time flies like an arrow."]
+    assert SpacyParser(cache_dir=tmp_path).parse(texts) == spacy_parser.parse(texts)
+
+
+def test_unknown_spacy_model() -> None:
+    with pytest.raises(UserError, match="no_such_model"):
+        SpacyParser(model="no_such_model")
+
+
+def test_unusable_cache_names_the_file(tmp_path: Path) -> None:
+    (tmp_path / "spacy_parses.sqlite3").write_text("not a database")
+    with pytest.raises(UserError, match="spacy_parses.sqlite3: cannot use the parse cache"):
+        SpacyParser(cache_dir=tmp_path).parse(["Hi."])
