@@ -13,19 +13,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
-import json
 import logging
-import platform
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from importlib import metadata
 from pathlib import Path
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +28,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from analysis import plots, stats, summary
-from bertjax import cli, glue
+from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
@@ -235,35 +228,6 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     return table, tau
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
-
-
-def versions() -> dict[str, str | None]:
-    packages = ["bertjax", "jax", "jaxlib", "flax", "numpy", "scipy", "transformers", "tokenizers", "spacy"]
-    found = {}
-    for name in packages:
-        try:
-            found[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            found[name] = None
-    return {"python": platform.python_version(), **found, "git_commit": _git_commit()}
-
-
 def prepare_out(config: RolesConfig) -> Path:
     """A temporary directory beside --out (so the final rename is atomic); checks writability early."""
     out = Path(config.out).expanduser().resolve()
@@ -316,7 +280,7 @@ def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, fl
     for task in tasks:
         clock = time.perf_counter()
         segments, indices, files = examples_for(config, task)
-        data_files[task] = [{"path": str(f), "sha256": _sha256(f)} for f in files]
+        data_files[task] = [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files]
         parses = parse_segments(config, task, segments, parser) if parser or task == CONLLU_TASK else None
         seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
         timings[f"{task}/prepare"] = time.perf_counter() - clock
@@ -358,12 +322,9 @@ def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, fl
         },
         "data_files": data_files,
         "figures": sorted(p.name for p in figures),
-        "versions": versions(),
-        "device": str(jax.devices()[0]),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        "command": sys.argv,
     }
-    (tmp / "run.json").write_text(json.dumps(run_info, indent=2, default=str) + "\n")
+    runinfo.write_run_json(tmp, run_info)
     print(summary.format_summary(digest))
     for task, result in results.items():
         if result.absent:

@@ -34,6 +34,13 @@ def flatten_params(state: nnx.State) -> dict[str, jax.Array]:
     return {SEP.join(str(p) for p in path): v.get_value() for path, v in nnx.to_flat_state(state)}
 
 
+def unflatten_params(abstract_state: nnx.State, flat: dict[str, Any]) -> nnx.State:
+    """The inverse of `flatten_params`, shaped like `abstract_state` (from `nnx.split`)."""
+    return nnx.from_flat_state(
+        [(path, v.replace(value=flat[path_key(path)])) for path, v in nnx.to_flat_state(abstract_state)]
+    )
+
+
 def make_meta(model: nnx.Module, tokenizer: str, run_config: dict[str, Any]) -> dict[str, Any]:
     params = flatten_params(nnx.state(model, nnx.Param))
     return {
