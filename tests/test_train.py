@@ -1,0 +1,265 @@
+"""Pre-training end to end: smoke run into analysis, exact resume after SIGKILL, preemption,
+corrupt checkpoints, sharding on 8 fake devices, and the one-line errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import bertjax
+from bertjax import cli
+from bertjax import checkpoint as ckpt
+from train import pretrain
+
+ROOT = Path(__file__).resolve().parents[1]
+BOOKS = ("carroll-alice.txt", "blake-poems.txt", "shakespeare-caesar.txt")
+
+
+@pytest.fixture(scope="module")
+def corpus(shared_data, tmp_path_factory) -> Path:
+    """Three staged Gutenberg books (one of them Latin-1) as a folder of documents."""
+    folder = tmp_path_factory.mktemp("corpus")
+    for name in BOOKS:
+        (folder / name).symlink_to(shared_data / "gutenberg" / name)
+    return folder
+
+
+def _overrides(corpus: Path, steps: int, **extra) -> list[str]:
+    """A tiny run: a 1,000-piece WordPiece vocabulary trained on the corpus keeps steps fast."""
+    settings = {
+        "data.corpora": f"[{{name: books, source: local, path: {corpus}, kind: gutenberg}}]",
+        "data.train_vocab": "true",
+        "data.vocab_size": "1000",
+        "data.max_seq_length": "64",
+        "data.max_predictions_per_seq": "10",
+        "data.segmenter": "sentencizer",
+        "model.max_position_embeddings": "64",
+        "train.steps": str(steps),
+        "train.global_batch_size": "8",
+        "train.log_every": "2",
+        "optimizer.warmup_steps": "2",
+        "checkpoint.every": "4",
+        "checkpoint.keep": "null",
+        "checkpoint.log_spaced": "0",
+        **extra,
+    }
+    return [f"{k}={v}" for k, v in settings.items()]
+
+
+@pytest.fixture(scope="module")
+def prepared(corpus, tmp_path_factory) -> Path:
+    """Shards prepared once and shared by the runs below (data_dir=...)."""
+    workdir = tmp_path_factory.mktemp("prep")
+    config = bertjax_config(_overrides(corpus, 1))
+    return pretrain.prepared_data(config.data, workdir / "data", None)
+
+
+def bertjax_config(overrides: list[str]) -> pretrain.PretrainConfig:
+    from train.config import load_config
+
+    return load_config(pretrain.PretrainConfig, ROOT / "configs/pretrain/tiny.yaml", overrides)
+
+
+def _train_command(workdir: Path, corpus: Path, prepared: Path, steps: int, *extra: str) -> list[str]:
+    return [
+        sys.executable, "-m", "train.pretrain", "--config", str(ROOT / "configs/pretrain/tiny.yaml"),
+        "--workdir", str(workdir), *_overrides(corpus, steps, data_dir=str(prepared)), *extra,
+    ]  # fmt: skip
+
+
+def _params(workdir: Path, step: int | None = None) -> dict[str, np.ndarray]:
+    model = bertjax.from_pretrained(workdir, bertjax.BertForPreTraining, step=step)
+    return {k: np.asarray(v) for k, v in ckpt.flatten_params(nnx.state(model, nnx.Param)).items()}
+
+
+@pytest.fixture(scope="module")
+def smoke_run(corpus, prepared, tmp_path_factory) -> Path:
+    workdir = tmp_path_factory.mktemp("smoke")
+    subprocess.run(_train_command(workdir, corpus, prepared, 12), check=True, cwd=ROOT, timeout=600)
+    return workdir
+
+
+def test_pretraining_writes_checkpoints_metrics_and_run_info(smoke_run):
+    steps = sorted(int(p.name) for p in (smoke_run / "checkpoints").iterdir() if p.name.isdigit())
+    assert steps == [4, 8, 12]
+    lines = (smoke_run / "metrics.jsonl").read_text().splitlines()
+    import json
+
+    records = [json.loads(line) for line in lines]
+    assert records[-1]["step"] == 12
+    for key in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm", "tokens_per_s", "sequences_per_s"):
+        assert np.isfinite(records[-1][key]), key
+    assert (smoke_run / "config.yaml").is_file() and (smoke_run / "run.json").is_file()
+    assert list((smoke_run / "tensorboard").iterdir())
+
+
+def test_analysis_runs_on_a_pretraining_checkpoint(smoke_run, shared_data, tmp_path):
+    from analysis import roles
+
+    out = tmp_path / "roles"
+    roles.main(["--ckpt", str(smoke_run), "--step", "8", "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
+                "--n", "8", "--batch-size", "8", "--out", str(out), "--no-figures", "--cache-dir", str(tmp_path / "c")])  # fmt: skip
+    import json
+
+    run = json.loads((out / "run.json").read_text())
+    assert run["checkpoint"]["kind"] == "orbax" and run["checkpoint"]["step"] == 8
+    assert (out / "roles.csv").is_file()
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_is_bit_identical(corpus, prepared, smoke_run, tmp_path):
+    workdir = tmp_path / "killed"
+    process = subprocess.Popen(_train_command(workdir, corpus, prepared, 12), cwd=ROOT)
+    deadline = time.time() + 300
+    while not (workdir / "checkpoints" / "8").is_dir():
+        assert process.poll() is None and time.time() < deadline, "the run ended before step 8"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (workdir / "checkpoints" / "12").exists(), "killed too late to test a resume"
+    subprocess.run(_train_command(workdir, corpus, prepared, 12), check=True, cwd=ROOT, timeout=600)
+    uninterrupted, resumed = _params(smoke_run), _params(workdir)
+    for key in uninterrupted:
+        np.testing.assert_array_equal(resumed[key], uninterrupted[key], err_msg=key)
+
+
+@pytest.mark.slow
+def test_sigterm_saves_and_exits_cleanly(corpus, prepared, tmp_path):
+    workdir = tmp_path / "preempted"
+    process = subprocess.Popen(_train_command(workdir, corpus, prepared, 400), cwd=ROOT)
+    deadline = time.time() + 300
+    while not (workdir / "checkpoints" / "4").is_dir():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=120) == 0
+    saved = max(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 4 <= saved < 400
+    assert bertjax.from_pretrained(workdir, step=saved) is not None
+
+
+def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(smoke_run, corpus, prepared, tmp_path, caplog):
+    import shutil
+
+    workdir = tmp_path / "corrupt"
+    shutil.copytree(smoke_run, workdir, symlinks=True)
+    for file in (workdir / "checkpoints" / "12" / "params").rglob("*"):
+        if file.is_file() and file.stat().st_size > 0:
+            file.write_bytes(b"\0" * 7)  # truncated, garbage
+    config = bertjax_config(_overrides(corpus, 12, data_dir=str(prepared)))
+    caplog.set_level("ERROR")
+    pretrain.run(config, workdir)
+    assert "checkpoint step 12 is corrupt or partial" in caplog.text
+    assert (workdir / "corrupt_checkpoints" / "12").is_dir()
+    resumed = _params(workdir)  # re-trained 8 → 12 from the good step-8 checkpoint
+    for key, value in _params(smoke_run).items():
+        np.testing.assert_array_equal(resumed[key], value, err_msg=key)
+
+
+def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, capsys):
+    argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(tmp_path / "nan"),
+            *_overrides(corpus, 6, data_dir=str(prepared)), "optimizer.learning_rate=.inf", "checkpoint.steps=[1]"]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(pretrain.main, argv)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message == "error: non-finite loss or update at step 1; stopping (no checkpoint was written)"
+    assert not (tmp_path / "nan" / "checkpoints" / "1").exists()
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("unknown_key", "unknown config key 'train.stepz'"),
+        ("missing_vocab", "does-not-exist.txt: vocab_file does not exist"),
+        ("empty_corpus", "has no text"),
+        ("other_shape", "holds a checkpoint of another model shape"),
+    ],
+)
+def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, tmp_path, capsys):
+    workdir = tmp_path / "work"
+    overrides = _overrides(corpus, 2)
+    if case == "unknown_key":
+        overrides.append("train.stepz=3")
+    elif case == "missing_vocab":
+        overrides += ["data.train_vocab=false", f"data.vocab_file={tmp_path / 'does-not-exist.txt'}"]
+    elif case == "empty_corpus":
+        (tmp_path / "empty").mkdir()
+        overrides.append(f"data.corpora=[{{name: e, source: local, path: {tmp_path / 'empty'}, kind: plain}}]")
+    elif case == "other_shape":
+        import shutil
+
+        shutil.copytree(smoke_run / "checkpoints", workdir / "checkpoints")
+        overrides += [f"data_dir={prepared}", "model.preset=mini"]
+    argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir), *overrides]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(pretrain.main, argv)
+    assert exit_info.value.code == 2
+    message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert message.startswith("error: ") and expected in message, message
+
+
+SHARDED_CHECK = r"""
+import sys, jax, numpy as np
+from pathlib import Path
+from train import sharding
+from train.checkpoints import CheckpointConfig
+from train.data import PretrainingData
+from train.losses import pretraining_loss
+from train.optim import OptimizerConfig
+from train.pretrain import ModelSettings, model_config
+from train.trainer import LoopConfig, Trainer
+from bertjax.model import BertForPreTraining
+
+assert jax.device_count() == 8
+data_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
+config = model_config(ModelSettings(max_position_embeddings=64), 1000)
+
+def train(devices, data, fsdp, name):
+    trainer = Trainer(workdir=work / name, model_config=config, model_cls=BertForPreTraining, loss_fn=pretraining_loss,
+                      optimizer=OptimizerConfig(warmup_steps=1), loop=LoopConfig(steps=3, global_batch_size=8, grad_accum_steps=2),
+                      checkpoint=CheckpointConfig(every=0), mesh=sharding.make_mesh(sharding.MeshConfig(data, fsdp), devices),
+                      run_config={}, tokenizer="tokenizer")
+    state, _ = trainer.restore_or_init()
+    batches = PretrainingData(data_dir, 8, seed=0)
+    key = jax.random.key(0)
+    for _ in range(3):
+        state, _ = trainer._step_fn(state, sharding.global_batch(next(batches), trainer.mesh), key)
+    sharded = [s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, state["params"]))]
+    return jax.device_get(state["params"]), sharded
+
+single, _ = train(jax.devices()[:1], 1, 1, "single")
+multi, specs = train(jax.devices(), 2, 4, "multi")
+assert any("fsdp" in str(s) for s in specs), "nothing was sharded over fsdp"
+worst = max(float(np.max(np.abs(single[k] - multi[k]))) for k in single)
+assert worst <= 1e-5, worst
+print("max abs diff", worst)
+"""
+
+
+@pytest.mark.slow
+def test_sharded_step_equals_single_device_step(prepared, tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run(
+        [sys.executable, "-c", SHARDED_CHECK, str(prepared), str(tmp_path)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "max abs diff" in result.stdout
+
+
+def test_log_spaced_steps():
+    from train.checkpoints import log_spaced_steps
+
+    assert log_spaced_steps(6, 300) == [1, 3, 10, 31, 96, 300]
+    assert log_spaced_steps(0, 300) == [] and log_spaced_steps(3, 1) == [1]
+    assert jax.device_count() >= 1

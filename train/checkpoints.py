@@ -1,0 +1,136 @@
+"""The checkpoint policy of a training run, in one place: when to save, what to keep, what to resume.
+
+Layout: `bertjax.checkpoint` (params and meta items, readable without this module) plus
+`opt_state` and `trainer` (step, data position, RNG key, phase). Orbax writes each step into a
+temporary folder and renames it when complete, so a step folder is either whole or absent.
+
+Load order at start-up: the latest readable checkpoint of this workdir (a corrupt one is reported
+and skipped), else the params of `init_from` with a fresh optimizer, else a random init.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import shutil
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers
+
+from bertjax import checkpoint as ckpt
+from bertjax.errors import UserError
+
+log = logging.getLogger(__name__)
+
+OPT_STATE = "opt_state"
+TRAINER = "trainer"
+ITEMS = (ckpt.PARAMS, ckpt.META, OPT_STATE, TRAINER)
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    every: int = 1000  # periodic saves
+    keep: int | None = 3  # how many periodic saves to keep (None: all)
+    steps: list[int] = dataclasses.field(default_factory=list)  # always saved and kept
+    log_spaced: int = 0  # add this many log-spaced steps in [1, total] (for tracking roles)
+
+
+def log_spaced_steps(count: int, total: int) -> list[int]:
+    """`count` distinct steps spaced evenly in log scale from 1 to `total` (both included)."""
+    if count <= 0 or total < 1:
+        return []
+    steps = {round(math.exp(math.log(total) * i / max(count - 1, 1))) for i in range(count)}
+    return sorted(s for s in steps if 1 <= s <= total)
+
+
+class Checkpointer:
+    def __init__(self, workdir: Path, config: CheckpointConfig, total_steps: int):
+        self.directory = Path(workdir).resolve() / ckpt.CHECKPOINTS
+        self.explicit = sorted(set(config.steps) | set(log_spaced_steps(config.log_spaced, total_steps)))
+        self.every = config.every
+        self.total_steps = total_steps
+        policies = [checkpoint_managers.CustomSteps(self.explicit + [total_steps])]
+        policies.append(checkpoint_managers.LatestN(config.keep))
+        self.manager = ocp.CheckpointManager(
+            self.directory,
+            item_names=ITEMS,
+            options=ocp.CheckpointManagerOptions(
+                create=True,
+                preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+                enable_async_checkpointing=False,
+            ),
+        )
+
+    def should_save(self, step: int) -> bool:
+        return step in self.explicit or step == self.total_steps or (self.every > 0 and step % self.every == 0)
+
+    def save(self, step: int, params: dict, opt_state: Any, trainer: dict, meta: dict) -> None:
+        args = ckpt.save_args(params, meta) | {
+            OPT_STATE: ocp.args.StandardSave(opt_state),
+            TRAINER: ocp.args.JsonSave(trainer),
+        }
+        self.manager.save(step, args=ocp.args.Composite(**args), force=True)
+        self.manager.wait_until_finished()
+
+    def steps(self) -> list[int]:
+        return sorted(self.manager.all_steps())
+
+    def restore_latest(self, abstract_params, abstract_opt, expected_shapes: dict) -> tuple[int, dict] | None:
+        """(step, items) of the newest readable checkpoint, or None when there is none."""
+        for step in reversed(self.steps()):
+            try:
+                meta = ckpt.read_meta(self.directory, step)
+            except UserError as e:
+                log.error("checkpoint step %d is unreadable (%s); trying the previous one", step, e)
+                continue
+            if meta.get("param_shapes") != expected_shapes:
+                raise UserError(
+                    f"{self.directory}: holds a checkpoint of another model shape "
+                    f"(step {step}); use a new --workdir or the matching model config"
+                )
+            try:
+                restored = self.manager.restore(
+                    step,
+                    args=ocp.args.Composite(
+                        **{
+                            ckpt.PARAMS: ocp.args.StandardRestore(abstract_params),
+                            OPT_STATE: ocp.args.StandardRestore(abstract_opt),
+                            TRAINER: ocp.args.JsonRestore(),
+                        }
+                    ),
+                )
+            except Exception as e:  # orbax raises many types for truncated or missing files
+                log.error(
+                    "checkpoint step %d is corrupt or partial (%s: %s); moved to %s, trying the previous one",
+                    step,
+                    type(e).__name__,
+                    str(e).splitlines()[0] if str(e) else "",
+                    self._set_aside(step),
+                )
+                continue
+            return step, {k: restored[k] for k in (ckpt.PARAMS, OPT_STATE, TRAINER)}
+        return None
+
+    def _set_aside(self, step: int) -> Path:
+        """Moves a bad step out of the manager's directory, so the resumed run can save it anew;
+        kept, not deleted, in case it is worth a look."""
+        target = self.directory.parent / "corrupt_checkpoints" / str(step)
+        if jax.process_index() == 0:
+            target.parent.mkdir(exist_ok=True)
+            if target.exists():
+                shutil.rmtree(target)
+            (self.directory / str(step)).rename(target)
+        self.manager.reload()
+        return target
+
+    def close(self) -> None:
+        self.manager.wait_until_finished()
+        self.manager.close()
+
+
+def abstract_with_shardings(tree, shardings):
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

@@ -1,0 +1,61 @@
+"""Optimizers: LAMB (You et al. 2019, the paper's) or AdamW, with linear warm-up then polynomial
+decay, global-norm clipping, and weight decay that skips LayerNorm parameters and biases."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import optax
+
+from bertjax.errors import UserError
+
+
+@dataclasses.dataclass
+class OptimizerConfig:
+    name: str = "lamb"  # lamb | adamw
+    learning_rate: float = 1e-3
+    warmup_steps: int = 0
+    decay_power: float = 1.0  # 1.0: linear decay, as in BERT
+    end_learning_rate: float = 0.0
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    max_grad_norm: float = 1.0  # 0 disables clipping
+
+
+def schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
+    warmup = min(config.warmup_steps, total_steps)
+    decay = optax.polynomial_schedule(
+        init_value=config.learning_rate,
+        end_value=config.end_learning_rate,
+        power=config.decay_power,
+        transition_steps=max(total_steps - warmup, 1),
+    )
+    if warmup == 0:
+        return decay
+    ramp = optax.linear_schedule(0.0, config.learning_rate, warmup)
+    return optax.join_schedules([ramp, decay], boundaries=[warmup])
+
+
+def decay_mask(params):
+    """True where weight decay applies: every parameter but LayerNorm scales/biases and biases."""
+
+    def decays(path, _):
+        names = [str(getattr(p, "key", getattr(p, "name", p))) for p in path]
+        return names[-1] not in ("bias", "scale") and "LayerNorm" not in names
+
+    return jax.tree_util.tree_map_with_path(decays, params)
+
+
+def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientTransformation:
+    lr = schedule(config, total_steps)
+    if config.name == "lamb":
+        core = optax.lamb(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
+    elif config.name == "adamw":
+        core = optax.adamw(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
+    else:
+        raise UserError(f"optimizer.name: {config.name!r} is not lamb or adamw")
+    clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm > 0 else optax.identity()
+    return optax.chain(clip, core)

@@ -1,0 +1,196 @@
+"""`python -m train.pretrain --config configs/pretrain/tiny.yaml --workdir DIR [key=value ...]`
+
+Pre-trains BERT (MLM + NSP) with LAMB. Phase 1 runs `train.steps` at `data.max_seq_length`; an
+optional phase 2 (BERT's recipe: a short phase at T = 512) continues from phase 1's last params with
+its own data, batch size and learning-rate schedule, in the same workdir and step count. Re-running
+the same command resumes from the latest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from bertjax import cli, runinfo
+from bertjax.config import BertConfig, preset
+from bertjax.errors import UserError
+from bertjax.model import BertForPreTraining
+from train import config as config_lib
+from train import sharding
+from train.checkpoints import CheckpointConfig
+from train.data import PretrainingData, load_meta
+from train.losses import pretraining_loss
+from train.optim import OptimizerConfig
+from train.prepare import PrepareConfig, prepare
+from train.trainer import LoopConfig, Trainer
+
+log = logging.getLogger(__name__)
+
+TOKENIZER_DIR = "tokenizer"
+
+
+@dataclasses.dataclass
+class ModelSettings:
+    preset: str = "tiny"
+    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
+    max_position_embeddings: int = 512
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+
+
+@dataclasses.dataclass
+class Phase2Config:
+    steps: int = 1000
+    max_seq_length: int = 512
+    max_predictions_per_seq: int = 80
+    global_batch_size: int = 256
+    learning_rate: float = 5e-4
+    warmup_steps: int = 100
+
+
+@dataclasses.dataclass
+class PretrainConfig:
+    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
+    data: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
+    data_dir: str | None = None  # prepared shards of phase 1; None: prepared into the workdir
+    train: LoopConfig = dataclasses.field(default_factory=LoopConfig)
+    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+    phase2: Phase2Config | None = None
+    distributed: bool = False  # call jax.distributed.initialize() (multi-host TPU pods, SLURM)
+
+
+def compute_dtype(setting: str) -> str:
+    if setting != "auto":
+        return setting
+    return "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"
+
+
+def prepared_data(config: PrepareConfig, directory: Path, explicit: str | None) -> Path:
+    """The prepared shards: `explicit` if given, else prepared once into `directory`."""
+    if explicit:
+        load_meta(Path(explicit))
+        return Path(explicit)
+    if not (directory / "meta.json").is_file():
+        if jax.process_index() == 0:
+            prepare(config, directory)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("prepared data")
+    return directory
+
+
+def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
+    return preset(
+        settings.preset,
+        vocab_size=vocab_size,
+        max_position_embeddings=settings.max_position_embeddings,
+        hidden_dropout_prob=settings.hidden_dropout_prob,
+        attention_probs_dropout_prob=settings.attention_probs_dropout_prob,
+        dtype=compute_dtype(settings.dtype),
+    )
+
+
+def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
+    from transformers import BertTokenizerFast
+
+    target = workdir / TOKENIZER_DIR
+    if jax.process_index() == 0 and not target.is_dir():
+        tokenizer = BertTokenizerFast(vocab_file=str(data_dir / "vocab.txt"), do_lower_case=lowercase)
+        tokenizer.save_pretrained(str(target))
+
+
+def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
+    """Runs every phase not yet finished in `workdir`; returns the last phase's outcome."""
+    if config.distributed:
+        jax.distributed.initialize()
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    if jax.process_index() == 0:
+        config_lib.save_resolved(config, workdir / "config.yaml")
+    mesh = sharding.make_mesh(config.mesh)
+    run_config = dataclasses.asdict(config)
+
+    phases = [(config.data, config.train, config.optimizer, config.data_dir)]
+    if config.phase2 is not None:
+        p2 = config.phase2
+        data2 = dataclasses.replace(
+            config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
+        )
+        loop2 = dataclasses.replace(config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None)
+        opt2 = dataclasses.replace(config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps)
+        phases.append((data2, loop2, opt2, None))
+
+    start, outcome = 0, None
+    for index, (data_config, loop, optimizer, explicit_dir) in enumerate(phases, start=1):
+        data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
+        meta = load_meta(data_dir)
+        save_tokenizer(data_dir, data_config.lowercase, workdir)
+        trainer = Trainer(
+            workdir=workdir,
+            model_config=model_config(config.model, meta["vocab_size"]),
+            model_cls=BertForPreTraining,
+            loss_fn=pretraining_loss,
+            optimizer=optimizer,
+            loop=loop,
+            checkpoint=config.checkpoint,
+            mesh=mesh,
+            run_config=run_config,
+            tokenizer=TOKENIZER_DIR,
+            start_step=start,
+        )
+        start = trainer.end
+        if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:
+            continue  # a later phase has started: this one finished in an earlier invocation
+
+        def make_data(position, loop=loop, data_dir=data_dir):
+            return PretrainingData(
+                data_dir,
+                loop.global_batch_size,
+                seed=loop.seed,
+                process_index=jax.process_index(),
+                process_count=jax.process_count(),
+                position=position,
+            )
+
+        log.info("phase %d: steps %d → %d, T = %d", index, trainer.start, trainer.end, meta["max_seq_length"])
+        outcome = trainer.run(make_data, seq_len=meta["max_seq_length"])
+        if jax.process_index() == 0:
+            runinfo.write_run_json(
+                workdir,
+                {
+                    "config": run_config,
+                    "phase": index,
+                    "step": outcome.step,
+                    "preempted": outcome.preempted,
+                    "final_metrics": outcome.metrics,
+                    "n_params": trainer.n_params,
+                    "timings_s": outcome.timings,
+                },
+            )
+        if outcome.preempted:
+            break
+    return {} if outcome is None else dataclasses.asdict(outcome)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m train.pretrain", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--config", required=True, help="YAML file, e.g. configs/pretrain/tiny.yaml")
+    parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, data")
+    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
+    args = parser.parse_args(argv)
+    config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
+    if config.train.steps < 1:
+        raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
+    run(config, Path(args.workdir))
+
+
+if __name__ == "__main__":
+    cli.run(main)

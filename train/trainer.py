@@ -1,0 +1,311 @@
+"""The training loop shared by pre-training and fine-tuning.
+
+One step is compiled once with explicit shardings and a donated state: gradient accumulation is a
+`lax.scan` over micro-batches inside it, the dropout key is `fold_in(seed key, step)` (so a resumed
+run replays the same randomness), and a non-finite loss is recorded on device (`bad_step`) and
+checked only when metrics are fetched, so the host never waits on the device between logs.
+
+Params live as a flat dict `{"bert/encoder/...": array}`, the checkpoint layout, so the optimizer,
+the shardings and orbax all see one simple tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm import tqdm
+
+from bertjax import checkpoint as ckpt
+from bertjax.config import BertConfig
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained
+from train import sharding
+from train.checkpoints import Checkpointer, CheckpointConfig, abstract_with_shardings
+from train.metrics import MetricsWriter, flops_per_token, peak_flops
+from train.optim import OptimizerConfig, make_optimizer, schedule
+
+log = logging.getLogger(__name__)
+
+LossFn = Callable[[nnx.Module, dict[str, jax.Array], jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass
+class LoopConfig:
+    steps: int = 1000
+    global_batch_size: int = 32
+    grad_accum_steps: int = 1  # micro-batches per step; each is global_batch_size / this
+    seed: int = 0
+    log_every: int = 10
+    init_from: str | None = None  # start from these params (HF dir or bertjax run), fresh optimizer
+    init_step: int | None = None
+
+
+class DataIterator(Protocol):
+    def __next__(self) -> dict[str, np.ndarray]: ...
+
+    @property
+    def position(self) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass
+class Outcome:
+    step: int
+    preempted: bool
+    metrics: dict[str, float]
+    timings: dict[str, float]
+
+
+class Trainer:
+    def __init__(
+        self,
+        *,
+        workdir: Path,
+        model_config: BertConfig,
+        model_cls: type[nnx.Module],
+        loss_fn: LossFn,
+        optimizer: OptimizerConfig,
+        loop: LoopConfig,
+        checkpoint: CheckpointConfig,
+        mesh: jax.sharding.Mesh,
+        run_config: dict[str, Any],
+        tokenizer: str,
+        start_step: int = 0,
+    ):
+        """`start_step`: where this phase begins in a multi-phase run (its steps continue the
+        previous phase's; its optimizer and learning-rate schedule start afresh)."""
+        if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
+            raise UserError(
+                f"train.global_batch_size {loop.global_batch_size} is not divisible by "
+                f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
+            )
+        self.workdir = Path(workdir)
+        self.config = model_config
+        self.model_cls = model_cls
+        self.loop = loop
+        self.start, self.end = start_step, start_step + loop.steps
+        self.mesh = mesh
+        self.is_main = jax.process_index() == 0
+        abstract_model = nnx.eval_shape(lambda: model_cls(model_config, rngs=nnx.Rngs(params=loop.seed)))
+        self.graphdef, self.abstract_state = nnx.split(abstract_model)
+        self.abstract_params = ckpt.flatten_params(self.abstract_state)
+        self.meta = ckpt.make_meta(abstract_model, tokenizer, run_config)
+        self.n_params = sum(int(np.prod(x.shape)) for x in self.abstract_params.values())
+
+        self.schedule = schedule(optimizer, loop.steps)
+        self.tx = make_optimizer(optimizer, loop.steps)
+        self.param_shardings = sharding.state_shardings(mesh, self.abstract_params)
+        abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
+        self.opt_shardings = sharding.state_shardings(mesh, abstract_opt)
+        self.abstract_opt = abstract_with_shardings(abstract_opt, self.opt_shardings)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self.state_shardings = {
+            "params": self.param_shardings,
+            "opt_state": self.opt_shardings,
+            "step": replicated,
+            "bad_step": replicated,
+        }
+        self.checkpointer = Checkpointer(self.workdir, checkpoint, self.end)
+        self.loss_fn = loss_fn
+        self._step_fn = jax.jit(
+            self._train_step,
+            in_shardings=(self.state_shardings, sharding.batch_sharding(mesh), replicated),
+            out_shardings=(self.state_shardings, replicated),
+            donate_argnums=(0,),
+        )
+        self._preempted = False
+
+    # -- state -----------------------------------------------------------------------------
+
+    def model(self, params: dict[str, jax.Array]) -> nnx.Module:
+        return nnx.merge(self.graphdef, ckpt.unflatten_params(self.abstract_state, params))
+
+    def _fresh_state(self, params: dict[str, jax.Array]) -> dict[str, Any]:
+        init_opt = jax.jit(self.tx.init, out_shardings=self.opt_shardings)
+        state = {
+            "params": params,
+            "opt_state": init_opt(params),
+            "step": jnp.zeros((), jnp.int32),
+            "bad_step": jnp.full((), -1, jnp.int32),
+        }
+        # Exactly the shardings the step returns, or its second call would compile again.
+        return jax.device_put(state, self.state_shardings)
+
+    def _initial_params(self) -> dict[str, jax.Array]:
+        if self.loop.init_from:
+            model = from_pretrained(self.loop.init_from, self.model_cls, step=self.loop.init_step, seed=self.loop.seed)
+            params = ckpt.flatten_params(nnx.state(model, nnx.Param))
+            for name, expected in self.abstract_params.items():
+                if params[name].shape != expected.shape:
+                    raise UserError(
+                        f"train.init_from {self.loop.init_from}: tensor {name} has shape "
+                        f"{list(params[name].shape)}, this run's model needs {list(expected.shape)}"
+                    )
+            return jax.device_put({k: params[k].astype(v.dtype) for k, v in self.abstract_params.items()}, self.param_shardings)
+        cls, config, seed = self.model_cls, self.config, self.loop.seed
+        init = jax.jit(
+            lambda: ckpt.flatten_params(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)), nnx.Param)),
+            out_shardings=self.param_shardings,
+        )
+        return init()
+
+    def restore_or_init(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """(train state, data position to resume from or None)."""
+        abstract_params = abstract_with_shardings(self.abstract_params, self.param_shardings)
+        restored = self.checkpointer.restore_latest(abstract_params, self.abstract_opt, self.meta["param_shapes"])
+        if restored is None:
+            if self.start > 0:
+                raise UserError(f"{self.workdir}: no checkpoint of the previous phase to start step {self.start} from")
+            return self._fresh_state(self._initial_params()), None
+        step, items = restored
+        if step < self.start:
+            raise UserError(f"{self.workdir}: latest checkpoint is step {step}, before this phase's start {self.start}")
+        if step == self.start and self.start > 0:
+            log.info("phase starting at step %d from the previous phase's params", step)
+            state = self._fresh_state(items[ckpt.PARAMS])
+            state["step"] = jax.device_put(jnp.asarray(step, jnp.int32), self.state_shardings["step"])
+            return state, None
+        log.info("resuming from %s at step %d", self.checkpointer.directory, step)
+        trainer = items["trainer"]
+        state = {
+            "params": items[ckpt.PARAMS],
+            "opt_state": items["opt_state"],
+            "step": jnp.asarray(step, jnp.int32),
+            "bad_step": jnp.full((), -1, jnp.int32),
+        }
+        return jax.device_put(state, self.state_shardings), trainer["data_position"]
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def _loss(self, params, batch, key):
+        return self.loss_fn(self.model(params), batch, key)
+
+    def _train_step(self, state, batch, key):
+        accum = self.loop.grad_accum_steps
+        grad_fn = jax.value_and_grad(self._loss, has_aux=True)
+        params = state["params"]
+        step_key = jax.random.fold_in(key, state["step"])
+        if accum == 1:
+            (loss, metrics), grads = grad_fn(params, batch, step_key)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
+
+            def body(carry, inputs):
+                i, one = inputs
+                (loss, metrics), grads = grad_fn(params, one, jax.random.fold_in(step_key, i))
+                return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+
+            (loss_shape, metrics_shape), grads_shape = jax.eval_shape(
+                grad_fn, params, jax.tree.map(lambda x: x[0], micro), step_key
+            )
+            zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (loss_shape, metrics_shape, grads_shape))
+            (loss, metrics, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
+            loss, metrics, grads = jax.tree.map(lambda x: x / accum, (loss, metrics, grads))
+        updates, opt_state = self.tx.update(grads, state["opt_state"], params)
+        new_params = optax.apply_updates(params, updates)
+        # Checking the update too keeps non-finite params out of the checkpoint saved after it.
+        finite = jnp.isfinite(loss) & jnp.isfinite(optax.tree.norm(updates))
+        bad = jnp.where((state["bad_step"] < 0) & ~finite, state["step"] + 1, state["bad_step"])
+        metrics = {
+            **metrics,
+            "loss": loss,
+            "grad_norm": optax.tree.norm(grads),
+            "learning_rate": self.schedule(state["step"] - self.start),
+        }
+        new_state = {"params": new_params, "opt_state": opt_state, "step": state["step"] + 1, "bad_step": bad}
+        return new_state, metrics
+
+    # -- the loop ----------------------------------------------------------------------------
+
+    def _on_sigterm(self, signum, frame) -> None:
+        log.warning("SIGTERM: saving a checkpoint after this step, then exiting")
+        self._preempted = True
+
+    def _check_finite(self, state, last_good: int | None) -> None:
+        bad = int(jax.device_get(state["bad_step"]))
+        if bad >= 0:
+            kept = f"the last good checkpoint is step {last_good}" if last_good else "no checkpoint was written"
+            raise UserError(f"non-finite loss or update at step {bad}; stopping ({kept})")
+
+    def save(self, state, data_position: dict[str, Any], key: jax.Array) -> None:
+        step = int(jax.device_get(state["step"]))
+        trainer = {"step": step, "data_position": data_position, "rng_key": np.asarray(jax.random.key_data(key)).tolist()}
+        self.checkpointer.save(step, state["params"], state["opt_state"], trainer, self.meta)
+
+    def run(
+        self,
+        make_data: Callable[[dict[str, Any] | None], DataIterator],
+        seq_len: int,
+        evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
+        eval_every: int = 0,
+    ) -> Outcome:
+        """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints."""
+        started = time.perf_counter()
+        state, position = self.restore_or_init()
+        data = make_data(position)
+        key = jax.random.key(self.loop.seed)
+        start = int(jax.device_get(state["step"]))
+        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        writer = MetricsWriter(self.workdir, self.is_main)
+        peak = peak_flops(jax.devices()[0])
+        tokens_per_step = self.loop.global_batch_size * seq_len
+        flops_step = flops_per_token(self.config, self.n_params, seq_len) * tokens_per_step
+        timings = {"setup_s": time.perf_counter() - started}
+        window: list[dict[str, jax.Array]] = []
+        window_start = None
+        last_metrics: dict[str, float] = {}
+        last_good = max(self.checkpointer.steps(), default=None)
+        step = start
+        progress = tqdm(total=self.end, initial=start, desc="train", unit="step", disable=not self.is_main)
+        try:
+            while step < self.end:
+                batch = sharding.global_batch(next(data), self.mesh)
+                state, metrics = self._step_fn(state, batch, key)
+                step += 1
+                window.append(metrics)
+                if window_start is None:  # the first step compiles: keep it out of the rates
+                    jax.block_until_ready(metrics)
+                    timings["first_step_s"] = time.perf_counter() - started - timings["setup_s"]
+                    window_start, window = time.perf_counter(), []
+                elif step % self.loop.log_every == 0 or step == self.end:
+                    self._check_finite(state, last_good)
+                    fetched = jax.device_get(window)
+                    elapsed = time.perf_counter() - window_start
+                    last_metrics = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+                    rate = len(fetched) / elapsed
+                    last_metrics |= {
+                        "steps_per_s": rate,
+                        "sequences_per_s": rate * self.loop.global_batch_size,
+                        "tokens_per_s": rate * tokens_per_step,
+                    }
+                    if peak is not None:
+                        last_metrics["mfu"] = rate * flops_step / (peak * jax.device_count())
+                    writer.write(step, last_metrics)
+                    progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
+                    window, window_start = [], time.perf_counter()
+                if evaluate is not None and eval_every and (step % eval_every == 0 or step == self.end):
+                    writer.write(step, evaluate(step, state["params"]))
+                if self.checkpointer.should_save(step) or self._preempted:
+                    self._check_finite(state, last_good)
+                    self.save(state, data.position, key)
+                    last_good = step
+                progress.update(1)
+                if self._preempted:
+                    break
+        finally:
+            progress.close()
+            writer.close()
+            signal.signal(signal.SIGTERM, previous)
+            self.checkpointer.close()
+        timings["total_s"] = time.perf_counter() - started
+        return Outcome(step=step, preempted=self._preempted, metrics=last_metrics, timings=timings)
