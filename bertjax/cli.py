@@ -11,7 +11,8 @@ from bertjax.errors import UserError
 
 def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
     """Runs `main(argv)`; a `UserError` becomes `error: <message>` on stderr and exit status 2."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # force: absl (imported with jax) has already configured the root logger at WARNING.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     try:
         main(argv)
     except UserError as e:

@@ -18,7 +18,6 @@ from flax import nnx
 
 import bertjax
 from bertjax import checkpoint as ckpt
-from bertjax import convert
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,424 @@
+"""Prepare pre-training data in one step: corpora → sentences → WordPiece ids → instances → shards.
+
+`python -m train.prepare --out DIR [--config prepare.yaml] [key=value ...]`
+
+The output directory (written to a temporary sibling and renamed, so it is never half-written):
+
+    meta.json                 settings, vocabulary, counts, corpora with file hashes, throughput
+    vocab.txt                 the vocabulary used (copied, or trained with `train_vocab=true`)
+    shard-00000/              one folder per shard of memory-mappable .npy files:
+        input_ids.npy         [N, T] uint16 (int32 for vocabularies over 65536), padded
+        token_type_ids.npy    [N, T] int8
+        lengths.npy           [N] int16, real tokens per row
+        nsp_labels.npy        [N] int8, 1 = segment B is a random span
+        masked_positions.npy  [N, P] int16   } only with masking=static; input_ids are then
+        masked_ids.npy        [N, P]         } already masked; position 0 marks padding
+
+NSP's random segments come from the same pool of documents (`pool_tokens` tokens at a time), as the
+original drew them from the same input file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bertjax import cli
+from bertjax.errors import UserError
+from train.config import load_config
+from train.corpora import (
+    GUTENBERG,
+    MIX_STOPS,
+    SEGMENTERS,
+    WIKIPEDIA,
+    CorpusConfig,
+    Document,
+    SentenceSegmenter,
+    describe,
+    file_sha256,
+    iter_documents,
+    mix,
+    validate_corpus,
+)
+from train.instances import (
+    MASKINGS,
+    SHORT_SEQ_PER,
+    Instances,
+    MaskingSpec,
+    TokenizedDocument,
+    create_instances,
+    mask_batch,
+)
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# Sentences per `encode_batch` call: large enough for the Rust tokenizer's threads to pay off.
+ENCODE_BATCH_SENTENCES = 4096
+
+
+@dataclass
+class PrepareConfig:
+    """Everything `prepare` needs; the defaults are BERT's recipe at T = 128."""
+
+    corpora: list[CorpusConfig] = field(
+        default_factory=lambda: [dataclasses.replace(WIKIPEDIA), dataclasses.replace(GUTENBERG)]
+    )
+    mix_stop: str = "all_exhausted"  # see train.corpora.mix
+    max_documents: int | None = None  # cap on the mixed stream (hub corpora are large)
+    vocab_file: str | None = None
+    lowercase: bool = True
+    train_vocab: bool = False  # train a WordPiece vocabulary on the corpora instead
+    vocab_size: int = 30522  # only with train_vocab
+    max_seq_length: int = 128
+    max_predictions_per_seq: int = 20  # the original used 80 at max_seq_length = 512
+    masked_lm_prob: float = 0.15
+    whole_word_mask: bool = False
+    masking: str = "dynamic"  # or "static": see train.instances
+    short_seq_prob: float = 0.1
+    short_seq_per: str = "instance"  # or "document", the original code's behaviour
+    dupe_factor: int = 1  # passes over each pool (the original: 10, with static masking)
+    segmenter: str = "senter"  # or "sentencizer": see train.corpora
+    spacy_model: str = "en_core_web_sm"
+    segment_workers: int = 1
+    pool_tokens: int = 10_000_000  # documents pooled for NSP's random segments
+    shard_size: int = 100_000
+    seed: int = 12345
+
+
+def validate(config: PrepareConfig) -> None:
+    """Raise UserError naming the first setting that cannot work."""
+    choices = {
+        "masking": MASKINGS, "short_seq_per": SHORT_SEQ_PER, "mix_stop": MIX_STOPS,
+        "segmenter": SEGMENTERS,
+    }
+    for key, allowed in choices.items():
+        if getattr(config, key) not in allowed:
+            raise UserError(f"{key}: {getattr(config, key)!r} is not one of {', '.join(allowed)}")
+    if not config.corpora:
+        raise UserError("corpora: at least one corpus is needed")
+    for i, corpus in enumerate(config.corpora):
+        validate_corpus(corpus, f"corpora.{i}")
+    if not 5 <= config.max_seq_length <= 32767:
+        raise UserError(f"max_seq_length: must be in [5, 32767], got {config.max_seq_length}")
+    if not 1 <= config.max_predictions_per_seq <= config.max_seq_length:
+        raise UserError("max_predictions_per_seq: must be in [1, max_seq_length]")
+    if not 0 < config.masked_lm_prob < 1:
+        raise UserError(f"masked_lm_prob: must be in (0, 1), got {config.masked_lm_prob}")
+    if not 0 <= config.short_seq_prob <= 1:
+        raise UserError(f"short_seq_prob: must be in [0, 1], got {config.short_seq_prob}")
+    for key in ("dupe_factor", "segment_workers", "pool_tokens", "shard_size"):
+        if getattr(config, key) < 1:
+            raise UserError(f"{key}: must be >= 1, got {getattr(config, key)}")
+    if config.seed < 0:
+        raise UserError(f"seed: must be >= 0, got {config.seed}")
+    if config.max_documents is not None and config.max_documents < 1:
+        raise UserError(f"max_documents: must be >= 1, got {config.max_documents}")
+    if config.train_vocab:
+        if config.vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise UserError(f"vocab_size: too small, got {config.vocab_size}")
+    elif not config.vocab_file:
+        raise UserError("vocab_file: set a vocab.txt path, or train_vocab=true")
+    elif not Path(config.vocab_file).is_file():
+        raise UserError(f"{config.vocab_file}: vocab_file does not exist")
+
+
+# --- vocabulary ---------------------------------------------------------------------------------
+
+
+def read_vocab(path: Path) -> list[str]:
+    vocab = path.read_text(encoding="utf-8").splitlines()
+    missing = [t for t in SPECIAL_TOKENS if t not in vocab]
+    if missing:
+        raise UserError(f"{path}: vocabulary lacks {', '.join(missing)}")
+    return vocab
+
+
+def _documents(config: PrepareConfig, rng: np.random.Generator) -> Iterator[Document]:
+    streams = [iter_documents(c) for c in config.corpora]
+    mixed = mix(streams, [c.weight for c in config.corpora], rng, config.mix_stop)
+    return itertools.islice(mixed, config.max_documents)
+
+
+def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) -> Path:
+    """Train a WordPiece vocabulary on the corpora's paragraphs; writes `out_dir/vocab.txt`.
+
+    `rng` must be seeded as the main pass's mixing generator, so both read the same documents.
+    """
+    from tokenizers import BertWordPieceTokenizer
+
+    tokenizer = BertWordPieceTokenizer(lowercase=config.lowercase)
+    paragraphs = (p for doc in _documents(config, rng) for p in doc)
+    tokenizer.train_from_iterator(
+        paragraphs,
+        vocab_size=config.vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=1000,
+        wordpieces_prefix="##",
+        show_progress=False,
+    )
+    tokenizer.save_model(str(out_dir))
+    return out_dir / "vocab.txt"
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+
+class ShardWriter:
+    """Buffers instances and writes them as fixed-size shards of .npy files."""
+
+    def __init__(self, out_dir: Path, shard_size: int, ids_dtype: type) -> None:
+        self.out_dir = out_dir
+        self.shard_size = shard_size
+        self.ids_dtype = ids_dtype
+        self.buffer: list[dict[str, np.ndarray]] = []
+        self.buffered = 0
+        self.shards: list[dict[str, Any]] = []
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        self.buffer.append(arrays)
+        self.buffered += len(arrays["lengths"])
+        while self.buffered >= self.shard_size:
+            self._write(self.shard_size)
+
+    def close(self) -> None:
+        if self.buffered:
+            self._write(self.buffered)
+
+    def _write(self, n: int) -> None:
+        merged = {k: np.concatenate([a[k] for a in self.buffer]) for k in self.buffer[0]}
+        rest = {k: v[n:] for k, v in merged.items()}
+        self.buffered = len(rest["lengths"])
+        self.buffer = [rest] if self.buffered else []
+        name = f"shard-{len(self.shards):05d}"
+        shard_dir = self.out_dir / name
+        shard_dir.mkdir()
+        for key, value in merged.items():
+            dtype = self.ids_dtype if key in ("input_ids", "masked_ids") else value.dtype
+            np.save(shard_dir / f"{key}.npy", np.ascontiguousarray(value[:n], dtype=dtype))
+        self.shards.append({"name": name, "count": n})
+
+
+def _instance_arrays(
+    instances: Instances, spec: MaskingSpec, static: bool, rng: np.random.Generator
+) -> dict[str, np.ndarray]:
+    arrays = {
+        "input_ids": instances.input_ids,
+        "token_type_ids": instances.token_type_ids,
+        "lengths": instances.lengths,
+        "nsp_labels": instances.nsp_labels,
+    }
+    if static:
+        masked = mask_batch(instances.input_ids, instances.lengths, spec, rng)
+        arrays["input_ids"] = masked["input_ids"]
+        arrays["masked_positions"] = masked["masked_positions"].astype(np.int16)
+        arrays["masked_ids"] = masked["masked_ids"]
+    return arrays
+
+
+# --- the pipeline -------------------------------------------------------------------------------
+
+
+class _Timer:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, stage: str, start: float) -> None:
+        self.seconds[stage] = self.seconds.get(stage, 0.0) + time.perf_counter() - start
+
+
+def _tokenized(
+    documents: Iterable[Document], tokenizer: Any, timer: _Timer, counts: dict[str, int]
+) -> Iterator[TokenizedDocument]:
+    """Encode sentences many documents at a time (one `encode_batch` call per group)."""
+    group: list[Document] = []
+    sentences = 0
+    for doc in itertools.chain(documents, [None]):
+        if doc is not None:
+            group.append(doc)
+            sentences += len(doc)
+            if sentences < ENCODE_BATCH_SENTENCES:
+                continue
+        if not group:
+            break
+        start = time.perf_counter()
+        flat = [s for d in group for s in d]
+        encodings = tokenizer.encode_batch(flat, add_special_tokens=False)
+        ids = iter([e.ids for e in encodings])
+        tokenized = [
+            TokenizedDocument.from_sentences([next(ids) for _ in range(len(d))]) for d in group
+        ]
+        timer.add("tokenize", start)
+        for t in tokenized:
+            if t.num_sentences:
+                counts["documents"] += 1
+                counts["sentences"] += t.num_sentences
+                counts["tokens"] += len(t.ids)
+                yield t
+        group, sentences = [], 0
+
+
+def prepare(config: PrepareConfig, out_dir: Path) -> dict[str, Any]:
+    """Run the whole preparation into `out_dir` (absent or empty); returns what meta.json holds."""
+    validate(config)
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise UserError(f"{out_dir}: output directory exists and is not empty")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        meta = _prepare_into(config, tmp)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+        if out_dir.exists():
+            out_dir.rmdir()
+        tmp.rename(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return meta
+
+
+def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
+    import spacy
+    import tokenizers
+
+    timer = _Timer()
+    begin = time.perf_counter()
+    mix_seed, instance_seed, mask_seed = np.random.SeedSequence(config.seed).spawn(3)
+
+    if config.train_vocab:
+        start = time.perf_counter()
+        vocab_path = train_vocab(config, out, np.random.default_rng(mix_seed))
+        timer.add("train_vocab", start)
+        vocab_source: dict[str, Any] = {"trained": True, "vocab_size": config.vocab_size}
+    else:
+        vocab_path = out / "vocab.txt"
+        shutil.copyfile(config.vocab_file, vocab_path)
+        vocab_source = {"trained": False, "path": str(config.vocab_file)}
+    vocab = read_vocab(vocab_path)
+    vocab_source["sha256"] = file_sha256(vocab_path)
+    index = {tok: i for i, tok in enumerate(vocab)}
+    tokenizer = tokenizers.BertWordPieceTokenizer(str(vocab_path), lowercase=config.lowercase)
+    spec = MaskingSpec.from_vocab(
+        vocab, config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_mask
+    )
+    ids_dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
+
+    segmenter = SentenceSegmenter(
+        config.segmenter, config.spacy_model, workers=config.segment_workers
+    )
+    counts = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0, "random_next": 0}
+    raw_docs = _documents(config, np.random.default_rng(mix_seed))
+    docs = _tokenized(segmenter.segment(raw_docs), tokenizer, timer, counts)
+    instance_rng = np.random.default_rng(instance_seed)
+    mask_rng = np.random.default_rng(mask_seed)
+    writer = ShardWriter(out, config.shard_size, ids_dtype)
+
+    def flush(pool: list[TokenizedDocument]) -> None:
+        start = time.perf_counter()
+        instances = create_instances(
+            pool, config.max_seq_length, config.short_seq_prob, instance_rng,
+            cls_id=index["[CLS]"], sep_id=index["[SEP]"], pad_id=index["[PAD]"],
+            dupe_factor=config.dupe_factor, short_seq_per=config.short_seq_per,
+        )
+        timer.add("instances", start)
+        start = time.perf_counter()
+        arrays = _instance_arrays(instances, spec, config.masking == "static", mask_rng)
+        writer.add(arrays)
+        timer.add("mask_write", start)
+        counts["instances"] += len(instances)
+        counts["random_next"] += int(instances.nsp_labels.sum())
+        elapsed = time.perf_counter() - begin
+        log.info(
+            "%d documents, %d tokens, %d instances; %.0f tokens/s",
+            counts["documents"], counts["tokens"], counts["instances"], counts["tokens"] / elapsed,
+        )
+
+    pool: list[TokenizedDocument] = []
+    pool_tokens = 0
+    for doc in docs:
+        pool.append(doc)
+        pool_tokens += len(doc.ids)
+        if pool_tokens >= config.pool_tokens:
+            flush(pool)
+            pool, pool_tokens = [], 0
+    if pool:
+        flush(pool)
+    if counts["instances"] == 0:
+        raise UserError(
+            f"corpora {', '.join(c.path or c.hub_id for c in config.corpora)}: "
+            "no text left after sentence splitting and tokenisation"
+        )
+    start = time.perf_counter()
+    writer.close()
+    timer.add("mask_write", start)
+
+    seconds = time.perf_counter() - begin
+    stages = dict(timer.seconds)
+    stages["read_segment"] = seconds - sum(stages.values())
+    throughput = {
+        "seconds": seconds,
+        "tokens_per_s": counts["tokens"] / seconds,
+        "documents_per_s": counts["documents"] / seconds,
+        "instances_per_s": counts["instances"] / seconds,
+        "stage_seconds": stages,
+    }
+    log.info(
+        "done: %d instances in %d shards, %.1f s, %.0f tokens/s, %.1f documents/s",
+        counts["instances"], len(writer.shards), seconds,
+        throughput["tokens_per_s"], throughput["documents_per_s"],
+    )
+    return {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": config.max_seq_length,
+        "max_predictions_per_seq": config.max_predictions_per_seq,
+        "masked_lm_prob": config.masked_lm_prob,
+        "whole_word_mask": config.whole_word_mask,
+        "masking": config.masking,
+        "seed": config.seed,
+        "vocab_file": "vocab.txt",
+        "vocab_size": len(vocab),
+        "vocab_source": vocab_source,
+        "special_ids": {t: index[t] for t in SPECIAL_TOKENS},
+        "ids_dtype": np.dtype(ids_dtype).name,
+        "tokenizer": {
+            "name": "tokenizers.BertWordPieceTokenizer",
+            "lowercase": config.lowercase,
+            "version": tokenizers.__version__,
+        },
+        "segmenter": {"name": segmenter.model_name, "spacy_version": spacy.__version__},
+        "counts": counts,
+        "shards": writer.shards,
+        "corpora": [describe(c) for c in config.corpora],
+        "throughput": throughput,
+        "config": dataclasses.asdict(config),
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m train.prepare", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
+    parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
+    args = parser.parse_args(argv)
+    prepare(load_config(PrepareConfig, args.config, args.overrides), args.out)
+
+
+if __name__ == "__main__":
+    cli.run(main)
