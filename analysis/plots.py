@@ -1,0 +1,515 @@
+"""Figures of the heads-hypothesis analysis (Pande et al. 2021, Figs. 3–5), one function each.
+
+Every figure is a bare `matplotlib.figure.Figure`, never pyplot state, so plotting is thread-safe
+and leaks no open figures. Each function saves `<stem>.png` and `<stem>.svg` and returns both paths.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.colorbar import Colorbar
+from matplotlib.colors import BoundaryNorm, Colormap, ListedColormap, LogNorm, Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from analysis.summary import (
+    DEFAULT_COARSE,
+    Correlation,
+    coarse_held_table,
+    head_table,
+    held_table,
+    local_syntactic_spearman,
+    task_rows,
+)
+
+PNG_DPI = 150
+NOT_HELD = "#eeeeee"
+NO_DATA = "#bdbdbd"
+# Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens
+# syntactic), so a role grid reads by family before it reads by fine role.
+ROLE_COLOURS: Mapping[str, str] = MappingProxyType(
+    {
+        "local": "#08519c", "prev": "#4292c6", "next": "#9ecae1",
+        "block": "#6a51a3",
+        "cls": "#a50f15", "sep": "#ef3b2c", "delimiter": "#fc9272",
+        "nsubj": "#006d2c", "dobj": "#31a354", "amod": "#74c476", "advmod": "#bae4b3",
+        "syntactic": "#00441b",
+    }
+)  # fmt: skip
+# Roles a user adds get colours from a palette outside the families above.
+EXTRA_COLOURS: tuple[str, ...] = (
+    "#e6ab02", "#a6761d", "#e7298a", "#666666", "#1b9e77", "#d95f02", "#17becf", "#bcbd22",
+)  # fmt: skip
+# −log10 p above this is one colour: p-values of 1e-300 would otherwise wash out the α threshold.
+NEG_LOG10_P_CAP = 10.0
+
+
+def role_colours(names: Sequence[str]) -> dict[str, str]:
+    """A colour per role: fixed for the known roles, cycled from `EXTRA_COLOURS` for the rest."""
+    extra = itertools.cycle(EXTRA_COLOURS)
+    return {r: ROLE_COLOURS[r] if r in ROLE_COLOURS else next(extra) for r in names}
+
+
+def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
+    """Write `fig` as `<stem>.png` and `<stem>.svg` under `out_dir` (created if needed)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
+    fig.savefig(paths[0], dpi=PNG_DPI)
+    fig.savefig(paths[1])
+    return paths
+
+
+def head_order(held: np.ndarray) -> np.ndarray:
+    """Per layer, the head ids sorted by how many roles they hold, most first.
+
+    `held` is bool [L, H, R]; the result is int [L, H] (rank → head id). Ties keep head-id order,
+    so the grid is the same on every run.
+    """
+    return np.argsort(-held.sum(axis=-1), axis=-1, kind="stable")
+
+
+def coarse_combinations(coarse_held: pd.DataFrame) -> dict[tuple[str, ...], int]:
+    """How many heads hold exactly each combination of coarse roles (one head counts once).
+
+    Keys are tuples of role names in column order, `()` for heads with no coarse role, which is
+    always present even at zero. Ordered by count (most first), then by size, then column order.
+    """
+    names = list(coarse_held.columns)
+    counts = Counter(
+        tuple(n for n, h in zip(names, row, strict=True) if h) for row in coarse_held.to_numpy()
+    )
+    counts.setdefault((), 0)
+    return dict(
+        sorted(
+            counts.items(),
+            key=lambda kv: (-kv[1], len(kv[0]), [names.index(n) for n in kv[0]]),
+        )
+    )
+
+
+def _grid(table: pd.DataFrame, role: str) -> np.ndarray:
+    """One role's column of a (layer, head) table as an [L, H] array."""
+    return table[role].to_numpy(dtype=float).reshape(table.index.levshape)
+
+
+def _log_scale(ax: Axes, which: Literal["x", "y"]) -> None:
+    """Switch an axis, after its data are drawn, to log scale with plain-number labels.
+
+    Under 2 decades few or no powers of ten fall inside the view, so 2× and 5× are labelled too;
+    minor ticks stay unlabelled, which keeps labels from colliding.
+    """
+    ax.set(**{f"{which}scale": "log"})
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = axis.get_view_interval()
+    if math.log10(high / low) < 2:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _all_positive(values: np.ndarray) -> bool:
+    return bool(values.size) and bool((values > 0).all())
+
+
+def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    """Paper Fig. 5: layers × heads, each cell sliced into the task's fine roles, coloured if held.
+
+    Columns are ranks, not head ids: within a layer the heads are sorted by the number of roles
+    they hold; each cell is labelled with its head id.
+    """
+    held = held_table(roles, task)
+    names = list(held.columns)
+    n_layers, n_heads = held.index.levshape
+    cube = held.to_numpy().reshape(n_layers, n_heads, len(names))
+    order = head_order(cube)
+    ranked = np.take_along_axis(cube, order[:, :, None], axis=1)
+    codes = np.where(ranked, np.arange(1, len(names) + 1), 0).reshape(n_layers, -1)
+    colours = role_colours(names)
+    cmap = ListedColormap([NOT_HELD] + [colours[r] for r in names])
+
+    # Tall enough for the legend too (one entry per role plus "not held").
+    height = max(1.0 + 0.45 * n_layers, 1.0 + 0.26 * (len(names) + 1))
+    fig = Figure(figsize=(2.4 + 0.75 * n_heads, height), layout="constrained")
+    ax = fig.add_subplot()
+    # A vector mesh, not imshow, so the SVG keeps sharp slice edges at any zoom.
+    ax.pcolormesh(
+        np.linspace(-0.5, n_heads - 0.5, codes.shape[1] + 1),
+        np.arange(n_layers + 1) - 0.5,
+        codes,
+        cmap=cmap,
+        norm=Normalize(-0.5, len(names) + 0.5),
+    )
+    # White gutters: without them the slices of neighbouring cells run together.
+    ax.vlines(np.arange(n_heads - 1) + 0.5, -0.5, n_layers - 0.5, colors="white", linewidth=3)
+    ax.hlines(np.arange(n_layers - 1) + 0.5, -0.5, n_heads - 0.5, colors="white", linewidth=5)
+    for layer, rank in np.ndindex(n_layers, n_heads):
+        ax.text(
+            rank,
+            layer + 0.3,
+            f"h{order[layer, rank]}",
+            ha="center",
+            va="center",
+            fontsize=6,
+            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "linewidth": 0, "alpha": 0.8},
+        )
+    ax.set_xlim(-0.5, n_heads - 0.5)
+    ax.set_ylim(n_layers - 0.5, -0.5)
+    ax.set_yticks(range(n_layers))
+    ax.set_xticks(range(n_heads), [str(k + 1) for k in range(n_heads)])
+    ax.tick_params(length=0, labelsize=8)
+    ax.spines[:].set_visible(False)
+    ax.set_ylabel("layer")
+    ax.set_xlabel("rank in layer, most roles first (label: head id)")
+    handles = [Patch(facecolor=colours[r], label=r) for r in names]
+    handles.append(Patch(facecolor=NOT_HELD, edgecolor="#999999", label="not held"))
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="role")
+    fig.suptitle(f"{task}: roles held by each head")
+    return save_figure(fig, out_dir, stem)
+
+
+def plot_coarse_overlap(
+    roles: pd.DataFrame,
+    task: str,
+    out_dir: Path,
+    stem: str,
+    *,
+    coarse: Mapping[str, str] = DEFAULT_COARSE,
+) -> list[Path]:
+    """Paper Fig. 4 as an UpSet plot: heads per exact combination of coarse roles.
+
+    Top: one bar per combination (`none` included); below it the dot matrix naming the
+    combination; left: how many heads hold each coarse role at all.
+    """
+    by_coarse = coarse_held_table(held_table(roles, task), coarse)
+    names = list(by_coarse.columns)
+    combos = coarse_combinations(by_coarse)
+    colours = role_colours(names)
+    x = np.arange(len(combos))
+    y = np.arange(len(names))
+
+    fig = Figure(figsize=(3.5 + 0.45 * len(combos), 2.8 + 0.35 * len(names)), layout="constrained")
+    grid = fig.add_gridspec(
+        2,
+        2,
+        width_ratios=(1.2, max(3.0, 0.4 * len(combos))),
+        height_ratios=(3.0, 0.2 + 0.3 * len(names)),
+    )
+    ax_bars = fig.add_subplot(grid[0, 1])
+    ax_dots = fig.add_subplot(grid[1, 1], sharex=ax_bars)
+    ax_sizes = fig.add_subplot(grid[1, 0], sharey=ax_dots)
+
+    bars = ax_bars.bar(x, list(combos.values()), width=0.6, color="#404040")
+    ax_bars.bar_label(bars, fontsize=8, padding=2)
+    ax_bars.set_ylabel("heads with exactly\nthese coarse roles")
+    ax_bars.tick_params(axis="x", bottom=False, labelbottom=False)
+    ax_bars.spines[["top", "right"]].set_visible(False)
+    ax_bars.margins(y=0.12)
+    ax_bars.yaxis.set_major_locator(MaxNLocator(integer=True))
+
+    for i, combo in enumerate(combos):
+        members = [names.index(c) for c in combo]
+        ax_dots.scatter(
+            np.full(len(names), i), y, s=45, color=NOT_HELD, edgecolor="#bbbbbb", zorder=1
+        )
+        if members:
+            ax_dots.vlines(i, min(members), max(members), color="#202020", linewidth=2, zorder=2)
+            ax_dots.scatter(np.full(len(members), i), members, s=45, color="#202020", zorder=3)
+    ax_dots.set_xticks(x, ["none" if not combo else "" for combo in combos], fontsize=8)
+    ax_dots.set_yticks(y, names)
+    ax_dots.set_ylim(len(names) - 0.5, -0.5)
+    ax_dots.tick_params(length=0)
+    ax_dots.spines[:].set_visible(False)
+
+    sizes = by_coarse.sum().to_numpy()
+    ax_sizes.barh(y, sizes, height=0.6, color=[colours[n] for n in names])
+    ax_sizes.invert_xaxis()
+    # bar_label puts its text inside the bar on an inverted axis, so place the counts by hand.
+    for row, size in zip(y, sizes, strict=True):
+        ax_sizes.annotate(
+            str(size), (size, row), xytext=(-3, 0), textcoords="offset points",
+            ha="right", va="center", fontsize=8,
+        )  # fmt: skip
+    ax_sizes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax_sizes.margins(x=0.25)
+    ax_sizes.tick_params(axis="y", left=False, labelleft=False)
+    ax_sizes.spines[["top", "left", "right"]].set_visible(False)
+    ax_sizes.set_xlabel("heads holding\nthe role", fontsize=8)
+    fig.suptitle(f"{task}: overlap of coarse roles over {len(by_coarse)} heads")
+    return save_figure(fig, out_dir, stem)
+
+
+def _sequence_score_panel(
+    ax: Axes, pooled: Mapping[str, np.ndarray], colours: Mapping[str, str], tau: float
+) -> None:
+    """Per-sequence β pooled over heads, one step histogram per role, each summing to 1."""
+    ax.set_title("(c) per-sequence β, pooled over heads")
+    if not pooled:
+        ax.text(0.5, 0.5, "no per-sequence scores", transform=ax.transAxes, ha="center")
+        return
+    everything = np.concatenate(list(pooled.values()))
+    positive = everything[everything > 0]
+    log = positive.size > 0 and positive.min() < everything.max()
+    if log:
+        edges = np.geomspace(positive.min(), everything.max(), 41)
+    else:
+        edges = np.histogram_bin_edges(everything, bins=40)
+    for role, values in pooled.items():
+        # Zeros cannot sit on a log axis; they join the lowest bin instead of vanishing.
+        shown = np.clip(values, edges[0], None) if log else values
+        ax.hist(
+            shown,
+            bins=edges,
+            weights=np.full(values.size, 1.0 / values.size),
+            histtype="step",
+            color=colours[role],
+            label=role,
+        )
+    ax.axvline(tau, color="black", linestyle="--", label=f"τ = {tau:g}")
+    # The grand mean is what `--tau auto` rounds up, so show where it falls.
+    grand_mean = everything.mean()
+    ax.axvline(grand_mean, color="black", linestyle=":", label=f"grand mean {grand_mean:.2f}")
+    if log:
+        _log_scale(ax, "x")
+    ax.set_xlabel("sieve bias score β of one sequence")
+    ax.set_ylabel("fraction of (sequence, head) scores")
+    ax.legend(fontsize=7, ncols=2)
+
+
+def plot_score_distributions(
+    roles: pd.DataFrame,
+    scores: Mapping[tuple[str, str], np.ndarray],
+    task: str,
+    tau: float,
+    alpha: float,
+    out_dir: Path,
+    stem: str,
+) -> list[Path]:
+    """Paper Fig. 3: (a) ECDF of per-head mean β by role with τ; (b) raw p-values with α.
+
+    A third panel (c) shows the per-sequence scores behind the means, pooled over heads, with τ
+    and their grand mean (the `--tau auto` input).
+    """
+    rows = task_rows(roles, task)
+    means = head_table(roles, task, "mean")
+    names = list(means.columns)
+    colours = role_colours(names)
+    fig = Figure(figsize=(16, 4.6), layout="constrained")
+    ax_cdf, ax_p, ax_seq = fig.subplots(1, 3)
+
+    every_mean = means.to_numpy(dtype=float)
+    for role in names:
+        values = means[role].to_numpy(dtype=float)
+        values = values[np.isfinite(values)]
+        if values.size:
+            ax_cdf.ecdf(values, color=colours[role], label=role)
+    ax_cdf.axvline(tau, color="black", linestyle="--", label=f"τ = {tau:g}")
+    if _all_positive(every_mean[np.isfinite(every_mean)]):
+        _log_scale(ax_cdf, "x")
+    ax_cdf.set_xlabel("mean β of a head")
+    ax_cdf.set_ylabel("fraction of heads")
+    ax_cdf.set_title("(a) ECDF of per-head mean β")
+    ax_cdf.legend(fontsize=7, ncols=2)
+
+    p = rows["p_value"].to_numpy(dtype=float)
+    tested = p[np.isfinite(p)]
+    ax_p.hist(tested, bins=np.linspace(0.0, 1.0, 21), color="#606060")
+    ax_p.axvline(alpha, color="#d62728", linestyle="--", label=f"α = {alpha:g}")
+    ax_p.set_xlabel("raw p-value")
+    ax_p.set_ylabel("tests (head × role)")
+    ax_p.set_title(f"(b) raw p-values, {tested.size} tests ({p.size - tested.size} untestable)")
+    ax_p.legend(fontsize=8)
+
+    pooled = {}
+    for role in names:
+        if (task, role) in scores:
+            values = np.asarray(scores[(task, role)], dtype=float).ravel()
+            values = values[np.isfinite(values)]
+            if values.size:
+                pooled[role] = values
+    _sequence_score_panel(ax_seq, pooled, colours, tau)
+    fig.suptitle(f"{task}: sieve bias scores and p-values")
+    return save_figure(fig, out_dir, stem)
+
+
+def _heatmap_grid(
+    values: pd.DataFrame,
+    held: pd.DataFrame,
+    norm: Normalize,
+    cmap: Colormap,
+    extend: Literal["neither", "max"],
+) -> tuple[Figure, Colorbar]:
+    """One L × H panel per role on a shared norm; white dots mark the heads holding the role."""
+    names = list(values.columns)
+    n_layers, n_heads = values.index.levshape
+    ncols = min(4, len(names))
+    nrows = math.ceil(len(names) / ncols)
+    fig = Figure(
+        figsize=(1.2 + ncols * (0.8 + 0.25 * n_heads), 0.8 + nrows * (0.7 + 0.25 * n_layers)),
+        layout="constrained",
+    )
+    # Shared axes keep tick labels on the outer panels only: clearer, and far quicker to lay out.
+    grid = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    for spare in grid[len(names) :]:
+        fig.delaxes(spare)
+    axes = list(grid[: len(names)])
+    for ax, role in zip(axes, names, strict=True):
+        mesh = ax.pcolormesh(
+            np.arange(n_heads + 1) - 0.5,
+            np.arange(n_layers + 1) - 0.5,
+            np.ma.masked_invalid(_grid(values, role)),
+            cmap=cmap,
+            norm=norm,
+        )
+        layers, heads = np.nonzero(_grid(held, role))
+        ax.scatter(heads, layers, s=12, facecolor="white", edgecolor="black", linewidth=0.6)
+        ax.set_aspect("equal")
+        ax.set_facecolor(NO_DATA)
+        ax.set_title(role, fontsize=9)
+        ax.tick_params(labelsize=6, length=2)
+    axes[0].set_xlim(-0.5, n_heads - 0.5)
+    axes[0].set_ylim(n_layers - 0.5, -0.5)
+    axes[0].set_xticks(range(n_heads))
+    axes[0].set_yticks(range(n_layers))
+    for col in range(ncols):
+        # The lowest real panel of the column: a removed spare below it took the labels away.
+        lowest = axes[col + ncols * ((len(names) - 1 - col) // ncols)]
+        lowest.tick_params(labelbottom=True)
+        lowest.set_xlabel("head", fontsize=8)
+    for ax in grid[::ncols]:
+        ax.set_ylabel("layer", fontsize=8)
+    return fig, fig.colorbar(mesh, ax=axes, shrink=0.8, extend=extend)
+
+
+def plot_mean_heatmaps(
+    roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str
+) -> list[Path]:
+    """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
+    means = head_table(roles, task, "mean")
+    finite = means.to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    positive = finite[finite > 0]
+    if positive.size and positive.min() < positive.max():
+        norm: Normalize = LogNorm(positive.min(), positive.max())
+        # β = 0 has no place on a log scale; show it as the scale's lowest colour, not as missing.
+        means = means.clip(lower=positive.min())
+    else:
+        norm = Normalize()
+    cmap = colormaps["viridis"].with_extremes(bad=NO_DATA)
+    fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, "neither")
+    label = "mean β"
+    if isinstance(norm, LogNorm):
+        label += " (log scale)"
+        _log_scale(colorbar.ax, "y")
+        if norm.vmin <= tau <= norm.vmax:
+            colorbar.ax.axhline(tau, color="#d62728", linewidth=2)
+            label += f"; red line: τ = {tau:g}"
+    colorbar.set_label(label)
+    fig.suptitle(f"{task}: mean sieve bias score per head (dot: role held; grey: no score)")
+    return save_figure(fig, out_dir, stem)
+
+
+def plot_p_heatmaps(
+    roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str
+) -> list[Path]:
+    """−log10 p of every head, one panel per role, with the α threshold marked on the colour bar.
+
+    Uses the adjusted p-values (the ones the assignment used) and says so when a correction
+    changed them; they equal the raw ones otherwise.
+    """
+    raw = head_table(roles, task, "p_value")
+    adjusted = head_table(roles, task, "p_adjusted")
+    p = adjusted.where(adjusted.notna(), raw)
+    corrected = not np.allclose(p.to_numpy(dtype=float), raw.to_numpy(dtype=float), equal_nan=True)
+    # p can underflow to 0; the smallest float keeps its −log10 finite (≈ 323).
+    score = -np.log10(p.clip(lower=np.finfo(float).tiny))
+    threshold = -math.log10(alpha)
+    finite = score.to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    top = float(finite.max()) if finite.size else threshold
+    vmax = max(2 * threshold, min(top, NEG_LOG10_P_CAP))
+    fig, colorbar = _heatmap_grid(
+        score,
+        held_table(roles, task),
+        Normalize(0.0, vmax),
+        colormaps["magma"].with_extremes(bad=NO_DATA),
+        "max" if top > vmax else "neither",
+    )
+    colorbar.ax.axhline(threshold, color="#17becf", linewidth=2)
+    which = "adjusted p" if corrected else "p"
+    colorbar.set_label(f"−log10 {which}; cyan line: α = {alpha:g}")
+    fig.suptitle(f"{task}: −log10 {which} per head (dot: role held; grey: untestable)")
+    return save_figure(fig, out_dir, stem)
+
+
+def plot_local_vs_syntactic(
+    roles: pd.DataFrame, task: str, out_dir: Path, stem: str
+) -> tuple[list[Path], Correlation | None]:
+    """Mean local β against mean syntactic β per head, with Spearman's ρ and p in the title.
+
+    Returns the paths and the correlation, or `([], None)` when the task lacks either role.
+    """
+    corr = local_syntactic_spearman(roles, task)
+    if corr is None:
+        return [], None
+    means = head_table(roles, task, "mean")
+    n_layers = means.index.levshape[0]
+    local = means["local"].to_numpy(dtype=float)
+    syntactic = means["syntactic"].to_numpy(dtype=float)
+
+    fig = Figure(figsize=(6.0, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    points = ax.scatter(
+        local,
+        syntactic,
+        c=means.index.get_level_values("layer"),
+        cmap=colormaps["viridis"].resampled(n_layers),
+        norm=BoundaryNorm(np.arange(n_layers + 1) - 0.5, n_layers),
+        s=24,
+        edgecolor="black",
+        linewidth=0.3,
+    )
+    fig.colorbar(points, ax=ax, ticks=range(n_layers), label="layer")
+    shown = np.concatenate([local, syntactic])
+    if _all_positive(shown[np.isfinite(shown)]):
+        _log_scale(ax, "x")
+        _log_scale(ax, "y")
+    ax.set_xlabel("mean local β")
+    ax.set_ylabel("mean syntactic β")
+    ax.set_title(
+        f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)"
+    )
+    return save_figure(fig, out_dir, stem), corr
+
+
+def plot_all(
+    roles: pd.DataFrame,
+    scores: Mapping[tuple[str, str], np.ndarray],
+    out_dir: Path,
+    tau: float,
+    alpha: float,
+    coarse: Mapping[str, str] = DEFAULT_COARSE,
+) -> list[Path]:
+    """Every figure for every task in `roles`, stems prefixed with the task name."""
+    paths: list[Path] = []
+    for task in pd.unique(roles["task"]):
+        paths += plot_role_grid(roles, task, out_dir, f"{task}_role_grid")
+        paths += plot_coarse_overlap(roles, task, out_dir, f"{task}_coarse_overlap", coarse=coarse)
+        paths += plot_score_distributions(
+            roles, scores, task, tau, alpha, out_dir, f"{task}_score_distributions"
+        )
+        paths += plot_mean_heatmaps(roles, task, tau, out_dir, f"{task}_mean_heatmaps")
+        paths += plot_p_heatmaps(roles, task, alpha, out_dir, f"{task}_p_heatmaps")
+        paths += plot_local_vs_syntactic(roles, task, out_dir, f"{task}_local_vs_syntactic")[0]
+    return paths

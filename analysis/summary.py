@@ -1,0 +1,178 @@
+"""Per-task head tables and the end-of-run summary: how many heads hold each coarse role.
+
+The tables here (heads × roles, one task at a time) are shared with `analysis.plots`, so every
+figure and the printed summary count heads the same way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import NamedTuple
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+FINE_ROLES: tuple[str, ...] = (
+    "local", "prev", "next", "block", "cls", "sep", "delimiter",
+    "nsubj", "dobj", "amod", "advmod", "syntactic",
+)  # fmt: skip
+COARSE_ROLES: tuple[str, ...] = ("local", "syntactic", "block", "delimiter")
+DEFAULT_COARSE: Mapping[str, str] = MappingProxyType(
+    {
+        "local": "local", "prev": "local", "next": "local",
+        "nsubj": "syntactic", "dobj": "syntactic", "amod": "syntactic", "advmod": "syntactic",
+        "syntactic": "syntactic",
+        "block": "block",
+        "cls": "delimiter", "sep": "delimiter", "delimiter": "delimiter",
+    }
+)  # fmt: skip
+
+
+class Correlation(NamedTuple):
+    """Spearman's ρ between two per-head quantities, its two-sided p and the heads it used."""
+
+    rho: float
+    p_value: float
+    n_heads: int
+
+
+def ordered_roles(names: Iterable[str]) -> list[str]:
+    """The known fine roles in canonical order, then user-defined roles in order of appearance."""
+    present = list(dict.fromkeys(names))
+    return [r for r in FINE_ROLES if r in present] + [r for r in present if r not in FINE_ROLES]
+
+
+def ordered_coarse(coarse: Mapping[str, str]) -> list[str]:
+    """The standard coarse roles first, then any others the mapping introduces."""
+    extra = [c for c in dict.fromkeys(coarse.values()) if c not in COARSE_ROLES]
+    return list(COARSE_ROLES) + extra
+
+
+def task_rows(roles: pd.DataFrame, task: str) -> pd.DataFrame:
+    """The rows of one task; a task with no rows is a caller bug, not an empty result."""
+    rows = roles[roles["task"] == task]
+    if rows.empty:
+        raise ValueError(f"no rows for task {task!r}")
+    return rows
+
+
+def head_table(roles: pd.DataFrame, task: str, column: str) -> pd.DataFrame:
+    """One column of one task as a (layer, head) × role table over the full L × H grid.
+
+    L and H are one past the largest layer and head index of the task; a head with no row for a
+    role gets NaN.
+    """
+    rows = task_rows(roles, task)
+    grid = pd.MultiIndex.from_product(
+        [range(int(rows["layer"].max()) + 1), range(int(rows["head"].max()) + 1)],
+        names=["layer", "head"],
+    )
+    wide = rows.set_index(["layer", "head", "role"])[column].unstack("role")
+    return wide.reindex(index=grid, columns=ordered_roles(rows["role"]))
+
+
+def held_table(roles: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Which fine roles each head of a task holds (bool, full grid; a missing row is not held)."""
+    return head_table(roles, task, "assigned").astype("boolean").fillna(False).astype(bool)
+
+
+def coarse_held_table(held: pd.DataFrame, coarse: Mapping[str, str]) -> pd.DataFrame:
+    """Which coarse roles each head holds: any of its fine roles held.
+
+    Only coarse roles with at least one fine role tested for the task appear (SST-2 has no
+    block); fine roles the mapping does not name count towards no coarse role.
+    """
+    mapped = [r for r in held.columns if r in coarse]
+    by_coarse = held[mapped].T.groupby(pd.Series(dict(coarse))[mapped]).any().T
+    present = [c for c in ordered_coarse(coarse) if c in by_coarse.columns]
+    return by_coarse[present]
+
+
+def spearman(x: np.ndarray, y: np.ndarray) -> Correlation:
+    """Spearman's ρ over the pairs where both are finite; NaN when undefined (constant or < 3)."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    both = np.isfinite(x) & np.isfinite(y)
+    x, y = x[both], y[both]
+    n = int(both.sum())
+    # scipy warns and returns NaN on constant input; check first so a degenerate task stays quiet.
+    if n < 3 or np.ptp(x) == 0 or np.ptp(y) == 0:
+        return Correlation(math.nan, math.nan, n)
+    result = stats.spearmanr(x, y)
+    return Correlation(float(result.statistic), float(result.pvalue), n)
+
+
+def local_syntactic_spearman(roles: pd.DataFrame, task: str) -> Correlation | None:
+    """ρ between the heads' mean local and mean syntactic β, or None if either role is absent."""
+    means = head_table(roles, task, "mean")
+    if not {"local", "syntactic"} <= set(means.columns):
+        return None
+    return spearman(means["local"].to_numpy(), means["syntactic"].to_numpy())
+
+
+def summarize(roles: pd.DataFrame, coarse: Mapping[str, str] = DEFAULT_COARSE) -> pd.DataFrame:
+    """One row per task (in order of appearance), percentages in 0–100.
+
+    Columns: `n_heads`; `pct_<coarse role>` (NaN when none of its fine roles was tested);
+    `pct_unskilled` (heads holding no role at all, fine roles outside `coarse` included);
+    `pct_syntactic_also_local` (NaN without syntactic heads); `spearman_rho`, `spearman_p`,
+    `spearman_n` over the heads' mean local and syntactic β (NaN if either role is absent).
+    """
+    records = []
+    for task in pd.unique(roles["task"]):
+        held = held_table(roles, task)
+        by_coarse = coarse_held_table(held, coarse)
+        n_heads = len(held)
+        record: dict[str, object] = {"task": task, "n_heads": n_heads}
+        for name in ordered_coarse(coarse):
+            record[f"pct_{name}"] = (
+                100.0 * by_coarse[name].mean() if name in by_coarse.columns else math.nan
+            )
+        record["pct_unskilled"] = 100.0 * (~held.any(axis=1)).mean()
+        if {"syntactic", "local"} <= set(by_coarse.columns) and by_coarse["syntactic"].any():
+            syntactic = by_coarse["syntactic"]
+            record["pct_syntactic_also_local"] = 100.0 * by_coarse["local"][syntactic].mean()
+        else:
+            record["pct_syntactic_also_local"] = math.nan
+        corr = local_syntactic_spearman(roles, task)
+        record["spearman_rho"] = corr.rho if corr else math.nan
+        record["spearman_p"] = corr.p_value if corr else math.nan
+        record["spearman_n"] = corr.n_heads if corr else 0
+        records.append(record)
+    return pd.DataFrame.from_records(records).set_index("task")
+
+
+def _pct(value: float) -> str:
+    return "not tested" if math.isnan(value) else f"{value:.1f}%"
+
+
+def format_summary(df: pd.DataFrame) -> str:
+    """A few lines per task of `summarize`'s table, for the end of a CLI run."""
+    coarse_cols = [
+        c
+        for c in df.columns
+        if c.startswith("pct_") and c not in ("pct_unskilled", "pct_syntactic_also_local")
+    ]
+    blocks = []
+    for task, row in df.iterrows():
+        shares = ", ".join(f"{c.removeprefix('pct_')} {_pct(row[c])}" for c in coarse_cols)
+        also_local = row["pct_syntactic_also_local"]
+        lines = [
+            f"{task}: {int(row['n_heads'])} heads",
+            f"  heads holding: {shares}; unskilled {_pct(row['pct_unskilled'])}",
+            "  syntactic heads also local: "
+            + ("n/a (no syntactic heads)" if math.isnan(also_local) else f"{also_local:.1f}%"),
+        ]
+        rho, n_corr = row["spearman_rho"], int(row["spearman_n"])
+        if n_corr == 0:
+            corr = "n/a (no head has both a local and a syntactic score)"
+        elif math.isnan(rho):
+            corr = f"undefined ({n_corr} heads)"
+        else:
+            corr = f"{rho:+.3f} (p = {row['spearman_p']:.2g}, {n_corr} heads)"
+        lines.append(f"  Spearman rho(local, syntactic mean beta): {corr}")
+        blocks.append("\n".join(lines))
+    return "\n".join(blocks)

@@ -1,0 +1,188 @@
+"""Figures and the summary table on a hand-built two-task result (L = 3, H = 4)."""
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from analysis.plots import (
+    coarse_combinations,
+    head_order,
+    plot_all,
+    plot_local_vs_syntactic,
+    role_colours,
+)
+from analysis.summary import (
+    DEFAULT_COARSE,
+    FINE_ROLES,
+    coarse_held_table,
+    format_summary,
+    held_table,
+    summarize,
+)
+
+LAYERS, HEADS = 3, 4
+# Which fine roles each (layer, head) holds; every other (head, role) pair is tested and fails.
+HELD = {
+    "mrpc": {
+        (0, 0): {"local", "prev"},
+        (0, 1): {"cls", "sep", "delimiter"},
+        (0, 3): {"local", "nsubj"},
+        (1, 0): {"block", "cls"},
+        (1, 2): {"next"},
+        (1, 3): {"dobj", "amod", "syntactic", "local", "sep"},
+        (2, 1): {"sep"},
+        (2, 2): {"advmod"},
+        (2, 3): {"block"},
+    },
+    # Single-segment: no `block`; `custom` is a user role that maps to no coarse role.
+    "sst2": {
+        (0, 0): {"local"},
+        (0, 1): {"custom"},
+        (0, 2): {"cls", "delimiter"},
+        (1, 0): {"prev", "next", "local", "sep"},
+        (1, 3): {"cls"},
+        (2, 2): {"local"},
+    },
+}
+TASK_ROLES = {
+    "mrpc": list(FINE_ROLES),
+    "sst2": [r for r in FINE_ROLES if r != "block"] + ["custom"],
+}
+TAU, ALPHA = 3.0, 0.05
+
+
+@pytest.fixture(scope="module")
+def synthetic() -> tuple[pd.DataFrame, dict[tuple[str, str], np.ndarray]]:
+    rng = np.random.default_rng(0)
+    rows = []
+    scores = {}
+    for task, role_names in TASK_ROLES.items():
+        for k, role in enumerate(role_names):
+            n_f = 20 + k
+            held = np.zeros((LAYERS, HEADS), dtype=bool)
+            for (layer, head), names in HELD[task].items():
+                held[layer, head] = role in names
+            x = rng.lognormal(0.0, 0.5, size=(n_f, LAYERS, HEADS)) + np.where(held, 4.0, 0.0)
+            if role == "next":
+                x[:, 0, 1] = 0.0  # a head that never looks ahead: zeros must not break log axes
+            scores[(task, role)] = x
+            for layer, head in np.ndindex(LAYERS, HEADS):
+                untestable = task == "sst2" and (layer, head, role) == (2, 3, "nsubj")
+                p = math.nan if untestable else (0.001 if held[layer, head] else 0.6)
+                mean = float(x[:, layer, head].mean())
+                rows.append(
+                    {
+                        "task": task, "layer": layer, "head": head, "role": role, "n": n_f,
+                        "mean": mean, "std": 1.0, "ci_low": mean - 1, "ci_high": mean + 1,
+                        "t": math.nan if untestable else 1.0, "p_value": p, "p_adjusted": p,
+                        "assigned": bool(held[layer, head]),
+                    }
+                )  # fmt: skip
+    return pd.DataFrame(rows), scores
+
+
+def test_head_order_sorts_by_roles_held_then_head_id() -> None:
+    held = np.zeros((2, 4, 3), dtype=bool)
+    held[0, 0, :2] = True  # 2 roles
+    held[0, 1, :] = True  # 3
+    held[0, 3, :2] = True  # 2, ties with head 0
+    held[1, 2, 0] = True  # layer 1: only head 2 holds anything
+    np.testing.assert_array_equal(head_order(held), [[1, 0, 3, 2], [2, 0, 1, 3]])
+
+
+def test_coarse_combinations_match_a_hand_count(synthetic) -> None:
+    roles, _ = synthetic
+    mrpc = coarse_combinations(coarse_held_table(held_table(roles, "mrpc"), DEFAULT_COARSE))
+    assert list(mrpc.items()) == [
+        ((), 3),
+        (("local",), 2),
+        (("delimiter",), 2),
+        (("syntactic",), 1),
+        (("block",), 1),
+        (("local", "syntactic"), 1),
+        (("block", "delimiter"), 1),
+        (("local", "syntactic", "delimiter"), 1),
+    ]
+    sst2_coarse = coarse_held_table(held_table(roles, "sst2"), DEFAULT_COARSE)
+    assert list(sst2_coarse.columns) == ["local", "syntactic", "delimiter"]
+    # The `custom`-only head has no coarse role, so it counts under none.
+    assert coarse_combinations(sst2_coarse) == {
+        (): 7,
+        ("local",): 2,
+        ("delimiter",): 2,
+        ("local", "delimiter"): 1,
+    }
+
+
+def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
+    roles, _ = synthetic
+    table = summarize(roles)
+    assert list(table.index) == ["mrpc", "sst2"]
+    mrpc, sst2 = table.loc["mrpc"], table.loc["sst2"]
+    assert mrpc["n_heads"] == sst2["n_heads"] == 12
+    assert mrpc["pct_local"] == pytest.approx(100 * 4 / 12)
+    assert mrpc["pct_syntactic"] == pytest.approx(100 * 3 / 12)
+    assert mrpc["pct_block"] == pytest.approx(100 * 2 / 12)
+    assert mrpc["pct_delimiter"] == pytest.approx(100 * 4 / 12)
+    assert mrpc["pct_unskilled"] == pytest.approx(100 * 3 / 12)
+    assert mrpc["pct_syntactic_also_local"] == pytest.approx(100 * 2 / 3)
+    assert sst2["pct_local"] == pytest.approx(100 * 3 / 12)
+    assert sst2["pct_syntactic"] == 0.0
+    assert math.isnan(sst2["pct_block"])  # not tested, which is not the same as 0 %
+    assert sst2["pct_delimiter"] == pytest.approx(100 * 3 / 12)
+    assert sst2["pct_unskilled"] == pytest.approx(100 * 6 / 12)
+    assert math.isnan(sst2["pct_syntactic_also_local"])
+    for task in ("mrpc", "sst2"):
+        rows = roles[roles["task"] == task].sort_values(["layer", "head"])
+        expected = stats.spearmanr(
+            rows.loc[rows["role"] == "local", "mean"], rows.loc[rows["role"] == "syntactic", "mean"]
+        )
+        assert table.loc[task, "spearman_rho"] == pytest.approx(expected.statistic)
+        assert table.loc[task, "spearman_p"] == pytest.approx(expected.pvalue)
+        assert table.loc[task, "spearman_n"] == 12
+    text = format_summary(table)
+    assert "mrpc: 12 heads" in text and "sst2: 12 heads" in text
+    assert "block not tested" in text and "n/a (no syntactic heads)" in text
+
+
+def test_local_vs_syntactic_returns_rho_or_skips(synthetic, tmp_path: Path) -> None:
+    roles, _ = synthetic
+    paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
+    assert [p.name for p in paths] == ["mrpc_lvs.png", "mrpc_lvs.svg"]
+    assert corr.rho == pytest.approx(summarize(roles).loc["mrpc", "spearman_rho"])
+    no_syntactic = roles[roles["role"] != "syntactic"]
+    assert plot_local_vs_syntactic(no_syntactic, "mrpc", tmp_path, "skipped") == ([], None)
+    assert not list(tmp_path.glob("skipped*"))
+
+
+def test_unknown_roles_get_distinct_colours() -> None:
+    colours = role_colours([*FINE_ROLES, "custom", "other"])
+    assert len(set(colours.values())) == len(FINE_ROLES) + 2
+
+
+def test_plot_all_writes_every_figure_as_png_and_svg(synthetic, tmp_path: Path) -> None:
+    roles, scores = synthetic
+    paths = plot_all(roles, scores, tmp_path / "figures", TAU, ALPHA)
+    figures = [
+        "role_grid",
+        "coarse_overlap",
+        "score_distributions",
+        "mean_heatmaps",
+        "p_heatmaps",
+        "local_vs_syntactic",
+    ]
+    expected = {
+        f"{task}_{figure}.{ext}" for task in HELD for figure in figures for ext in ("png", "svg")
+    }
+    assert sorted(p.name for p in paths) == sorted(expected)
+    assert {p.name for p in (tmp_path / "figures").iterdir()} == expected
+    for path in paths:
+        data = path.read_bytes()
+        if path.suffix == ".png":
+            assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
+        else:
+            assert b"<svg" in data[:1000] and len(data) > 1000
