@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -99,12 +100,21 @@ def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
 
 
 def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
-    from transformers import BertTokenizerFast
+    # transformers 5's BertTokenizer is the fast (Rust) one; it takes the vocabulary as `vocab`
+    # and silently ignores the old `vocab_file` keyword (leaving only the special tokens).
+    from transformers import BertTokenizer
 
     target = workdir / TOKENIZER_DIR
     if jax.process_index() == 0 and not target.is_dir():
-        tokenizer = BertTokenizerFast(vocab_file=str(data_dir / "vocab.txt"), do_lower_case=lowercase)
-        tokenizer.save_pretrained(str(target))
+        vocab_file = data_dir / "vocab.txt"
+        tokenizer = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase)
+        expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
+        if len(tokenizer) != expected:
+            raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
+        partial = target.with_name(target.name + ".tmp")
+        shutil.rmtree(partial, ignore_errors=True)
+        tokenizer.save_pretrained(str(partial))
+        partial.rename(target)
 
 
 def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
