@@ -4,6 +4,9 @@ Layout: `bertjax.checkpoint` (params and meta items, readable without this modul
 `opt_state` and `trainer` (step, data position, RNG key, phase). Orbax writes each step into a
 temporary folder and renames it when complete, so a step folder is either whole or absent.
 
+Kept: the explicit steps and the last, the latest `keep` periodic saves and, with `best_metric`, the
+save whose evaluation scored highest (ties: the later), its metrics stored beside it by orbax.
+
 Load order at start-up: the latest readable checkpoint of this workdir (a corrupt one is reported
 and skipped), else the params of `init_from` with a fresh optimizer, else a random init.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import operator
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,6 +41,7 @@ class CheckpointConfig:
     keep: int | None = 3  # how many periodic saves to keep (None: all)
     steps: list[int] = dataclasses.field(default_factory=list)  # always saved and kept
     log_spaced: int = 0  # add this many log-spaced steps in [1, total] (for tracking roles)
+    best_metric: str | None = None  # also keep the save with the highest value of this eval metric
 
 
 def log_spaced_steps(count: int, total: int) -> list[int]:
@@ -55,12 +60,20 @@ class Checkpointer:
         self.total_steps = total_steps
         policies = [checkpoint_managers.CustomSteps(self.explicit + [total_steps])]
         policies.append(checkpoint_managers.LatestN(config.keep))
+        best_fn = None
+        if config.best_metric is not None:
+            best_fn = operator.itemgetter(config.best_metric)
+            # Saves without metrics (a SIGTERM mid-epoch) are kept only while they are the latest.
+            policies.append(checkpoint_managers.BestN(get_metric_fn=best_fn, n=1, keep_checkpoints_without_metrics=False))
         self.manager = ocp.CheckpointManager(
             self.directory,
             item_names=ITEMS,
             options=ocp.CheckpointManagerOptions(
                 create=True,
                 preservation_policy=checkpoint_managers.AnyPreservationPolicy(policies),
+                # Orbax writes a save's metrics next to it (and reads them back on resume) only
+                # when best_fn is set; BestN above is what keeps the best.
+                best_fn=best_fn,
                 enable_async_checkpointing=False,
             ),
         )
@@ -68,12 +81,15 @@ class Checkpointer:
     def should_save(self, step: int) -> bool:
         return step in self.explicit or step == self.total_steps or (self.every > 0 and step % self.every == 0)
 
-    def save(self, step: int, params: dict, opt_state: Any, trainer: dict, meta: dict) -> None:
+    def save(
+        self, step: int, params: dict, opt_state: Any, trainer: dict, meta: dict, metrics: dict[str, float] | None = None
+    ) -> None:
+        """`metrics`: this step's evaluation, which ranks the save for `best_metric`."""
         args = ckpt.save_args(params, meta) | {
             OPT_STATE: ocp.args.StandardSave(opt_state),
             TRAINER: ocp.args.JsonSave(trainer),
         }
-        self.manager.save(step, args=ocp.args.Composite(**args), force=True)
+        self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
         self.manager.wait_until_finished()
 
     def steps(self) -> list[int]:

@@ -237,10 +237,10 @@ class Trainer:
             kept = f"the last good checkpoint is step {last_good}" if last_good else "no checkpoint was written"
             raise UserError(f"non-finite loss or update at step {bad}; stopping ({kept})")
 
-    def save(self, state, data_position: dict[str, Any], key: jax.Array) -> None:
+    def save(self, state, data_position: dict[str, Any], key: jax.Array, metrics: dict[str, float] | None = None) -> None:
         step = int(jax.device_get(state["step"]))
         trainer = {"step": step, "data_position": data_position, "rng_key": np.asarray(jax.random.key_data(key)).tolist()}
-        self.checkpointer.save(step, state["params"], state["opt_state"], trainer, self.meta)
+        self.checkpointer.save(step, state["params"], state["opt_state"], trainer, self.meta, metrics)
 
     def run(
         self,
@@ -249,7 +249,10 @@ class Trainer:
         evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
         eval_every: int = 0,
     ) -> Outcome:
-        """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints."""
+        """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints.
+
+        `evaluate(step, params)` runs every `eval_every` steps and at the end; its metrics are
+        logged and stored with a checkpoint saved at the same step (for `best_metric`)."""
         started = time.perf_counter()
         state, position = self.restore_or_init()
         data = make_data(position)
@@ -293,11 +296,13 @@ class Trainer:
                     writer.write(step, last_metrics)
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start = [], time.perf_counter()
+                evaluated = None
                 if evaluate is not None and eval_every and (step % eval_every == 0 or step == self.end):
-                    writer.write(step, evaluate(step, state["params"]))
+                    evaluated = evaluate(step, state["params"])
+                    writer.write(step, evaluated)
                 if self.checkpointer.should_save(step) or self._preempted:
                     self._check_finite(state, last_good)
-                    self.save(state, data.position, key)
+                    self.save(state, data.position, key, evaluated)
                     last_good = step
                 progress.update(1)
                 if self._preempted:
