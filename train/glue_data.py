@@ -1,0 +1,130 @@
+"""GLUE examples as fixed-length arrays, the shuffled training iterator and padded evaluation batches.
+
+Every sequence is padded to one `max_seq_length`, so the train step and the evaluation forward each
+compile once. Training is deterministic in the way of `train.data.PretrainingData`: epoch e visits
+the examples in the order of a permutation seeded by (seed, e), so the position `{"epoch", "index"}`
+is all a checkpoint keeps for an exact resume; the examples that do not fill a last global batch are
+skipped in that epoch. Evaluation covers every example (see `eval_batches`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from bertjax.errors import UserError
+from bertjax.glue import Example
+
+FEATURES = ("input_ids", "token_type_ids", "attention_mask")
+
+
+def encode(examples: Sequence[Example], tokenizer: Any, max_seq_length: int, source: str) -> dict[str, np.ndarray]:
+    """`input_ids`, `token_type_ids`, `attention_mask` [N, T] and `labels` [N], all int32; pairs
+    are truncated longest-first. `source` names the data in errors."""
+    if not examples:
+        raise UserError(f"{source}: no examples")
+    unlabelled = next((e.index for e in examples if e.label is None), None)
+    if unlabelled is not None:
+        raise UserError(f"{source}: example {unlabelled} has no label (the GLUE test split is unlabelled)")
+    pairs = examples[0].text_b is not None
+    encoded = tokenizer(
+        [e.text_a for e in examples],
+        [e.text_b for e in examples] if pairs else None,
+        truncation="longest_first" if pairs else True,
+        max_length=max_seq_length,
+        padding="max_length",
+        return_token_type_ids=True,
+        return_attention_mask=True,
+        return_tensors="np",
+    )
+    arrays = {k: np.asarray(encoded[k], dtype=np.int32) for k in FEATURES}
+    arrays["labels"] = np.asarray([e.label for e in examples], dtype=np.int32)
+    return arrays
+
+
+class ClassificationData:
+    """Yields dict batches of `global_batch_size // process_count` rows of `arrays`, forever."""
+
+    def __init__(
+        self,
+        arrays: dict[str, np.ndarray],
+        global_batch_size: int,
+        *,
+        seed: int = 0,
+        process_index: int = 0,
+        process_count: int = 1,
+        position: dict[str, int] | None = None,
+    ) -> None:
+        self.arrays = arrays
+        self.num_examples = len(arrays["labels"])
+        if global_batch_size < 1 or global_batch_size % process_count:
+            raise UserError(
+                f"train.global_batch_size: {global_batch_size} is not a positive multiple of the "
+                f"process count {process_count}"
+            )
+        self.global_batch_size = global_batch_size
+        self.batch_size = global_batch_size // process_count
+        self.batches_per_epoch = self.num_examples // global_batch_size
+        if self.batches_per_epoch == 0:
+            raise UserError(
+                f"train.global_batch_size: {global_batch_size} exceeds the {self.num_examples} training examples"
+            )
+        self.seed = seed
+        self.process_index = process_index
+        self._epoch, self._index = 0, 0
+        if position is not None:
+            self._restore(position)
+        self._perm_epoch, self._perm = -1, np.empty(0, dtype=np.int64)
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from; JSON-able, for the training checkpoint."""
+        return {"epoch": self._epoch, "index": self._index}
+
+    def _restore(self, position: dict[str, int]) -> None:
+        try:
+            epoch, index = int(position["epoch"]), int(position["index"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"data position {position!r}: needs integer epoch and index") from e
+        if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
+            raise UserError(f"data position {position!r}: out of range for {self.batches_per_epoch} batches per epoch")
+        self._epoch, self._index = epoch, index
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._index >= self.batches_per_epoch:
+            self._epoch, self._index = self._epoch + 1, 0
+        batch = self.batch(self._epoch, self._index)
+        self._index += 1
+        return batch
+
+    def examples(self, epoch: int, index: int) -> np.ndarray:
+        """Indices of the examples in this process's slice of batch (epoch, index)."""
+        if epoch != self._perm_epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+            self._perm_epoch = epoch
+        start = index * self.global_batch_size + self.process_index * self.batch_size
+        return self._perm[start : start + self.batch_size]
+
+    def batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        rows = self.examples(epoch, index)
+        return {k: v[rows] for k, v in self.arrays.items()}
+
+
+def eval_batches(
+    arrays: dict[str, np.ndarray], global_batch_size: int, process_index: int = 0, process_count: int = 1
+) -> Iterator[dict[str, np.ndarray]]:
+    """This process's slices of the model inputs of consecutive global batches that cover every
+    example once, in order. The last batch is filled up with copies of example 0 (real tokens, so
+    no all-padding row), whose outputs the caller drops: it keeps the first N."""
+    n = len(arrays["labels"])
+    padded = -(-n // global_batch_size) * global_batch_size
+    order = np.concatenate([np.arange(n), np.zeros(padded - n, dtype=np.int64)])
+    local = global_batch_size // process_count
+    for start in range(0, padded, global_batch_size):
+        rows = order[start + process_index * local : start + (process_index + 1) * local]
+        yield {k: arrays[k][rows] for k in FEATURES}
