@@ -1,4 +1,5 @@
-"""GLUE tasks (QNLI, QQP, MRPC, SST-2) as lists of examples, from a local GLUE directory or the hub.
+"""GLUE tasks (QNLI, QQP, MRPC, SST-2) as lists of examples, from a local GLUE directory or the hub;
+their encoding as model inputs, and their metrics.
 
 Local files are read the way the GLUE TSVs were written: tab-separated with quoting off (sentences
 hold unbalanced quotes) and `utf-8-sig` (MRPC starts with a BOM).
@@ -8,15 +9,20 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optax
 
 from bertjax.errors import UserError
 
 log = logging.getLogger(__name__)
 
 HUB_DATASET = "nyu-mll/glue"
+FEATURES = ("input_ids", "token_type_ids", "attention_mask")
 
 
 @dataclass(frozen=True)
@@ -238,3 +244,52 @@ def _load_hub(spec: TaskSpec, split: str, n: int | None) -> list[Example]:
             raise UserError(f"{source} row {index}: label {label} outside 0..{spec.num_labels - 1}")
         examples.append(Example(index, texts[0], texts[1] if spec.hub_text_b else None, label))
     return examples
+
+
+# -- model inputs and metrics ------------------------------------------------------------------
+
+
+def encode(examples: Sequence[Example], tokenizer: Any, max_seq_length: int, source: str) -> dict[str, np.ndarray]:
+    """`input_ids`, `token_type_ids`, `attention_mask` [N, T] and `labels` [N], all int32; pairs
+    are truncated longest-first. `source` names the data in errors."""
+    if not examples:
+        raise UserError(f"{source}: no examples")
+    unlabelled = next((e.index for e in examples if e.label is None), None)
+    if unlabelled is not None:
+        raise UserError(f"{source}: example {unlabelled} has no label (the GLUE test split is unlabelled)")
+    pairs = examples[0].text_b is not None
+    encoded = tokenizer(
+        [e.text_a for e in examples],
+        [e.text_b for e in examples] if pairs else None,
+        truncation="longest_first" if pairs else True,
+        max_length=max_seq_length,
+        padding="max_length",
+        return_token_type_ids=True,
+        return_attention_mask=True,
+        return_tensors="np",
+    )
+    arrays = {k: np.asarray(encoded[k], dtype=np.int32) for k in FEATURES}
+    arrays["labels"] = np.asarray([e.label for e in examples], dtype=np.int32)
+    return arrays
+
+
+def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(predictions == labels))
+
+
+def f1(predictions: np.ndarray, labels: np.ndarray) -> float:
+    """F1 of the positive class (label 1: paraphrase, duplicate) of a binary task: 2TP / (2TP + FP
+    + FN), where FP + FN are the errors; 0 when there is no true positive."""
+    tp = int(np.sum((predictions == 1) & (labels == 1)))
+    errors = int(np.sum(predictions != labels))
+    return 2 * tp / (2 * tp + errors) if tp else 0.0
+
+
+METRICS = {"accuracy": accuracy, "f1": f1}
+
+
+def classification_metrics(logits: np.ndarray, labels: np.ndarray, names: tuple[str, ...]) -> dict[str, float]:
+    predictions = logits.argmax(-1)
+    scores = {name: METRICS[name](predictions, labels) for name in names}
+    scores["loss"] = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
+    return scores

@@ -12,11 +12,11 @@ import pytest
 from transformers import BertTokenizerFast
 
 import bertjax
-from bertjax import cli
-from bertjax.glue import Example, load_glue
+from bertjax import cli, glue
+from bertjax.glue import Example, encode, load_glue
 from train import finetune
 from train.checkpoints import CheckpointConfig, Checkpointer
-from train.glue_data import ClassificationData, encode, eval_batches
+from train.glue_data import ClassificationData, eval_batches
 
 ROOT = Path(__file__).resolve().parents[1]
 # A few dozen examples and short sequences keep a run to seconds; dev is evaluated in full.
@@ -61,20 +61,20 @@ def test_f1_and_accuracy_match_a_hand_count():
     predictions = np.array([1, 0, 1, 1, 0, 1, 0, 0])
     # TP = 3 (rows 0, 2, 5), FP = 1 (row 3), FN = 2 (rows 1, 7): precision 3/4, recall 3/5.
     precision, recall = 3 / 4, 3 / 5
-    assert finetune.f1(predictions, labels) == pytest.approx(2 * precision * recall / (precision + recall))
-    assert finetune.accuracy(predictions, labels) == 5 / 8
-    assert finetune.f1(np.zeros(4, int), np.array([1, 0, 1, 0])) == 0.0  # no positive predicted
-    assert finetune.f1(np.ones(3, int), np.ones(3, int)) == 1.0
+    assert glue.f1(predictions, labels) == pytest.approx(2 * precision * recall / (precision + recall))
+    assert glue.accuracy(predictions, labels) == 5 / 8
+    assert glue.f1(np.zeros(4, int), np.array([1, 0, 1, 0])) == 0.0  # no positive predicted
+    assert glue.f1(np.ones(3, int), np.ones(3, int)) == 1.0
 
 
 def test_classification_metrics_use_argmax_and_mean_cross_entropy():
     logits = np.array([[2.0, 0.0], [0.0, 1.0], [0.5, 0.2]], np.float32)
     labels = np.array([0, 0, 0])
-    scores = finetune.classification_metrics(logits, labels, ("accuracy", "f1"))
+    scores = glue.classification_metrics(logits, labels, ("accuracy", "f1"))
     expected_loss = np.mean([-np.log(np.exp(r[0]) / np.exp(r).sum()) for r in logits.astype(np.float64)])
     assert scores["accuracy"] == 2 / 3 and scores["f1"] == 0.0
     assert scores["loss"] == pytest.approx(expected_loss, rel=1e-6)
-    assert set(finetune.classification_metrics(logits, labels, ("accuracy",))) == {"accuracy", "loss"}
+    assert set(glue.classification_metrics(logits, labels, ("accuracy",))) == {"accuracy", "loss"}
 
 
 # -- data --------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ def test_checkpoints_load_for_analysis(mrpc_run, tiny_ckpt, shared_data):
     examples = load_glue("mrpc", "dev", shared_data / "glue")
     arrays = encode(examples, bertjax.load_tokenizer(mrpc_run), 64, "dev")
     logits = last(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"]).logits
-    scores = finetune.classification_metrics(np.asarray(logits), arrays["labels"], ("accuracy", "f1"))
+    scores = glue.classification_metrics(np.asarray(logits), arrays["labels"], ("accuracy", "f1"))
     assert scores["accuracy"] == pytest.approx(summary["accuracy"]) and scores["f1"] == pytest.approx(summary["f1"])
 
 

@@ -148,7 +148,7 @@ def tiny_ckpt(tmp_path_factory, shared_data):
     model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1)
     bertjax.save_pretrained(model, directory)
     vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
-    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(directory)
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
     return directory
 
 

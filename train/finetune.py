@@ -30,12 +30,12 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import cli, pretrained, runinfo
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
-from bertjax.glue import TASKS, TaskSpec, glue_files, load_glue
+from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
 from bertjax.model import BertForSequenceClassification
 from train import config as config_lib
 from train import sharding
 from train.checkpoints import CheckpointConfig
-from train.glue_data import ClassificationData, encode, eval_batches
+from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.optim import OptimizerConfig
 from train.pretrain import TOKENIZER_DIR, compute_dtype
@@ -98,31 +98,6 @@ def best_metric(config: FinetuneConfig, spec: TaskSpec) -> str:
     if name not in spec.metrics:
         raise UserError(f"best_metric: {name!r} is not a metric of {spec.name} ({', '.join(spec.metrics)})")
     return name
-
-
-# -- metrics (on host) ---------------------------------------------------------------------------
-
-
-def accuracy(predictions: np.ndarray, labels: np.ndarray) -> float:
-    return float(np.mean(predictions == labels))
-
-
-def f1(predictions: np.ndarray, labels: np.ndarray) -> float:
-    """F1 of the positive class (label 1: paraphrase, duplicate) of a binary task: 2TP / (2TP + FP
-    + FN), where FP + FN are the errors; 0 when there is no true positive."""
-    tp = int(np.sum((predictions == 1) & (labels == 1)))
-    errors = int(np.sum(predictions != labels))
-    return 2 * tp / (2 * tp + errors) if tp else 0.0
-
-
-METRICS = {"accuracy": accuracy, "f1": f1}
-
-
-def classification_metrics(logits: np.ndarray, labels: np.ndarray, names: tuple[str, ...]) -> dict[str, float]:
-    predictions = logits.argmax(-1)
-    scores = {name: METRICS[name](predictions, labels) for name in names}
-    scores["loss"] = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())
-    return scores
 
 
 class Evaluator:

@@ -9,39 +9,12 @@ skipped in that epoch. Evaluation covers every example (see `eval_batches`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 
 from bertjax.errors import UserError
-from bertjax.glue import Example
-
-FEATURES = ("input_ids", "token_type_ids", "attention_mask")
-
-
-def encode(examples: Sequence[Example], tokenizer: Any, max_seq_length: int, source: str) -> dict[str, np.ndarray]:
-    """`input_ids`, `token_type_ids`, `attention_mask` [N, T] and `labels` [N], all int32; pairs
-    are truncated longest-first. `source` names the data in errors."""
-    if not examples:
-        raise UserError(f"{source}: no examples")
-    unlabelled = next((e.index for e in examples if e.label is None), None)
-    if unlabelled is not None:
-        raise UserError(f"{source}: example {unlabelled} has no label (the GLUE test split is unlabelled)")
-    pairs = examples[0].text_b is not None
-    encoded = tokenizer(
-        [e.text_a for e in examples],
-        [e.text_b for e in examples] if pairs else None,
-        truncation="longest_first" if pairs else True,
-        max_length=max_seq_length,
-        padding="max_length",
-        return_token_type_ids=True,
-        return_attention_mask=True,
-        return_tensors="np",
-    )
-    arrays = {k: np.asarray(encoded[k], dtype=np.int32) for k in FEATURES}
-    arrays["labels"] = np.asarray([e.label for e in examples], dtype=np.int32)
-    return arrays
+from bertjax.glue import FEATURES
 
 
 class ClassificationData:
