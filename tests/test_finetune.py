@@ -116,6 +116,38 @@ def test_training_batches_are_epoch_permutations_and_resume_exactly():
         ClassificationData(_arrays(10), 16)
 
 
+def _ragged_arrays(n: int, max_len: int, seed: int = 0) -> dict[str, np.ndarray]:
+    lengths = np.random.default_rng(seed).integers(3, max_len + 1, n)
+    mask = (np.arange(max_len)[None, :] < lengths[:, None]).astype(np.int32)
+    ids = (np.arange(n, dtype=np.int32)[:, None] + 1) * mask  # row i holds i + 1 on its real tokens
+    labels = np.arange(n, dtype=np.int32) % 2
+    return {"input_ids": ids, "token_type_ids": ids * 0, "attention_mask": mask, "labels": labels}
+
+
+def test_length_grouped_batches_are_short_complete_and_resume_exactly():
+    arrays = _ragged_arrays(500, 64)
+    data = ClassificationData(arrays, 8, seed=1, group_by_length=True, pad_multiple=16)
+    epoch = [next(data) for _ in range(data.batches_per_epoch)]
+    rows = np.concatenate([b["input_ids"][:, 0] - 1 for b in epoch])
+    assert len(set(rows)) == len(rows) == 496  # a permutation of all but the 4 that fill no batch
+    for batch in epoch:
+        real = batch["attention_mask"].sum(axis=1)
+        length = batch["input_ids"].shape[1]
+        assert length % 16 == 0 and real.max() <= length < real.max() + 16  # no real token is cut
+        source_rows = batch["input_ids"][:, 0] - 1
+        np.testing.assert_array_equal(batch["attention_mask"], arrays["attention_mask"][source_rows, :length])
+    # Sorted groups make most batches much shorter than the fixed 64 positions.
+    assert np.mean([b["input_ids"].shape[1] for b in epoch]) < 50
+    resumed = ClassificationData(arrays, 8, seed=1, group_by_length=True, position={"epoch": 0, "index": 7})
+    np.testing.assert_array_equal(next(resumed)["input_ids"], epoch[7]["input_ids"])
+    # Two processes pad their halves of a global batch to the same length.
+    halves = [ClassificationData(arrays, 8, seed=1, group_by_length=True, process_index=p, process_count=2)
+              for p in (0, 1)]  # fmt: skip
+    first = [next(h) for h in halves]
+    assert first[0]["input_ids"].shape == first[1]["input_ids"].shape == (4, epoch[0]["input_ids"].shape[1])
+    np.testing.assert_array_equal(np.concatenate([f["input_ids"] for f in first]), epoch[0]["input_ids"])
+
+
 def test_eval_batches_cover_every_example_once_in_order():
     batches = list(eval_batches(_arrays(10), 4))
     assert len(batches) == 3 and all(b["input_ids"].shape == (4, 4) for b in batches)

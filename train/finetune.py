@@ -56,6 +56,10 @@ class DataSettings:
     max_train_examples: int | None = None  # the first N training examples (quick runs); None: all
     eval_split: str = "dev"
     eval_batch_size: int = 128
+    # Batches of similar length, each cut to its longest sequence (rounded up to pad_multiple):
+    # several times less compute on GLUE's short sentences; see train/glue_data.py.
+    group_by_length: bool = True
+    pad_multiple: int = 16
 
 
 @dataclasses.dataclass
@@ -260,13 +264,15 @@ def finetune(
             process_index=jax.process_index(),
             process_count=jax.process_count(),
             position=position,
+            group_by_length=config.data.group_by_length,
+            pad_multiple=config.data.pad_multiple,
         )
 
     evaluator = Evaluator(trainer, prepared.eval_set, prepared.spec, config.data.eval_split,
                           config.data.eval_batch_size, data.batches_per_epoch)  # fmt: skip
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
-    outcome = trainer.run(make_data, config.data.max_seq_length, evaluate=evaluator, eval_every=data.batches_per_epoch)
+    outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
     summary = None if outcome.preempted else summarise_evaluations(workdir, prepared.metric)
     if jax.process_index() == 0:
         if summary is not None:

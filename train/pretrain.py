@@ -171,7 +171,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             )
 
         log.info("phase %d: steps %d → %d, T = %d", index, trainer.start, trainer.end, meta["max_seq_length"])
-        outcome = trainer.run(make_data, seq_len=meta["max_seq_length"])
+        outcome = trainer.run(make_data)
         if jax.process_index() == 0:
             runinfo.write_run_json(
                 workdir,

@@ -245,14 +245,14 @@ class Trainer:
     def run(
         self,
         make_data: Callable[[dict[str, Any] | None], DataIterator],
-        seq_len: int,
         evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
         eval_every: int = 0,
     ) -> Outcome:
         """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints.
 
         `evaluate(step, params)` runs every `eval_every` steps and at the end; its metrics are
-        logged and stored with a checkpoint saved at the same step (for `best_metric`)."""
+        logged and stored with a checkpoint saved at the same step (for `best_metric`). Tokens
+        and FLOPs are counted from each batch's shape, which may vary (length-grouped batches)."""
         started = time.perf_counter()
         state, position = self.restore_or_init()
         data = make_data(position)
@@ -261,10 +261,9 @@ class Trainer:
         previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         writer = MetricsWriter(self.workdir, self.is_main)
         peak = peak_flops(jax.devices()[0])
-        tokens_per_step = self.loop.global_batch_size * seq_len
-        flops_step = flops_per_token(self.config, self.n_params, seq_len) * tokens_per_step
         timings = {"setup_s": time.perf_counter() - started}
         window: list[dict[str, jax.Array]] = []
+        window_tokens = window_flops = 0.0
         window_start = None
         last_metrics: dict[str, float] = {}
         last_good = max(self.checkpointer.steps(), default=None)
@@ -272,14 +271,19 @@ class Trainer:
         progress = tqdm(total=self.end, initial=start, desc="train", unit="step", disable=not self.is_main)
         try:
             while step < self.end:
-                batch = sharding.global_batch(next(data), self.mesh)
+                host_batch = next(data)
+                seq_len = host_batch["input_ids"].shape[1]
+                batch = sharding.global_batch(host_batch, self.mesh)
                 state, metrics = self._step_fn(state, batch, key)
                 step += 1
                 window.append(metrics)
+                tokens = self.loop.global_batch_size * seq_len
+                window_tokens += tokens
+                window_flops += flops_per_token(self.config, self.n_params, seq_len) * tokens
                 if window_start is None:  # the first step compiles: keep it out of the rates
                     jax.block_until_ready(metrics)
                     timings["first_step_s"] = time.perf_counter() - started - timings["setup_s"]
-                    window_start, window = time.perf_counter(), []
+                    window_start, window, window_tokens, window_flops = time.perf_counter(), [], 0.0, 0.0
                 elif step % self.loop.log_every == 0 or step == self.end:
                     self._check_finite(state, last_good)
                     fetched = jax.device_get(window)
@@ -289,13 +293,13 @@ class Trainer:
                     last_metrics |= {
                         "steps_per_s": rate,
                         "sequences_per_s": rate * self.loop.global_batch_size,
-                        "tokens_per_s": rate * tokens_per_step,
+                        "tokens_per_s": window_tokens / elapsed,
                     }
                     if peak is not None:
-                        last_metrics["mfu"] = rate * flops_step / (peak * jax.device_count())
+                        last_metrics["mfu"] = window_flops / elapsed / (peak * jax.device_count())
                     writer.write(step, last_metrics)
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
-                    window, window_start = [], time.perf_counter()
+                    window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
                 evaluated = None
                 if evaluate is not None and eval_every and (step % eval_every == 0 or step == self.end):
                     evaluated = evaluate(step, state["params"])
