@@ -260,13 +260,16 @@ def _sequence_score_panel(
         return
     everything = np.concatenate(list(pooled.values()))
     positive = everything[everything > 0]
-    log = positive.size > 0 and positive.min() < everything.max()
+    # A head that all but ignores a sieve scores ~1e-15 on some sequences; starting the axis at the
+    # 0.1th percentile keeps the bulk readable, and the rarer, smaller scores join the lowest bin.
+    low = np.quantile(positive, 0.001) if positive.size else 0.0
+    log = positive.size > 0 and low < everything.max()
     if log:
-        edges = np.geomspace(positive.min(), everything.max(), 41)
+        edges = np.geomspace(low, everything.max(), 41)
     else:
         edges = np.histogram_bin_edges(everything, bins=40)
     for role, values in pooled.items():
-        # Zeros cannot sit on a log axis; they join the lowest bin instead of vanishing.
+        # Zeros cannot sit on a log axis; they (and scores below the axis) join the lowest bin.
         shown = np.clip(values, edges[0], None) if log else values
         ax.hist(
             shown,
