@@ -34,7 +34,60 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
-class PretrainingData:
+class EpochBatches:
+    """The position bookkeeping of a deterministic, resumable batch iterator: batch `index` of
+    epoch `epoch`, in `batches_per_epoch` batches an epoch, forever or for `epochs` epochs.
+
+    A subclass sets `batches_per_epoch` and `epochs`, implements `batch(epoch, index)` as a pure
+    function of the position, and calls `_start(position)` at the end of its `__init__`.
+    """
+
+    batches_per_epoch: int
+    epochs: int | None = None
+
+    def _start(self, position: dict[str, int] | None) -> None:
+        self._epoch, self._index = 0, 0
+        if position is not None:
+            self._restore(position)
+
+    @property
+    def position(self) -> dict[str, int]:
+        """Where the next batch comes from; JSON-able, for the training checkpoint."""
+        return {"epoch": self._epoch, "index": self._index}
+
+    def _restore(self, position: dict[str, int]) -> None:
+        try:
+            epoch, index = int(position["epoch"]), int(position["index"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"data position {position!r}: needs integer epoch and index") from e
+        if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
+            raise UserError(
+                f"data position {position!r}: out of range for {self.batches_per_epoch} "
+                f"batches per epoch of {self.describe()}"
+            )
+        self._epoch, self._index = epoch, index
+
+    def describe(self) -> str:
+        """The data, as named in errors."""
+        return type(self).__name__
+
+    def batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
+        raise NotImplementedError
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        if self._index >= self.batches_per_epoch:
+            self._epoch, self._index = self._epoch + 1, 0
+        if self.epochs is not None and self._epoch >= self.epochs:
+            raise StopIteration
+        batch = self.batch(self._epoch, self._index)
+        self._index += 1
+        return batch
+
+
+class PretrainingData(EpochBatches):
     """Yields dict batches of `global_batch_size // process_count` examples, forever or for
     `epochs` epochs:
 
@@ -92,40 +145,12 @@ class PretrainingData:
             self.meta["max_predictions_per_seq"],
             self.meta["whole_word_mask"],
         )
-        self._epoch, self._index = 0, 0
-        if position is not None:
-            self._restore(position)
         self._perm_epoch = -1
         self._perm = np.empty(0, dtype=np.int64)
+        self._start(position)
 
-    @property
-    def position(self) -> dict[str, int]:
-        """Where the next batch comes from; JSON-able, for the training checkpoint."""
-        return {"epoch": self._epoch, "index": self._index}
-
-    def _restore(self, position: dict[str, int]) -> None:
-        try:
-            epoch, index = int(position["epoch"]), int(position["index"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"data position {position!r}: needs integer epoch and index") from e
-        if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
-            raise UserError(
-                f"data position {position!r}: out of range for {self.batches_per_epoch} "
-                f"batches per epoch of {self.data_dir}"
-            )
-        self._epoch, self._index = epoch, index
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self._index >= self.batches_per_epoch:
-            self._epoch, self._index = self._epoch + 1, 0
-        if self.epochs is not None and self._epoch >= self.epochs:
-            raise StopIteration
-        batch = self.batch(self._epoch, self._index)
-        self._index += 1
-        return batch
+    def describe(self) -> str:
+        return str(self.data_dir)
 
     def _permutation(self, epoch: int) -> np.ndarray:
         if epoch != self._perm_epoch:

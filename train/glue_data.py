@@ -22,11 +22,12 @@ import numpy as np
 
 from bertjax.errors import UserError
 from bertjax.glue import FEATURES
+from train.data import EpochBatches
 
 GROUP_BATCHES = 50  # batches per length-sorted group: random enough, yet most batches are short
 
 
-class ClassificationData:
+class ClassificationData(EpochBatches):
     """Yields dict batches of `global_batch_size // process_count` rows of `arrays`, forever."""
 
     def __init__(
@@ -60,34 +61,8 @@ class ClassificationData:
             )
         self.seed = seed
         self.process_index = process_index
-        self._epoch, self._index = 0, 0
-        if position is not None:
-            self._restore(position)
         self._perm_epoch, self._perm = -1, np.empty((0, 0), dtype=np.int64)
-
-    @property
-    def position(self) -> dict[str, int]:
-        """Where the next batch comes from; JSON-able, for the training checkpoint."""
-        return {"epoch": self._epoch, "index": self._index}
-
-    def _restore(self, position: dict[str, int]) -> None:
-        try:
-            epoch, index = int(position["epoch"]), int(position["index"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise UserError(f"data position {position!r}: needs integer epoch and index") from e
-        if epoch < 0 or not 0 <= index <= self.batches_per_epoch:
-            raise UserError(f"data position {position!r}: out of range for {self.batches_per_epoch} batches per epoch")
-        self._epoch, self._index = epoch, index
-
-    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
-        return self
-
-    def __next__(self) -> dict[str, np.ndarray]:
-        if self._index >= self.batches_per_epoch:
-            self._epoch, self._index = self._epoch + 1, 0
-        batch = self.batch(self._epoch, self._index)
-        self._index += 1
-        return batch
+        self._start(position)
 
     def epoch_order(self, epoch: int) -> np.ndarray:
         """[batches_per_epoch, global_batch_size] example indices of the epoch's global batches."""
