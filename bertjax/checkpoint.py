@@ -106,7 +106,8 @@ def read_meta(directory: Path, step: int) -> dict[str, Any]:
 
 def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:
     """Restores the `params` item into the shapes (and shardings) of `abstract`."""
-    manager = ocp.CheckpointManager(directory, item_names=(PARAMS,), options=_read_only())
+    # Orbax's array restore refuses relative paths (`--ckpt runs/tiny` would fail).
+    manager = ocp.CheckpointManager(Path(directory).absolute(), item_names=(PARAMS,), options=_read_only())
     try:
         restored = manager.restore(
             step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)})
