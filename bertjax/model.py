@@ -129,15 +129,17 @@ class BertSelfAttention(nnx.Module):
         disable: Array | None,
         output_attentions: bool,
         rngs: nnx.Rngs | None,
+        offsets: Array | None = None,
     ) -> tuple[Array, Array | None]:
-        """x [B, T, d]; real [B, T] bool (non-padding keys); head_mask [H]; disable [H] bool."""
+        """x [B, T, d]; real [B, T] bool (non-padding keys); head_mask [H]; disable [H] bool;
+        offsets [B, H, T, T] added to the attention probabilities (its gradient is ∂loss/∂α)."""
         cfg = self.config
         batch, length, _ = x.shape
         split = lambda y: y.reshape(batch, length, cfg.num_attention_heads, cfg.head_dim)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
         dropout_active = rngs is not None and cfg.attention_probs_dropout_prob > 0.0
 
-        if not (output_attentions or dropout_active or disable is not None):
+        if not (output_attentions or dropout_active or disable is not None or offsets is not None):
             context = jax.nn.dot_product_attention(q, k, v, mask=real[:, None, None, :])
             if head_mask is not None:
                 context = context * head_mask.astype(context.dtype)[None, None, :, None]
@@ -151,6 +153,8 @@ class BertSelfAttention(nnx.Module):
             # Kovaleva et al.'s disabling: the head attends uniformly over the real tokens.
             uniform = real / real.sum(axis=-1, keepdims=True)
             probs = jnp.where(disable[None, :, None, None], uniform[:, None, None, :], probs)
+        if offsets is not None:
+            probs = probs + offsets.astype(jnp.float32)
         if head_mask is not None:
             probs = probs * head_mask.astype(jnp.float32)[None, :, None, None]
         used = _dropout(probs, cfg.attention_probs_dropout_prob, rngs)
@@ -174,8 +178,8 @@ class BertAttention(nnx.Module):
         self.self = BertSelfAttention(config, rngs=rngs)
         self.output = BertSelfOutput(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None):
-        context, probs = self.self(x, real, head_mask, disable, output_attentions, rngs)
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
+        context, probs = self.self(x, real, head_mask, disable, output_attentions, rngs, offsets)
         return self.output(context, x, rngs), probs
 
 
@@ -205,8 +209,8 @@ class BertLayer(nnx.Module):
         self.intermediate = BertIntermediate(config, rngs=rngs)
         self.output = BertOutputBlock(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None):
-        attended, probs = self.attention(x, real, head_mask, disable, output_attentions, rngs)
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
+        attended, probs = self.attention(x, real, head_mask, disable, output_attentions, rngs, offsets)
         return self.output(self.intermediate(attended), attended, rngs), probs
 
 
@@ -214,7 +218,7 @@ class BertEncoder(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.layer = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
 
-    def __call__(self, x, real, head_mask, disable_heads, output_attentions, rngs=None):
+    def __call__(self, x, real, head_mask, disable_heads, output_attentions, rngs=None, attention_offsets=None):
         attentions = []
         for i, layer in enumerate(self.layer):
             x, probs = layer(
@@ -224,6 +228,7 @@ class BertEncoder(nnx.Module):
                 None if disable_heads is None else disable_heads[i],
                 output_attentions,
                 rngs,
+                None if attention_offsets is None else attention_offsets[i],
             )
             attentions.append(probs)
         return x, tuple(attentions) if output_attentions else None
@@ -257,10 +262,13 @@ class BertModel(nnx.Module):
         disable_heads: Array | None = None,
         output_attentions: bool = False,
         dropout_rng: Array | None = None,
+        attention_offsets: Array | None = None,
     ) -> BertOutput:
         """input_ids [B, T]; attention_mask [B, T] (1 = real token); head_mask [L, H] floats that
         multiply each head's attention; disable_heads [L, H] bool, heads replaced by uniform
-        attention over the real tokens; dropout_rng enables dropout (training)."""
+        attention over the real tokens; dropout_rng enables dropout (training); attention_offsets
+        [L, B, H, T, T] are added to the attention probabilities — at zeros the outputs are unchanged
+        and the gradient with respect to them is the gradient with respect to the probabilities."""
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
@@ -270,7 +278,7 @@ class BertModel(nnx.Module):
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
         real = attention_mask.astype(bool)
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
-        x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs)
+        x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets)
         pooled = None if self.pooler is None else self.pooler(x)
         return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import wikitext
 from bertjax.errors import UserError
 
 SOURCES = ("local", "hub")
@@ -187,38 +188,6 @@ def strip_gutenberg(text: str) -> str:
     return body
 
 
-_WIKITEXT_UNESCAPE = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
-
-
-def _wikitext_heading_level(line: str) -> int:
-    """0 for a text line, else the heading level (` = T = ` is 1, ` = = S = = ` is 2)."""
-    words = line.split()
-    if len(words) < 3 or words[0] != "=" or words[-1] != "=":
-        return 0
-    return sum(1 for _ in itertools.takewhile(lambda w: w == "=", words))
-
-
-def wikitext_documents(text: str) -> Iterator[Document]:
-    """Split WikiText into articles at level-1 headings; one paragraph per text line.
-
-    Heading lines and the single-space blank lines are dropped. WikiText's number escapes
-    (`1 @,@ 000`, `60 @-@ year`) are undone, or WordPiece would see `@` tokens no real text has.
-    """
-    paragraphs: Document = []
-    for line in text.split("\n"):
-        level = _wikitext_heading_level(line)
-        if level == 1:
-            if paragraphs:
-                yield paragraphs
-            paragraphs = []
-        elif level == 0 and line.strip():
-            for escaped, plain in _WIKITEXT_UNESCAPE:
-                line = line.replace(escaped, plain)
-            paragraphs.append(" ".join(line.split()))
-    if paragraphs:
-        yield paragraphs
-
-
 def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Iterator[Document]:
     """The documents in one piece of text that is a single document (folder file, hub record).
 
@@ -226,7 +195,7 @@ def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Itera
     single lines (hub Wikipedia stores each paragraph unwrapped on one line).
     """
     if kind == "wikitext":
-        yield from wikitext_documents(text)
+        yield from wikitext.articles(text)
         return
     if kind == "gutenberg":
         text = strip_gutenberg(text)

@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 import numpy as np
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax import cli, pretrained, runinfo

@@ -1,0 +1,144 @@
+"""Surface-level attention patterns (Clark et al. 2019, §3) and head clustering (§6).
+
+Per head, averaged over every real query row t of every sequence (token-weighted, like the
+paper): the attention to [CLS], to the [SEP]s, to "." and "," tokens, to the token itself, to the
+previous token (rows t ≥ 1) and to the next one (rows t ≤ n − 2); the entropy −Σ_s α log α of the
+rows (all rows, and the [CLS] row alone), beside the entropy log n of uniform attention over the
+same rows. Entropies are in nats.
+
+Head distances: the Jensen–Shannon divergence between two heads' attention rows,
+JS(P, Q) = ½ KL(P ‖ M) + ½ KL(Q ‖ M), M = ½(P + Q), in nats (= scipy's `jensenshannon(p, q)²`,
+which returns the square root), averaged over every real row of every sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from analysis.roles import LENGTH_BUCKET, batches, pad_batch
+from sieves.align import EncodedSequence
+
+STATISTICS = (
+    "cls", "sep", "punct", "self", "prev", "next",
+    "entropy", "entropy_cls", "uniform_entropy", "uniform_entropy_cls",
+)  # fmt: skip
+
+
+def surface_sums(attention: jax.Array, real: jax.Array, is_cls: jax.Array, is_sep: jax.Array, is_punct: jax.Array):
+    """attention [L, B, H, T, T] → (sums [L, H, S], rows [S]) for the STATISTICS, over real rows."""
+    length = attention.shape[-1]
+    real = real.astype(jnp.float32)
+    n = real.sum(axis=-1, keepdims=True)  # [B, 1]
+    position = jnp.arange(length)[None, :]
+    has_prev = real * (position >= 1)
+    has_next = real * (position <= n - 2)
+    cls_row = real * is_cls
+    to = lambda keys: jnp.einsum("lbhts,bs->lbht", attention, keys.astype(jnp.float32))
+    diagonal = lambda k: jnp.diagonal(attention, offset=k, axis1=-2, axis2=-1)
+    prev = jnp.pad(diagonal(-1), ((0, 0), (0, 0), (0, 0), (1, 0)))
+    nxt = jnp.pad(diagonal(1), ((0, 0), (0, 0), (0, 0), (0, 1)))
+    entropy = -jnp.sum(jax.scipy.special.xlogy(attention, attention), axis=-1)
+    uniform = jnp.broadcast_to(jnp.log(jnp.maximum(n, 1.0)), real.shape)
+    per_row = [
+        (to(is_cls), real), (to(is_sep), real), (to(is_punct), real), (diagonal(0), real),
+        (prev, has_prev), (nxt, has_next), (entropy, real), (entropy, cls_row),
+    ]  # fmt: skip
+    sums = [jnp.einsum("lbht,bt->lh", value, rows) for value, rows in per_row]
+    layers, heads = attention.shape[0], attention.shape[2]
+    for rows in (real, cls_row):
+        sums.append(jnp.full((layers, heads), jnp.sum(uniform * rows)))
+    counts = [rows.sum() for _, rows in per_row] + [real.sum(), cls_row.sum()]
+    return jnp.stack(sums, axis=-1), jnp.stack(counts)
+
+
+def js_sums(attention: jax.Array, real: jax.Array) -> jax.Array:
+    """attention [L, B, H, T, T] → [L·H, L·H] JS divergence summed over the real rows.
+
+    Uses JS(P, Q) = H(M) − ½ H(P) − ½ H(Q): the entropies of single rows are computed once, so a
+    pair costs one logarithm per element instead of four.
+    """
+    layers, batch, heads, queries, keys = attention.shape
+    rows = jnp.moveaxis(attention, 1, 2).reshape(layers * heads, batch * queries, keys)
+    weight = real.reshape(-1).astype(jnp.float32)  # [B·T] real query rows
+    xlogx = lambda x: jnp.sum(jax.scipy.special.xlogy(x, x), axis=-1)
+    neg_entropy = xlogx(rows)  # [L·H, B·T]
+
+    def against_all(head):
+        p, neg_entropy_p = head
+        return (0.5 * (neg_entropy_p[None] + neg_entropy) - xlogx(0.5 * (p[None] + rows))) @ weight
+
+    return jax.lax.map(against_all, (rows, neg_entropy))
+
+
+def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
+    """Torgerson's classical multidimensional scaling of a symmetric distance matrix → [N, dims]."""
+    n = distance.shape[0]
+    centring = np.eye(n) - np.full((n, n), 1.0 / n)
+    gram = -0.5 * centring @ (distance**2) @ centring
+    values, vectors = np.linalg.eigh(gram)
+    top = np.argsort(values)[::-1][:dims]
+    return vectors[:, top] * np.sqrt(np.clip(values[top], 0.0, None))
+
+
+def key_flag_batches(seqs: Sequence[EncodedSequence], batch_size: int, punct_ids: Sequence[int], desc: str):
+    """Padded model inputs plus the real-row mask and key flags of each length-sorted batch."""
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
+        for chunk in batches(seqs, batch_size):
+            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
+            arrays = pad_batch(chunk, batch_size, length)
+            # pad_batch gives the filler rows of a short last batch one real token; they are not data.
+            arrays["real"] = arrays["attention_mask"].copy()
+            arrays["real"][len(chunk) :] = 0
+            for name in ("is_cls", "is_sep", "is_punct"):
+                arrays[name] = np.zeros((batch_size, length), np.float32)
+            for b, seq in enumerate(chunk):
+                arrays["is_cls"][b, : seq.length] = seq.is_cls
+                arrays["is_sep"][b, : seq.length] = seq.is_sep
+                arrays["is_punct"][b, : seq.length] = np.isin(seq.input_ids, punct_ids) & ~seq.special
+            yield arrays
+            progress.update(len(chunk))
+
+
+def _jit_attention_fn(model: nnx.Module, reduce):
+    """Jitted forward whose stacked attention [L, B, H, T, T] goes straight into `reduce`."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, arrays):
+        out = nnx.merge(graphdef, state)(
+            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True
+        )
+        return reduce(jnp.stack(out.attentions), arrays)
+
+    return lambda arrays: run(state, arrays)
+
+
+def surface_statistics(
+    model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], batch_size: int
+) -> np.ndarray:
+    """Means [L, H, S] of the STATISTICS over every real row of every sequence, streamed by batch."""
+    run = _jit_attention_fn(
+        model, lambda att, a: surface_sums(att, a["real"], a["is_cls"], a["is_sep"], a["is_punct"])
+    )
+    total_sums, total_counts = 0.0, 0.0
+    for arrays in key_flag_batches(seqs, batch_size, punct_ids, "surface"):
+        sums, counts = run(arrays)
+        total_sums = total_sums + np.asarray(sums, np.float64)
+        total_counts = total_counts + np.asarray(counts, np.float64)
+    return total_sums / np.maximum(total_counts, 1.0)
+
+
+def head_js_divergence(model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int) -> np.ndarray:
+    """[L·H, L·H] JS divergence between heads (nats), averaged over every real row of `seqs`."""
+    run = _jit_attention_fn(model, lambda att, a: js_sums(att, a["real"]))
+    total, rows = 0.0, 0.0
+    for arrays in key_flag_batches(seqs, batch_size, (), "head distances"):
+        total = total + np.asarray(run(arrays), np.float64)
+        rows += float(arrays["real"].sum())
+    return total / rows
