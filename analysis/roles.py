@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 
 CONLLU_TASK = "ud"
 LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
+_SCORERS: dict[tuple, object] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +106,10 @@ def resolve_tasks(spec: str) -> list[str]:
     return list(dict.fromkeys(tasks))
 
 
+def config_tasks(config: RolesConfig) -> list[str]:
+    return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
+
+
 def examples_for(config: RolesConfig, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
     """(segments per example, example indices, files read) in file order."""
     if task == CONLLU_TASK:
@@ -128,7 +133,16 @@ def parse_segments(config: RolesConfig, task: str, segments: Sequence[tuple[str,
 def make_scorer(model: nnx.Module):
     """One jitted function: forward pass with attentions, then β for every role/layer/head."""
     graphdef, state = nnx.split(model)
+    # Keyed by class and config, not by the graphdef (a new one per instance), so all checkpoints
+    # of one architecture share one compiled function: tracking a run compiles once.
+    key = (type(model), model.config)
+    if key not in _SCORERS:
+        _SCORERS[key] = _jit_scorer(graphdef)
+    score = _SCORERS[key]
+    return lambda *arrays: score(state, *arrays)
 
+
+def _jit_scorer(graphdef):
     @jax.jit
     def score(state, input_ids, attention_mask, token_type_ids, rows, sieves):
         out = nnx.merge(graphdef, state)(
@@ -136,7 +150,7 @@ def make_scorer(model: nnx.Module):
         )
         return sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
 
-    return lambda *arrays: score(state, *arrays)
+    return score
 
 
 def batches(seqs: Sequence[EncodedSequence], size: int) -> Iterator[list[EncodedSequence]]:
@@ -252,7 +266,7 @@ def run(config: RolesConfig) -> pd.DataFrame:
     """The whole analysis; returns the roles table (also written under config.out)."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
-    tasks = [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
+    tasks = config_tasks(config)
     out = Path(config.out).expanduser().resolve()
     tmp = prepare_out(config)
     try:
@@ -264,6 +278,54 @@ def run(config: RolesConfig) -> pd.DataFrame:
     return table
 
 
+@dataclasses.dataclass
+class TaskData:
+    """One task's examples as read: segments per example, example indices, files read."""
+
+    segments: list[tuple[str, ...]]
+    indices: list[int]
+    files: list[Path]
+
+
+def load_tasks(config: RolesConfig, tasks: Sequence[str]) -> dict[str, TaskData]:
+    return {task: TaskData(*examples_for(config, task)) for task in tasks}
+
+
+def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:
+    return {t: [{"path": str(f), "sha256": runinfo.sha256(f)} for f in d.files] for t, d in data.items()}
+
+
+def make_parser(config: RolesConfig) -> SpacyParser | None:
+    """The spaCy parser when a role needs parses (CoNLL-U trees come with the data)."""
+    if config.parser == "spacy" and any(get_role(r).needs_parse for r in config.roles):
+        return SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
+    return None
+
+
+def encode_tasks(
+    config: RolesConfig, data: dict[str, TaskData], tokenizer, parser, timings: dict[str, float]
+) -> dict[str, list[EncodedSequence]]:
+    """Parses (cached on disk) and encodes every task once; any number of models can score them."""
+    sequences = {}
+    for task, d in data.items():
+        clock = time.perf_counter()
+        parses = parse_segments(config, task, d.segments, parser) if parser or task == CONLLU_TASK else None
+        sequences[task] = encode_batch(tokenizer, d.segments, parses, config.max_length, d.indices)
+        timings[f"{task}/prepare"] = time.perf_counter() - clock
+    return sequences
+
+
+def score_sequences(
+    scorer, sequences: dict[str, list[EncodedSequence]], config: RolesConfig, timings: dict[str, float]
+) -> dict[str, TaskScores]:
+    results = {}
+    for task, seqs in sequences.items():
+        clock = time.perf_counter()
+        results[task] = score_task(scorer, seqs, config.roles, config, desc=f"{task} β")
+        timings[f"{task}/score"] = time.perf_counter() - clock
+    return results
+
+
 def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
@@ -272,21 +334,13 @@ def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, fl
     scorer = make_scorer(model)
     timings["load_model"] = time.perf_counter() - clock
 
-    parser = None
-    if config.parser == "spacy" and any(get_role(r).needs_parse for r in config.roles):
-        parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
-    results: dict[str, TaskScores] = {}
-    data_files: dict[str, list[dict[str, str]]] = {}
-    for task in tasks:
-        clock = time.perf_counter()
-        segments, indices, files = examples_for(config, task)
-        data_files[task] = [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files]
-        parses = parse_segments(config, task, segments, parser) if parser or task == CONLLU_TASK else None
-        seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
-        timings[f"{task}/prepare"] = time.perf_counter() - clock
-        clock = time.perf_counter()
-        results[task] = score_task(scorer, seqs, config.roles, config, desc=f"{task} β")
-        timings[f"{task}/score"] = time.perf_counter() - clock
+    clock = time.perf_counter()
+    data = load_tasks(config, tasks)
+    data_files = data_file_hashes(data)
+    timings["load_data"] = time.perf_counter() - clock
+    parser = make_parser(config)
+    sequences = encode_tasks(config, data, tokenizer, parser, timings)
+    results = score_sequences(scorer, sequences, config, timings)
 
     clock = time.perf_counter()
     table, tau = test_roles(results, config)
@@ -332,10 +386,9 @@ def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, fl
     return table
 
 
-def parse_args(argv: list[str] | None) -> RolesConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
-    p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
-    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that choose the sequences and how they are scored (shared by the analyses that
+    score checkpoints: roles, track, finetune_effect)."""
     p.add_argument("--task", default="all", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
     p.add_argument("--split", default="dev", choices=["train", "dev", "validation", "test"])
@@ -345,42 +398,52 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
     p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
     p.add_argument("--window", type=int, default=2, help="local window k")
     p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
-    p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--test", choices=["t", "z"], default="t")
-    p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
     p.add_argument("--parser", choices=["spacy", "conllu"], default="spacy")
     p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
-    p.add_argument("--out", default="roles_out")
+
+
+def add_test_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the hypothesis tests."""
+    p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--test", choices=["t", "z"], default="t")
+    p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
+
+
+def add_output_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
+    p.add_argument("--out", default=default_out)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--no-figures", action="store_true")
+
+
+def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
+    """A RolesConfig from the flags above that `a` has (the others keep their defaults); `fields`
+    set the rest and take precedence."""
+    given = vars(a)
+    # Flags whose argparse dest is the RolesConfig field's name.
+    same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
+            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite")  # fmt: skip
+    settings = {name: given[name] for name in same if name in given}
+    if "roles" in given:
+        settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
+    if "no_special_rows" in given:
+        settings["special_rows"] = not a.no_special_rows
+    if "no_figures" in given:
+        settings["figures"] = not a.no_figures
+    return RolesConfig(**(settings | fields))
+
+
+def parse_args(argv: list[str] | None) -> RolesConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
+    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
+    add_data_arguments(p)
+    add_test_arguments(p)
+    add_output_arguments(p, "roles_out")
     a = p.parse_args(argv)
-    return RolesConfig(
-        ckpt=a.ckpt,
-        task=a.task,
-        step=a.step,
-        glue_dir=a.glue_dir,
-        split=a.split,
-        n=a.n,
-        max_length=a.max_length,
-        batch_size=a.batch_size,
-        roles=tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES,
-        window=a.window,
-        special_rows=not a.no_special_rows,
-        tau=a.tau,
-        alpha=a.alpha,
-        test=a.test,
-        correction=a.correction,
-        parser=a.parser,
-        spacy_model=a.spacy_model,
-        conllu=a.conllu,
-        cache_dir=a.cache_dir,
-        out=a.out,
-        overwrite=a.overwrite,
-        figures=not a.no_figures,
-    )
+    return config_from_args(a, ckpt=a.ckpt, step=a.step)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,368 @@
+"""`python -m analysis.finetune_effect --pre CKPT --post CKPT[:TASK] ...`: what fine-tuning does to the heads.
+
+Two comparisons of a pre-trained checkpoint with each fine-tuned one, on the same sequences:
+
+- Pande et al. 2021, Fig. 6: the change (post − pre) in mean sieve bias score per coarse role
+  (local, syntactic, block, delimiter, and the delimiter split into [CLS] and [SEP]) in the
+  initial, middle and final third of the layers;
+- Kovaleva et al. 2019: per head, the cosine similarity between the pre and post attention maps,
+  each flattened over the real × real tokens of an example, averaged over the examples.
+
+Outputs (written into a temporary sibling of `--out` and renamed when complete): `beta_change.csv`,
+`head_means.csv`, `attention_similarity.csv`, the figures `beta_change` and
+`attention_similarity` (PNG and SVG), and `run.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flax import nnx
+from matplotlib import colormaps
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from analysis import plots, roles
+from analysis.track import layer_groups
+from bertjax import cli, runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
+from sieves.align import EncodedSequence
+from sieves.builders import ROLES
+
+# Fig. 6's bars: the four coarse roles, then the delimiter's two halves on their own.
+BARS: tuple[tuple[str, str], ...] = (
+    ("local", "coarse"), ("syntactic", "coarse"), ("block", "coarse"), ("delimiter", "coarse"),
+    ("cls", "fine"), ("sep", "fine"),
+)  # fmt: skip
+SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
+_COMPARERS: dict[tuple, object] = {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Post:
+    """A fine-tuned checkpoint, the tasks to compare it on, and its name in tables and figures."""
+
+    ckpt: str
+    tasks: tuple[str, ...]
+    label: str
+
+
+@dataclasses.dataclass(frozen=True)
+class EffectConfig:
+    """`data.ckpt` is the pre-trained checkpoint; `data` also holds the data and output settings."""
+
+    data: roles.RolesConfig
+    posts: tuple[Post, ...]
+
+
+# -- the math ------------------------------------------------------------------------------------
+
+
+def role_bars(role: str) -> list[str]:
+    """The Fig. 6 bars a fine role counts towards: its coarse role, and [CLS] / [SEP] themselves."""
+    return [bar for bar, kind in BARS if (bar == ROLES[role].coarse if kind == "coarse" else bar == role)]
+
+
+def group_means(head_means: Mapping[str, np.ndarray], n_layers: int) -> pd.DataFrame:
+    """Mean β of each Fig. 6 bar in each layer group.
+
+    `head_means[role]` is [L, H], each head's mean per-sequence score. A bar's value in a group is
+    the mean over the group's heads and the bar's fine roles (all have the same number of heads,
+    so this is also the mean of the per-role means). Bars without a present role are left out.
+    """
+    rows = []
+    for group, layers in layer_groups(n_layers):
+        for bar, _ in BARS:
+            members = [head_means[r][layers] for r in head_means if bar in role_bars(r)]
+            if members:
+                span = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else f"{layers[0]}"
+                rows.append({"group": group, "layers": span, "bar": bar, "mean": float(np.mean(members))})
+    return pd.DataFrame(rows)
+
+
+def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Array:
+    """Cosine similarity of each head's attention map, flattened over real × real tokens.
+
+    pre, post: float[L, B, H, T, T]; real: bool[B, T]. Returns float[L, B, H].
+    """
+    mask = (real[:, :, None] & real[:, None, :])[None, :, None]
+    dtype = jnp.promote_types(pre.dtype, jnp.float32)
+    a = jnp.where(mask, pre.astype(dtype), 0)
+    b = jnp.where(mask, post.astype(dtype), 0)
+    dot = (a * b).sum((-2, -1))
+    return dot / jnp.sqrt((a * a).sum((-2, -1)) * (b * b).sum((-2, -1)))
+
+
+def make_comparer(pre: nnx.Module, post: nnx.Module):
+    """One jitted function: both forward passes, then the per-example cosine of every head."""
+    pre_graph, pre_state = nnx.split(pre)
+    post_graph, post_state = nnx.split(post)
+    key = (type(pre), pre.config, type(post), post.config)
+    if key not in _COMPARERS:
+
+        @jax.jit
+        def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids):
+            a = nnx.merge(pre_graph, pre_state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+            b = nnx.merge(post_graph, post_state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+            return attention_cosine(jnp.stack(a.attentions), jnp.stack(b.attentions), attention_mask.astype(bool))
+
+        _COMPARERS[key] = compare
+    compare = _COMPARERS[key]
+    return lambda *arrays: compare(pre_state, post_state, *arrays)
+
+
+def attention_similarity(comparer, seqs: Sequence[EncodedSequence], batch_size: int, desc: str) -> np.ndarray:
+    """[L, H] cosine similarity averaged over the sequences, streamed batch by batch."""
+    total, count = 0.0, 0
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
+        for chunk in roles.batches(seqs, batch_size):
+            length = -(-max(s.length for s in chunk) // roles.LENGTH_BUCKET) * roles.LENGTH_BUCKET
+            arrays = roles.pad_batch(chunk, batch_size, length)
+            cosine = np.asarray(comparer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"]))
+            total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
+            count += len(chunk)
+            progress.update(len(chunk))
+    return total / count
+
+
+# -- checks ----------------------------------------------------------------------------------------
+
+
+def check_same_shape(pre: str, post: str) -> None:
+    pre_config, post_config = load_config(resolve(pre)), load_config(resolve(post))
+    differ = [f"{f} {getattr(pre_config, f)} vs {getattr(post_config, f)}" for f in SHAPE_FIELDS
+              if getattr(pre_config, f) != getattr(post_config, f)]  # fmt: skip
+    if differ:
+        raise UserError(f"--pre {pre} and --post {post} have different shapes ({', '.join(differ)}); compare a model with its own fine-tuned copy")
+
+
+def check_same_vocabulary(pre_tokenizer, post: str) -> None:
+    """The sequences are encoded once with the pre tokenizer, so the post one must agree."""
+    if load_tokenizer(post).get_vocab() != pre_tokenizer.get_vocab():
+        raise UserError(f"--post {post}: its tokenizer's vocabulary differs from the pre-trained checkpoint's")
+
+
+# -- the run ---------------------------------------------------------------------------------------
+
+
+def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
+    """Both comparisons for every post checkpoint; returns the tables (also written under --out)."""
+    started = time.perf_counter()
+    rc = config.data
+    for post in config.posts:
+        check_same_shape(rc.ckpt, post.ckpt)
+    out = Path(rc.out).expanduser().resolve()
+    tmp = roles.prepare_out(rc)
+    try:
+        tables = _run(config, tmp, started)
+        roles.publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return tables
+
+
+def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFrame]:
+    rc = config.data
+    timings: dict[str, float] = {}
+    tokenizer = load_tokenizer(rc.ckpt)
+    for post in config.posts:
+        check_same_vocabulary(tokenizer, post.ckpt)
+    tasks = list(dict.fromkeys(t for post in config.posts for t in post.tasks))
+    data = roles.load_tasks(rc, tasks)
+    sequences = roles.encode_tasks(rc, data, tokenizer, roles.make_parser(rc), timings)
+
+    clock = time.perf_counter()
+    pre = from_pretrained(rc.ckpt)
+    pre_scores = roles.score_sequences(roles.make_scorer(pre), sequences, rc, {})
+    timings["pre"] = time.perf_counter() - clock
+    n_layers = pre.config.num_hidden_layers
+
+    changes, means, similarity = [], [], []
+    for post in config.posts:
+        clock = time.perf_counter()
+        model = from_pretrained(post.ckpt)
+        mine = {t: sequences[t] for t in post.tasks}
+        post_scores = roles.score_sequences(roles.make_scorer(model), mine, rc, {})
+        comparer = make_comparer(pre, model)
+        for task in post.tasks:
+            before, after = pre_scores[task], post_scores[task]
+            head_before = {r: s.mean(axis=0) for r, s in before.scores.items()}
+            head_after = {r: s.mean(axis=0) for r, s in after.scores.items()}
+            bars = group_means(head_before, n_layers).merge(
+                group_means(head_after, n_layers), on=["group", "layers", "bar"], suffixes=("_pre", "_post")
+            ).rename(columns={"mean_pre": "pre", "mean_post": "post"})
+            bars["change"] = bars["post"] - bars["pre"]
+            changes.append(bars.assign(post_ckpt=post.label, task=task))
+            for role in before.scores:
+                layers, heads = np.meshgrid(np.arange(n_layers), np.arange(head_before[role].shape[1]), indexing="ij")
+                means.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
+                                           "role": role, "n": len(before.scores[role]), "pre": head_before[role].ravel(),
+                                           "post": head_after[role].ravel()}))  # fmt: skip
+            cosine = attention_similarity(comparer, sequences[task], rc.batch_size, f"{post.label} {task} cosine")
+            layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
+            similarity.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
+                                            "n": len(sequences[task]), "cosine": cosine.ravel()}))  # fmt: skip
+        timings[post.label] = time.perf_counter() - clock
+
+    keys = ["post_ckpt", "task"]
+    tables = {
+        "beta_change": pd.concat(changes, ignore_index=True)[[*keys, "group", "layers", "bar", "pre", "post", "change"]],
+        "head_means": pd.concat(means, ignore_index=True),
+        "attention_similarity": pd.concat(similarity, ignore_index=True),
+    }
+    tables["head_means"]["change"] = tables["head_means"]["post"] - tables["head_means"]["pre"]
+    for name, table in tables.items():
+        table.to_csv(tmp / f"{name}.csv", index=False)
+
+    clock = time.perf_counter()
+    figures = []
+    if rc.figures:
+        figures += plot_beta_change(tables["beta_change"], tmp, "beta_change")
+        figures += plot_similarity(tables["attention_similarity"], tmp, "attention_similarity")
+    timings["figures"] = time.perf_counter() - clock
+    timings["total"] = time.perf_counter() - started
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            "pre": resolve(rc.ckpt).describe(),
+            "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
+            "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
+            "data_files": roles.data_file_hashes(data),
+            "sequences": {t: len(s) for t, s in sequences.items()},
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    print(format_changes(tables["beta_change"], tables["attention_similarity"]))
+    return tables
+
+
+def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:
+    lines = []
+    for (label, task), part in changes.groupby(["post_ckpt", "task"], sort=False):
+        lines.append(f"{label} on {task}: change in mean β (post − pre)")
+        lines.append(part.pivot(index="bar", columns="group", values="change").reindex(
+            [b for b, _ in BARS if b in set(part["bar"])])[list(dict.fromkeys(part["group"]))].round(3).to_string())  # fmt: skip
+        cos = similarity[(similarity["post_ckpt"] == label) & (similarity["task"] == task)]
+        by_layer = cos.groupby("layer")["cosine"].mean().round(3).to_dict()
+        lines.append(f"attention cosine similarity, mean per layer: {by_layer}")
+    return "\n".join(lines)
+
+
+def _panels(count: int, width: float, height: float) -> tuple[Figure, list]:
+    ncols = min(2, count)
+    nrows = math.ceil(count / ncols)
+    fig = Figure(figsize=(width * ncols + 1.0, height * nrows + 0.6), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for spare in axes[count:]:
+        fig.delaxes(spare)
+    return fig, list(axes[:count])
+
+
+def plot_beta_change(changes: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
+    """Paper Fig. 6: per (post, task) grouped bars, one bar per layer group for each role."""
+    pairs = list(dict.fromkeys(zip(changes["post_ckpt"], changes["task"], strict=True)))
+    fig, axes = _panels(len(pairs), 5.2, 3.4)
+    cmap = colormaps["viridis"]
+    for ax, (label, task) in zip(axes, pairs, strict=True):
+        part = changes[(changes["post_ckpt"] == label) & (changes["task"] == task)]
+        bars = [b for b, _ in BARS if b in set(part["bar"])]
+        groups = list(dict.fromkeys(part["group"]))
+        width = 0.8 / len(groups)
+        for g, group in enumerate(groups):
+            values = part[part["group"] == group].set_index("bar")["change"].reindex(bars)
+            layers = part.loc[part["group"] == group, "layers"].iloc[0]
+            ax.bar(np.arange(len(bars)) + (g - (len(groups) - 1) / 2) * width, values, width,
+                   color=cmap((g + 0.5) / len(groups)), label=f"{group} ({layers})")  # fmt: skip
+        ax.axhline(0, color="black", linewidth=0.6)
+        ax.set_xticks(range(len(bars)), ["[CLS]" if b == "cls" else "[SEP]" if b == "sep" else b for b in bars])
+        ax.set_ylabel("Δ mean β (post − pre)")
+        ax.set_title(f"{label} on {task}", fontsize=9)
+        ax.legend(fontsize=7, title="layers", title_fontsize=7)
+    fig.suptitle("Change in mean sieve bias score after fine-tuning, per layer group")
+    return plots.save_figure(fig, out_dir, stem)
+
+
+def plot_similarity(similarity: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
+    """Kovaleva et al.: layers × heads cosine similarity of pre and post attention, per (post, task)."""
+    pairs = list(dict.fromkeys(zip(similarity["post_ckpt"], similarity["task"], strict=True)))
+    n_layers, n_heads = int(similarity["layer"].max()) + 1, int(similarity["head"].max()) + 1
+    fig, axes = _panels(len(pairs), max(3.6, 1.2 + 0.42 * n_heads), max(2.6, 0.8 + 0.42 * n_layers))
+    low = min(0.0, float(similarity["cosine"].min()))
+    for ax, (label, task) in zip(axes, pairs, strict=True):
+        part = similarity[(similarity["post_ckpt"] == label) & (similarity["task"] == task)]
+        grid = part.set_index(["layer", "head"])["cosine"].unstack("head").to_numpy()
+        mesh = ax.pcolormesh(np.arange(n_heads + 1) - 0.5, np.arange(n_layers + 1) - 0.5, grid,
+                             cmap=colormaps["viridis"], vmin=low, vmax=1.0)  # fmt: skip
+        for (layer, head), value in np.ndenumerate(grid):
+            ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=6,
+                    color="black" if value > low + 0.6 * (1 - low) else "white")  # fmt: skip
+        ax.set_ylim(n_layers - 0.5, -0.5)
+        ax.set_xticks(range(n_heads))
+        ax.set_yticks(range(n_layers))
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_title(f"{label} on {task}", fontsize=9)
+    fig.colorbar(mesh, ax=axes, shrink=0.8, label="cosine similarity")
+    fig.suptitle("Attention before vs after fine-tuning, per head")
+    return plots.save_figure(fig, out_dir, stem)
+
+
+# -- command line ----------------------------------------------------------------------------------
+
+
+def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
+    """`CKPT` (tasks from --task) or `CKPT:TASK[,TASK]` when the suffix names tasks."""
+    path, sep, suffix = spec.rpartition(":")
+    if sep and path:
+        try:
+            return path, tuple(roles.resolve_tasks(suffix))
+        except UserError:
+            pass  # a ':' inside the path itself
+    return spec, tuple(roles.resolve_tasks(default_tasks))
+
+
+def post_labels(paths: Sequence[str]) -> list[str]:
+    """The run's directory name (a step folder gets `<run>@<step>`), numbered when repeated."""
+    names = []
+    for text in paths:
+        path = Path(text).expanduser().resolve()
+        is_step = path.name.isdigit() and path.parent.name == "checkpoints"
+        names.append(f"{path.parent.parent.name}@{path.name}" if is_step else path.name)
+    return [f"{n}#{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def parse_args(argv: list[str] | None) -> EffectConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.finetune_effect", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
+    p.add_argument("--post", required=True, action="append",
+                   help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
+    roles.add_data_arguments(p)
+    roles.add_output_arguments(p, "finetune_effect_out")
+    a = p.parse_args(argv)
+    specs = [parse_post(spec, a.task) for spec in a.post]
+    labels = post_labels([path for path, _ in specs])
+    posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))
+    data = roles.config_from_args(a, ckpt=a.pre, task=",".join(dict.fromkeys(t for p in posts for t in p.tasks)))
+    return EffectConfig(data=data, posts=posts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)

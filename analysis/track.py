@@ -1,0 +1,404 @@
+"""`python -m analysis.track --run WORKDIR`: head roles at every checkpoint of a training run.
+
+The sequences (examples → parses → encodings) are prepared once and scored by each checkpoint
+with `analysis.roles`' jitted forward + sieve kernel. The per-sequence scores of each step are
+cached on disk under a key of every setting that changes them, so a re-run after more checkpoints
+appear analyses only the new ones; the hypothesis tests are recomputed from the cached scores, so τ,
+α, the test and the correction can change without re-scoring.
+
+Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
+`roles.csv` columns plus `step`), per task the figures `role_fractions`, `emergence` and
+`mean_beta`, and `run.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import math
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from analysis import plots, roles
+from analysis.summary import ordered_roles
+from bertjax import checkpoint as ckpt
+from bertjax import cli, runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer
+
+TRACK_CSV = "track.csv"
+# Bump when the cached arrays or the way they are computed change: old entries are then ignored.
+SCORES_FORMAT = 1
+GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackConfig:
+    """`roles.ckpt` is the run's workdir; `steps` None means every checkpoint of the run."""
+
+    roles: roles.RolesConfig
+    steps: tuple[int, ...] | None = None
+    scores_cache: str | None = None
+
+    @property
+    def cache_dir(self) -> Path:
+        if self.scores_cache is not None:
+            return Path(self.scores_cache).expanduser().resolve()
+        out = Path(self.roles.out).expanduser().resolve()
+        return out.parent / f"{out.name}.cache"
+
+
+def layer_groups(n_layers: int) -> list[tuple[str, np.ndarray]]:
+    """The initial, middle and final third of the layers (`np.array_split`: earlier groups take
+    the remainder, e.g. 2/1/1 for 4 layers); 2 layers make an initial and a final group, 1 one."""
+    parts = np.array_split(np.arange(n_layers), min(3, n_layers))
+    return list(zip(GROUP_NAMES[len(parts)], parts, strict=True))
+
+
+def run_steps(run: str, wanted: Sequence[int] | None) -> tuple[Path, list[int]]:
+    """(orbax manager directory, sorted steps to analyse) of a training run's workdir."""
+    path = Path(run).expanduser()
+    if not path.is_dir():
+        raise UserError(f"--run {path}: no such directory")
+    if (path / "config.json").is_file():
+        raise UserError(f"--run {path}: a HF-format directory has no checkpoints to track; pass a training run's workdir")
+    directory = ckpt.checkpoint_dir(path.resolve())
+    if directory is None:
+        raise UserError(f"--run {path}: no bertjax checkpoints found (expected {ckpt.CHECKPOINTS}/<step>/)")
+    available = ckpt.available_steps(directory)
+    if wanted is None:
+        return directory, available
+    missing = sorted(set(wanted) - set(available))
+    if missing:
+        raise UserError(f"--steps: {path} has no checkpoint for step {', '.join(map(str, missing))}; available: {available}")
+    return directory, sorted(set(wanted))
+
+
+def check_one_tokenizer(directory: Path, steps: Sequence[int]) -> None:
+    """Sequences are encoded once for all steps, so every step must name the same tokenizer."""
+    tokenizers = {step: ckpt.read_meta(directory, step)["tokenizer"] for step in steps}
+    if len(set(tokenizers.values())) > 1:
+        found = ", ".join(f"step {s}: {t}" for s, t in tokenizers.items())
+        raise UserError(f"{directory}: the checkpoints use different tokenizers ({found}); track them separately")
+
+
+def checkpoint_identity(directory: Path, step: int) -> dict:
+    """Path, step and the params files' names, sizes and mtimes: a re-trained step misses the cache."""
+    folder = (directory / str(step)).resolve()
+    files = sorted(p for p in (folder / ckpt.PARAMS).rglob("*") if p.is_file())
+    return {
+        "path": str(folder),
+        "step": step,
+        "params": [[str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+    }
+
+
+def settings_key(config: roles.RolesConfig, data_files: dict, tokenizer, parser) -> dict:
+    """Every setting that changes the per-sequence scores (not τ, α, the test or the correction)."""
+    return {
+        "format": SCORES_FORMAT,
+        "jax": jax.__version__,
+        "tasks": list(data_files),
+        "glue": "hub" if config.glue_dir is None and config.parser != "conllu" else "files",
+        "data_files": data_files,
+        "split": config.split,
+        "n": config.n,
+        "max_length": config.max_length,
+        # Batch composition fixes the padded lengths, hence the float summation order.
+        "batch_size": config.batch_size,
+        "roles": list(config.roles),
+        "window": config.window,
+        "special_rows": config.special_rows,
+        "parser": config.parser if parser is None else [parser.name, parser.version],
+        "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+    }
+
+
+def cache_path(cache_dir: Path, settings: dict, identity: dict) -> Path:
+    digest = hashlib.sha256(json.dumps([settings, identity], sort_keys=True).encode()).hexdigest()
+    return cache_dir / f"step-{identity['step']:09d}-{digest[:16]}.npz"
+
+
+def save_scores(path: Path, results: dict[str, roles.TaskScores], settings: dict, identity: dict) -> None:
+    arrays = {}
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            arrays[f"{task}/{role}"] = scores
+            arrays[f"{task}/{role}/index"] = result.indices[role]
+    about = {
+        "tasks": {t: {"n_sequences": r.n_sequences, "absent": r.absent, "roles": list(r.scores)} for t, r in results.items()},
+        "settings": settings,
+        "checkpoint": identity,
+    }
+    arrays["about"] = np.array(json.dumps(about))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def load_scores(path: Path) -> dict[str, roles.TaskScores]:
+    with np.load(path) as stored:
+        about = json.loads(str(stored["about"]))
+        return {
+            task: roles.TaskScores(
+                scores={r: stored[f"{task}/{r}"] for r in info["roles"]},
+                indices={r: stored[f"{task}/{r}/index"] for r in info["roles"]},
+                absent=info["absent"],
+                n_sequences=info["n_sequences"],
+            )
+            for task, info in about["tasks"].items()
+        }
+
+
+def run(config: TrackConfig) -> pd.DataFrame:
+    """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
+    started = time.perf_counter()
+    rc = config.roles
+    directory, steps = run_steps(rc.ckpt, config.steps)
+    check_one_tokenizer(directory, steps)
+    tasks = roles.config_tasks(rc)
+    out = Path(rc.out).expanduser().resolve()
+    # Re-running into the same --out is the point of the cache: a previous track output may go.
+    tmp = roles.prepare_out(dataclasses.replace(rc, overwrite=rc.overwrite or (out / TRACK_CSV).is_file()))
+    try:
+        table = _run(config, directory, steps, tasks, tmp, started)
+        roles.publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return table
+
+
+def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
+    rc = config.roles
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    tokenizer = load_tokenizer(directory, step=steps[0])
+    data = roles.load_tasks(rc, tasks)
+    data_files = roles.data_file_hashes(data)
+    parser = roles.make_parser(rc)
+    settings = settings_key(rc, data_files, tokenizer, parser)
+    paths = {s: cache_path(config.cache_dir, settings, checkpoint_identity(directory, s)) for s in steps}
+    todo = [s for s in steps if not paths[s].is_file()]
+    timings["load_data"] = time.perf_counter() - clock
+    print(f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse")
+
+    if todo:
+        sequences = roles.encode_tasks(rc, data, tokenizer, parser, timings)
+        for step in tqdm(todo, desc="checkpoints", unit="ckpt"):
+            clock = time.perf_counter()
+            model = from_pretrained(directory, step=step)
+            step_timings: dict[str, float] = {}
+            results = roles.score_sequences(roles.make_scorer(model), sequences, rc, step_timings)
+            save_scores(paths[step], results, settings, checkpoint_identity(directory, step))
+            timings[f"step {step}"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    tables, taus = [], {}
+    for step in steps:
+        table, taus[step] = roles.test_roles(load_scores(paths[step]), rc)
+        tables.append(table.assign(step=step)[["step", *table.columns]])
+    track = pd.concat(tables, ignore_index=True)
+    track.to_csv(tmp / TRACK_CSV, index=False)
+    timings["tests"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    figures = []
+    if rc.figures:
+        for task in pd.unique(track["task"]):
+            figures += plot_role_fractions(track, task, tmp, f"{task}_role_fractions")
+            figures += plot_emergence(track, task, tmp, f"{task}_emergence")
+            figures += plot_mean_beta(track, task, taus, tmp, f"{task}_mean_beta")
+    timings["figures"] = time.perf_counter() - clock
+    timings["total"] = time.perf_counter() - started
+
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            "checkpoints": str(directory),
+            "steps": steps,
+            "analysed_steps": todo,
+            "cached_steps": [s for s in steps if s not in todo],
+            "scores_cache": {str(s): str(p) for s, p in paths.items()},
+            "tau": {str(s): t for s, t in taus.items()},
+            "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+            "data_files": data_files,
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    print(format_fractions(track))
+    return track
+
+
+# -- tables and figures -------------------------------------------------------------------------
+
+
+def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Fraction of heads holding each role at each step, overall and per layer group.
+
+    Rows (step, group) with group "all" and the names of `layer_groups`; columns are roles. The
+    denominator is every head of the group (a head with no test does not hold the role).
+    """
+    rows = track[track["task"] == task]
+    n_layers = int(rows["layer"].max()) + 1
+    held = rows.assign(assigned=rows["assigned"].astype(bool))
+    frames = [held.assign(group="all")]
+    if n_layers > 1:
+        frames += [held[held["layer"].isin(layers)].assign(group=name) for name, layers in layer_groups(n_layers)]
+    stacked = pd.concat(frames)
+    fractions = stacked.groupby(["step", "group", "role"], sort=False)["assigned"].mean().unstack("role")
+    return fractions[ordered_roles(fractions.columns)]
+
+
+def format_fractions(track: pd.DataFrame) -> str:
+    lines = []
+    for task in pd.unique(track["task"]):
+        overall = held_fractions(track, task).xs("all", level="group")
+        lines.append(f"{task}: % of heads holding each role, by step")
+        lines.append((100 * overall).round(1).to_string())
+    return "\n".join(lines)
+
+
+def _step_axis(ax, steps: np.ndarray) -> None:
+    if steps.size > 1 and (steps > 0).all():
+        plots._log_scale(ax, "x")
+    ax.set_xlabel("step")
+
+
+def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    """Fraction of heads holding each role against step: all layers, then each layer group."""
+    fractions = held_fractions(track, task)
+    groups = list(dict.fromkeys(fractions.index.get_level_values("group")))
+    colours = plots.role_colours(list(fractions.columns))
+    fig = Figure(figsize=(3.6 * len(groups) + 1.6, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    n_layers = int(track.loc[track["task"] == task, "layer"].max()) + 1
+    spans = {"all": np.arange(n_layers), **dict(layer_groups(n_layers))}
+    for ax, group in zip(axes, groups, strict=True):
+        part = fractions.xs(group, level="group")
+        steps = part.index.to_numpy()
+        for role in part.columns:
+            ax.plot(steps, part[role], marker="o", markersize=3, color=colours[role], label=role)
+        _step_axis(ax, steps)
+        layers = spans[group]
+        ax.set_title(f"{group} (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else f"{group} (layer {layers[0]})", fontsize=9)
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_ylabel("fraction of heads holding the role")
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"{task}: heads holding each role during training")
+    return plots.save_figure(fig, out_dir, stem)
+
+
+def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    """Per role, heads (rows, layer-major) × steps (columns): coloured where the head holds it."""
+    rows = track[track["task"] == task]
+    names = ordered_roles(rows["role"])
+    steps = np.sort(pd.unique(rows["step"]))
+    n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+    grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)], names=["layer", "head"])
+    colours = plots.role_colours(names)
+    ncols = min(4, len(names))
+    nrows = math.ceil(len(names) / ncols)
+    fig = Figure(
+        figsize=(1.2 + ncols * (1.2 + 0.22 * len(steps)), 1.0 + nrows * (0.8 + 0.035 * n_layers * n_heads)),
+        layout="constrained",
+    )
+    # Shared axes: tick labels on the outer panels only, and a much quicker layout.
+    grid_axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    for spare in grid_axes[len(names) :]:
+        fig.delaxes(spare)
+    axes = list(grid_axes[: len(names)])
+    for ax, role in zip(axes, names, strict=True):
+        part = rows[rows["role"] == role].set_index(["layer", "head", "step"])["assigned"].astype(float)
+        cells = part.unstack("step").reindex(index=grid, columns=steps).to_numpy()
+        ax.pcolormesh(
+            np.arange(len(steps) + 1) - 0.5,
+            np.arange(n_layers * n_heads + 1) - 0.5,
+            np.ma.masked_invalid(cells),
+            cmap=ListedColormap([plots.NOT_HELD, colours[role]]).with_extremes(bad=plots.NO_DATA),
+            vmin=0,
+            vmax=1,
+        )
+        for boundary in range(1, n_layers):
+            ax.axhline(boundary * n_heads - 0.5, color="white", linewidth=0.8)
+        ax.tick_params(labelsize=6, length=2)
+        ax.tick_params(axis="x", labelrotation=90)
+        ax.set_title(role, fontsize=9)
+    axes[0].set_ylim(n_layers * n_heads - 0.5, -0.5)
+    axes[0].set_yticks(np.arange(n_layers) * n_heads + (n_heads - 1) / 2, [f"L{layer}" for layer in range(n_layers)])
+    axes[0].set_xticks(range(len(steps)), [str(s) for s in steps])
+    for col in range(ncols):
+        # The lowest real panel of the column: a removed spare below it took the labels away.
+        lowest = axes[col + ncols * ((len(names) - 1 - col) // ncols)]
+        lowest.tick_params(labelbottom=True)
+        lowest.set_xlabel("step", fontsize=8)
+    fig.suptitle(f"{task}: which heads hold each role at each step (rows: heads by layer; light grey: not held; dark grey: untested)")
+    return plots.save_figure(fig, out_dir, stem)
+
+
+def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str) -> list[Path]:
+    """Mean β over all heads for each role against step, with τ dashed."""
+    rows = track[track["task"] == task]
+    means = rows.groupby(["step", "role"])["mean"].mean().unstack("role")
+    means = means[ordered_roles(means.columns)]
+    steps = means.index.to_numpy()
+    colours = plots.role_colours(list(means.columns))
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for role in means.columns:
+        ax.plot(steps, means[role], marker="o", markersize=3, color=colours[role], label=role)
+    ax.plot(steps, [taus[s] for s in steps], color="black", linestyle="--", linewidth=1, label="τ")
+    _step_axis(ax, steps)
+    values = means.to_numpy(dtype=float)
+    if plots._all_positive(values[np.isfinite(values)]):
+        plots._log_scale(ax, "y")
+    ax.set_ylabel("mean β over heads")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    ax.set_title(f"{task}: mean sieve bias score per role during training")
+    return plots.save_figure(fig, out_dir, stem)
+
+
+# -- command line -------------------------------------------------------------------------------
+
+
+def parse_steps(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--steps must be comma-separated integers, got {text!r}") from None
+
+
+def parse_args(argv: list[str] | None) -> TrackConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
+    p.add_argument("--run", required=True, help="a bertjax training run's workdir (checkpoints/<step>/)")
+    p.add_argument("--steps", help="comma-separated steps to analyse (default: every checkpoint)")
+    p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
+    roles.add_data_arguments(p)
+    roles.add_test_arguments(p)
+    roles.add_output_arguments(p, "track_out")
+    a = p.parse_args(argv)
+    return TrackConfig(roles=roles.config_from_args(a, ckpt=a.run), steps=parse_steps(a.steps), scores_cache=a.scores_cache)
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)

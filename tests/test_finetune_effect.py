@@ -1,0 +1,165 @@
+"""The effect of fine-tuning: Fig. 6's per-group changes and Kovaleva's per-head attention cosine
+against slow references and against `analysis.roles`, an unchanged model as the null case, and the
+one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.spatial import distance
+from test_track import write_checkpoint
+from transformers import BertTokenizerFast
+
+import bertjax
+from analysis import finetune_effect as effect
+from analysis import roles as roles_cli
+from bertjax import cli
+
+
+def _tokenizer(shared_data: Path) -> BertTokenizerFast:
+    return BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def pre_ckpt(tmp_path_factory, shared_data) -> Path:
+    directory = tmp_path_factory.mktemp("pre")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
+    _tokenizer(shared_data).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def post_run(tmp_path_factory, shared_data) -> Path:
+    """A fine-tuning run's layout: an orbax BertForSequenceClassification step and the tokenizer."""
+    workdir = tmp_path_factory.mktemp("post") / "tiny-mrpc"
+    _tokenizer(shared_data).save_pretrained(workdir / "tokenizer")
+    write_checkpoint(workdir, 40, seed=2, cls=bertjax.BertForSequenceClassification)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def flags(shared_data, tmp_path_factory) -> list[str]:
+    return ["--glue-dir", str(shared_data / "glue"), "--n", "12", "--batch-size", "8", "--max-length", "32",
+            "--cache-dir", str(tmp_path_factory.mktemp("parses"))]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def compared(pre_ckpt, post_run, flags, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("outputs") / "effect"
+    # the pre checkpoint against itself (the null case) on MRPC, and a different model on both tasks
+    effect.main(["--pre", str(pre_ckpt), "--post", f"{pre_ckpt}:mrpc", "--post", str(post_run),
+                 "--task", "mrpc,sst2", "--out", str(out), *flags])  # fmt: skip
+    return out
+
+
+def test_an_unchanged_model_shows_no_change(compared, pre_ckpt):
+    changes = pd.read_csv(compared / "beta_change.csv")
+    same = changes[changes["post_ckpt"] == pre_ckpt.name]
+    assert set(same["task"]) == {"mrpc"} and (same["change"] == 0).all()
+    similarity = pd.read_csv(compared / "attention_similarity.csv")
+    same = similarity[similarity["post_ckpt"] == pre_ckpt.name]
+    assert len(same) == 2 * 2 and (same["n"] == 12).all()
+    np.testing.assert_allclose(same["cosine"], 1.0, rtol=1e-6)
+
+
+def test_changes_equal_the_roles_tables_of_pre_and_post(compared, pre_ckpt, post_run, flags, tmp_path):
+    """Δ of a bar in a layer group = mean of roles.csv's `mean` over the group's heads and the bar's
+    fine roles, post minus pre, each from its own `analysis.roles` run."""
+    means = {}
+    for name, ckpt in (("pre", pre_ckpt), ("post", post_run)):
+        roles_cli.main(["--ckpt", str(ckpt), "--task", "mrpc,sst2", "--out", str(tmp_path / name), "--no-figures", *flags])
+        means[name] = pd.read_csv(tmp_path / name / "roles.csv")
+    changes = pd.read_csv(compared / "beta_change.csv")
+    changes = changes[changes["post_ckpt"] == "tiny-mrpc"]
+    members = {"local": ["local", "prev", "next"], "syntactic": ["nsubj", "dobj", "amod", "advmod", "syntactic"],
+               "block": ["block"], "delimiter": ["cls", "sep", "delimiter"], "cls": ["cls"], "sep": ["sep"]}  # fmt: skip
+    for task, bars in (("mrpc", list(members)), ("sst2", [b for b in members if b != "block"])):
+        for group, layer in (("initial", 0), ("final", 1)):
+            for bar in bars:
+                expected = {}
+                for name, table in means.items():
+                    rows = table[(table.task == task) & (table.layer == layer) & table.role.isin(members[bar])]
+                    expected[name] = rows["mean"].mean()
+                row = changes[(changes.task == task) & (changes.group == group) & (changes.bar == bar)]
+                assert len(row) == 1, (task, group, bar)
+                np.testing.assert_allclose(row["pre"].iloc[0], expected["pre"], rtol=1e-6)
+                np.testing.assert_allclose(row["change"].iloc[0], expected["post"] - expected["pre"], rtol=1e-5, atol=1e-6)
+        assert set(changes.loc[changes.task == task, "bar"]) == set(bars)
+
+
+def test_outputs_and_figures(compared, pre_ckpt):
+    similarity = pd.read_csv(compared / "attention_similarity.csv")
+    assert list(similarity.columns) == ["post_ckpt", "task", "layer", "head", "n", "cosine"]
+    other = similarity[similarity["post_ckpt"] == "tiny-mrpc"]
+    assert set(other["task"]) == {"mrpc", "sst2"} and ((other["cosine"] > 0) & (other["cosine"] < 1)).all()
+    head_means = pd.read_csv(compared / "head_means.csv")
+    assert {"post_ckpt", "task", "layer", "head", "role", "n", "pre", "post", "change"} <= set(head_means.columns)
+    run = json.loads((compared / "run.json").read_text())
+    assert run["layer_groups"] == {"initial": [0], "final": [1]} and run["posts"]["tiny-mrpc"]["step"] == 40
+    names = {p.name for p in compared.iterdir()}
+    assert {"beta_change.png", "beta_change.svg", "attention_similarity.png", "attention_similarity.svg"} <= names
+
+
+def test_attention_cosine_matches_scipy():
+    rng = np.random.default_rng(0)
+    n_layers, batch, n_heads, length = 2, 3, 4, 9
+    lengths = [9, 5, 2]
+    real = np.arange(length)[None, :] < np.array(lengths)[:, None]
+    pre, post = (rng.random((n_layers, batch, n_heads, length, length)).astype(np.float32) for _ in range(2))
+    got = np.asarray(effect.attention_cosine(pre, post, real))
+    for layer in range(n_layers):
+        for b, n in enumerate(lengths):
+            for h in range(n_heads):
+                a, c = pre[layer, b, h, :n, :n].ravel(), post[layer, b, h, :n, :n].ravel()
+                np.testing.assert_allclose(got[layer, b, h], 1 - distance.cosine(a, c), rtol=1e-6)
+
+
+def test_group_means_average_heads_and_fine_roles():
+    rng = np.random.default_rng(1)
+    head_means = {r: rng.random((12, 4)) for r in ("local", "prev", "next", "cls", "sep", "delimiter", "nsubj", "syntactic")}
+    table = effect.group_means(head_means, 12).set_index(["group", "bar"])["mean"]
+    members = {"local": ["local", "prev", "next"], "syntactic": ["nsubj", "syntactic"],
+               "delimiter": ["cls", "sep", "delimiter"], "cls": ["cls"], "sep": ["sep"]}  # fmt: skip
+    for group, layers in (("initial", range(0, 4)), ("middle", range(4, 8)), ("final", range(8, 12))):
+        for bar, roles in members.items():
+            values = [head_means[r][layer, head] for r in roles for layer in layers for head in range(4)]
+            np.testing.assert_allclose(table[(group, bar)], sum(values) / len(values), rtol=1e-12)
+    assert "block" not in set(table.index.get_level_values("bar"))
+
+
+def test_post_specs_and_labels():
+    assert effect.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
+    assert effect.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))
+    assert effect.parse_post("runs/a:b/c", "sst2") == ("runs/a:b/c", ("sst2",))
+    assert effect.post_labels(["runs/x", "other/x", "runs/y/checkpoints/7"]) == ["x#1", "x#2", "y@7"]
+
+
+def _fails(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(effect.main, argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("other_shape", "have different shapes (num_hidden_layers 2 vs 3)"),
+        ("no_checkpoints", "no bertjax checkpoints found"),
+        ("missing_post", "no such checkpoint directory"),
+    ],
+)
+def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_path, capsys):
+    post = {"no_checkpoints": tmp_path, "missing_post": tmp_path / "nowhere"}.get(case)
+    if case == "other_shape":
+        post = tmp_path / "deeper"
+        bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", num_hidden_layers=3)), post)
+    argv = ["--pre", str(pre_ckpt), "--post", str(post), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
+            "--out", str(tmp_path / "out")]  # fmt: skip
+    message = _fails(argv, capsys)
+    assert message.startswith("error: ") and expected in message
+    assert not (tmp_path / "out").exists()

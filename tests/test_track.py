@@ -1,0 +1,190 @@
+"""Tracking roles over a run's checkpoints: rows equal `analysis.roles` per step, the per-step cache
+skips what is done, layer groups and fractions against obvious counts, and the one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import orbax.checkpoint as ocp
+import pandas as pd
+import pytest
+from flax import nnx
+from transformers import BertTokenizerFast
+
+import bertjax
+from analysis import roles as roles_cli
+from analysis import track
+from bertjax import checkpoint as ckpt
+from bertjax import cli
+
+STEPS = (1, 3, 10, 31, 96)
+
+
+def write_checkpoint(workdir: Path, step: int, seed: int, tokenizer: str = "tokenizer", cls=bertjax.BertForPreTraining) -> None:
+    """A random tiny model saved as a training step (params + meta), as the trainer does."""
+    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), cls, seed=seed)
+    manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
+    params = ckpt.flatten_params(nnx.state(model, nnx.Param))
+    manager.save(step, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, tokenizer, {}))))
+    manager.wait_until_finished()
+    manager.close()
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, shared_data) -> Path:
+    workdir = tmp_path_factory.mktemp("run")
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
+    for seed, step in enumerate(STEPS):
+        write_checkpoint(workdir, step, seed)
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def parse_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("parses")
+
+
+def _flags(shared_data: Path, parse_cache: Path) -> list[str]:
+    # Length 32 keeps every batch in one padded shape: one compile.
+    return ["--task", "mrpc,sst2", "--glue-dir", str(shared_data / "glue"), "--n", "12", "--batch-size", "8",
+            "--max-length", "32", "--cache-dir", str(parse_cache)]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def tracked(run_dir, shared_data, parse_cache, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "track"
+    argv = ["--run", str(run_dir), "--out", str(out), *_flags(shared_data, parse_cache)]
+    track.main([*argv, "--no-figures"])
+    return out, argv
+
+
+def test_outputs_cover_every_step_and_role(tracked):
+    out, _ = tracked
+    table = pd.read_csv(out / track.TRACK_CSV)
+    assert list(table.columns) == ["step", "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high",
+                                   "t", "p_value", "p_adjusted", "assigned"]  # fmt: skip
+    assert sorted(pd.unique(table["step"])) == list(STEPS)
+    # per step: mrpc 12 roles, sst2 11 (no block), each over 2 layers × 2 heads
+    assert (table.groupby("step").size() == (12 + 11) * 4).all()
+    run = json.loads((out / "run.json").read_text())
+    assert run["analysed_steps"] == list(STEPS) and run["cached_steps"] == []
+
+
+@pytest.mark.parametrize("tau", ["3", "auto"])
+def test_rows_of_a_step_equal_what_roles_writes_for_it(tracked, run_dir, shared_data, parse_cache, tmp_path, tau):
+    out, argv = tracked
+    table = pd.read_csv(out / track.TRACK_CSV) if tau == "3" else None
+    if tau == "auto":  # tests come from the cached scores: no checkpoint is scored again
+        cache = out.parent / f"{out.name}.cache"
+        track.main([*argv, "--tau", "auto", "--out", str(tmp_path / "auto"), "--scores-cache", str(cache), "--no-figures"])
+        table = pd.read_csv(tmp_path / "auto" / track.TRACK_CSV)
+    step = STEPS[2]
+    roles_cli.main(["--ckpt", str(run_dir), "--step", str(step), "--tau", tau, "--out", str(tmp_path / "roles"),
+                    "--no-figures", *_flags(shared_data, parse_cache)])  # fmt: skip
+    expected = pd.read_csv(tmp_path / "roles" / "roles.csv")
+    rows = table[table["step"] == step].drop(columns="step").reset_index(drop=True)
+    pd.testing.assert_frame_equal(rows, expected, check_exact=True)
+
+
+def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data, parse_cache, monkeypatch, tmp_path):
+    out, argv = tracked
+    loaded = []
+    real_load = track.from_pretrained
+
+    def counting_load(path, step=None):
+        loaded.append(step)
+        return real_load(path, step=step)
+
+    monkeypatch.setattr(track, "from_pretrained", counting_load)
+    cache = tmp_path / "cache"
+    argv = [*argv, "--scores-cache", str(cache), "--out", str(tmp_path / "first"), "--no-figures"]
+    track.main(argv)
+    assert loaded == list(STEPS)
+
+    loaded.clear()
+    encoded = []
+    monkeypatch.setattr(roles_cli, "encode_tasks", lambda *a: encoded.append(a) or {})
+    # the same --out, replaced without --overwrite as it holds a track output; figures this time
+    track.main([*argv[:-1]])
+    assert loaded == [] and encoded == []
+    run = json.loads((tmp_path / "first" / "run.json").read_text())
+    assert run["analysed_steps"] == [] and run["cached_steps"] == list(STEPS)
+    figures = {p.name for p in (tmp_path / "first").iterdir()}
+    for task in ("mrpc", "sst2"):
+        for kind in ("role_fractions", "emergence", "mean_beta"):
+            assert {f"{task}_{kind}.png", f"{task}_{kind}.svg"} <= figures
+
+    monkeypatch.undo()
+    monkeypatch.setattr(track, "from_pretrained", counting_load)
+    write_checkpoint(run_dir, 300, seed=9)
+    try:
+        track.main(argv)
+        assert loaded == [300]
+        table = pd.read_csv(tmp_path / "first" / track.TRACK_CSV)
+        assert sorted(pd.unique(table["step"])) == [*STEPS, 300]
+    finally:
+        (run_dir / ckpt.CHECKPOINTS / "300").rename(tmp_path / "step300")  # other tests expect STEPS
+
+
+def test_layer_groups_are_thirds():
+    sizes = {n: [len(layers) for _, layers in track.layer_groups(n)] for n in (12, 6, 4, 2, 1)}
+    assert sizes == {12: [4, 4, 4], 6: [2, 2, 2], 4: [2, 1, 1], 2: [1, 1], 1: [1]}
+    assert [name for name, _ in track.layer_groups(12)] == ["initial", "middle", "final"]
+    assert [list(layers) for _, layers in track.layer_groups(12)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+
+
+def test_held_fractions_count_heads():
+    rng = np.random.default_rng(0)
+    layers, heads = np.meshgrid(np.arange(6), np.arange(3), indexing="ij")
+    frames = []
+    for step in (1, 10):
+        for role in ("local", "cls"):
+            frames.append(pd.DataFrame({"step": step, "task": "mrpc", "layer": layers.ravel(), "head": heads.ravel(),
+                                        "role": role, "assigned": rng.random(18) < 0.5}))  # fmt: skip
+    table = pd.concat(frames, ignore_index=True)
+    fractions = track.held_fractions(table, "mrpc")
+    for step in (1, 10):
+        for role in ("local", "cls"):
+            rows = table[(table.step == step) & (table.role == role)]
+            assert fractions.loc[(step, "all"), role] == rows.assigned.sum() / 18
+            for name, group in zip(("initial", "middle", "final"), ([0, 1], [2, 3], [4, 5]), strict=True):
+                assert fractions.loc[(step, name), role] == rows[rows.layer.isin(group)].assigned.sum() / 6
+
+
+def _fails(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(track.main, argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("no_checkpoints", "no bertjax checkpoints found"),
+        ("missing_step", "has no checkpoint for step 7; available: [1, 3, 10, 31, 96]"),
+        ("bad_steps", "--steps must be comma-separated integers"),
+    ],
+)
+def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, capsys):
+    argv = ["--run", str(run_dir), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(tmp_path / "out")]
+    if case == "no_checkpoints":
+        (tmp_path / "empty").mkdir()
+        argv[1] = str(tmp_path / "empty")
+    elif case == "missing_step":
+        argv += ["--steps", "3,7"]
+    elif case == "bad_steps":
+        argv += ["--steps", "3,x"]
+    message = _fails(argv, capsys)
+    assert message.startswith("error: ") and expected in message
+    assert not (tmp_path / "out").exists()
+
+
+def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, capsys):
+    for step, tokenizer in ((1, "tokenizer"), (2, "other_tokenizer")):
+        write_checkpoint(tmp_path / "run", step, seed=0, tokenizer=tokenizer)
+    message = _fails(["--run", str(tmp_path / "run"), "--task", "mrpc", "--out", str(tmp_path / "out")], capsys)
+    assert "the checkpoints use different tokenizers (step 1: tokenizer, step 2: other_tokenizer)" in message
