@@ -346,7 +346,10 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
         lowest = axes[col + ncols * ((len(names) - 1 - col) // ncols)]
         lowest.tick_params(labelbottom=True)
         lowest.set_xlabel("step", fontsize=8)
-    fig.suptitle(f"{task}: which heads hold each role at each step (rows: heads by layer; light grey: not held; dark grey: untested)")
+    fig.suptitle(
+        f"{task}: which heads hold each role at each step "
+        "(rows: heads by layer; light grey: not held; dark grey: untested)"
+    )
     return plots.save_figure(fig, out_dir, stem)
 
 
