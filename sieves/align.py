@@ -23,7 +23,7 @@ class EncodedSequence:
 
     Words are numbered across both segments (segment A's first); `word_ids` is -1 for [CLS]/[SEP]
     and for pieces that overlap no word. Words cut away by truncation keep their index but own no
-    piece.
+    piece. `word_pos` holds each word's UPOS tag ("" when the parse has none).
     """
 
     input_ids: np.ndarray  # int32[n]
@@ -36,6 +36,7 @@ class EncodedSequence:
     word_head: np.ndarray  # int32[num_words]
     num_segments: int
     index: int
+    word_pos: tuple[str, ...] = ()
 
     @property
     def length(self) -> int:
@@ -128,9 +129,11 @@ def _align(
     word_ids = np.full(ids.shape, -1, dtype=np.int32)
     word_dep: list[str] = []
     word_head: list[int] = []
+    word_pos: list[str] = []
     for segment, words in enumerate(parses or ()):
         first_word = len(word_dep)
         word_dep.extend(word.dep for word in words)
+        word_pos.extend(word.pos for word in words)
         word_head.extend(first_word + word.head for word in words)
         pieces = np.flatnonzero(piece_segment == segment)
         if not words or not pieces.size:
@@ -155,4 +158,5 @@ def _align(
         word_head=np.asarray(word_head, dtype=np.int32),
         num_segments=num_segments,
         index=index,
+        word_pos=tuple(word_pos),
     )

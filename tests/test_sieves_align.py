@@ -67,14 +67,15 @@ def test_pieces_outside_every_word_and_no_parse(minilm_tokenizer) -> None:
     seq = encode(minilm_tokenizer, [text], [(Word(0, 4, "nsubj", 1), Word(7, 11, "root", 1))])
     assert seq.word_ids.tolist() == [-1, 0, -1, 1, -1]
     bare = encode(minilm_tokenizer, [text], None)
-    assert bare.word_ids.tolist() == [-1] * 5 and bare.word_dep == () and bare.word_head.shape == (0,)
+    assert bare.word_ids.tolist() == [-1] * 5 and bare.word_dep == () == bare.word_pos and bare.word_head.shape == (0,)
 
 
 def test_pair_numbers_words_globally(minilm_tokenizer) -> None:
     first, second = "Cats sleep.", "Dogs bark loudly."
-    parse_a = (Word(0, 4, "nsubj", 1), Word(5, 10, "root", 1), Word(10, 11, "punct", 1))
+    parse_a = (Word(0, 4, "nsubj", 1, "NOUN"), Word(5, 10, "root", 1, "VERB"), Word(10, 11, "punct", 1, "PUNCT"))
     parse_b = (
-        Word(0, 4, "nsubj", 1), Word(5, 9, "root", 1), Word(10, 16, "advmod", 1), Word(16, 17, "punct", 1),
+        Word(0, 4, "nsubj", 1, "NOUN"), Word(5, 9, "root", 1, "VERB"), Word(10, 16, "advmod", 1, "ADV"),
+        Word(16, 17, "punct", 1, "PUNCT"),
     )  # fmt: skip
     seq = encode(minilm_tokenizer, [first, second], [parse_a, parse_b], index=7)
     assert pieces(minilm_tokenizer, seq) == [
@@ -85,6 +86,7 @@ def test_pair_numbers_words_globally(minilm_tokenizer) -> None:
     assert seq.is_sep.tolist() == [False] * 4 + [True] + [False] * 4 + [True]
     assert seq.word_dep == ("nsubj", "root", "punct", "nsubj", "root", "advmod", "punct")
     assert seq.word_head.tolist() == [1, 1, 1, 4, 4, 4, 4]
+    assert seq.word_pos == ("NOUN", "VERB", "PUNCT", "NOUN", "VERB", "ADV", "PUNCT")
     assert (seq.num_segments, seq.index) == (2, 7)
 
 
@@ -110,7 +112,7 @@ def test_batch_matches_single(minilm_tokenizer) -> None:
         single = encode(minilm_tokenizer, examples[position], parses[position], 8, [3, 5, 8, 9][position])
         for field in ("input_ids", "token_type_ids", "special", "is_cls", "is_sep", "word_ids", "word_head"):
             np.testing.assert_array_equal(getattr(seq, field), getattr(single, field))
-        for field in ("word_dep", "num_segments", "index"):
+        for field in ("word_dep", "word_pos", "num_segments", "index"):
             assert getattr(seq, field) == getattr(single, field)
 
 

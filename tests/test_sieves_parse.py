@@ -1,5 +1,7 @@
 """Dependency parses: gold CoNLL-U trees (real UD English-EWT and hand-made edge cases) and spaCy."""
 
+import hashlib
+import json
 from pathlib import Path
 
 import pytest
@@ -88,16 +90,16 @@ def test_multiword_tokens_empty_nodes_and_space_after(tmp_path: Path) -> None:
     (text, words), (text2, words2) = read_conllu(path)
     assert text == "I don't know,really."
     assert words == (
-        Word(0, 1, "nsubj", 3),
-        Word(2, 7, "aux", 3),
-        Word(2, 7, "advmod", 3),
-        Word(8, 12, "root", 3),
-        Word(12, 13, "punct", 5),
-        Word(13, 19, "advmod", 3),
-        Word(19, 20, "punct", 3),
+        Word(0, 1, "nsubj", 3, "PRON"),
+        Word(2, 7, "aux", 3, "AUX"),
+        Word(2, 7, "advmod", 3, "PART"),
+        Word(8, 12, "root", 3, "VERB"),
+        Word(12, 13, "punct", 5, "PUNCT"),
+        Word(13, 19, "advmod", 3, "ADV"),
+        Word(19, 20, "punct", 3, "PUNCT"),
     )
     assert text2 == "Eat  it"
-    assert words2 == (Word(0, 3, "root", 0), Word(5, 7, "dobj", 0))
+    assert words2 == (Word(0, 3, "root", 0, "VERB"), Word(5, 7, "dobj", 0, "PRON"))
     assert len(read_conllu(path, limit=1)) == 1
 
 
@@ -143,6 +145,8 @@ def test_spacy_words(spacy_parser: SpacyParser) -> None:
     assert (by_form["cat"].dep, words[by_form["cat"].head]) == ("nsubj", by_form["ate"])
     assert (by_form["apple"].dep, words[by_form["apple"].head]) == ("dobj", by_form["ate"])
     assert (by_form["red"].dep, words[by_form["red"].head]) == ("amod", by_form["apple"])
+    assert [by_form[f].pos for f in ("cat", "ate", "red", "quickly", "The")] == ["NOUN", "VERB", "ADJ", "ADV", "DET"]
+    assert words[0].pos == "INTJ" and {w.pos for w in parses[2] if texts[2][w.start : w.end] == "She"} == {"PRON"}
     assert spacy_parser.name.startswith("en_core_web_sm") and spacy_parser.version
 
 
@@ -183,3 +187,26 @@ def test_unusable_cache_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "spacy_parses.sqlite3").write_text("not a database")
     with pytest.raises(UserError, match="spacy_parses.sqlite3: cannot use the parse cache"):
         SpacyParser(cache_dir=tmp_path).parse(["Hi."])
+
+
+def test_cache_entries_from_before_part_of_speech_are_not_reused(tmp_path: Path) -> None:
+    import sqlite3
+
+    parser = SpacyParser(cache_dir=tmp_path)
+    # An entry written the old way: keyed without the cache schema, words without `pos`.
+    old_key = hashlib.sha256(json.dumps([parser.name, parser.version, "Dogs bark."], ensure_ascii=False).encode()).hexdigest()
+    with sqlite3.connect(tmp_path / "spacy_parses.sqlite3") as connection:
+        connection.execute("CREATE TABLE parses (key TEXT PRIMARY KEY, words TEXT)")
+        connection.execute("INSERT INTO parses VALUES (?, ?)", (old_key, '[[0,4,"nsubj",1],[5,9,"root",1],[9,10,"punct",1]]'))
+    (words,) = parser.parse(["Dogs bark."])
+    assert all(w.pos for w in words) and [words] == SpacyParser().parse(["Dogs bark."])
+    assert SpacyParser(cache_dir=tmp_path).parse(["Dogs bark."]) == [words]  # stored with pos, read back equal
+
+
+def test_ewt_dev_keeps_universal_tags(ud_english_ewt: Path) -> None:
+    text, words = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=1)[0]
+    tags = {w.pos for w in words}
+    assert "" not in tags and tags <= {
+        "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
+        "SCONJ", "SYM", "VERB", "X",
+    }  # fmt: skip
