@@ -1,0 +1,572 @@
+"""`python -m analysis.ablate`: Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT": disabling
+heads and layers, attention pattern classes and attention to linguistic features.
+
+- `patterns` (§4.1): every head's attention map on every example classified by fixed rules as
+  vertical, diagonal, vertical+diagonal, block or heterogeneous (see `classify_patterns`); the share
+  of each class over heads × examples per task (their Figure 2).
+- `features` (§4.4): per head, the attention all tokens pay to nouns, verbs, pronouns, subjects,
+  objects, negation words, [CLS] and [SEP] (see `feature_scores`), for the checkpoint and, with
+  `--compare-ckpt`, for a second one (the pre-trained model).
+- `disable` (§4.6): the dev metrics with each single head disabled (uniform attention over the real
+  tokens), and with each whole layer disabled, against the baseline; CSVs and heatmaps.
+
+Attention is streamed batch by batch: only per-map summaries leave the device.
+
+Outputs are written into a temporary sibling of `--out` and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flax import nnx
+from matplotlib import colormaps
+from matplotlib.colors import CenteredNorm
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
+from analysis.plots import save_figure
+from analysis.roles import LENGTH_BUCKET, batches, pad_batch, prepare_out, publish, resolve_tasks
+from bertjax import cli, glue, runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from sieves.align import EncodedSequence, encode_batch
+from sieves.parse import SpacyParser
+
+ANALYSES = ("patterns", "features", "disable")
+PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
+PATTERN_COLOURS = ("#a50f15", "#08519c", "#6a51a3", "#31a354", "#969696")
+
+
+@dataclasses.dataclass(frozen=True)
+class PatternThresholds:
+    """The rules' thresholds, on per-map quantities averaged over the word (non-special) query rows:
+    v, the mass on [CLS] and [SEP]; d, the mass on the word keys at t ± 1; b, the share of the mass
+    on words that stays in the query's own segment."""
+
+    structured: float = 0.5  # v + d at least this: vertical, diagonal or vertical+diagonal
+    minor_share: float = 0.25  # the smaller of v, d under this share of v + d: the pure class
+    block: float = 0.8  # b at least this (two-segment inputs only): block
+
+
+def pattern_quantities(attn, real, special, segment):
+    """(v, d, b) of every map, each [..., B, H], from attention [..., B, H, T, T].
+
+    `real`, `special` [B, T] bool and `segment` [B, T] int (token type). Query rows are the real
+    non-special tokens; keys outside `real` carry no mass. Works on numpy and jax arrays alike.
+    """
+    xp = jnp if isinstance(attn, jax.Array) else np
+    length = attn.shape[-1]
+    words = real & ~special
+    word_keys = words[:, None, None, :]
+    v_rows = (attn * (real & special)[:, None, None, :]).sum(-1)
+    positions = xp.arange(length)
+    neighbours = xp.abs(positions[:, None] - positions[None, :]) == 1
+    d_rows = (attn * (neighbours & word_keys)).sum(-1)
+    same_segment = segment[:, :, None] == segment[:, None, :]
+    w_rows = (attn * (same_segment[:, None] & word_keys)).sum(-1)
+    u_rows = (attn * word_keys).sum(-1)
+    rows = words[:, None, :]
+    count = xp.maximum(rows.sum(-1), 1)
+    mean = lambda x: (x * rows).sum(-1) / count
+    word_mass = mean(u_rows)
+    share = xp.where(word_mass > 0, mean(w_rows) / xp.where(word_mass > 0, word_mass, 1.0), 0.0)
+    return mean(v_rows), mean(d_rows), share
+
+
+def classify_patterns(v, d, b, paired, t: PatternThresholds = PatternThresholds()) -> np.ndarray:
+    """Pattern index (into PATTERNS) of every map from its (v, d, b); arrays of any one shape, and
+    `paired` (two-segment input) a bool broadcastable to it.
+
+    1. v + d ≥ structured: vertical if d < minor_share·(v + d), diagonal if v < minor_share·(v + d),
+       otherwise vertical+diagonal;
+    2. else, for two-segment inputs, block if b ≥ block;
+    3. else heterogeneous. Block is not defined for single-segment inputs (SST-2).
+    """
+    v, d, b = (np.asarray(x, float) for x in (v, d, b))
+    structured = v + d
+    codes = np.full(v.shape, PATTERNS.index("heterogeneous"))
+    codes[np.broadcast_to(paired, v.shape) & (b >= t.block)] = PATTERNS.index("block")
+    mixed = structured >= t.structured
+    codes[mixed] = PATTERNS.index("vertical+diagonal")
+    codes[mixed & (v < t.minor_share * structured)] = PATTERNS.index("diagonal")
+    codes[mixed & (d < t.minor_share * structured)] = PATTERNS.index("vertical")
+    return codes
+
+
+def column_mass(attn, real):
+    """[..., B, H, T]: the attention each key receives from all real query rows, over n."""
+    rows = real[:, None, :, None]
+    n = real.sum(-1)[:, None, None]
+    return (attn * rows).sum(-2) / n
+
+
+FEATURES = ("noun", "verb", "pronoun", "subject", "object", "negation", "[CLS]", "[SEP]")
+NOUN_TAGS = frozenset({"NOUN", "PROPN"})
+SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass", "nsubj:pass"})
+# UD `obj` is read as `dobj`; spaCy marks indirect objects `dative`.
+OBJECT_DEPS = frozenset({"dobj", "iobj", "dative"})
+NEGATIONS = frozenset({"not", "n't", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor", "cannot"})
+
+
+def word_features(text: str, pos: str, dep: str) -> set[str]:
+    """The word-level features of one parsed word; negation by whole-word match on its text."""
+    found = set()
+    if pos in NOUN_TAGS:
+        found.add("noun")
+    if pos == "VERB":
+        found.add("verb")
+    if pos == "PRON":
+        found.add("pronoun")
+    if dep in SUBJECT_DEPS:
+        found.add("subject")
+    if dep in OBJECT_DEPS:
+        found.add("object")
+    if text.lower().replace("’", "'") in NEGATIONS:
+        found.add("negation")
+    return found
+
+
+def feature_occurrences(seq: EncodedSequence, word_texts: Sequence[str]) -> dict[str, list[np.ndarray]]:
+    """Per feature, the piece positions of each occurrence (a word's pieces; each [CLS]/[SEP]).
+
+    Words cut away by truncation own no piece and are skipped.
+    """
+    found: dict[str, list[np.ndarray]] = {f: [] for f in FEATURES}
+    for word, (text, pos, dep) in enumerate(zip(word_texts, seq.word_pos, seq.word_dep, strict=True)):
+        pieces = np.flatnonzero(seq.word_ids == word)
+        if pieces.size:
+            for feature in word_features(text, pos, dep):
+                found[feature].append(pieces)
+    found["[CLS]"] = [np.array([i]) for i in np.flatnonzero(seq.is_cls)]
+    found["[SEP]"] = [np.array([i]) for i in np.flatnonzero(seq.is_sep)]
+    return found
+
+
+def feature_scores(columns: np.ndarray, occurrences: dict[str, list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Kovaleva's §4.4 score of one sequence: for each occurrence, the attention all real tokens
+    pay to its pieces, over n (`column_mass`, [L, H, T]); the maximum over occurrences, [L, H].
+    Features absent from the sequence are left out."""
+    return {
+        feature: np.max([columns[..., pieces].sum(-1) for pieces in where], axis=0)
+        for feature, where in occurrences.items()
+        if where
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class KovalevaConfig:
+    """Everything that decides the numbers of a run; saved in run.json."""
+
+    ckpt: str
+    task: str = "mrpc"
+    step: int | None = None
+    glue_dir: str | None = None
+    split: str = "dev"
+    n: int | None = None
+    max_length: int = 128
+    batch_size: int = 32
+    analyses: tuple[str, ...] = ANALYSES
+    compare_ckpt: str | None = None
+    compare_step: int | None = None
+    spacy_model: str | None = None
+    cache_dir: str = str(Path("~/.cache/bertjax").expanduser())
+    out: str = "ablate_out"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n is not None and self.n < 1:
+            raise UserError(f"--n must be at least 1, got {self.n}")
+        unknown = [a for a in self.analyses if a not in ANALYSES]
+        if unknown or not self.analyses:
+            raise UserError(
+                f"--analyses: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ANALYSES)}"
+            )
+
+
+def make_summariser(model: nnx.Module):
+    """One jitted function per batch: forward with attentions → pattern quantities and column mass,
+    so only [L, B, H] and [L, B, H, T] summaries leave the device."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def summarise(state, input_ids, attention_mask, token_type_ids, special):
+        out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        attn = jnp.stack(out.attentions)
+        real = attention_mask.astype(bool)
+        return pattern_quantities(attn, real, special, token_type_ids), column_mass(attn, real)
+
+    return lambda *arrays: summarise(state, *arrays)
+
+
+@dataclasses.dataclass
+class AttentionSummary:
+    """Pattern counts [L, H, len(PATTERNS)] over the maps, and per feature the sum [L, H] of the
+    per-sequence scores and the number of sequences having it."""
+
+    pattern_counts: np.ndarray
+    feature_sums: dict[str, np.ndarray]
+    feature_sequences: dict[str, int]
+
+    def feature_means(self) -> dict[str, np.ndarray]:
+        return {f: self.feature_sums[f] / n for f, n in self.feature_sequences.items() if n}
+
+
+def summarise_sequences(
+    summariser,
+    seqs: Sequence[EncodedSequence],
+    word_texts: dict[int, list[str]] | None,
+    batch_size: int,
+    shape: tuple[int, int],
+    thresholds: PatternThresholds = PatternThresholds(),
+    desc: str = "attention",
+) -> AttentionSummary:
+    """Streams the sequences through `summariser`; features only when `word_texts` (by example
+    index) are given."""
+    counts = np.zeros((*shape, len(PATTERNS)), np.int64)
+    sums = {f: np.zeros(shape) for f in FEATURES}
+    present = dict.fromkeys(FEATURES, 0)
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
+        for chunk in batches(seqs, batch_size):
+            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
+            arrays = pad_batch(chunk, batch_size, length)
+            special = np.zeros((batch_size, length), bool)
+            for row, seq in enumerate(chunk):
+                special[row, : seq.length] = seq.special
+            (v, d, b), columns = summariser(
+                arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], special
+            )
+            used = slice(0, len(chunk))
+            paired = np.array([seq.num_segments == 2 for seq in chunk])[None, :, None]
+            v, d, b = (np.asarray(x)[:, used] for x in (v, d, b))
+            codes = classify_patterns(v, d, b, paired, thresholds)
+            counts += (codes[..., None] == np.arange(len(PATTERNS))).sum(axis=1)
+            if word_texts is not None:
+                columns = np.asarray(columns)
+                for row, seq in enumerate(chunk):
+                    occurrences = feature_occurrences(seq, word_texts[seq.index])
+                    for feature, score in feature_scores(columns[:, row], occurrences).items():
+                        sums[feature] += score
+                        present[feature] += 1
+            progress.update(len(chunk))
+    return AttentionSummary(counts, sums, present)
+
+
+def pattern_shares(counts: dict[str, np.ndarray]) -> pd.DataFrame:
+    """Per task, the share of each class over all heads × examples."""
+    rows = []
+    for task, per_head in counts.items():
+        totals = per_head.sum(axis=(0, 1))
+        for pattern, maps in zip(PATTERNS, totals, strict=True):
+            rows.append({"task": task, "pattern": pattern, "maps": int(maps), "share": maps / totals.sum()})
+    return pd.DataFrame(rows)
+
+
+def plot_pattern_shares(shares: pd.DataFrame, out_dir: Path) -> list[Path]:
+    """Kovaleva's Figure 2: per task, the % of head × example maps in each pattern class."""
+    tasks = list(pd.unique(shares["task"]))
+    fig = Figure(figsize=(2.0 + 1.3 * len(tasks), 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    bottom = np.zeros(len(tasks))
+    for pattern, colour in zip(PATTERNS, PATTERN_COLOURS, strict=True):
+        share = 100 * shares[shares["pattern"] == pattern].set_index("task").loc[tasks, "share"].to_numpy()
+        bars = ax.bar(tasks, share, bottom=bottom, color=colour, label=pattern, width=0.6)
+        texts = [f"{x:.0f}%" if x >= 4 else "" for x in share]
+        ax.bar_label(bars, labels=texts, label_type="center", fontsize=7, color="white")
+        bottom += share
+    ax.set_ylim(0, 100)
+    ax.set_ylabel("% of maps (heads × examples)")
+    ax.set_title("attention pattern classes", fontsize=10)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return save_figure(fig, out_dir, "pattern_shares")
+
+
+def plot_features(means: dict[str, dict[str, np.ndarray]], task: str, out_dir: Path) -> list[Path]:
+    """One row per feature: the mean score of every head per checkpoint, and their difference."""
+    labels = list(means)
+    features = [f for f in FEATURES if all(f in means[c] for c in labels)]
+    columns = labels + (["difference"] if len(labels) == 2 else [])
+    n_layers, n_heads = next(iter(means[labels[0]].values())).shape
+    size = (1.0 + len(columns) * (0.6 + 0.22 * n_heads), 0.6 + len(features) * (0.5 + 0.22 * n_layers))
+    fig = Figure(figsize=size, layout="constrained")
+    grid = fig.subplots(len(features), len(columns), squeeze=False)
+    for r, feature in enumerate(features):
+        values = [means[c][feature] for c in labels]
+        top = max(float(np.max(x)) for x in values)
+        for c, column in enumerate(columns):
+            ax = grid[r, c]
+            if column == "difference":
+                diff = values[0] - values[1]
+                norm = CenteredNorm(0.0, max(float(np.abs(diff).max()), 1e-9))
+                image = ax.imshow(diff, cmap=colormaps["RdBu"], norm=norm)
+            else:
+                image = ax.imshow(values[c], cmap=colormaps["viridis"], vmin=0.0, vmax=top)
+            fig.colorbar(image, ax=ax, shrink=0.8)
+            ax.set_xticks(range(n_heads))
+            ax.set_yticks(range(n_layers))
+            ax.tick_params(labelsize=5, length=1)
+            ax.set_title(f"{feature}: {column}", fontsize=7)
+        grid[r, 0].set_ylabel("layer", fontsize=7)
+    for ax in grid[-1]:
+        ax.set_xlabel("head", fontsize=7)
+    fig.suptitle(
+        f"{task}: attention paid to each feature (max over occurrences, over n; mean over sequences)", fontsize=9
+    )
+    return save_figure(fig, out_dir, f"{task}_features")
+
+
+def disable_sweep(
+    evaluator: MaskedEvaluator, desc: str = "disable"
+) -> tuple[dict[str, float], pd.DataFrame, pd.DataFrame]:
+    """Baseline metrics, then one row per disabled head and one per disabled layer.
+
+    Each row holds every metric and its change from the baseline (`<metric>_change`).
+    """
+    n_layers, n_heads = evaluator.n_layers, evaluator.n_heads
+    baseline = evaluator.metrics()
+
+    def row(disable: np.ndarray, **where: int) -> dict[str, float]:
+        scores = evaluator.metrics(disable=disable)
+        return {**where, **scores, **{f"{k}_change": scores[k] - baseline[k] for k in scores}}
+
+    head_rows, layer_rows = [], []
+    with tqdm(total=n_layers * n_heads + n_layers, desc=desc, unit="mask") as progress:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                disable = no_disable(n_layers, n_heads)
+                disable[layer, head] = True
+                head_rows.append(row(disable, layer=layer, head=head))
+                progress.update()
+        for layer in range(n_layers):
+            disable = no_disable(n_layers, n_heads)
+            disable[layer] = True
+            layer_rows.append(row(disable, layer=layer))
+            progress.update()
+    return baseline, pd.DataFrame(head_rows), pd.DataFrame(layer_rows)
+
+
+def head_grid(table: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> np.ndarray:
+    grid = np.full((n_layers, n_heads), np.nan)
+    grid[table["layer"].to_numpy(), table["head"].to_numpy()] = table[column].to_numpy()
+    return grid
+
+
+def plot_disabling(
+    baseline: dict[str, float], heads: pd.DataFrame, layers: pd.DataFrame, metric_names, task: str, out_dir: Path
+) -> list[Path]:
+    """Per metric: the metric with each head disabled, its change, and the change per layer."""
+    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    paths: list[Path] = []
+    for metric in metric_names:
+        base = f"baseline {metric} {baseline[metric]:.4f}"
+        paths += head_heatmap(
+            head_grid(heads, metric, n_layers, n_heads), f"{task}: dev {metric} with one head disabled ({base})",
+            metric, out_dir, f"{task}_disable_heads_{metric}",
+        )  # fmt: skip
+        paths += head_heatmap(
+            head_grid(heads, f"{metric}_change", n_layers, n_heads),
+            f"{task}: change in dev {metric} when one head is disabled ({base})",
+            f"{metric} − baseline", out_dir, f"{task}_disable_heads_{metric}_change", diverging=True,
+        )  # fmt: skip
+        paths += head_heatmap(
+            layers[f"{metric}_change"].to_numpy()[:, None],
+            f"{task}: layer disabled\n({base})", f"{metric} − baseline", out_dir,
+            f"{task}_disable_layers_{metric}_change", diverging=True, columns=None,
+        )  # fmt: skip
+    return paths
+
+
+def run(config: KovalevaConfig) -> dict[str, dict]:
+    """The whole analysis; returns per task what run.json records about it."""
+    started = time.perf_counter()
+    tasks = resolve_tasks(config.task)
+    out = Path(config.out).expanduser().resolve()
+    tmp = prepare_out(config)
+    try:
+        results = _run(config, tasks, tmp, started)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return results
+
+
+def _load(ckpt: str, step: int | None):
+    # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
+    # classifier is initialised and unused: patterns and features read attention only).
+    return from_pretrained(ckpt, "BertForSequenceClassification", step=step), load_tokenizer(ckpt, step=step)
+
+
+def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
+    """One parse per segment, and each example's word texts (by example index) for the features."""
+    flat = iter(parser.parse([text for example in segments for text in example]))
+    parses = [tuple(next(flat) for _ in example) for example in segments]
+    word_texts = {
+        index: [text[w.start : w.end] for text, words in zip(example, parse, strict=True) for w in words]
+        for index, example, parse in zip(indices, segments, parses, strict=True)
+    }
+    return parses, word_texts
+
+
+def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints: dict, parser, tmp: Path) -> dict:
+    """Patterns of the first checkpoint and features of every checkpoint; writes their tables."""
+    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    indices = [e.index for e in examples]
+    parses, word_texts = _parse(parser, segments, indices) if parser else (None, None)
+    summaries = {}
+    for label, (model, tokenizer) in checkpoints.items():
+        seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
+        shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
+        summaries[label] = summarise_sequences(
+            make_summariser(model), seqs, word_texts, config.batch_size, shape, desc=f"{task} attention ({label})"
+        )
+    result: dict = {"figures": []}
+    if "patterns" in config.analyses:
+        counts = next(iter(summaries.values())).pattern_counts
+        layers, heads = np.indices(counts.shape[:2])
+        table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel()})
+        for k, pattern in enumerate(PATTERNS):
+            table[pattern] = counts[..., k].ravel()
+        table.to_csv(tmp / f"{task}_patterns.csv", index=False)
+        result["pattern_counts"] = counts
+    if "features" in config.analyses:
+        means = {label: summary.feature_means() for label, summary in summaries.items()}
+        rows = [
+            {"checkpoint": label, "layer": layer, "head": head, "feature": feature,
+             "sequences": summaries[label].feature_sequences[feature], "mean": values[layer, head]}
+            for label, by_feature in means.items() for feature, values in by_feature.items()
+            for layer, head in np.ndindex(values.shape)
+        ]  # fmt: skip
+        pd.DataFrame(rows).to_csv(tmp / f"{task}_features.csv", index=False)
+        result["figures"] += plot_features(means, task, tmp)
+        result["feature_sequences"] = {label: summary.feature_sequences for label, summary in summaries.items()}
+    return result
+
+
+def _disable_analysis(config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, tmp: Path) -> dict:
+    eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
+    evaluator = MaskedEvaluator(model, eval_set)
+    baseline, heads, layers = disable_sweep(evaluator, desc=f"{task} disable")
+    heads.to_csv(tmp / f"{task}_disable_heads.csv", index=False)
+    layers.to_csv(tmp / f"{task}_disable_layers.csv", index=False)
+    for metric in eval_set.metric_names:
+        worst = heads.loc[heads[f"{metric}_change"].idxmin()]
+        print(
+            f"{task}: baseline {metric} {baseline[metric]:.4f}; one head disabled: {heads[metric].min():.4f} … "
+            f"{heads[metric].max():.4f} (worst L{int(worst['layer'])} H{int(worst['head'])}); "
+            f"one layer disabled: {layers[metric].min():.4f} … {layers[metric].max():.4f}"
+        )
+    return {
+        "baseline": baseline,
+        "forward_passes_of_dev": 1 + len(heads) + len(layers),
+        "compiled_executables": evaluator.compiled_shapes(),
+        "batch_shapes": sorted(eval_set.shapes),
+        "figures": plot_disabling(baseline, heads, layers, eval_set.metric_names, task, tmp),
+    }
+
+
+def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) -> dict[str, dict]:
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    model, tokenizer = _load(config.ckpt, config.step)
+    # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
+    # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
+    checkpoints = {"checkpoint": (model, tokenizer)}
+    if "features" in config.analyses and config.compare_ckpt:
+        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step)}
+    timings["load_model"] = time.perf_counter() - clock
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    parser = None
+    if "features" in config.analyses:
+        parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
+    results: dict[str, dict] = {}
+    figures: list[Path] = []
+    pattern_counts: dict[str, np.ndarray] = {}
+    for task in tasks:
+        examples = glue.load_glue(task, config.split, glue_dir, config.n)
+        files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
+        result: dict = {
+            "examples": len(examples),
+            "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+        }
+        if {"patterns", "features"} & set(config.analyses):
+            clock = time.perf_counter()
+            attention = _attention_analyses(config, task, examples, checkpoints, parser, tmp)
+            timings[f"{task}/attention"] = time.perf_counter() - clock
+            figures += attention.pop("figures")
+            if "pattern_counts" in attention:
+                pattern_counts[task] = attention.pop("pattern_counts")
+            result.update(attention)
+        if "disable" in config.analyses:
+            clock = time.perf_counter()
+            result["disable"] = _disable_analysis(config, task, model, tokenizer, glue_dir, tmp)
+            timings[f"{task}/disable"] = time.perf_counter() - clock
+            figures += result["disable"].pop("figures")
+        results[task] = result
+    if pattern_counts:
+        shares = pattern_shares(pattern_counts)
+        shares.to_csv(tmp / "pattern_shares.csv", index=False)
+        figures += plot_pattern_shares(shares, tmp)
+        for task, rows in shares.groupby("task", sort=False):
+            print(f"{task}: " + ", ".join(f"{r.pattern} {100 * r.share:.1f}%" for r in rows.itertuples()))
+    timings["total"] = time.perf_counter() - started
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            "checkpoint": resolve(config.ckpt, config.step).describe(),
+            "compare_checkpoint": (
+                resolve(config.compare_ckpt, config.compare_step).describe() if "pre-trained" in checkpoints else None
+            ),
+            "model_config": model.config.to_hf_dict(),
+            "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
+            "tasks": results,
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    return results
+
+
+def parse_args(argv: list[str] | None) -> KovalevaConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.ablate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="fine-tuned classifier: bertjax run workdir, HF directory or hub id")
+    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
+    p.add_argument("--task", default="mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
+    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "validation"])
+    p.add_argument("--n", type=int, help="first N examples of the split (default: all)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--analyses", default=",".join(ANALYSES), help=f"comma-separated subset of {','.join(ANALYSES)}")
+    p.add_argument("--compare-ckpt", help="features: a second checkpoint to compare with (the pre-trained model)")
+    p.add_argument("--compare-step", type=int, help="checkpoint step of --compare-ckpt's run")
+    p.add_argument("--spacy-model", help="spaCy pipeline for the features (default en_core_web_sm)")
+    p.add_argument("--cache-dir", default=KovalevaConfig.cache_dir, help="where parses are cached")
+    p.add_argument("--out", default="ablate_out")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    a = p.parse_args(argv)
+    return KovalevaConfig(
+        ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
+        max_length=a.max_length, batch_size=a.batch_size, analyses=tuple(x for x in a.analyses.split(",") if x),
+        compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
+        out=a.out, overwrite=a.overwrite,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)

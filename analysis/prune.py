@@ -1,0 +1,326 @@
+"""`python -m analysis.prune`: Michel et al. 2019, "Are Sixteen Heads Really Better than One?".
+
+Head importance I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1, where ξ [L, H] multiplies every head's attention
+and L is the cross-entropy with the gold label, each layer's vector then scaled to unit L2 norm;
+iterative pruning (mask the least important remaining heads in steps of a fixed fraction of all
+heads, re-evaluating the dev metric at each step, optionally re-estimating importance under the
+current mask), against random pruning orders.
+
+Outputs are written into a temporary sibling of `--out` and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from analysis.ablation import MaskedEvaluator, full_mask, head_heatmap, load_eval_set
+from analysis.plots import save_figure
+from analysis.roles import prepare_out, publish
+from bertjax import cli, glue, runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+
+# One point of a metric in [0, 1].
+ONE_POINT = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class MichelConfig:
+    """Everything that decides the numbers of a run; saved in run.json."""
+
+    ckpt: str
+    task: str = "mrpc"
+    step: int | None = None
+    glue_dir: str | None = None
+    split: str = "dev"
+    n: int | None = None
+    importance_split: str = "dev"
+    importance_n: int | None = None
+    max_length: int = 128
+    batch_size: int = 32
+    metric: str | None = None
+    prune_step: float = 0.1
+    reestimate: bool = False
+    random_seeds: int = 3
+    out: str = "prune_out"
+    overwrite: bool = False
+
+    def __post_init__(self) -> None:
+        spec = glue.task_spec(self.task)
+        if self.metric is not None and self.metric not in spec.metrics:
+            raise UserError(f"--metric {self.metric!r}: task {self.task} reports {', '.join(spec.metrics)}")
+        if not 0.0 < self.prune_step <= 0.5:
+            raise UserError(f"--prune-step must be in (0, 0.5], got {self.prune_step}")
+        if self.random_seeds < 0:
+            raise UserError(f"--random-seeds must be ≥ 0, got {self.random_seeds}")
+        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1, got {value}")
+
+    @property
+    def metric_name(self) -> str:
+        return self.metric or glue.task_spec(self.task).metrics[0]
+
+
+def normalise_per_layer(importance: np.ndarray) -> np.ndarray:
+    """Each layer's row scaled to unit L2 norm (an all-zero row stays zero)."""
+    norms = np.linalg.norm(importance, axis=-1, keepdims=True)
+    return np.divide(importance, norms, out=np.zeros_like(importance, dtype=float), where=norms > 0)
+
+
+def pruning_counts(n_total: int, step: float) -> list[int]:
+    """Heads pruned at each step: round(k · step · n_total) for k = 0, 1, … up to all heads."""
+    steps = math.ceil(round(1.0 / step, 9))
+    return sorted({min(n_total, round(k * step * n_total)) for k in range(steps + 1)} | {n_total})
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneStep:
+    heads_pruned: int
+    metric: float
+    mask: np.ndarray  # [L, H] float, 0 = pruned
+
+
+def prune_in_order(
+    order: Sequence[int], counts: Sequence[int], metric_fn: Callable[[np.ndarray], float], shape: tuple[int, int]
+) -> list[PruneStep]:
+    """Prunes heads (flat indices, layer-major) in a fixed order, measuring at each count."""
+    steps = []
+    for count in counts:
+        mask = full_mask(*shape).ravel()
+        mask[list(order[:count])] = 0.0
+        mask = mask.reshape(shape)
+        steps.append(PruneStep(count, metric_fn(mask), mask))
+    return steps
+
+
+def prune_by_importance(
+    importance: np.ndarray,
+    counts: Sequence[int],
+    metric_fn: Callable[[np.ndarray], float],
+    reestimate_fn: Callable[[np.ndarray], np.ndarray] | None = None,
+) -> tuple[list[PruneStep], list[np.ndarray]]:
+    """Michel's iterative pruning: at each step mask the least important heads still unpruned.
+
+    `importance` [L, H] is the estimate at ξ = 1; with `reestimate_fn`, `reestimate_fn(mask)`
+    replaces it after every step. Ties go to the lower flat index. Returns the steps and the
+    importance estimates used.
+    """
+    mask = full_mask(*importance.shape)
+    estimates = [importance]
+    steps = []
+    for count in counts:
+        pruned = int((mask == 0).sum())
+        if count > pruned:
+            if reestimate_fn is not None and pruned:
+                estimates.append(reestimate_fn(mask))
+            ranked = np.where(mask.ravel() > 0, estimates[-1].ravel(), np.inf)
+            chosen = np.argsort(ranked, kind="stable")[: count - pruned]
+            mask = mask.copy()
+            mask.ravel()[chosen] = 0.0
+        steps.append(PruneStep(count, metric_fn(mask), mask))
+    return steps, estimates
+
+
+def heads_within(curve: pd.DataFrame, tolerance: float = ONE_POINT) -> int:
+    """The most heads pruned with the metric never below (unpruned metric − tolerance) up to there."""
+    curve = curve.sort_values("heads_pruned")
+    baseline = curve["metric"].iloc[0]
+    # A tiny slack absorbs float noise in metrics that are ratios of counts.
+    ok = (curve["metric"] >= baseline - tolerance - 1e-12).cummin()
+    return int(curve["heads_pruned"][ok].max())
+
+
+def plot_pruning(curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, task: str, out_dir: Path) -> list[Path]:
+    """Metric against the % of heads pruned: importance order, and the random orders' mean and range."""
+    fig = Figure(figsize=(6.4, 4.4), layout="constrained")
+    ax = fig.add_subplot()
+    styles = {
+        "importance": ("#08519c", "o", "importance order"),
+        "random": ("#a50f15", "s", "random order (mean of seeds)"),
+    }
+    for order, (colour, marker, label) in styles.items():
+        rows = curve[curve["order"] == order]
+        if len(rows):
+            ax.plot(100 * rows["fraction_pruned"], rows["metric"], color=colour, marker=marker, label=label)
+    if len(random_runs):
+        spread = random_runs.groupby("fraction_pruned")["metric"].agg(["min", "max"])
+        ax.fill_between(100 * spread.index, spread["min"], spread["max"], color="#a50f15", alpha=0.15,
+                        label=f"random: range over {random_runs['seed'].nunique()} seeds")  # fmt: skip
+    baseline = curve.loc[curve["heads_pruned"] == 0, "metric"].iloc[0]
+    ax.axhline(baseline - ONE_POINT, color="grey", linestyle=":", label="unpruned − 1 point")
+    ax.set_xlabel("% of heads pruned")
+    ax.set_ylabel(f"dev {metric}")
+    ax.set_title(f"{task}: pruning heads by importance vs at random")
+    ax.legend(fontsize=8)
+    return save_figure(fig, out_dir, f"{task}_pruning")
+
+
+def run(config: MichelConfig) -> dict:
+    """The whole analysis; returns what run.json records about the task."""
+    started = time.perf_counter()
+    out = Path(config.out).expanduser().resolve()
+    tmp = prepare_out(config)
+    try:
+        result = _run(config, tmp, started)
+        publish(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result
+
+
+def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
+    timings: dict[str, float] = {}
+    task, metric = config.task, config.metric_name
+    clock = time.perf_counter()
+    source = resolve(config.ckpt, config.step)
+    model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step)
+    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    dev, files = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
+    evaluator = MaskedEvaluator(model, dev)
+    if config.importance_split == config.split and config.importance_n == config.n:
+        importance_evaluator = evaluator
+    else:
+        importance_set, more = load_eval_set(
+            tokenizer, task, config.importance_split, glue_dir, config.importance_n,
+            config.max_length, config.batch_size,
+        )  # fmt: skip
+        files += more
+        importance_evaluator = MaskedEvaluator(model, importance_set)
+    timings["load"] = time.perf_counter() - clock
+
+    counts = pruning_counts(shape[0] * shape[1], config.prune_step)
+    passes = {"metric": 0, "importance": 0}
+
+    def metric_fn(mask: np.ndarray) -> float:
+        passes["metric"] += 1
+        return evaluator.metrics(head_mask=mask)[metric]
+
+    def importance_fn(mask: np.ndarray) -> np.ndarray:
+        passes["importance"] += 1
+        return normalise_per_layer(importance_evaluator.mask_gradients(head_mask=mask))
+
+    clock = time.perf_counter()
+    raw = importance_evaluator.mask_gradients()
+    importance = normalise_per_layer(raw)
+    timings["importance"] = time.perf_counter() - clock
+    layers, heads = np.indices(shape)
+    columns = {"layer": layers, "head": heads, "importance": importance, "importance_raw": raw}
+    pd.DataFrame({k: v.ravel() for k, v in columns.items()}).to_csv(tmp / f"{task}_importance.csv", index=False)
+    figures = head_heatmap(
+        importance, f"{task}: head importance E|∂L/∂ξ| on {config.importance_split}, unit L2 norm per layer",
+        "normalised importance", tmp, f"{task}_importance",
+    )  # fmt: skip
+
+    clock = time.perf_counter()
+    with tqdm(total=len(counts) * (1 + config.random_seeds), desc=f"{task} prune", unit="step") as progress:
+
+        def measured(mask: np.ndarray) -> float:
+            progress.update()
+            return metric_fn(mask)
+
+        reestimate_fn = importance_fn if config.reestimate else None
+        steps, estimates = prune_by_importance(importance, counts, measured, reestimate_fn)
+        random_steps = {
+            seed: prune_in_order(np.random.default_rng(seed).permutation(shape[0] * shape[1]), counts, measured, shape)
+            for seed in range(config.random_seeds)
+        }
+    timings["pruning"] = time.perf_counter() - clock
+
+    n_total = shape[0] * shape[1]
+    rows = [
+        {"fraction_pruned": s.heads_pruned / n_total, "heads_pruned": s.heads_pruned, "metric": s.metric,
+         "order": "importance"}
+        for s in steps
+    ]  # fmt: skip
+    random_runs = pd.DataFrame(
+        [{"seed": seed, "fraction_pruned": s.heads_pruned / n_total, "heads_pruned": s.heads_pruned, "metric": s.metric}
+         for seed, run_steps in random_steps.items() for s in run_steps]
+    )  # fmt: skip
+    if len(random_runs):
+        mean = random_runs.groupby(["fraction_pruned", "heads_pruned"], as_index=False)["metric"].mean()
+        rows += [{**r, "order": "random"} for r in mean.to_dict("records")]
+        random_runs.to_csv(tmp / f"{task}_pruning_random_seeds.csv", index=False)
+    curve = pd.DataFrame(rows, columns=["fraction_pruned", "heads_pruned", "metric", "order"])
+    curve.to_csv(tmp / "pruning.csv", index=False)
+    figures += plot_pruning(curve, random_runs, metric, task, tmp)
+
+    within = {order: heads_within(curve[curve["order"] == order]) for order in pd.unique(curve["order"])}
+    result = {
+        "task": task,
+        "metric": metric,
+        "examples": dev.size,
+        "baseline": evaluator.metrics(),
+        "heads_prunable_within_one_point": within,
+        "importance_estimates": len(estimates),
+        "forward_passes_of_dev": passes["metric"],
+        "importance_passes": 1 + passes["importance"],
+        "compiled_executables": evaluator.compiled_shapes(),
+        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+    }
+    timings["total"] = time.perf_counter() - started
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            "checkpoint": source.describe(),
+            "model_config": model.config.to_hf_dict(),
+            "result": result,
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    print(
+        f"{task}: unpruned {metric} {steps[0].metric:.4f}; heads prunable before a one-point drop: "
+        + ", ".join(f"{order} {n}/{n_total}" for order, n in within.items())
+    )
+    return result
+
+
+def parse_args(argv: list[str] | None) -> MichelConfig:
+    p = argparse.ArgumentParser(prog="python -m analysis.prune", description=__doc__.split("\n\n")[0])
+    p.add_argument("--ckpt", required=True, help="fine-tuned classifier: bertjax run workdir, HF directory or hub id")
+    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
+    p.add_argument("--task", default="mrpc", choices=list(glue.TASKS))
+    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "validation"], help="split of the metric")
+    p.add_argument("--n", type=int, help="first N examples of --split (default: all)")
+    p.add_argument("--importance-split", default="dev", choices=["train", "dev", "validation"])
+    p.add_argument("--importance-n", type=int, help="first N examples of --importance-split (default: all)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--metric", help="metric of the pruning curve (default: the task's first, accuracy)")
+    p.add_argument("--prune-step", type=float, default=0.1, help="fraction of all heads pruned per step (0.1; 0.05)")
+    p.add_argument("--reestimate", action="store_true", help="re-estimate importance under the mask after each step")
+    p.add_argument("--random-seeds", type=int, default=3, help="random pruning orders to average")
+    p.add_argument("--out", default="prune_out")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    a = p.parse_args(argv)
+    return MichelConfig(
+        ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
+        importance_split=a.importance_split, importance_n=a.importance_n, max_length=a.max_length,
+        batch_size=a.batch_size, metric=a.metric, prune_step=a.prune_step, reestimate=a.reestimate,
+        random_seeds=a.random_seeds, out=a.out, overwrite=a.overwrite,
+    )  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)

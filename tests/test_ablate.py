@@ -1,0 +1,353 @@
+"""Kovaleva et al. 2019: exact uniform disabling, the once-compiled masked evaluator, the disabling
+sweep, and the CLI contract, on a tiny random classifier."""
+
+from __future__ import annotations
+
+import json
+
+import jax
+import numpy as np
+import pandas as pd
+import pytest
+from transformers import BertTokenizerFast
+
+import bertjax
+from analysis import ablate, ablation
+from bertjax import cli, glue
+from sieves.align import encode_batch
+from sieves.parse import Word
+
+N_LAYERS, N_HEADS = 2, 4
+
+
+def tiny_classifier(seed: int = 3) -> bertjax.BertForSequenceClassification:
+    config = bertjax.BertConfig(
+        num_hidden_layers=N_LAYERS, hidden_size=64, num_attention_heads=N_HEADS, intermediate_size=128,
+        max_position_embeddings=128, num_labels=2,
+    )  # fmt: skip
+    return bertjax.init_model(config, "BertForSequenceClassification", seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(shared_data):
+    return BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_classifier()
+
+
+@pytest.fixture(scope="module")
+def mrpc_arrays(tokenizer, shared_data):
+    """The first 20 MRPC dev pairs, encoded: lengths 30–80, so all fall in one 32-multiple bucket or more."""
+    examples = glue.load_glue("mrpc", "dev", shared_data / "glue", 20)
+    return glue.encode(examples, tokenizer, 96, "mrpc dev")
+
+
+@pytest.fixture(scope="module")
+def evaluator(model, mrpc_arrays):
+    return ablation.MaskedEvaluator(model, ablation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
+
+
+def test_a_disabled_head_attends_exactly_uniformly_over_real_tokens(model):
+    ids = np.array([[101, 7592, 2088, 102, 2023, 2003, 102, 0, 0], [101, 2057, 102, 2009, 102, 0, 0, 0, 0]], np.int32)
+    mask = (ids != 0).astype(np.int32)
+    disable = np.zeros((N_LAYERS, N_HEADS), bool)
+    disable[1, 2] = True
+    forward = jax.jit(lambda m, d: m(ids, mask, output_attentions=True, disable_heads=d).attentions)
+    disabled, normal = forward(model, disable), forward(model, np.zeros_like(disable))
+    for b, n in enumerate(mask.sum(1)):
+        probs = np.asarray(disabled[1][b, 2])
+        expected = np.zeros(ids.shape[1], np.float32)
+        expected[:n] = np.float32(1.0) / np.float32(n)
+        np.testing.assert_array_equal(probs[:n], np.broadcast_to(expected, (n, ids.shape[1])))
+    # The other heads of that layer, and the layer below, are untouched.
+    np.testing.assert_array_equal(np.asarray(disabled[0]), np.asarray(normal[0]))
+    others = [h for h in range(N_HEADS) if h != 2]
+    np.testing.assert_array_equal(np.asarray(disabled[1])[:, others], np.asarray(normal[1])[:, others])
+
+
+def test_eval_set_sorts_by_length_pads_to_buckets_and_marks_dummy_rows(mrpc_arrays):
+    eval_set = ablation.make_eval_set(mrpc_arrays, 8, ("accuracy",))
+    lengths = mrpc_arrays["attention_mask"].sum(1)
+    assert eval_set.size == 20 and [b["valid"].sum() for b in eval_set.batches] == [8, 8, 4]
+    assert np.array_equal(eval_set.labels, mrpc_arrays["labels"][np.argsort(lengths, kind="stable")])
+    for batch in eval_set.batches:
+        width = batch["input_ids"].shape[1]
+        real = batch["attention_mask"][batch["valid"]].sum(1)
+        assert width % ablation.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + ablation.LENGTH_BUCKET
+        assert (batch["attention_mask"][~batch["valid"]].sum(1) == 1).all()
+
+
+def test_metrics_under_masks_equal_a_direct_forward_of_each_example(evaluator, model, mrpc_arrays):
+    disable = np.zeros((N_LAYERS, N_HEADS), bool)
+    disable[0, 1] = True
+    head_mask = np.ones((N_LAYERS, N_HEADS), np.float32)
+    head_mask[1, 3] = 0.0
+    order = np.argsort(mrpc_arrays["attention_mask"].sum(1), kind="stable")
+    # All 20 examples in file order, padded to 96 as encoded: no sorting, no buckets, no dummy rows.
+    inputs = [mrpc_arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    forward = jax.jit(lambda m, *a: m(*a, head_mask=head_mask, disable_heads=disable).logits)
+    direct = np.asarray(forward(model, *inputs))[order]
+    ours = evaluator.logits(head_mask, disable)
+    np.testing.assert_allclose(ours, direct, atol=1e-5)
+    expected = glue.classification_metrics(direct, mrpc_arrays["labels"][order], ("accuracy", "f1"))
+    assert evaluator.metrics(head_mask, disable) == pytest.approx(expected, abs=1e-6)
+
+
+def test_masks_are_inputs_so_new_masks_never_recompile(evaluator):
+    evaluator.metrics()
+    compiled = evaluator.logits_fn._cache_size()
+    assert compiled == len(evaluator.eval_set.shapes)  # one executable per batch shape, not per mask
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        evaluator.metrics(rng.random((N_LAYERS, N_HEADS)).astype(np.float32), rng.random((N_LAYERS, N_HEADS)) < 0.3)
+    assert evaluator.logits_fn._cache_size() == compiled
+
+
+def test_one_shape_eval_set_compiles_exactly_once(model, mrpc_arrays):
+    short = {k: v[:6] for k, v in mrpc_arrays.items()}
+    one = ablation.MaskedEvaluator(model, ablation.make_eval_set(short, 8, ("accuracy",)))
+    masks = [np.eye(N_LAYERS, N_HEADS, k=k, dtype=bool) for k in range(3)]
+    for disable in masks:
+        one.metrics(disable=disable)
+    assert one.logits_fn._cache_size() == 1
+
+
+def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
+    baseline, heads, layers = ablate.disable_sweep(evaluator)
+    assert baseline == evaluator.metrics()
+    assert len(heads) == N_LAYERS * N_HEADS and len(layers) == N_LAYERS
+    one = np.zeros((N_LAYERS, N_HEADS), bool)
+    one[1, 2] = True
+    row = heads[(heads["layer"] == 1) & (heads["head"] == 2)].iloc[0]
+    assert row["loss"] == pytest.approx(evaluator.metrics(disable=one)["loss"], rel=1e-6)
+    assert row["loss_change"] == pytest.approx(row["loss"] - baseline["loss"], abs=1e-9)
+    whole = np.zeros((N_LAYERS, N_HEADS), bool)
+    whole[0] = True
+    assert layers.iloc[0]["accuracy"] == evaluator.metrics(disable=whole)["accuracy"]
+    grid = ablate.head_grid(heads, "f1", N_LAYERS, N_HEADS)
+    assert grid[1, 2] == row["f1"]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, tokenizer):
+    directory = tmp_path_factory.mktemp("tiny_classifier")
+    bertjax.save_pretrained(tiny_classifier(), directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12",
+            "--batch-size", "8", "--analyses", "disable", "--out", str(out)]  # fmt: skip
+    ablate.main(argv)
+    heads = (out / "mrpc_disable_heads.csv").read_text().splitlines()
+    assert heads[0].startswith("layer,head,accuracy,f1,loss") and len(heads) == 1 + N_LAYERS * N_HEADS
+    assert (out / "mrpc_disable_heads_f1_change.png").is_file() and (out / "mrpc_disable_layers_accuracy_change.svg").is_file()
+    info = json.loads((out / "run.json").read_text())
+    assert info["tasks"]["mrpc"]["disable"]["forward_passes_of_dev"] == 1 + N_LAYERS * N_HEADS + N_LAYERS
+    assert info["tasks"]["mrpc"]["examples"] == 12
+    assert not list(tmp_path.glob(".out.tmp-*"))
+    # A second run into the same non-empty directory is a one-line user error.
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(ablate.main, argv)
+    assert exit_info.value.code == 2
+    assert "--overwrite" in capsys.readouterr().err
+
+
+def test_unknown_analysis_is_a_user_error(tiny_ckpt):
+    with pytest.raises(bertjax.UserError, match="--analyses"):
+        ablate.parse_args(["--ckpt", str(tiny_ckpt), "--analyses", "disable,dance"])
+
+
+# -- attention pattern classes (§4.1) ----------------------------------------------------------
+
+# [CLS] five words [SEP] five words [SEP], then three padding positions.
+LENGTH, PADDED = 13, 16
+SPECIAL_AT = (0, 6, 12)
+
+
+def _pair_layout():
+    real = np.zeros(PADDED, bool)
+    real[:LENGTH] = True
+    special = np.zeros(PADDED, bool)
+    special[list(SPECIAL_AT)] = True
+    segment = np.r_[np.zeros(7, int), np.ones(PADDED - 7, int)]
+    return real, special, segment
+
+
+def _synthetic_map(kind: str, rng: np.random.Generator) -> np.ndarray:
+    """One [PADDED, PADDED] map of the named class; special rows attend uniformly (not scored)."""
+    real, special, segment = _pair_layout()
+    words = real & ~special
+    attn = np.zeros((PADDED, PADDED))
+    for t in range(LENGTH):
+        row = np.zeros(PADDED)
+        neighbour = t - 1 if words[t - 1] else t + 1  # the previous word, else the next one
+        own_sep = 6 if segment[t] == 0 else 12
+        if special[t]:
+            row[:LENGTH] = 1.0
+        elif kind == "vertical":
+            row[[0, 6, 12]] = [0.5, 0.25, 0.25]
+        elif kind == "diagonal":
+            row[neighbour] = 1.0
+        elif kind == "vertical+diagonal":
+            row[[own_sep, neighbour]] = 0.5
+        elif kind == "block":
+            row[words & (segment == segment[t])] = 1.0
+        elif kind == "heterogeneous":
+            row[:LENGTH] = rng.dirichlet(np.ones(LENGTH))
+        attn[t] = row / row.sum()
+    return attn
+
+
+@pytest.mark.parametrize("kind", ablate.PATTERNS)
+def test_synthetic_maps_are_classified_as_built(kind):
+    real, special, segment = _pair_layout()
+    attn = _synthetic_map(kind, np.random.default_rng(7))[None, None]  # [B=1, H=1, T, T]
+    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
+    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == kind
+    # The jitted path gives the same quantities.
+    on_device = ablate.pattern_quantities(jax.numpy.asarray(attn), real[None], special[None], segment[None])
+    np.testing.assert_allclose(np.stack(on_device), np.stack([v, d, b]), atol=1e-6)
+    if kind == "block":  # block is defined for two-segment inputs only
+        assert ablate.classify_patterns(v, d, b, False)[0, 0] == ablate.PATTERNS.index("heterogeneous")
+
+
+def test_pattern_quantities_match_a_loop_over_rows_and_keys():
+    rng = np.random.default_rng(3)
+    real, special, segment = _pair_layout()
+    attn = np.zeros((2, 3, PADDED, PADDED))
+    attn[..., :LENGTH] = rng.dirichlet(np.ones(LENGTH) * 0.3, size=(2, 3, PADDED))
+    v, d, b = ablate.pattern_quantities(attn, np.stack([real] * 2), np.stack([special] * 2), np.stack([segment] * 2))
+    rows = [t for t in range(LENGTH) if not special[t]]
+    for batch, head in np.ndindex(2, 3):
+        a = attn[batch, head]
+        slow_v = np.mean([sum(a[t, s] for s in SPECIAL_AT) for t in rows])
+        slow_d = np.mean([sum(a[t, s] for s in (t - 1, t + 1) if s in rows) for t in rows])
+        same = np.mean([sum(a[t, s] for s in rows if segment[s] == segment[t]) for t in rows])
+        on_words = np.mean([sum(a[t, s] for s in rows) for t in rows])
+        assert (v[batch, head], d[batch, head], b[batch, head]) == pytest.approx((slow_v, slow_d, same / on_words))
+
+
+def test_pattern_thresholds_at_their_boundaries():
+    classify = lambda v, d, b, paired=True: ablate.PATTERNS[int(ablate.classify_patterns(v, d, b, paired))]
+    assert classify(0.45, 0.05, 0.9) == "vertical"  # v + d = 0.5 exactly: structured
+    assert classify(0.375, 0.125, 0.9) == "vertical+diagonal"  # d is exactly a quarter: not minor
+    assert classify(0.12, 0.38, 0.9) == "diagonal"
+    assert classify(0.25, 0.24, 0.8) == "block"  # v + d < 0.5, b = 0.8
+    assert classify(0.25, 0.24, 0.8, paired=False) == "heterogeneous"
+    assert classify(0.25, 0.24, 0.79) == "heterogeneous"
+
+
+# -- linguistic features (§4.4) ----------------------------------------------------------------
+
+
+def _words(text, words):
+    """A parse of `text` from (form, pos, dep) words found left to right in it."""
+    parse, cursor = [], 0
+    for form, pos, dep in words:
+        start = text.index(form, cursor)
+        cursor = start + len(form)
+        parse.append(Word(start, cursor, dep, 0, pos))
+    return tuple(parse)
+
+
+def _parsed(tokenizer, text, words):
+    """An encoded one-segment sequence and its word texts."""
+    parse = _words(text, words)
+    return encode_batch(tokenizer, [[text]], [[parse]])[0], [text[w.start : w.end] for w in parse]
+
+
+SENTENCE = "Note: nobody saw the cat, and it did n't eat fish."
+WORDS = [("Note", "NOUN", "root"), (":", "PUNCT", "punct"), ("nobody", "PRON", "nsubj"), ("saw", "VERB", "conj"),
+         ("the", "DET", "det"), ("cat", "NOUN", "dobj"), (",", "PUNCT", "punct"), ("and", "CCONJ", "cc"),
+         ("it", "PRON", "nsubj"), ("did", "AUX", "aux"), ("n't", "PART", "neg"), ("eat", "VERB", "conj"),
+         ("fish", "NOUN", "dobj"), (".", "PUNCT", "punct")]  # fmt: skip
+
+
+def test_feature_occurrences_match_whole_words_only(tokenizer):
+    seq, texts = _parsed(tokenizer, SENTENCE, WORDS)
+    found = ablate.feature_occurrences(seq, texts)
+    words_of = lambda feature: [texts[int(seq.word_ids[pieces[0]])] for pieces in found[feature]]
+    assert words_of("negation") == ["nobody", "n't"]  # "Note" holds "not" but is not the word "not"
+    assert words_of("noun") == ["Note", "cat", "fish"] and words_of("verb") == ["saw", "eat"]
+    assert words_of("pronoun") == ["nobody", "it"] and words_of("subject") == ["nobody", "it"]
+    assert words_of("object") == ["cat", "fish"]
+    assert [p.tolist() for p in found["[CLS]"]] == [[0]] and [p.tolist() for p in found["[SEP]"]] == [[seq.length - 1]]
+    assert ablate.word_features("NOT", "PART", "neg") == {"negation"}
+    assert ablate.word_features("can\u2019t", "AUX", "aux") == set()  # the whole word is not a negation word
+    assert ablate.word_features("n\u2019t", "PART", "neg") == {"negation"}
+
+
+def test_feature_scores_are_the_max_over_occurrences_of_length_normalised_column_sums(tokenizer):
+    seq, texts = _parsed(tokenizer, SENTENCE, WORDS[:9] + [("did", "AUX", "aux")])  # no negation after "nobody"
+    rng = np.random.default_rng(11)
+    n, padded = seq.length, seq.length + 3
+    attn = np.zeros((2, 1, 3, padded, padded))  # [L, B, H, T, T]
+    attn[..., :n] = rng.dirichlet(np.ones(n), size=(2, 1, 3, padded))
+    real = (np.arange(padded) < n)[None]
+    columns = ablate.column_mass(attn, real)[:, 0]
+    occurrences = ablate.feature_occurrences(seq, texts)
+    scores = ablate.feature_scores(columns, occurrences)
+    assert "negation" in scores and "object" in scores and set(scores) == {f for f, o in occurrences.items() if o}
+    no_verbs = {**occurrences, "verb": []}
+    assert "verb" not in ablate.feature_scores(columns, no_verbs)  # sequences without the feature are skipped
+    for feature, where in occurrences.items():
+        for layer, head in np.ndindex(2, 3):
+            a = attn[layer, 0, head]
+            slow = max(sum(a[t, s] for t in range(n) for s in pieces) / n for pieces in where) if where else None
+            if slow is not None:
+                assert scores[feature][layer, head] == pytest.approx(slow)
+
+
+def test_streamed_summaries_equal_per_sequence_attention(model, tokenizer):
+    texts = [("The cat sat on the mat.", "It did not move."), ("A dog barked.", "Nobody heard it at all.")]
+    words = [[("cat", "NOUN", "nsubj"), ("sat", "VERB", "root")], [("It", "PRON", "nsubj"), ("not", "PART", "neg")],
+             [("dog", "NOUN", "nsubj"), ("barked", "VERB", "root")], [("Nobody", "PRON", "nsubj"), ("it", "PRON", "dobj")]]  # fmt: skip
+    parses = [(_words(a, words[2 * i]), _words(b, words[2 * i + 1])) for i, (a, b) in enumerate(texts)]
+    word_texts = {
+        i: [text[w.start : w.end] for text, parse in zip(pair, parses[i], strict=True) for w in parse]
+        for i, pair in enumerate(texts)
+    }
+    seqs = encode_batch(tokenizer, texts, parses)
+    summary = ablate.summarise_sequences(ablate.make_summariser(model), seqs, word_texts, 4, (N_LAYERS, N_HEADS))
+    counts = np.zeros((N_LAYERS, N_HEADS, len(ablate.PATTERNS)), int)
+    sums = {}
+    for seq in seqs:
+        attn = np.stack(model(seq.input_ids[None], output_attentions=True, token_type_ids=seq.token_type_ids[None]).attentions)
+        real = np.ones((1, seq.length), bool)
+        v, d, b = ablate.pattern_quantities(attn, real, seq.special[None], seq.token_type_ids[None])
+        for layer, head in np.ndindex(N_LAYERS, N_HEADS):
+            counts[layer, head, ablate.classify_patterns(v, d, b, True)[layer, 0, head]] += 1
+        scores = ablate.feature_scores(ablate.column_mass(attn, real)[:, 0], ablate.feature_occurrences(seq, word_texts[seq.index]))
+        for feature, score in scores.items():
+            sums[feature] = sums.get(feature, 0) + score
+    np.testing.assert_array_equal(summary.pattern_counts, counts)
+    assert summary.feature_sequences == {f: 2 if f in ("noun", "verb", "pronoun", "subject", "negation", "[CLS]", "[SEP]") else 1 if f == "object" else 0 for f in ablate.FEATURES}
+    for feature, total in sums.items():
+        np.testing.assert_allclose(summary.feature_sums[feature], total, rtol=1e-5, atol=1e-7)
+
+
+def test_cli_patterns_and_features_against_a_second_checkpoint(tiny_ckpt, tokenizer, shared_data, tmp_path):
+    other = tmp_path / "other"
+    bertjax.save_pretrained(tiny_classifier(seed=9), other)
+    tokenizer.save_pretrained(other)
+    out = tmp_path / "out"
+    ablate.main([
+        "--ckpt", str(tiny_ckpt), "--compare-ckpt", str(other), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
+        "--n", "6", "--batch-size", "8", "--analyses", "patterns,features", "--cache-dir", str(tmp_path / "cache"),
+        "--out", str(out),
+    ])  # fmt: skip
+    shares = pd.read_csv(out / "pattern_shares.csv")
+    assert shares["pattern"].tolist() == list(ablate.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS
+    assert shares["share"].sum() == pytest.approx(1.0)
+    per_head = pd.read_csv(out / "mrpc_patterns.csv")
+    assert (per_head[list(ablate.PATTERNS)].sum(axis=1) == 6).all()
+    features = pd.read_csv(out / "mrpc_features.csv")
+    assert set(features["checkpoint"]) == {"fine-tuned", "pre-trained"}
+    assert (features[features["feature"] == "[CLS]"]["sequences"] == 6).all()
+    assert (out / "pattern_shares.png").is_file() and (out / "mrpc_features.svg").is_file()

@@ -1,0 +1,213 @@
+"""Michel et al. 2019: the head-mask gradient against the per-head identity, importance against a
+per-example loop, per-layer normalisation, the pruning schedule and orders, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pandas as pd
+import pytest
+from transformers import BertTokenizerFast
+
+import bertjax
+from analysis import ablation, prune
+
+N_LAYERS, N_HEADS, VOCAB = 2, 4, 50
+
+
+@pytest.fixture(scope="module")
+def model():
+    config = bertjax.BertConfig(
+        vocab_size=VOCAB, num_hidden_layers=N_LAYERS, hidden_size=32, num_attention_heads=N_HEADS,
+        intermediate_size=64, max_position_embeddings=32, num_labels=3,
+    )  # fmt: skip
+    return bertjax.init_model(config, "BertForSequenceClassification", seed=5)
+
+
+def _loss_through_head_outputs(model, ids, token_types, label, layer):
+    """The classifier's loss, recomputed by hand from layer `layer`'s per-head outputs o [1, T, H, d].
+
+    The attention of that layer is re-implemented here (q, k, v, softmax, P·V per head); everything
+    else reuses the model's own sub-modules. Returns o and a function o ↦ loss.
+    """
+    bert, cfg = model.bert, model.config
+    length = ids.shape[1]
+    real = jnp.ones((1, length), bool)
+    x = bert.embeddings(ids, token_types, jnp.arange(length)[None])
+    for below in bert.encoder.layer[:layer]:
+        x, _ = below(x, real, None, None, False)
+    block = bert.encoder.layer[layer]
+    attention = block.attention.self
+    split = lambda y: y.reshape(1, length, cfg.num_attention_heads, cfg.head_dim)
+    q, k, v = split(attention.query(x)), split(attention.key(x)), split(attention.value(x))
+    probs = jax.nn.softmax(jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(cfg.head_dim), axis=-1)
+    heads_out = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
+
+    def loss(o):
+        attended = block.attention.output(o.reshape(1, length, -1), x)
+        y = block.output(block.intermediate(attended), attended)
+        for above in bert.encoder.layer[layer + 1 :]:
+            y, _ = above(y, real, None, None, False)
+        logits = model.classifier(bert.pooler(y))
+        return optax.softmax_cross_entropy_with_integer_labels(logits, label)[0]
+
+    return heads_out, loss
+
+
+def test_mask_gradient_equals_sum_over_tokens_of_output_gradient_times_output(model):
+    rng = np.random.default_rng(0)
+    ids = jnp.asarray(rng.integers(1, VOCAB, size=(1, 11)), jnp.int32)
+    token_types = jnp.asarray(np.r_[np.zeros(6), np.ones(5)][None], jnp.int32)
+    label = jnp.array([2])
+
+    def loss_of_mask(head_mask):
+        logits = model(ids, None, token_types, head_mask=head_mask).logits
+        return optax.softmax_cross_entropy_with_integer_labels(logits, label)[0]
+
+    ones = jnp.ones((N_LAYERS, N_HEADS))
+    mask_gradient = np.asarray(jax.jit(jax.grad(loss_of_mask))(ones))
+    for layer in range(N_LAYERS):
+        heads_out, loss = _loss_through_head_outputs(model, ids, token_types, label, layer)
+        assert float(loss(heads_out)) == pytest.approx(float(loss_of_mask(ones)), rel=1e-5)
+        identity = np.asarray((jax.jit(jax.grad(loss))(heads_out) * heads_out).sum(axis=(0, 1, 3)))
+        np.testing.assert_allclose(mask_gradient[layer], identity, rtol=1e-4, atol=1e-7)
+    assert np.abs(mask_gradient).min() > 0  # every head matters a little: the identity is not 0 = 0
+
+
+@pytest.fixture(scope="module")
+def eval_set():
+    """7 examples of different lengths with padding, labels in 0..2, batches of 4 (one dummy row)."""
+    rng = np.random.default_rng(1)
+    lengths = np.array([5, 9, 12, 7, 16, 3, 10])
+    ids = np.zeros((7, 16), np.int32)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = rng.integers(1, VOCAB, size=n)
+    arrays = {
+        "input_ids": ids,
+        "attention_mask": (ids != 0).astype(np.int32),
+        "token_type_ids": np.zeros_like(ids),
+        "labels": rng.integers(0, 3, size=7).astype(np.int32),
+    }
+    return arrays, ablation.make_eval_set(arrays, 4, ("accuracy",))
+
+
+def test_importance_is_the_mean_absolute_per_example_gradient(model, eval_set):
+    arrays, batches = eval_set
+    evaluator = ablation.MaskedEvaluator(model, batches)
+    # One example at a time, in file order, padded as given: no sorting, buckets or vmap.
+    @jax.jit
+    def gradient(mask, ids, attention_mask, label):
+        def loss(mask):
+            logits = model(ids, attention_mask, head_mask=mask).logits
+            return optax.softmax_cross_entropy_with_integer_labels(logits, label)[0]
+
+        return jax.grad(loss)(mask)
+
+    unpruned = np.ones((N_LAYERS, N_HEADS), np.float32)
+    pruned = unpruned.copy()
+    pruned[1, [0, 3]] = 0.0
+    for head_mask in (unpruned, pruned):
+        slow = np.zeros((N_LAYERS, N_HEADS))
+        for i in range(len(arrays["labels"])):
+            one = slice(i, i + 1)
+            slow += np.abs(np.asarray(gradient(head_mask, arrays["input_ids"][one], arrays["attention_mask"][one], arrays["labels"][one])))
+        np.testing.assert_allclose(evaluator.mask_gradients(head_mask), slow / len(arrays["labels"]), rtol=1e-4, atol=1e-8)
+
+
+def test_normalise_per_layer_gives_unit_l2_rows():
+    importance = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    expected = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 0.0], [1 / math.sqrt(3)] * 3])
+    np.testing.assert_allclose(prune.normalise_per_layer(importance), expected)
+
+
+def test_pruning_counts_step_by_a_fraction_of_all_heads():
+    assert prune.pruning_counts(72, 0.1) == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65, 72]
+    assert prune.pruning_counts(144, 0.05)[:4] == [0, 7, 14, 22] and prune.pruning_counts(144, 0.05)[-1] == 144
+    assert len(prune.pruning_counts(144, 0.05)) == 21
+    assert prune.pruning_counts(8, 0.3) == [0, 2, 5, 7, 8]
+
+
+def test_pruning_by_importance_masks_the_least_important_remaining_heads():
+    importance = np.array([[0.5, 0.1, 0.9], [0.3, 0.2, 0.8]])
+    seen = []
+    steps, estimates = prune.prune_by_importance(importance, [0, 2, 4, 6], lambda m: seen.append(m.copy()) or float(m.sum()))
+    assert [s.heads_pruned for s in steps] == [0, 2, 4, 6] and [s.metric for s in steps] == [6, 4, 2, 0]
+    assert len(estimates) == 1
+    np.testing.assert_array_equal(seen[1], [[1, 0, 1], [1, 0, 1]])  # 0.1 and 0.2 go first
+    np.testing.assert_array_equal(seen[2], [[0, 0, 1], [0, 0, 1]])  # then 0.3 and 0.5
+
+
+def test_reestimation_uses_the_current_mask_and_only_ranks_remaining_heads():
+    masks_given = []
+
+    def reestimate(mask):
+        masks_given.append(mask.copy())
+        # Under the mask, head (1, 2) looks least important and an already-pruned head looks lowest of all.
+        return np.array([[0.0, 0.7, 0.6], [0.8, 0.9, 0.05]])
+
+    importance = np.array([[0.1, 0.5, 0.6], [0.7, 0.8, 0.9]])
+    steps, estimates = prune.prune_by_importance(importance, [0, 1, 2, 3], lambda m: 0.0, reestimate)
+    assert len(estimates) == 3 and len(masks_given) == 2
+    np.testing.assert_array_equal(masks_given[0], [[0, 1, 1], [1, 1, 1]])
+    np.testing.assert_array_equal(steps[2].mask, [[0, 1, 1], [1, 1, 0]])
+    np.testing.assert_array_equal(steps[3].mask, [[0, 1, 0], [1, 1, 0]])
+
+
+def test_prune_in_order_follows_the_given_order():
+    steps = prune.prune_in_order([5, 0, 3, 1, 2, 4], [0, 1, 3, 6], lambda m: float(m.sum()), (2, 3))
+    assert [s.metric for s in steps] == [6, 5, 3, 0]
+    np.testing.assert_array_equal(steps[2].mask, [[0, 1, 1], [0, 1, 0]])
+
+
+def test_heads_within_one_point_stops_at_the_first_drop():
+    curve = pd.DataFrame({"heads_pruned": [0, 7, 14, 22, 29], "metric": [0.80, 0.805, 0.79, 0.78, 0.795]})
+    assert prune.heads_within(curve) == 14  # 22 drops 2 points; the later recovery does not count
+    assert prune.heads_within(curve, tolerance=0.0) == 7
+
+
+def test_bad_flags_are_user_errors():
+    with pytest.raises(bertjax.UserError, match="--metric"):
+        prune.MichelConfig(ckpt="x", task="sst2", metric="f1")
+    with pytest.raises(bertjax.UserError, match="--prune-step"):
+        prune.MichelConfig(ckpt="x", prune_step=0.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, shared_data):
+    directory = tmp_path_factory.mktemp("tiny_classifier")
+    config = bertjax.BertConfig(
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, max_position_embeddings=128
+    )
+    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=2), directory)
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_data, tmp_path):
+    out = tmp_path / "out"
+    prune.main([
+        "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "8",
+        "--batch-size", "8", "--prune-step", "0.25", "--random-seeds", "2", "--reestimate", "--out", str(out),
+    ])  # fmt: skip
+    curve = pd.read_csv(out / "pruning.csv")
+    assert list(curve.columns) == ["fraction_pruned", "heads_pruned", "metric", "order"]
+    assert curve["order"].tolist() == ["importance"] * 5 + ["random"] * 5
+    assert curve["heads_pruned"].tolist()[:5] == [0, 2, 4, 6, 8]
+    seeds = pd.read_csv(out / "mrpc_pruning_random_seeds.csv")
+    np.testing.assert_allclose(curve["metric"][5:], seeds.groupby("heads_pruned")["metric"].mean())
+    # Nothing pruned: every order starts from the unpruned metric; all pruned: one value for all.
+    assert curve["metric"][0] == curve["metric"][5] and curve["metric"][4] == curve["metric"][9]
+    importance = pd.read_csv(out / "mrpc_importance.csv")
+    norms = importance.groupby("layer")["importance"].apply(lambda x: np.sqrt((x**2).sum()))
+    np.testing.assert_allclose(norms, 1.0, rtol=1e-6)
+    assert (out / "mrpc_pruning.png").is_file() and (out / "mrpc_importance.svg").is_file()
+    info = json.loads((out / "run.json").read_text())
+    assert info["result"]["importance_estimates"] == 4  # at ξ = 1, then after each of 3 partial steps
+    assert info["result"]["forward_passes_of_dev"] == 5 * 3
+    assert set(info["result"]["heads_prunable_within_one_point"]) == {"importance", "random"}
