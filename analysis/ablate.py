@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,7 +35,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
 from analysis.plots import save_figure
-from analysis.roles import LENGTH_BUCKET, batches, pad_batch, prepare_out, publish, resolve_tasks
+from analysis.roles import LENGTH_BUCKET, atomic_out, batches, pad_batch, resolve_tasks
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -390,15 +389,8 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
     """The whole analysis; returns per task what run.json records about it."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
-    out = Path(config.out).expanduser().resolve()
-    tmp = prepare_out(config)
-    try:
-        results = _run(config, tasks, tmp, started)
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return results
+    with atomic_out(config.out, config.overwrite) as tmp:
+        return _run(config, tasks, tmp, started)
 
 
 def _load(ckpt: str, step: int | None):

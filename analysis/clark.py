@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import shutil
 import time
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis import depheads, gradients, probes, surface
 from analysis.plots import save_figure
-from analysis.roles import prepare_out, publish
+from analysis.roles import atomic_out
 from analysis.wordattn import iter_word_attention, make_word_attention_fn
 from bertjax import cli, glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -142,14 +141,8 @@ def run(config: ClarkConfig) -> dict:
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    tmp = prepare_out(config)
-    try:
-        results = _run(config, source, gradients_ok, tmp)
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return results
+    with atomic_out(out, config.overwrite) as tmp:
+        return _run(config, source, gradients_ok, tmp)
 
 
 def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:

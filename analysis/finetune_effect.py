@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import shutil
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -162,15 +161,8 @@ def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     rc = config.data
     for post in config.posts:
         check_same_shape(rc.ckpt, post.ckpt)
-    out = Path(rc.out).expanduser().resolve()
-    tmp = roles.prepare_out(rc)
-    try:
-        tables = _run(config, tmp, started)
-        roles.publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return tables
+    with roles.atomic_out(rc.out, rc.overwrite) as tmp:
+        return _run(config, tmp, started)
 
 
 def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFrame]:

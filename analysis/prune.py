@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -26,7 +25,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
-from analysis.roles import prepare_out, publish
+from analysis.roles import atomic_out
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -170,15 +169,8 @@ def plot_pruning(curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, ta
 def run(config: MichelConfig) -> dict:
     """The whole analysis; returns what run.json records about the task."""
     started = time.perf_counter()
-    out = Path(config.out).expanduser().resolve()
-    tmp = prepare_out(config)
-    try:
-        result = _run(config, tmp, started)
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return result
+    with atomic_out(config.out, config.overwrite) as tmp:
+        return _run(config, tmp, started)
 
 
 def _run(config: MichelConfig, tmp: Path, started: float) -> dict:

@@ -12,6 +12,7 @@ leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -242,24 +243,29 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     return table, tau
 
 
-def prepare_out(config: RolesConfig) -> Path:
-    """A temporary directory beside --out (so the final rename is atomic); checks writability early."""
-    out = Path(config.out).expanduser().resolve()
+@contextlib.contextmanager
+def atomic_out(out: str | Path, overwrite: bool) -> Iterator[Path]:
+    """A temporary directory beside `--out` to write into; renamed to `--out` when the block
+    completes, removed if it raises, so an output directory is never half-written. Checks that
+    `--out` can be written before any work starts."""
+    out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not config.overwrite:
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        return Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     except OSError as e:
         raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
-
-
-def publish(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def run(config: RolesConfig) -> pd.DataFrame:
@@ -267,15 +273,8 @@ def run(config: RolesConfig) -> pd.DataFrame:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tasks = config_tasks(config)
-    out = Path(config.out).expanduser().resolve()
-    tmp = prepare_out(config)
-    try:
-        table = _run(config, tasks, tmp, timings, started)
-        publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return table
+    with atomic_out(config.out, config.overwrite) as tmp:
+        return _run(config, tasks, tmp, timings, started)
 
 
 @dataclasses.dataclass

@@ -18,7 +18,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -171,14 +170,8 @@ def run(config: TrackConfig) -> pd.DataFrame:
     tasks = roles.config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     # Re-running into the same --out is the point of the cache: a previous track output may go.
-    tmp = roles.prepare_out(dataclasses.replace(rc, overwrite=rc.overwrite or (out / TRACK_CSV).is_file()))
-    try:
-        table = _run(config, directory, steps, tasks, tmp, started)
-        roles.publish(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return table
+    with roles.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
+        return _run(config, directory, steps, tasks, tmp, started)
 
 
 def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
