@@ -346,6 +346,36 @@ def plot_score_distributions(
     return save_figure(fig, out_dir, stem)
 
 
+def panel_grid(
+    count: int,
+    panel_size: tuple[float, float],
+    margins: tuple[float, float],
+    xlabel: str,
+    ylabel: str | None = None,
+    max_cols: int = 4,
+) -> tuple[Figure, list[Axes]]:
+    """`count` panels of `panel_size` inches, at most `max_cols` a row, on shared axes (tick labels
+    on the outer panels only: clearer, and far quicker to lay out)."""
+    ncols = min(max_cols, count)
+    nrows = math.ceil(count / ncols)
+    fig = Figure(
+        figsize=(margins[0] + ncols * panel_size[0], margins[1] + nrows * panel_size[1]), layout="constrained"
+    )
+    grid = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
+    for spare in grid[count:]:
+        fig.delaxes(spare)
+    axes = list(grid[:count])
+    for col in range(ncols):
+        # The lowest real panel of the column: a removed spare below it took the labels away.
+        lowest = axes[col + ncols * ((count - 1 - col) // ncols)]
+        lowest.tick_params(labelbottom=True)
+        lowest.set_xlabel(xlabel, fontsize=8)
+    if ylabel is not None:
+        for ax in axes[::ncols]:
+            ax.set_ylabel(ylabel, fontsize=8)
+    return fig, axes
+
+
 def _heatmap_grid(
     values: pd.DataFrame,
     held: pd.DataFrame,
@@ -356,17 +386,9 @@ def _heatmap_grid(
     """One L × H panel per role on a shared norm; white dots mark the heads holding the role."""
     names = list(values.columns)
     n_layers, n_heads = values.index.levshape
-    ncols = min(4, len(names))
-    nrows = math.ceil(len(names) / ncols)
-    fig = Figure(
-        figsize=(1.2 + ncols * (0.8 + 0.25 * n_heads), 0.8 + nrows * (0.7 + 0.25 * n_layers)),
-        layout="constrained",
+    fig, axes = panel_grid(
+        len(names), (0.8 + 0.25 * n_heads, 0.7 + 0.25 * n_layers), margins=(1.2, 0.8), xlabel="head", ylabel="layer"
     )
-    # Shared axes keep tick labels on the outer panels only: clearer, and far quicker to lay out.
-    grid = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
-    for spare in grid[len(names) :]:
-        fig.delaxes(spare)
-    axes = list(grid[: len(names)])
     for ax, role in zip(axes, names, strict=True):
         mesh = ax.pcolormesh(
             np.arange(n_heads + 1) - 0.5,
@@ -385,13 +407,6 @@ def _heatmap_grid(
     axes[0].set_ylim(n_layers - 0.5, -0.5)
     axes[0].set_xticks(range(n_heads))
     axes[0].set_yticks(range(n_layers))
-    for col in range(ncols):
-        # The lowest real panel of the column: a removed spare below it took the labels away.
-        lowest = axes[col + ncols * ((len(names) - 1 - col) // ncols)]
-        lowest.tick_params(labelbottom=True)
-        lowest.set_xlabel("head", fontsize=8)
-    for ax in grid[::ncols]:
-        ax.set_ylabel("layer", fontsize=8)
     return fig, fig.colorbar(mesh, ax=axes, shrink=0.8, extend=extend)
 
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -304,17 +303,9 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
     grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)], names=["layer", "head"])
     colours = plots.role_colours(names)
-    ncols = min(4, len(names))
-    nrows = math.ceil(len(names) / ncols)
-    fig = Figure(
-        figsize=(1.2 + ncols * (1.2 + 0.22 * len(steps)), 1.0 + nrows * (0.8 + 0.035 * n_layers * n_heads)),
-        layout="constrained",
+    fig, axes = plots.panel_grid(
+        len(names), (1.2 + 0.22 * len(steps), 0.8 + 0.035 * n_layers * n_heads), margins=(1.2, 1.0), xlabel="step"
     )
-    # Shared axes: tick labels on the outer panels only, and a much quicker layout.
-    grid_axes = fig.subplots(nrows, ncols, squeeze=False, sharex=True, sharey=True).ravel()
-    for spare in grid_axes[len(names) :]:
-        fig.delaxes(spare)
-    axes = list(grid_axes[: len(names)])
     for ax, role in zip(axes, names, strict=True):
         part = rows[rows["role"] == role].set_index(["layer", "head", "step"])["assigned"].astype(float)
         cells = part.unstack("step").reindex(index=grid, columns=steps).to_numpy()
@@ -334,11 +325,6 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     axes[0].set_ylim(n_layers * n_heads - 0.5, -0.5)
     axes[0].set_yticks(np.arange(n_layers) * n_heads + (n_heads - 1) / 2, [f"L{layer}" for layer in range(n_layers)])
     axes[0].set_xticks(range(len(steps)), [str(s) for s in steps])
-    for col in range(ncols):
-        # The lowest real panel of the column: a removed spare below it took the labels away.
-        lowest = axes[col + ncols * ((len(names) - 1 - col) // ncols)]
-        lowest.tick_params(labelbottom=True)
-        lowest.set_xlabel("step", fontsize=8)
     fig.suptitle(
         f"{task}: which heads hold each role at each step "
         "(rows: heads by layer; light grey: not held; dark grey: untested)"
