@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
 from analysis.plots import save_figure
-from analysis.roles import LENGTH_BUCKET, atomic_out, batches, pad_batch, resolve_tasks
+from analysis.roles import atomic_out, padded_batches, resolve_tasks
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -235,29 +235,26 @@ def summarise_sequences(
     counts = np.zeros((*shape, len(PATTERNS)), np.int64)
     sums = {f: np.zeros(shape) for f in FEATURES}
     present = dict.fromkeys(FEATURES, 0)
-    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
-        for chunk in batches(seqs, batch_size):
-            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
-            arrays = pad_batch(chunk, batch_size, length)
-            special = np.zeros((batch_size, length), bool)
+    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+        length = arrays["input_ids"].shape[1]
+        special = np.zeros((batch_size, length), bool)
+        for row, seq in enumerate(chunk):
+            special[row, : seq.length] = seq.special
+        (v, d, b), columns = summariser(
+            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], special
+        )
+        used = slice(0, len(chunk))
+        paired = np.array([seq.num_segments == 2 for seq in chunk])[None, :, None]
+        v, d, b = (np.asarray(x)[:, used] for x in (v, d, b))
+        codes = classify_patterns(v, d, b, paired, thresholds)
+        counts += (codes[..., None] == np.arange(len(PATTERNS))).sum(axis=1)
+        if word_texts is not None:
+            columns = np.asarray(columns)
             for row, seq in enumerate(chunk):
-                special[row, : seq.length] = seq.special
-            (v, d, b), columns = summariser(
-                arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], special
-            )
-            used = slice(0, len(chunk))
-            paired = np.array([seq.num_segments == 2 for seq in chunk])[None, :, None]
-            v, d, b = (np.asarray(x)[:, used] for x in (v, d, b))
-            codes = classify_patterns(v, d, b, paired, thresholds)
-            counts += (codes[..., None] == np.arange(len(PATTERNS))).sum(axis=1)
-            if word_texts is not None:
-                columns = np.asarray(columns)
-                for row, seq in enumerate(chunk):
-                    occurrences = feature_occurrences(seq, word_texts[seq.index])
-                    for feature, score in feature_scores(columns[:, row], occurrences).items():
-                        sums[feature] += score
-                        present[feature] += 1
-            progress.update(len(chunk))
+                occurrences = feature_occurrences(seq, word_texts[seq.index])
+                for feature, score in feature_scores(columns[:, row], occurrences).items():
+                    sums[feature] += score
+                    present[feature] += 1
     return AttentionSummary(counts, sums, present)
 
 

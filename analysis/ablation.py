@@ -27,7 +27,7 @@ from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
 
 from analysis.plots import save_figure
-from analysis.roles import LENGTH_BUCKET
+from analysis.roles import bucketed
 from bertjax import glue
 from bertjax.errors import UserError
 
@@ -63,7 +63,7 @@ def make_eval_set(arrays: dict[str, np.ndarray], batch_size: int, metric_names: 
     batches = []
     for begin in range(0, len(order), batch_size):
         rows = order[begin : begin + batch_size]
-        width = min(-(-int(lengths[rows].max()) // LENGTH_BUCKET) * LENGTH_BUCKET, arrays["input_ids"].shape[1])
+        width = min(bucketed(int(lengths[rows].max())), arrays["input_ids"].shape[1])
         batch = {k: np.zeros((batch_size, width), np.int32) for k in glue.FEATURES}
         for k in glue.FEATURES:
             batch[k][: len(rows)] = arrays[k][rows, :width]

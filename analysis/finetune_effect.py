@@ -29,7 +29,6 @@ import pandas as pd
 from flax import nnx
 from matplotlib import colormaps
 from matplotlib.figure import Figure
-from tqdm import tqdm
 
 from analysis import plots, roles
 from analysis.track import layer_groups
@@ -124,14 +123,10 @@ def make_comparer(pre: nnx.Module, post: nnx.Module):
 def attention_similarity(comparer, seqs: Sequence[EncodedSequence], batch_size: int, desc: str) -> np.ndarray:
     """[L, H] cosine similarity averaged over the sequences, streamed batch by batch."""
     total, count = 0.0, 0
-    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
-        for chunk in roles.batches(seqs, batch_size):
-            length = -(-max(s.length for s in chunk) // roles.LENGTH_BUCKET) * roles.LENGTH_BUCKET
-            arrays = roles.pad_batch(chunk, batch_size, length)
-            cosine = np.asarray(comparer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"]))
-            total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
-            count += len(chunk)
-            progress.update(len(chunk))
+    for chunk, arrays in roles.padded_batches(seqs, batch_size, desc):
+        cosine = np.asarray(comparer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"]))
+        total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
+        count += len(chunk)
     return total / count
 
 

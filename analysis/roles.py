@@ -161,6 +161,22 @@ def batches(seqs: Sequence[EncodedSequence], size: int) -> Iterator[list[Encoded
         yield [seqs[i] for i in order[begin : begin + size]]
 
 
+def bucketed(length: int) -> int:
+    """`length` rounded up to a multiple of LENGTH_BUCKET: the padded size of a batch."""
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def padded_batches(
+    seqs: Sequence[EncodedSequence], batch_size: int, desc: str
+) -> Iterator[tuple[list[EncodedSequence], dict[str, np.ndarray]]]:
+    """(the sequences, their model inputs [batch_size, bucketed length]) of each length-sorted
+    batch, with a progress bar over the sequences."""
+    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
+        for chunk in batches(seqs, batch_size):
+            yield chunk, pad_batch(chunk, batch_size, bucketed(max(s.length for s in chunk)))
+            progress.update(len(chunk))
+
+
 def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> dict[str, np.ndarray]:
     """Model inputs padded to [batch_size, length]; missing rows are all-padding (no scored rows)."""
     arrays = {k: np.zeros((batch_size, length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -182,23 +198,20 @@ def score_task(
     absent = [r for r in roles if r not in present]
     collected: dict[str, list[np.ndarray]] = {r: [] for r in present}
     collected_index: dict[str, list[np.ndarray]] = {r: [] for r in present}
-    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
-        for chunk in batches(seqs, config.batch_size):
-            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
-            arrays = pad_batch(chunk, config.batch_size, length)
-            rows, sieves = build_batch(chunk, present, options, length)
-            rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
-            sieves = np.pad(sieves, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0), (0, 0)))
-            scores, counts = scorer(
-                arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves
-            )
-            scores, counts = np.asarray(scores), np.asarray(counts)
-            index = np.array([s.index for s in chunk])
-            for r, role in enumerate(present):
-                kept = counts[r, : len(chunk)] > 0
-                collected[role].append(scores[r, : len(chunk)][kept])
-                collected_index[role].append(index[kept])
-            progress.update(len(chunk))
+    for chunk, arrays in padded_batches(seqs, config.batch_size, desc):
+        length = arrays["input_ids"].shape[1]
+        rows, sieves = build_batch(chunk, present, options, length)
+        rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
+        sieves = np.pad(sieves, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0), (0, 0)))
+        scores, counts = scorer(
+            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves
+        )
+        scores, counts = np.asarray(scores), np.asarray(counts)
+        index = np.array([s.index for s in chunk])
+        for r, role in enumerate(present):
+            kept = counts[r, : len(chunk)] > 0
+            collected[role].append(scores[r, : len(chunk)][kept])
+            collected_index[role].append(index[kept])
     merged = {}
     merged_index = {}
     for role in present:

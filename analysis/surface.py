@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
 
-from analysis.roles import LENGTH_BUCKET, batches, pad_batch
+from analysis.roles import padded_batches
 from sieves.align import EncodedSequence
 
 STATISTICS = (
@@ -88,21 +87,18 @@ def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
 
 def key_flag_batches(seqs: Sequence[EncodedSequence], batch_size: int, punct_ids: Sequence[int], desc: str):
     """Padded model inputs plus the real-row mask and key flags of each length-sorted batch."""
-    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
-        for chunk in batches(seqs, batch_size):
-            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
-            arrays = pad_batch(chunk, batch_size, length)
-            # pad_batch gives the filler rows of a short last batch one real token; they are not data.
-            arrays["real"] = arrays["attention_mask"].copy()
-            arrays["real"][len(chunk) :] = 0
-            for name in ("is_cls", "is_sep", "is_punct"):
-                arrays[name] = np.zeros((batch_size, length), np.float32)
-            for b, seq in enumerate(chunk):
-                arrays["is_cls"][b, : seq.length] = seq.is_cls
-                arrays["is_sep"][b, : seq.length] = seq.is_sep
-                arrays["is_punct"][b, : seq.length] = np.isin(seq.input_ids, punct_ids) & ~seq.special
-            yield arrays
-            progress.update(len(chunk))
+    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+        length = arrays["input_ids"].shape[1]
+        # pad_batch gives the filler rows of a short last batch one real token; they are not data.
+        arrays["real"] = arrays["attention_mask"].copy()
+        arrays["real"][len(chunk) :] = 0
+        for name in ("is_cls", "is_sep", "is_punct"):
+            arrays[name] = np.zeros((batch_size, length), np.float32)
+        for b, seq in enumerate(chunk):
+            arrays["is_cls"][b, : seq.length] = seq.is_cls
+            arrays["is_sep"][b, : seq.length] = seq.is_sep
+            arrays["is_punct"][b, : seq.length] = np.isin(seq.input_ids, punct_ids) & ~seq.special
+        yield arrays
 
 
 def _jit_attention_fn(model: nnx.Module, reduce):

@@ -19,9 +19,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
 
-from analysis.roles import LENGTH_BUCKET, batches, pad_batch
+from analysis.roles import bucketed, padded_batches
 from sieves.align import EncodedSequence
 
 
@@ -92,38 +91,35 @@ def iter_word_attention(
 
     Words are padded like pieces (usually to the piece length itself: one compile per bucket).
     """
-    with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
-        for chunk in batches(seqs, batch_size):
-            length = -(-max(s.length for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET
-            arrays = pad_batch(chunk, batch_size, length)
-            # Truncation can leave more words than pieces; those words own no piece.
-            words = max(length, -(-max(len(s.word_dep) for s in chunk) // LENGTH_BUCKET) * LENGTH_BUCKET)
-            from_words = np.zeros((batch_size, words, length), np.float32)
-            to_words = np.zeros((batch_size, length, words), np.float32)
-            special = np.zeros((batch_size, length), np.float32)
-            for b, seq in enumerate(chunk):
-                num_words = len(seq.word_dep)
-                f, t = pooling_matrices(seq.word_ids, num_words, first_piece)
-                from_words[b, :num_words, : seq.length] = f
-                to_words[b, : seq.length, :num_words] = t
-                special[b, : seq.length] = seq.is_cls | seq.is_sep
-            maps, to_special, from_special, embeddings = (
-                np.asarray(x)
-                for x in run(
-                    arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"],
-                    from_words, to_words, special,
-                )
-            )  # fmt: skip
-            for b, seq in enumerate(chunk):
-                w = len(seq.word_dep)
-                yield WordAttention(
-                    maps=maps[b, :, :, :w, :w],
-                    to_special=to_special[b, :, :, :w],
-                    from_special=from_special[b, :, :, :w],
-                    embeddings=embeddings[b, :w],
-                    present=to_words[b, :, :w].any(axis=0),
-                    word_dep=seq.word_dep,
-                    word_head=seq.word_head,
-                    index=seq.index,
-                )
-            progress.update(len(chunk))
+    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+        length = arrays["input_ids"].shape[1]
+        # Truncation can leave more words than pieces; those words own no piece.
+        words = max(length, bucketed(max(len(s.word_dep) for s in chunk)))
+        from_words = np.zeros((batch_size, words, length), np.float32)
+        to_words = np.zeros((batch_size, length, words), np.float32)
+        special = np.zeros((batch_size, length), np.float32)
+        for b, seq in enumerate(chunk):
+            num_words = len(seq.word_dep)
+            f, t = pooling_matrices(seq.word_ids, num_words, first_piece)
+            from_words[b, :num_words, : seq.length] = f
+            to_words[b, : seq.length, :num_words] = t
+            special[b, : seq.length] = seq.is_cls | seq.is_sep
+        maps, to_special, from_special, embeddings = (
+            np.asarray(x)
+            for x in run(
+                arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"],
+                from_words, to_words, special,
+            )
+        )  # fmt: skip
+        for b, seq in enumerate(chunk):
+            w = len(seq.word_dep)
+            yield WordAttention(
+                maps=maps[b, :, :, :w, :w],
+                to_special=to_special[b, :, :, :w],
+                from_special=from_special[b, :, :, :w],
+                embeddings=embeddings[b, :w],
+                present=to_words[b, :, :w].any(axis=0),
+                word_dep=seq.word_dep,
+                word_head=seq.word_head,
+                index=seq.index,
+            )

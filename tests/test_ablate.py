@@ -12,7 +12,7 @@ import pytest
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import ablate, ablation
+from analysis import ablate, ablation, roles
 from bertjax import cli, glue
 from sieves.align import encode_batch
 from sieves.parse import Word
@@ -76,7 +76,7 @@ def test_eval_set_sorts_by_length_pads_to_buckets_and_marks_dummy_rows(mrpc_arra
     for batch in eval_set.batches:
         width = batch["input_ids"].shape[1]
         real = batch["attention_mask"][batch["valid"]].sum(1)
-        assert width % ablation.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + ablation.LENGTH_BUCKET
+        assert width % roles.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + roles.LENGTH_BUCKET
         assert (batch["attention_mask"][~batch["valid"]].sum(1) == 1).all()
 
 
