@@ -56,3 +56,18 @@ def minilm_tokenizer(minilm_path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(minilm_path)
+
+
+@pytest.fixture
+def cli_error(capsys):
+    """`cli_error(main, argv)` runs an entry point as `python -m` would (through `bertjax.cli.run`),
+    checks that it exits with status 2, and returns the last line it wrote to stderr."""
+    from bertjax import cli
+
+    def run(main, argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as exit_info:
+            cli.run(main, argv)
+        assert exit_info.value.code == 2
+        return capsys.readouterr().err.strip().splitlines()[-1]
+
+    return run

@@ -13,7 +13,7 @@ from transformers import BertTokenizerFast
 
 import bertjax
 from analysis import ablate, ablation, roles
-from bertjax import cli, glue
+from bertjax import glue
 from sieves.align import encode_batch
 from sieves.parse import Word
 
@@ -139,7 +139,7 @@ def tiny_ckpt(tmp_path_factory, tokenizer):
     return directory
 
 
-def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path, capsys):
+def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path, cli_error):
     out = tmp_path / "out"
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12",
             "--batch-size", "8", "--analyses", "disable", "--out", str(out)]  # fmt: skip
@@ -152,10 +152,7 @@ def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path
     assert info["tasks"]["mrpc"]["examples"] == 12
     assert not list(tmp_path.glob(".out.tmp-*"))
     # A second run into the same non-empty directory is a one-line user error.
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(ablate.main, argv)
-    assert exit_info.value.code == 2
-    assert "--overwrite" in capsys.readouterr().err
+    assert "--overwrite" in cli_error(ablate.main, argv)
 
 
 def test_unknown_analysis_is_a_user_error(tiny_ckpt):

@@ -12,7 +12,7 @@ import pytest
 from transformers import BertTokenizerFast
 
 import bertjax
-from bertjax import cli, glue
+from bertjax import glue
 from bertjax.glue import Example, encode, load_glue
 from train import finetune
 from train.checkpoints import CheckpointConfig, Checkpointer
@@ -287,13 +287,6 @@ def test_a_bertjax_pretraining_checkpoint_finetunes_on_sst2(shared_data, tmp_pat
 # -- one-line errors ---------------------------------------------------------------------------
 
 
-def _fails(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(finetune.main, argv)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -304,7 +297,7 @@ def _fails(argv: list[str], capsys) -> str:
         ("too_long", "data.max_seq_length 256 is not in [3, 128]"),
     ],
 )
-def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_path, capsys):
+def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_path, cli_error):
     task, init, glue_dir, extra = "mrpc", tiny_ckpt, shared_data / "glue", []
     if case == "unknown_task":
         task = "cola"
@@ -319,6 +312,6 @@ def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_pa
         task, extra = "sst2", ["best_metric=f1"]
     elif case == "too_long":
         extra = ["data.max_seq_length=256"]
-    message = _fails(_argv(task, init, tmp_path / "work", glue_dir, *extra), capsys)
+    message = cli_error(finetune.main, _argv(task, init, tmp_path / "work", glue_dir, *extra))
     assert message.startswith("error: ") and expected in message, message
     assert not (tmp_path / "work" / "checkpoints").exists()

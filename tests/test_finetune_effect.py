@@ -17,7 +17,6 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import finetune_effect as effect
 from analysis import roles as roles_cli
-from bertjax import cli
 
 
 def _tokenizer(shared_data: Path) -> BertTokenizerFast:
@@ -138,13 +137,6 @@ def test_post_specs_and_labels():
     assert effect.post_labels(["runs/x", "other/x", "runs/y/checkpoints/7"]) == ["x#1", "x#2", "y@7"]
 
 
-def _fails(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(effect.main, argv)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -153,13 +145,13 @@ def _fails(argv, capsys) -> str:
         ("missing_post", "no such checkpoint directory"),
     ],
 )
-def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_path, capsys):
+def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_path, cli_error):
     post = {"no_checkpoints": tmp_path, "missing_post": tmp_path / "nowhere"}.get(case)
     if case == "other_shape":
         post = tmp_path / "deeper"
         bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", num_hidden_layers=3)), post)
     argv = ["--pre", str(pre_ckpt), "--post", str(post), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
             "--out", str(tmp_path / "out")]  # fmt: skip
-    message = _fails(argv, capsys)
+    message = cli_error(effect.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()

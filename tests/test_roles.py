@@ -12,7 +12,6 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import roles as roles_cli
 from analysis import stats
-from bertjax import cli
 from sieves.align import EncodedSequence
 from sieves.builders import DEFAULT_ROLES, RELATIONS, SieveOptions, build_batch
 from sieves.kernel import sieve_scores
@@ -199,14 +198,6 @@ def test_rerun_reuses_the_parse_cache(tiny_run, monkeypatch):
     assert (out / "roles.csv").is_file()
 
 
-def _fails(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(roles_cli.main, argv)
-    assert exit_info.value.code == 2
-    lines = capsys.readouterr().err.strip().splitlines()
-    return lines[-1]
-
-
 def _bad_glue(tmp_path, text: str):
     (tmp_path / "glue" / "MRPC").mkdir(parents=True)
     (tmp_path / "glue" / "MRPC" / "dev.tsv").write_text(text)
@@ -227,7 +218,7 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("unwritable_out", "cannot write there"),
     ],
 )
-def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, shared_data, tmp_path, capsys):
+def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, shared_data, tmp_path, cli_error):
     out = tmp_path / "out"
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(out), "--n", "4"]
     if case == "unknown_task":
@@ -244,7 +235,7 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
         blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
         blocker.write_text("")
         argv[7] = str(blocker / "out")
-    message = _fails(argv, capsys)
+    message = cli_error(roles_cli.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not out.exists()
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]

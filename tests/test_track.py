@@ -17,7 +17,6 @@ import bertjax
 from analysis import roles as roles_cli
 from analysis import track
 from bertjax import checkpoint as ckpt
-from bertjax import cli
 
 STEPS = (1, 3, 10, 31, 96)
 
@@ -154,13 +153,6 @@ def test_held_fractions_count_heads():
                 assert fractions.loc[(step, name), role] == rows[rows.layer.isin(group)].assigned.sum() / 6
 
 
-def _fails(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(track.main, argv)
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -169,7 +161,7 @@ def _fails(argv, capsys) -> str:
         ("bad_steps", "--steps must be comma-separated integers"),
     ],
 )
-def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, capsys):
+def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, cli_error):
     argv = ["--run", str(run_dir), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(tmp_path / "out")]
     if case == "no_checkpoints":
         (tmp_path / "empty").mkdir()
@@ -178,13 +170,13 @@ def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path
         argv += ["--steps", "3,7"]
     elif case == "bad_steps":
         argv += ["--steps", "3,x"]
-    message = _fails(argv, capsys)
+    message = cli_error(track.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()
 
 
-def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, capsys):
+def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, cli_error):
     for step, tokenizer in ((1, "tokenizer"), (2, "other_tokenizer")):
         write_checkpoint(tmp_path / "run", step, seed=0, tokenizer=tokenizer)
-    message = _fails(["--run", str(tmp_path / "run"), "--task", "mrpc", "--out", str(tmp_path / "out")], capsys)
+    message = cli_error(track.main, ["--run", str(tmp_path / "run"), "--task", "mrpc", "--out", str(tmp_path / "out")])
     assert "the checkpoints use different tokenizers (step 1: tokenizer, step 2: other_tokenizer)" in message

@@ -16,7 +16,6 @@ import pytest
 from flax import nnx
 
 import bertjax
-from bertjax import cli
 from bertjax import checkpoint as ckpt
 from train import pretrain
 
@@ -165,13 +164,10 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(smoke_run, cor
         np.testing.assert_array_equal(resumed[key], value, err_msg=key)
 
 
-def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, capsys):
+def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, cli_error):
     argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(tmp_path / "nan"),
             *_overrides(corpus, 6, data_dir=str(prepared)), "optimizer.learning_rate=.inf", "checkpoint.steps=[1]"]  # fmt: skip
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(pretrain.main, argv)
-    assert exit_info.value.code == 2
-    message = capsys.readouterr().err.strip().splitlines()[-1]
+    message = cli_error(pretrain.main, argv)
     assert message == "error: non-finite loss or update at step 1; stopping (no checkpoint was written)"
     assert not (tmp_path / "nan" / "checkpoints" / "1").exists()
 
@@ -185,7 +181,7 @@ def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, capsys):
         ("other_shape", "holds a checkpoint of another model shape"),
     ],
 )
-def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, tmp_path, capsys):
+def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, tmp_path, cli_error):
     workdir = tmp_path / "work"
     overrides = _overrides(corpus, 2)
     if case == "unknown_key":
@@ -201,10 +197,7 @@ def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, t
         shutil.copytree(smoke_run / "checkpoints", workdir / "checkpoints")
         overrides += [f"data_dir={prepared}", "model.preset=mini"]
     argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir), *overrides]
-    with pytest.raises(SystemExit) as exit_info:
-        cli.run(pretrain.main, argv)
-    assert exit_info.value.code == 2
-    message = capsys.readouterr().err.strip().splitlines()[-1]
+    message = cli_error(pretrain.main, argv)
     assert message.startswith("error: ") and expected in message, message
 
 
