@@ -281,13 +281,16 @@ def atomic_out(out: str | Path, overwrite: bool) -> Iterator[Path]:
         raise
 
 
-def run(config: RolesConfig) -> pd.DataFrame:
-    """The whole analysis; returns the roles table (also written under config.out)."""
+def run(config: RolesConfig, parser=None) -> pd.DataFrame:
+    """The whole analysis; returns the roles table (also written under config.out).
+
+    `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
+    as `config` says), e.g. parses made elsewhere and shipped with the job."""
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tasks = config_tasks(config)
     with atomic_out(config.out, config.overwrite) as tmp:
-        return _run(config, tasks, tmp, timings, started)
+        return _run(config, tasks, tmp, timings, started, parser)
 
 
 @dataclasses.dataclass
@@ -338,7 +341,9 @@ def score_sequences(
     return results
 
 
-def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float) -> pd.DataFrame:
+def _run(
+    config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float, parser
+) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, step=config.step)
@@ -350,7 +355,8 @@ def _run(config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, fl
     data = load_tasks(config, tasks)
     data_files = data_file_hashes(data)
     timings["load_data"] = time.perf_counter() - clock
-    parser = make_parser(config)
+    if parser is None or config.parser != "spacy":
+        parser = make_parser(config)
     sequences = encode_tasks(config, data, tokenizer, parser, timings)
     results = score_sequences(scorer, sequences, config, timings)
 
