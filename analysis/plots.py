@@ -6,8 +6,14 @@ and leaks no open figures. Each function saves `<stem>.png` and `<stem>.svg` and
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -52,6 +58,9 @@ ROLE_COLOURS: Mapping[str, str] = MappingProxyType(
 EXTRA_COLOURS: tuple[str, ...] = (
     "#e6ab02", "#a6761d", "#e7298a", "#666666", "#1b9e77", "#d95f02", "#17becf", "#bcbd22",
 )  # fmt: skip
+# Starting a figure process (importing matplotlib and pandas, ~2 s) costs what drawing two to
+# three figures does, so a process is worth starting only for about four.
+FIGURES_PER_PROCESS = 4
 # −log10 p above this is one colour: p-values of 1e-300 would otherwise wash out the α threshold.
 NEG_LOG10_P_CAP = 10.0
 
@@ -66,6 +75,12 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     """Write `fig` as `<stem>.png` and `<stem>.svg` under `out_dir` (created if needed)."""
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
+    # The layout engine would run again inside each savefig; it is the dearest part of drawing
+    # these many-panel figures, and its result (in figure fractions) is the same for both files.
+    engine = fig.get_layout_engine()
+    if engine is not None:
+        engine.execute(fig)
+        fig.set_layout_engine("none")
     fig.savefig(paths[0], dpi=PNG_DPI)
     fig.savefig(paths[1])
     return paths
@@ -518,16 +533,71 @@ def plot_all(
     tau: float,
     alpha: float,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
+    workers: int | None = None,
 ) -> list[Path]:
-    """Every figure for every task in `roles`, stems prefixed with the task name."""
-    paths: list[Path] = []
+    """Every figure for every task in `roles`, stems prefixed with the task name.
+
+    Figures are drawn by `workers` processes (default: one per usable core, each with at least
+    FIGURES_PER_PROCESS figures to draw); matplotlib is single-threaded, and drawing is most of
+    an analysis' cost beyond the forward passes."""
+    jobs = []
     for task in pd.unique(roles["task"]):
-        paths += plot_role_grid(roles, task, out_dir, f"{task}_role_grid")
-        paths += plot_coarse_overlap(roles, task, out_dir, f"{task}_coarse_overlap", coarse=coarse)
-        paths += plot_score_distributions(
-            roles, scores, task, tau, alpha, out_dir, f"{task}_score_distributions"
-        )
-        paths += plot_mean_heatmaps(roles, task, tau, out_dir, f"{task}_mean_heatmaps")
-        paths += plot_p_heatmaps(roles, task, alpha, out_dir, f"{task}_p_heatmaps")
-        paths += plot_local_vs_syntactic(roles, task, out_dir, f"{task}_local_vs_syntactic")[0]
-    return paths
+        own = roles[roles["task"] == task]
+        jobs += [
+            (plot_role_grid, (own, task, out_dir, f"{task}_role_grid")),
+            (functools.partial(plot_coarse_overlap, coarse=dict(coarse)), (own, task, out_dir, f"{task}_coarse_overlap")),
+            (
+                plot_score_distributions,
+                (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir,
+                 f"{task}_score_distributions"),
+            ),  # fmt: skip
+            (plot_mean_heatmaps, (own, task, tau, out_dir, f"{task}_mean_heatmaps")),
+            (plot_p_heatmaps, (own, task, alpha, out_dir, f"{task}_p_heatmaps")),
+            (_local_vs_syntactic_paths, (own, task, out_dir, f"{task}_local_vs_syntactic")),
+        ]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if workers is None:
+        workers = min(len(os.sched_getaffinity(0)), len(jobs) // FIGURES_PER_PROCESS)
+    workers = min(workers, len(jobs))
+    if workers <= 1:
+        return _draw(jobs)
+    return _draw_in_processes(jobs, workers)
+
+
+def _draw(jobs: Sequence[tuple]) -> list[Path]:
+    return [path for fn, args in jobs for path in fn(*args)]
+
+
+def _draw_in_processes(jobs: Sequence[tuple], workers: int) -> list[Path]:
+    """`jobs` split over `workers` fresh `python -m analysis.plots` processes.
+
+    Fresh interpreters rather than multiprocessing: they import only matplotlib and pandas (not
+    the caller's JAX), never inherit JAX's threads as a fork would, and need no `__main__` guard
+    in the caller's script, as spawn and forkserver do."""
+    with tempfile.TemporaryDirectory(prefix="bertjax-figures-") as scratch:
+        shares = [(Path(scratch) / f"jobs{i}.pkl", Path(scratch) / f"paths{i}.pkl") for i in range(workers)]
+        for i, (jobs_file, _) in enumerate(shares):
+            jobs_file.write_bytes(pickle.dumps(jobs[i::workers]))
+        running = [
+            subprocess.Popen([sys.executable, "-m", "analysis.plots", str(jobs_file), str(paths_file)])
+            for jobs_file, paths_file in shares
+        ]
+        try:
+            failed = [p.returncode for p in running if p.wait() != 0]
+        finally:
+            for process in running:  # only on an interrupt: the others go with it
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        if failed:
+            raise RuntimeError(f"a figure process failed (exit {failed[0]}); see its error above")
+        drawn = [pickle.loads(paths_file.read_bytes()) for _, paths_file in shares]
+    return [path for share in drawn for path in share]
+
+
+def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    return plot_local_vs_syntactic(roles, task, out_dir, stem)[0]
+
+
+if __name__ == "__main__":  # a figure process of `_draw_in_processes`: JOBS_FILE PATHS_FILE
+    Path(sys.argv[2]).write_bytes(pickle.dumps(_draw(pickle.loads(Path(sys.argv[1]).read_bytes()))))

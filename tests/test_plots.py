@@ -186,3 +186,19 @@ def test_plot_all_writes_every_figure_as_png_and_svg(synthetic, tmp_path: Path) 
             assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 1000
         else:
             assert b"<svg" in data[:1000] and len(data) > 1000
+
+
+def test_figure_processes_draw_the_same_files_as_one_process(synthetic, tmp_path: Path) -> None:
+    roles, scores = synthetic
+    alone = plot_all(roles, scores, tmp_path / "alone", TAU, ALPHA, workers=1)
+    shared = plot_all(roles, scores, tmp_path / "shared", TAU, ALPHA, workers=3)
+    assert sorted(p.name for p in alone) == sorted(p.name for p in shared)
+    for path in alone:
+        if path.suffix == ".png":  # SVGs carry random clip-path ids; PNG pixels are deterministic
+            assert path.read_bytes() == (tmp_path / "shared" / path.name).read_bytes(), path.name
+
+
+def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None:
+    roles, scores = synthetic
+    with pytest.raises(RuntimeError, match="figure process failed"):
+        plot_all(roles.drop(columns="mean"), scores, tmp_path / "broken", TAU, ALPHA, workers=2)
