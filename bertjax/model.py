@@ -104,12 +104,23 @@ class BertEmbeddings(nnx.Module):
         self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs)
         self.LayerNorm = _layer_norm(config, rngs)
 
-    def __call__(self, input_ids, token_type_ids, position_ids, rngs=None) -> Array:
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings(position_ids)
-            + self.token_type_embeddings(token_type_ids)
+    def __call__(self, input_ids, token_type_ids, position_ids=None, rngs=None) -> Array:
+        """position_ids None: 0 … T-1 in every row."""
+        # The gradient of a lookup is a scatter-add, and on GPUs one into a few rows (2 token
+        # types, T positions, each hit by every sequence) serialises on its atomics: 49 of 124 ms
+        # of a BERT-base bf16 step at batch 256 on an H100. A slice and a select give the same
+        # values and turn those gradients into sums over the batch.
+        dtype = self.config.compute_dtype
+        if position_ids is None:
+            positions = self.position_embeddings.embedding[: input_ids.shape[-1]].astype(dtype)[None]
+        else:
+            positions = self.position_embeddings(position_ids)
+        types = self.token_type_embeddings.embedding[...].astype(dtype)
+        token_types = sum(
+            jnp.where((token_type_ids == t)[..., None], types[t], jnp.zeros((), dtype))
+            for t in range(self.config.type_vocab_size)
         )
+        x = self.word_embeddings(input_ids) + positions + token_types
         return _dropout(self.LayerNorm(x), self.config.hidden_dropout_prob, rngs)
 
 
@@ -273,8 +284,6 @@ class BertModel(nnx.Module):
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
-        if position_ids is None:
-            position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[-1]), input_ids.shape)
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
         real = attention_mask.astype(bool)
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)

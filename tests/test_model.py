@@ -248,3 +248,27 @@ def test_bf16_compute_keeps_fp32_params(minilm_path, minilm_batch, torch_minilm_
     hidden = np.asarray(out.last_hidden_state.astype(jnp.float32))
     # bf16 keeps ~3 significant digits; this bounds gross errors (a wrong cast), not precision.
     assert np.abs(hidden - torch_minilm_out.last_hidden_state.numpy())[real].mean() < 0.05
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_embeddings_by_slice_and_select_equal_the_lookups(dtype):
+    """The default positions (a slice) and the token types (a select) give exactly what the table
+    lookups give, and so do their gradients (sums over the batch instead of scatter-adds)."""
+    config = bertjax.preset("tiny", type_vocab_size=3, dtype=dtype)
+    embeddings = bertjax.model.BertEmbeddings(config, rngs=nnx.Rngs(params=1))
+    batch = _random_batch(config.vocab_size)
+    input_ids = jnp.asarray(batch["input_ids"])
+    token_type_ids = jnp.asarray(batch["token_type_ids"] + (np.arange(16) % 3 == 2))  # all three types
+    positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+
+    def by_lookup(e):
+        return e.word_embeddings(input_ids) + e.position_embeddings(positions) + e.token_type_embeddings(token_type_ids)
+
+    fast = nnx.jit(lambda e: e(input_ids, token_type_ids))(embeddings)
+    slow = nnx.jit(lambda e: e.LayerNorm(by_lookup(e)))(embeddings)
+    np.testing.assert_array_equal(np.asarray(fast, np.float32), np.asarray(slow, np.float32))
+    loss = lambda f: lambda e: (f(e).astype(jnp.float32) ** 2).sum()
+    fast_grad = nnx.grad(loss(lambda e: e(input_ids, token_type_ids)))(embeddings)
+    slow_grad = nnx.grad(loss(lambda e: e.LayerNorm(by_lookup(e))))(embeddings)
+    for (path, a), (_, b) in zip(nnx.to_flat_state(fast_grad), nnx.to_flat_state(slow_grad), strict=True):
+        np.testing.assert_allclose(np.asarray(a[...], np.float32), np.asarray(b[...], np.float32), rtol=1e-5, atol=1e-6, err_msg=str(path))
