@@ -54,11 +54,11 @@ def normalise_dep(label: str) -> str:
     return "dobj" if label == "obj" else label
 
 
-def _words_to_json(words: Parse) -> str:
+def parse_to_json(words: Parse) -> str:
     return json.dumps([[w.start, w.end, w.dep, w.head, w.pos] for w in words], separators=(",", ":"))
 
 
-def _words_from_json(payload: str) -> Parse:
+def parse_from_json(payload: str) -> Parse:
     return tuple(Word(*fields) for fields in json.loads(payload))
 
 
@@ -138,12 +138,12 @@ class SpacyParser:
         try:
             connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
             cached = _lookup(connection, list(keys.values()))
-            parsed = {text: _words_from_json(cached[keys[text]]) for text in unique if keys[text] in cached}
+            parsed = {text: parse_from_json(cached[keys[text]]) for text in unique if keys[text] in cached}
             todo = [text for text in unique if keys[text] not in cached]
             pending: list[tuple[str, str]] = []
             for text, words in zip(todo, self._run_spacy(todo), strict=True):
                 parsed[text] = words
-                pending.append((keys[text], _words_to_json(words)))
+                pending.append((keys[text], parse_to_json(words)))
                 if len(pending) >= self.batch_size:
                     _store(connection, pending)
                     pending = []

