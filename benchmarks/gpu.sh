@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
-# The accelerator rows of BENCHMARKS.md: BERT-base T = 128 bf16 pre-training steps (MFU) and the
-# 4-task analysis, on one GPU. Run from the repository root:
+# The accelerator rows of BENCHMARKS.md on one GPU: BERT-base T = 128 bf16 pre-training steps (MFU),
+# the step's kernel-level profile, and the 4-task analysis. Run from the repository root:
 #   bash benchmarks/gpu.sh OUT_DIR GLUE_DIR VOCAB PARSES
 # PARSES: a JSON from `python -m benchmarks.roles_overhead ... --export-parses` (lets a machine
-# without spaCy analyse exactly the parses made elsewhere); every line lands in OUT_DIR/*.jsonl.
+# without spaCy analyse exactly the parses made elsewhere). JSON lines land in OUT_DIR/*.jsonl and
+# the profiler trace under OUT_DIR/trace (read it with `python -m benchmarks.trace_kernels`).
 set -euo pipefail
 out=$1 glue=$2 vocab=$3 parses=$4
+py=${PYTHON:-python3}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
-for batch in 128 256 512; do
-  python3 -m benchmarks.train_step --preset base --backends bertjax --dtype bfloat16 \
-    --batch-size "$batch" --repeat 20 | tee -a "$out/train_step.jsonl"
-done
-python3 -m benchmarks.roles_overhead --random-preset base --vocab "$vocab" --glue-dir "$glue" \
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
+"$py" -m benchmarks.train_step --preset base --backends bertjax --dtype bfloat16 --batch-size 256 \
+  --repeat 20 | tee -a "$out/train_step.jsonl"
+"$py" -m benchmarks.step_profile --preset base --batch-size 256 --parts forward,step --repeat 20 \
+  --trace "$out/trace" | tee -a "$out/step_profile.jsonl"
+"$py" -m benchmarks.roles_overhead --random-preset base --vocab "$vocab" --glue-dir "$glue" \
   --tasks qnli,qqp:dev mrpc,sst2:train --parses "$parses" --repeat 3 | tee -a "$out/roles_overhead.jsonl"

@@ -105,3 +105,23 @@ def test_input_pipeline_runs_on_a_tiny_shape(shared_data, capsys):
     assert prepared["documents"] == 3 and prepared["instances"] > 8
     assert prepared["tokenize_tokens_per_s"] > prepared["tokens_per_s"] > 0
     assert delivered["sequences_per_s"] == pytest.approx(4 * 8 / delivered["median_s"])
+
+
+def test_step_profile_runs_on_a_tiny_shape(tmp_path, capsys):
+    from benchmarks import step_profile
+
+    step_profile.main(["--preset", "tiny", "--batch-size", "2", "--seq-len", "16", "--dtype", "float32",
+                       "--repeat", "1", "--parts", "forward,step", "--trace", str(tmp_path)])  # fmt: skip
+    forward, step = json_lines(capsys.readouterr().out)
+    assert (forward["part"], step["part"]) == ("forward", "step")
+    assert all(r["runs"] == 1 and r["median_s"] > 0 and r["compile_s"] > 0 for r in (forward, step))
+    assert len(list((tmp_path / "step").rglob("*.xplane.pb"))) == 1
+
+
+def test_trace_kernels_sorts_kernels_by_kind():
+    from benchmarks.trace_kernels import kind
+
+    assert kind("nvjet_sm90_tst_128x160_64x5_2x1_v_bz_NNT") == kind("gemm_fusion_dot_530") == "matmul"
+    assert kind("input_scatter_fusion_1") == "scatter"
+    assert kind("input_add_reduce_fusion_8") == "reduction fusion"
+    assert kind("loop_convert_multiply_fusion_11") == "other fusion"
