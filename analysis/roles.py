@@ -167,13 +167,14 @@ def bucketed(length: int) -> int:
 
 
 def padded_batches(
-    seqs: Sequence[EncodedSequence], batch_size: int, desc: str
+    seqs: Sequence[EncodedSequence], batch_size: int, desc: str, max_length: int | None = None
 ) -> Iterator[tuple[list[EncodedSequence], dict[str, np.ndarray]]]:
     """(the sequences, their model inputs [batch_size, bucketed length]) of each length-sorted
-    batch, with a progress bar over the sequences."""
+    batch, with a progress bar over the sequences; padding never goes past `max_length`."""
     with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
         for chunk in batches(seqs, batch_size):
-            yield chunk, pad_batch(chunk, batch_size, bucketed(max(s.length for s in chunk)))
+            length = bucketed(max(s.length for s in chunk))
+            yield chunk, pad_batch(chunk, batch_size, length if max_length is None else min(length, max_length))
             progress.update(len(chunk))
 
 
@@ -198,7 +199,7 @@ def score_task(
     absent = [r for r in roles if r not in present]
     collected: dict[str, list[np.ndarray]] = {r: [] for r in present}
     collected_index: dict[str, list[np.ndarray]] = {r: [] for r in present}
-    for chunk, arrays in padded_batches(seqs, config.batch_size, desc):
+    for chunk, arrays in padded_batches(seqs, config.batch_size, desc, config.max_length):
         length = arrays["input_ids"].shape[1]
         rows, sieves = build_batch(chunk, present, options, length)
         rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
@@ -341,6 +342,14 @@ def score_sequences(
     return results
 
 
+def fit_max_length(config: RolesConfig, positions: int) -> RolesConfig:
+    """`config` with `max_length` cut to the model's positions (run.json records the cut value)."""
+    if config.max_length <= positions:
+        return config
+    log.warning("--max-length %d exceeds the model's %d positions; truncating to %d", config.max_length, positions, positions)
+    return dataclasses.replace(config, max_length=positions)
+
+
 def _run(
     config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float, parser
 ) -> pd.DataFrame:
@@ -350,6 +359,7 @@ def _run(
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     scorer = make_scorer(model)
     timings["load_model"] = time.perf_counter() - clock
+    config = fit_max_length(config, model.config.max_position_embeddings)
 
     clock = time.perf_counter()
     data = load_tasks(config, tasks)

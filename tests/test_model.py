@@ -272,3 +272,9 @@ def test_embeddings_by_slice_and_select_equal_the_lookups(dtype):
     slow_grad = nnx.grad(loss(lambda e: e.LayerNorm(by_lookup(e))))(embeddings)
     for (path, a), (_, b) in zip(nnx.to_flat_state(fast_grad), nnx.to_flat_state(slow_grad), strict=True):
         np.testing.assert_allclose(np.asarray(a[...], np.float32), np.asarray(b[...], np.float32), rtol=1e-5, atol=1e-6, err_msg=str(path))
+
+
+def test_a_sequence_longer_than_the_positions_is_an_error(tiny_pretraining):
+    ids = jnp.ones((1, 65), jnp.int32)  # tiny_pretraining has 64 positions
+    with pytest.raises(bertjax.errors.UserError, match="65 tokens exceed the model's 64 positions"):
+        tiny_pretraining(ids)
