@@ -578,8 +578,11 @@ def _draw_in_processes(jobs: Sequence[tuple], workers: int) -> list[Path]:
         shares = [(Path(scratch) / f"jobs{i}.pkl", Path(scratch) / f"paths{i}.pkl") for i in range(workers)]
         for i, (jobs_file, _) in enumerate(shares):
             jobs_file.write_bytes(pickle.dumps(jobs[i::workers]))
+        # The package's own root first: the caller may have found `analysis` through its sys.path.
+        root = str(Path(__file__).resolve().parents[1])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         running = [
-            subprocess.Popen([sys.executable, "-m", "analysis.plots", str(jobs_file), str(paths_file)])
+            subprocess.Popen([sys.executable, "-m", "analysis.plots", str(jobs_file), str(paths_file)], env=env)
             for jobs_file, paths_file in shares
         ]
         try:

@@ -1,4 +1,4 @@
-"""What every benchmark shares: the machine description, timing, peak memory and the JSON lines.
+"""What every benchmark shares: the machine description, timing and the JSON lines.
 
 Each measurement is one JSON object on its own line of stdout, carrying the benchmark's name, its
 settings, the numbers and `machine` (CPU, cores, accelerator, versions, commit), so a line stands on
@@ -12,7 +12,6 @@ import datetime
 import json
 import os
 import platform
-import resource
 import statistics
 import sys
 import time
@@ -91,11 +90,6 @@ def time_calls(fn: Callable[[], Any], repeat: int, warmup: int = 1) -> list[floa
 def summary(times: list[float]) -> dict[str, float]:
     """Median and min of a list of seconds (the median is the number quoted; min shows the spread)."""
     return {"median_s": statistics.median(times), "min_s": min(times), "runs": len(times)}
-
-
-def peak_rss_mib(who: int = resource.RUSAGE_SELF) -> float:
-    """Peak resident set size of this process (or its waited-for children) in MiB."""
-    return resource.getrusage(who).ru_maxrss / 1024  # Linux reports KiB
 
 
 def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentParser:
