@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
 from analysis.plots import save_figure
-from analysis.roles import atomic_out, padded_batches, resolve_tasks
+from analysis.roles import atomic_out, fit_max_length, padded_batches, resolve_tasks
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -474,6 +474,7 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
     if "features" in config.analyses and config.compare_ckpt:
         checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step)}
     timings["load_model"] = time.perf_counter() - clock
+    config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     parser = None
     if "features" in config.analyses:

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis import depheads, gradients, probes, surface
 from analysis.plots import save_figure
-from analysis.roles import atomic_out
+from analysis.roles import atomic_out, fit_max_length
 from analysis.wordattn import iter_word_attention, make_word_attention_fn
 from bertjax import cli, glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -161,6 +161,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
     model = from_pretrained(config.ckpt, model_class, step=config.step)
     encoder = model.bert if "gradients" in wanted else model
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    config = fit_max_length(config, encoder.config.max_position_embeddings)
     layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
     punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))
     timings["load_model"] = time.perf_counter() - clock

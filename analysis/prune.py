@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
-from analysis.roles import atomic_out
+from analysis.roles import atomic_out, fit_max_length
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -180,6 +180,7 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step)
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     dev, files = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)

@@ -20,6 +20,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,7 @@ from sieves.kernel import sieve_scores
 from sieves.parse import SpacyParser, read_conllu
 
 log = logging.getLogger(__name__)
+C = TypeVar("C")
 
 CONLLU_TASK = "ud"
 LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
@@ -342,8 +344,9 @@ def score_sequences(
     return results
 
 
-def fit_max_length(config: RolesConfig, positions: int) -> RolesConfig:
-    """`config` with `max_length` cut to the model's positions (run.json records the cut value)."""
+def fit_max_length(config: C, positions: int) -> C:
+    """A run config (any dataclass with `max_length`) with `max_length` cut to the model's
+    positions; the CLIs save the config they ran with, so run.json records the cut value."""
     if config.max_length <= positions:
         return config
     log.warning("--max-length %d exceeds the model's %d positions; truncating to %d", config.max_length, positions, positions)

@@ -239,3 +239,12 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
     assert message.startswith("error: ") and expected in message
     assert not out.exists()
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
+def test_max_length_is_cut_to_the_model_positions():
+    from analysis.prune import MichelConfig
+
+    config = roles_cli.RolesConfig(ckpt="x", max_length=128)
+    assert roles_cli.fit_max_length(config, 512) is config
+    assert roles_cli.fit_max_length(config, 64).max_length == 64
+    assert roles_cli.fit_max_length(MichelConfig(ckpt="x"), 64) == MichelConfig(ckpt="x", max_length=64)
