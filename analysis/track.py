@@ -304,7 +304,13 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)], names=["layer", "head"])
     colours = plots.role_colours(names)
     fig, axes = plots.panel_grid(
-        len(names), (1.2 + 0.22 * len(steps), 0.8 + 0.035 * n_layers * n_heads), margins=(1.2, 1.0), xlabel="step"
+        len(names),
+        (max(0.9, 0.22 * len(steps)), max(0.9, 0.035 * n_layers * n_heads)),
+        f"{task}: which heads hold each role at each step\n"
+        "(rows: heads by layer; light grey: not held; dark grey: untested)",
+        xlabel="step",
+        # Room for step numbers written upright.
+        margins=plots.Margins(bottom=0.8),
     )
     for ax, role in zip(axes, names, strict=True):
         part = rows[rows["role"] == role].set_index(["layer", "head", "step"])["assigned"].astype(float)
@@ -325,10 +331,6 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     axes[0].set_ylim(n_layers * n_heads - 0.5, -0.5)
     axes[0].set_yticks(np.arange(n_layers) * n_heads + (n_heads - 1) / 2, [f"L{layer}" for layer in range(n_layers)])
     axes[0].set_xticks(range(len(steps)), [str(s) for s in steps])
-    fig.suptitle(
-        f"{task}: which heads hold each role at each step "
-        "(rows: heads by layer; light grey: not held; dark grey: untested)"
-    )
     return plots.save_figure(fig, out_dir, stem)
 
 

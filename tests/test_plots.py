@@ -8,9 +8,16 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import LogNorm
+
 from analysis.plots import (
+    _heatmap_grid,
+    _log_scale,
     coarse_combinations,
     head_order,
+    panel_grid,
     plot_all,
     plot_local_vs_syntactic,
     role_colours,
@@ -202,3 +209,31 @@ def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None
     roles, scores = synthetic
     with pytest.raises(RuntimeError, match="figure process failed"):
         plot_all(roles.drop(columns="mean"), scores, tmp_path / "broken", TAU, ALPHA, workers=2)
+
+
+@pytest.mark.parametrize("count", [1, 3, 4, 7, 12])
+def test_panel_grid_places_panels_apart_inside_the_figure(count: int) -> None:
+    fig, axes = panel_grid(count, (1.5, 1.0), "a title\nover two lines", xlabel="x", ylabel="y")
+    boxes = [ax.get_position() for ax in axes]
+    assert all(0 < b.x0 < b.x1 < 1 and 0 < b.y0 < b.y1 < 1 for b in boxes)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+    ncols = min(4, count)
+    # The x axis is drawn under the lowest panel of each column only, the y axis left of the first.
+    assert [ax.xaxis.get_visible() for ax in axes] == [i + ncols >= count for i in range(count)]
+    assert [ax.yaxis.get_visible() for ax in axes] == [i % ncols == 0 for i in range(count)]
+
+
+@pytest.mark.parametrize("layers,heads,roles", [(2, 2, 1), (3, 4, 3), (12, 12, 12)])
+def test_heatmap_grids_draw_nothing_outside_the_canvas(layers: int, heads: int, roles: int) -> None:
+    rng = np.random.default_rng(0)
+    names = list(FINE_ROLES)[:roles]
+    index = pd.MultiIndex.from_product([range(layers), range(heads)], names=["layer", "head"])
+    values = pd.DataFrame(rng.lognormal(size=(len(index), roles)), index=index, columns=names)
+    held = values > 2
+    for title in ("mrpc: mean sieve bias score per head\n(dot: role held; grey: no score)", "t"):
+        fig, colorbar = _heatmap_grid(values, held, LogNorm(1e-4, 10), colormaps["viridis"], "neither", title)
+        _log_scale(colorbar.ax, "y")  # plain-number labels, the widest ones: "0.0001"
+        colorbar.set_label("mean β (log scale)\nred line: τ = 3", fontsize=9)
+        drawn = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
+        assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, drawn
+        assert drawn.x1 <= fig.get_figwidth() + 0.01 and drawn.y1 <= fig.get_figheight() + 0.01, drawn
