@@ -179,7 +179,7 @@ class KovalevaConfig:
     compare_ckpt: str | None = None
     compare_step: int | None = None
     spacy_model: str | None = None
-    cache_dir: str = str(Path("~/.cache/bertjax").expanduser())
+    cache_dir: str = str(cli.CACHE_ROOT)
     out: str = "ablate_out"
     overwrite: bool = False
 

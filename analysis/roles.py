@@ -68,7 +68,7 @@ class RolesConfig:
     parser: str = "spacy"
     spacy_model: str | None = None
     conllu: str | None = None
-    cache_dir: str = str(Path("~/.cache/bertjax").expanduser())
+    cache_dir: str = str(cli.CACHE_ROOT)
     out: str = "roles_out"
     overwrite: bool = False
     figures: bool = True

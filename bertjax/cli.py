@@ -5,14 +5,21 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+import jax
 
 from bertjax.errors import UserError
+
+# Where bertjax keeps what it can recompute: parses, compiled XLA programs.
+CACHE_ROOT = Path("~/.cache/bertjax").expanduser()
 
 
 def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
     """Runs `main(argv)`; a `UserError` becomes `error: <message>` on stderr and exit status 2."""
     # force: absl (imported with jax) has already configured the root logger at WARNING.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    use_compilation_cache()
     try:
         main(argv)
     except UserError as e:
@@ -21,3 +28,12 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+
+
+def use_compilation_cache() -> None:
+    """Keeps compiled programs on disk (JAX's persistent cache, for compiles over a second), so a
+    new process skips XLA compilation it has done before: on a GPU, compiling an analysis' padded
+    batch shapes costs more than running them. `JAX_COMPILATION_CACHE_DIR` chooses another
+    directory and `JAX_ENABLE_COMPILATION_CACHE=false` turns it off."""
+    if jax.config.jax_compilation_cache_dir is None:
+        jax.config.update("jax_compilation_cache_dir", str(CACHE_ROOT / "xla"))

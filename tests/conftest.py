@@ -1,9 +1,22 @@
 """Shared pytest fixtures."""
 
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# The entry points keep compiled programs in ~/.cache/bertjax/xla; a test session keeps its own,
+# shared with the processes it starts and gone when it ends, so no test sees an earlier run's.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bertjax-test-xla-")
+    _SESSION_XLA_CACHE = os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+def pytest_unconfigure(config) -> None:
+    if "_SESSION_XLA_CACHE" in globals():
+        shutil.rmtree(_SESSION_XLA_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -228,6 +228,22 @@ def test_cli_reports_a_user_error_in_one_line(tmp_path):
     )
 
 
+def test_entry_points_keep_compiled_programs_in_the_bertjax_cache_unless_told_otherwise(monkeypatch, tmp_path):
+    from bertjax import cli
+
+    monkeypatch.setattr(cli, "CACHE_ROOT", tmp_path)
+    session_dir = jax.config.jax_compilation_cache_dir
+    try:
+        jax.config.update("jax_compilation_cache_dir", None)
+        cli.use_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == str(tmp_path / "xla")
+        jax.config.update("jax_compilation_cache_dir", "/chosen/by/JAX_COMPILATION_CACHE_DIR")
+        cli.use_compilation_cache()
+        assert jax.config.jax_compilation_cache_dir == "/chosen/by/JAX_COMPILATION_CACHE_DIR"
+    finally:
+        jax.config.update("jax_compilation_cache_dir", session_dir)
+
+
 def test_presets_and_hf_config(minilm_path):
     assert [(c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in bertjax.PRESETS.values()] == [
         (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)
