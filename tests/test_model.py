@@ -278,7 +278,9 @@ def test_embeddings_by_slice_and_select_equal_the_lookups(dtype):
     positions = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
 
     def by_lookup(e):
-        return e.word_embeddings(input_ids) + e.position_embeddings(positions) + e.token_type_embeddings(token_type_ids)
+        # Words by the model's own lookup (tested below): this test is about positions and types.
+        words = bertjax.model.lookup(e.word_embeddings.embedding[...], input_ids, e.config.compute_dtype)
+        return words + e.position_embeddings(positions) + e.token_type_embeddings(token_type_ids)
 
     fast = nnx.jit(lambda e: e(input_ids, token_type_ids))(embeddings)
     slow = nnx.jit(lambda e: e.LayerNorm(by_lookup(e)))(embeddings)
@@ -288,6 +290,33 @@ def test_embeddings_by_slice_and_select_equal_the_lookups(dtype):
     slow_grad = nnx.grad(loss(lambda e: e.LayerNorm(by_lookup(e))))(embeddings)
     for (path, a), (_, b) in zip(nnx.to_flat_state(fast_grad), nnx.to_flat_state(slow_grad), strict=True):
         np.testing.assert_allclose(np.asarray(a[...], np.float32), np.asarray(b[...], np.float32), rtol=1e-5, atol=1e-6, err_msg=str(path))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_word_lookup_sums_its_gradient_in_float32_on_every_platform_path(dtype):
+    """`lookup` gives the table's rows in the compute dtype, and its gradient, on the CPU path
+    (scatter-add) and on the accelerators' path (one-hot product) alike, is the float32 sum of each
+    id's cotangent rows, even for an id half the batch repeats."""
+    rng = np.random.default_rng(0)
+    table = jnp.asarray(rng.normal(size=(50, 8)), jnp.float32)
+    ids = rng.integers(0, 50, size=(64, 64))
+    ids[:, ::2] = 7  # 2,048 times, as [CLS], [SEP] or "the" recur in a batch
+    cotangent = jnp.asarray(rng.normal(size=(64, 64, 8)), dtype)
+    reference = np.zeros((50, 8))
+    np.add.at(reference, ids, np.asarray(cotangent.astype(jnp.float32), np.float64))
+    ids = jnp.asarray(ids, jnp.int32)
+    gradients = {}
+    for path in (bertjax.model.lookup, bertjax.model._gather_one_hot_grad):
+        rows, vjp = jax.vjp(lambda t: path(t, ids, dtype), table)
+        assert rows.dtype == dtype
+        np.testing.assert_array_equal(np.asarray(rows), np.asarray(table.astype(dtype))[np.asarray(ids)])
+        (gradients[path.__name__],) = vjp(cotangent)
+        assert gradients[path.__name__].dtype == jnp.float32
+        np.testing.assert_allclose(gradients[path.__name__], reference, rtol=1e-5, atol=1e-4, err_msg=path.__name__)
+    if dtype == jnp.bfloat16:
+        # What the lookup replaces: nnx.Embed casts the table first, and its gradient sums in bf16.
+        (bf16_sum,) = jax.vjp(lambda t: jnp.take(t.astype(dtype), ids, axis=0), table)[1](cotangent)
+        assert np.abs(np.asarray(bf16_sum) - reference)[7].max() > 100 * np.abs(gradients["lookup"] - reference)[7].max()
 
 
 def test_a_sequence_longer_than_the_positions_is_an_error(tiny_pretraining):
