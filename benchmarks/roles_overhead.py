@@ -29,6 +29,7 @@ from flax import nnx
 
 from analysis import roles
 from benchmarks import common
+from bertjax import cli
 from bertjax.config import preset
 from bertjax.pretrained import from_pretrained, init_model, load_tokenizer, save_pretrained
 from sieves.parse import Parse, parse_from_json, parse_to_json
@@ -199,6 +200,9 @@ def parse_args(argv: list[str] | None):
 
 
 def main(argv: list[str] | None = None) -> None:
+    # As the CLI does: with a cache left by an earlier process, `first_run_s` is a cold process's
+    # run without XLA compilation.
+    cli.use_compilation_cache()
     run(parse_args(argv))
 
 
