@@ -37,6 +37,7 @@ from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES
+from sieves.kernel import sieve_scores
 
 # Fig. 6's bars: the four coarse roles, then the delimiter's two halves on their own.
 BARS: tuple[tuple[str, str], ...] = (
@@ -103,31 +104,42 @@ def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Ar
 
 
 def make_comparer(pre: nnx.Module, post: nnx.Module):
-    """One jitted function: both forward passes, then the per-example cosine of every head."""
+    """One jitted function, one forward pass of each model: β of every role, layer and head for
+    both, the rows' counts, and the per-example cosine of every head's attention maps."""
     pre_graph, pre_state = nnx.split(pre)
     post_graph, post_state = nnx.split(post)
     key = (type(pre), pre.config, type(post), post.config)
     if key not in _COMPARERS:
 
         @jax.jit
-        def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids):
-            a = nnx.merge(pre_graph, pre_state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-            b = nnx.merge(post_graph, post_state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-            return attention_cosine(jnp.stack(a.attentions), jnp.stack(b.attentions), attention_mask.astype(bool))
+        def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
+            real = attention_mask.astype(bool)
+            attend = lambda graph, state: jnp.stack(
+                nnx.merge(graph, state)(input_ids, attention_mask, token_type_ids, output_attentions=True).attentions
+            )
+            a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
+            pre_scores, counts = sieve_scores(a, real, rows, sieves)
+            post_scores, _ = sieve_scores(b, real, rows, sieves)
+            return pre_scores, post_scores, counts, attention_cosine(a, b, real)
 
         _COMPARERS[key] = compare
     compare = _COMPARERS[key]
     return lambda *arrays: compare(pre_state, post_state, *arrays)
 
 
-def attention_similarity(comparer, seqs: Sequence[EncodedSequence], batch_size: int, desc: str) -> np.ndarray:
-    """[L, H] cosine similarity averaged over the sequences, streamed batch by batch."""
-    total, count = 0.0, 0
-    for chunk, arrays in roles.padded_batches(seqs, batch_size, desc):
-        cosine = np.asarray(comparer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"]))
+def compare_task(
+    comparer, seqs: Sequence[EncodedSequence], config: roles.RolesConfig, desc: str
+) -> tuple[roles.TaskScores, roles.TaskScores, np.ndarray]:
+    """Pre and post β of the task's sequences and the [L, H] cosine similarity averaged over them,
+    streamed batch by batch."""
+    present, absent = roles.present_roles(seqs, config.roles)
+    before, after = roles.ScoreCollector(present), roles.ScoreCollector(present)
+    total = 0.0
+    for chunk, (pre_scores, post_scores, counts, cosine) in roles.scored_batches(comparer, seqs, present, config, desc):
+        before.add(chunk, pre_scores, counts)
+        after.add(chunk, post_scores, counts)
         total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
-        count += len(chunk)
-    return total / count
+    return before.result(absent, len(seqs)), after.result(absent, len(seqs)), total / len(seqs)
 
 
 # -- checks ----------------------------------------------------------------------------------------
@@ -172,19 +184,15 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
 
     clock = time.perf_counter()
     pre = from_pretrained(rc.ckpt)
-    pre_scores = roles.score_sequences(roles.make_scorer(pre), sequences, rc, {})
-    timings["pre"] = time.perf_counter() - clock
+    timings["load_pre"] = time.perf_counter() - clock
     n_layers = pre.config.num_hidden_layers
 
     changes, means, similarity = [], [], []
     for post in config.posts:
         clock = time.perf_counter()
-        model = from_pretrained(post.ckpt)
-        mine = {t: sequences[t] for t in post.tasks}
-        post_scores = roles.score_sequences(roles.make_scorer(model), mine, rc, {})
-        comparer = make_comparer(pre, model)
+        comparer = make_comparer(pre, from_pretrained(post.ckpt))
         for task in post.tasks:
-            before, after = pre_scores[task], post_scores[task]
+            before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
             head_before = {r: s.mean(axis=0) for r, s in before.scores.items()}
             head_after = {r: s.mean(axis=0) for r, s in after.scores.items()}
             bars = group_means(head_before, n_layers).merge(
@@ -197,7 +205,6 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
                 means.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
                                            "role": role, "n": len(before.scores[role]), "pre": head_before[role].ravel(),
                                            "post": head_after[role].ravel()}))  # fmt: skip
-            cosine = attention_similarity(comparer, sequences[task], rc.batch_size, f"{post.label} {task} cosine")
             layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
             similarity.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
                                             "n": len(sequences[task]), "cosine": cosine.ravel()}))  # fmt: skip

@@ -192,37 +192,62 @@ def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> 
     return arrays
 
 
-def score_task(
-    scorer, seqs: Sequence[EncodedSequence], roles: Sequence[str], config: RolesConfig, desc: str
-) -> TaskScores:
-    options = SieveOptions(window=config.window, special_rows=config.special_rows)
+def present_roles(seqs: Sequence[EncodedSequence], roles: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the roles these sequences define, those they do not): pair roles need two segments each."""
     paired = all(seq.num_segments == 2 for seq in seqs)
     present = [r for r in roles if paired or not get_role(r).needs_pair]
-    absent = [r for r in roles if r not in present]
-    collected: dict[str, list[np.ndarray]] = {r: [] for r in present}
-    collected_index: dict[str, list[np.ndarray]] = {r: [] for r in present}
+    return present, [r for r in roles if r not in present]
+
+
+def scored_batches(
+    scorer, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
+) -> Iterator[tuple[list[EncodedSequence], tuple[np.ndarray, ...]]]:
+    """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
+    sieves)` returns for it, on the host; the masks are those of the `present` roles."""
+    options = SieveOptions(window=config.window, special_rows=config.special_rows)
     for chunk, arrays in padded_batches(seqs, config.batch_size, desc, config.max_length):
         length = arrays["input_ids"].shape[1]
         rows, sieves = build_batch(chunk, present, options, length)
         rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
         sieves = np.pad(sieves, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0), (0, 0)))
-        scores, counts = scorer(
-            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves
-        )
-        scores, counts = np.asarray(scores), np.asarray(counts)
+        outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves)
+        yield chunk, tuple(np.asarray(x) for x in outputs)
+
+
+class ScoreCollector:
+    """Per-sequence scores gathered batch by batch, returned in file order as `TaskScores`."""
+
+    def __init__(self, present: Sequence[str]):
+        self.present = list(present)
+        self.scores: dict[str, list[np.ndarray]] = {r: [] for r in present}
+        self.indices: dict[str, list[np.ndarray]] = {r: [] for r in present}
+
+    def add(self, chunk: Sequence[EncodedSequence], scores: np.ndarray, counts: np.ndarray) -> None:
+        """scores [R, B, L, H] and counts [R, B] of a padded batch whose first rows are `chunk`."""
         index = np.array([s.index for s in chunk])
-        for r, role in enumerate(present):
+        for r, role in enumerate(self.present):
             kept = counts[r, : len(chunk)] > 0
-            collected[role].append(scores[r, : len(chunk)][kept])
-            collected_index[role].append(index[kept])
-    merged = {}
-    merged_index = {}
-    for role in present:
-        index = np.concatenate(collected_index[role])
-        order = np.argsort(index, kind="stable")  # back to file order
-        merged[role] = np.concatenate(collected[role])[order]
-        merged_index[role] = index[order]
-    return TaskScores(merged, merged_index, absent, len(seqs))
+            self.scores[role].append(scores[r, : len(chunk)][kept])
+            self.indices[role].append(index[kept])
+
+    def result(self, absent: list[str], n_sequences: int) -> TaskScores:
+        merged, merged_index = {}, {}
+        for role in self.present:
+            index = np.concatenate(self.indices[role])
+            order = np.argsort(index, kind="stable")  # back to file order
+            merged[role] = np.concatenate(self.scores[role])[order]
+            merged_index[role] = index[order]
+        return TaskScores(merged, merged_index, absent, n_sequences)
+
+
+def score_task(
+    scorer, seqs: Sequence[EncodedSequence], roles: Sequence[str], config: RolesConfig, desc: str
+) -> TaskScores:
+    present, absent = present_roles(seqs, roles)
+    collector = ScoreCollector(present)
+    for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
+        collector.add(chunk, scores, counts)
+    return collector.result(absent, len(seqs))
 
 
 def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.DataFrame, float]:
