@@ -90,6 +90,12 @@ def group_means(head_means: Mapping[str, np.ndarray], n_layers: int) -> pd.DataF
     return pd.DataFrame(rows)
 
 
+def mean_per_head(scores: np.ndarray) -> np.ndarray:
+    """[L, H] mean over the sequences of [n, L, H] scores; NaN where no sequence has a scored row
+    (a short --max-length can leave a role none)."""
+    return scores.mean(axis=0) if len(scores) else np.full(scores.shape[1:], np.nan)
+
+
 def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Array:
     """Cosine similarity of each head's attention map, flattened over real × real tokens.
 
@@ -165,9 +171,12 @@ def check_same_vocabulary(pre_tokenizer, post: str) -> None:
 def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     """Both comparisons for every post checkpoint; returns the tables (also written under --out)."""
     started = time.perf_counter()
-    rc = config.data
     for post in config.posts:
-        check_same_shape(rc.ckpt, post.ckpt)
+        check_same_shape(config.data.ckpt, post.ckpt)
+    # Cut before encoding: the sequences are encoded once, before any model is loaded.
+    positions = load_config(resolve(config.data.ckpt)).max_position_embeddings
+    config = dataclasses.replace(config, data=roles.fit_max_length(config.data, positions))
+    rc = config.data
     with roles.atomic_out(rc.out, rc.overwrite) as tmp:
         return _run(config, tmp, started)
 
@@ -193,8 +202,8 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
         comparer = make_comparer(pre, from_pretrained(post.ckpt))
         for task in post.tasks:
             before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
-            head_before = {r: s.mean(axis=0) for r, s in before.scores.items()}
-            head_after = {r: s.mean(axis=0) for r, s in after.scores.items()}
+            head_before = {r: mean_per_head(s) for r, s in before.scores.items()}
+            head_after = {r: mean_per_head(s) for r, s in after.scores.items()}
             bars = group_means(head_before, n_layers).merge(
                 group_means(head_after, n_layers), on=["group", "layers", "bar"], suffixes=("_pre", "_post")
             ).rename(columns={"mean_pre": "pre", "mean_post": "post"})

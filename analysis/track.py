@@ -33,7 +33,7 @@ from analysis.summary import ordered_roles
 from bertjax import checkpoint as ckpt
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 
 TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
@@ -163,9 +163,12 @@ def load_scores(path: Path) -> dict[str, roles.TaskScores]:
 def run(config: TrackConfig) -> pd.DataFrame:
     """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
     started = time.perf_counter()
-    rc = config.roles
-    directory, steps = run_steps(rc.ckpt, config.steps)
+    directory, steps = run_steps(config.roles.ckpt, config.steps)
     check_one_tokenizer(directory, steps)
+    # Cut before encoding: the sequences are encoded once, before any model is loaded.
+    positions = load_config(resolve(directory, steps[0])).max_position_embeddings
+    config = dataclasses.replace(config, roles=roles.fit_max_length(config.roles, positions))
+    rc = config.roles
     tasks = roles.config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     # Re-running into the same --out is the point of the cache: a previous track output may go.

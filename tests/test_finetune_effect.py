@@ -155,3 +155,15 @@ def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_pat
     message = cli_error(effect.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()
+
+
+def test_max_length_is_cut_to_the_checkpoints_positions(shared_data, flags, tmp_path):
+    """Sequences are encoded before any model loads; --max-length 32 on 16-position checkpoints
+    must be cut to 16 (and recorded), not fail on the first batch."""
+    pre = tmp_path / "short"
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=16), seed=1), pre)
+    _tokenizer(shared_data).save_pretrained(pre)
+    out = tmp_path / "effect"
+    effect.main(["--pre", str(pre), "--post", f"{pre}:mrpc", "--out", str(out), "--no-figures", *flags])
+    assert json.loads((out / "run.json").read_text())["config"]["data"]["max_length"] == 16
+    assert (pd.read_csv(out / "attention_similarity.csv")["cosine"] > 0.9999).all()

@@ -21,9 +21,11 @@ from bertjax import checkpoint as ckpt
 STEPS = (1, 3, 10, 31, 96)
 
 
-def write_checkpoint(workdir: Path, step: int, seed: int, tokenizer: str = "tokenizer", cls=bertjax.BertForPreTraining) -> None:
+def write_checkpoint(
+    workdir: Path, step: int, seed: int, tokenizer: str = "tokenizer", cls=bertjax.BertForPreTraining, positions: int = 128
+) -> None:
     """A random tiny model saved as a training step (params + meta), as the trainer does."""
-    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), cls, seed=seed)
+    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=positions), cls, seed=seed)
     manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
     params = ckpt.flatten_params(nnx.state(model, nnx.Param))
     manager.save(step, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, tokenizer, {}))))
@@ -180,3 +182,17 @@ def test_checkpoints_with_different_tokenizers_are_refused(tmp_path, cli_error):
         write_checkpoint(tmp_path / "run", step, seed=0, tokenizer=tokenizer)
     message = cli_error(track.main, ["--run", str(tmp_path / "run"), "--task", "mrpc", "--out", str(tmp_path / "out")])
     assert "the checkpoints use different tokenizers (step 1: tokenizer, step 2: other_tokenizer)" in message
+
+
+def test_max_length_is_cut_to_the_checkpoints_positions(shared_data, parse_cache, tmp_path):
+    """Sequences are encoded before any model loads; --max-length 32 on a 16-position run must be
+    cut to 16 (and recorded), not fail on the first batch."""
+    workdir = tmp_path / "short"
+    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True).save_pretrained(
+        workdir / "tokenizer"
+    )
+    write_checkpoint(workdir, 5, seed=0, positions=16)
+    out = tmp_path / "track"
+    track.main(["--run", str(workdir), "--out", str(out), "--no-figures", *_flags(shared_data, parse_cache)])
+    assert json.loads((out / "run.json").read_text())["config"]["roles"]["max_length"] == 16
+    assert set(pd.read_csv(out / track.TRACK_CSV)["step"]) == {5}
