@@ -7,6 +7,7 @@ torch is installed), a bertjax training run (orbax, see `bertjax.checkpoint`), o
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 from pathlib import Path
@@ -106,8 +107,7 @@ def from_pretrained(
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
     cls = model_class(cls)
-    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(params=seed)))
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
         file, tensors = _read_hf_tensors(source.path)
         leaves, missing = convert.from_hf(abstract_state, tensors, str(file))
@@ -124,6 +124,16 @@ def from_pretrained(
         leaves.update({p: initial[p].get_value() for p in missing})
     flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+@functools.cache
+def abstract_model(cls: type[nnx.Module], config: BertConfig) -> tuple[nnx.GraphDef, nnx.State]:
+    """(graph, state of shapes and dtypes) of a `cls` model: what a checkpoint's arrays fill.
+
+    Cached per architecture, since tracing the initialisation costs ~1.2 s at BERT-base size (each
+    RNG-counter update makes JAX describe a tracer), and `analysis.track` loads one architecture
+    once per checkpoint."""
+    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(params=0))))
 
 
 def _read_hf_tensors(directory: Path) -> tuple[Path, dict[str, np.ndarray]]:

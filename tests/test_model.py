@@ -195,6 +195,17 @@ def _write_tiny_hf(directory, tensors_edit):
     save_file(tensors, directory / "model.safetensors")
 
 
+def test_loads_of_one_architecture_share_its_traced_shapes_and_keep_their_own_weights(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    _write_tiny_hf(first, lambda t: None)
+    _write_tiny_hf(second, lambda t: t.update({k: v + 1 for k, v in t.items()}))
+    hits = bertjax.pretrained.abstract_model.cache_info().hits
+    a, b = bertjax.from_pretrained(first), bertjax.from_pretrained(second)
+    assert bertjax.pretrained.abstract_model.cache_info().hits >= hits + 1
+    for (path, x), (_, y) in zip(nnx.to_flat_state(nnx.state(a)), nnx.to_flat_state(nnx.state(b)), strict=True):
+        np.testing.assert_array_equal(np.asarray(y[...]), np.asarray(x[...]) + 1, err_msg=str(path))
+
+
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
