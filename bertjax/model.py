@@ -120,7 +120,7 @@ def _gather_fwd(table: Array, ids: Array, dtype: Any) -> tuple[Array, tuple[Arra
 
 def _one_hot_grad(dtype: Any, residuals: tuple[Array, Array], cotangent: Array) -> tuple[Array, None]:
     table, ids = residuals
-    one_hot = (ids[..., None] == jnp.arange(table.shape[0], dtype=ids.dtype)).astype(cotangent.dtype)
+    one_hot = jax.nn.one_hot(ids, table.shape[0], dtype=cotangent.dtype)
     # HIGHEST: a float32 cotangent must not be rounded to TF32 on the way into the product.
     grad = jnp.einsum(
         "...v,...d->vd", one_hot, cotangent, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32
@@ -158,7 +158,7 @@ class BertEmbeddings(nnx.Module):
             raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)")
         dtype = self.config.compute_dtype
         if position_ids is None:
-            positions = self.position_embeddings.embedding[: input_ids.shape[-1]].astype(dtype)[None]
+            positions = self.position_embeddings.embedding[:length].astype(dtype)[None]
         else:
             positions = self.position_embeddings(position_ids)
         types = self.token_type_embeddings.embedding[...].astype(dtype)
