@@ -46,6 +46,8 @@ def machine() -> dict[str, Any]:
         "platform": device.platform,
         "device": device.device_kind,
         "device_count": jax.device_count(),
+        # Flags change what XLA compiles (autotuning, fusion): a line must say which it ran under.
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
         "versions": {k: v for k, v in runinfo.versions().items() if v is not None},
     }
 

@@ -14,10 +14,15 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv 
   --repeat 20 | tee -a "$out/train_step.jsonl"
 "$py" -m benchmarks.step_profile --preset base --batch-size 256 --parts forward,step --repeat 20 \
   --trace "$out/trace" | tee -a "$out/step_profile.jsonl"
+roles() {
+  "$py" -m benchmarks.roles_overhead --random-preset base --vocab "$vocab" --glue-dir "$glue" \
+    --tasks qnli,qqp:dev mrpc,sst2:train --parses "$parses" "$@" | tee -a "$out/roles_overhead.jsonl"
+}
 # Twice, in fresh processes sharing a fresh compilation cache: the second's first_run_s is a new
 # process's analysis with the compiled programs on disk.
-export JAX_COMPILATION_CACHE_DIR="$out/xla-cache"
-for repeat in 3 1; do
-  "$py" -m benchmarks.roles_overhead --random-preset base --vocab "$vocab" --glue-dir "$glue" \
-    --tasks qnli,qqp:dev mrpc,sst2:train --parses "$parses" --repeat $repeat | tee -a "$out/roles_overhead.jsonl"
-done
+JAX_COMPILATION_CACHE_DIR="$out/xla-cache" roles --repeat 3
+JAX_COMPILATION_CACHE_DIR="$out/xla-cache" roles --repeat 1
+# Once more on an empty cache with XLA's GEMM autotuning off: the analysis's forward passes take
+# well under a second in all, so autotuning them may cost more than it saves (first_run_stages_s
+# shows the scoring stage, where compilation lands, beside the warm forward time).
+JAX_COMPILATION_CACHE_DIR="$out/xla-cache-untuned" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" roles --repeat 1
