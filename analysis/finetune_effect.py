@@ -139,7 +139,7 @@ def compare_task(
     """Pre and post β of the task's sequences and the [L, H] cosine similarity averaged over them,
     streamed batch by batch."""
     present, absent = roles.present_roles(seqs, config.roles)
-    before, after = roles.ScoreCollector(present), roles.ScoreCollector(present)
+    before, after = roles.ScoreCollector(config.roles, present), roles.ScoreCollector(config.roles, present)
     total = 0.0
     for chunk, (pre_scores, post_scores, counts, cosine) in roles.scored_batches(comparer, seqs, present, config, desc):
         before.add(chunk, pre_scores, counts)

@@ -89,6 +89,8 @@ class RolesConfig:
                 raise UserError(f"--tau must be a number or 'auto', got {self.tau!r}") from None
         for role in self.roles:
             get_role(role)
+        if len(set(self.roles)) < len(self.roles):
+            raise UserError(f"--roles names a role twice: {','.join(self.roles)}")
         if self.parser == "conllu" and not self.conllu:
             raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
 
@@ -203,13 +205,19 @@ def scored_batches(
     scorer, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
 ) -> Iterator[tuple[list[EncodedSequence], tuple[np.ndarray, ...]]]:
     """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
-    sieves)` returns for it, on the host; the masks are those of the `present` roles."""
+    sieves)` returns for it, on the host. The masks hold every role of `config.roles`, in that
+    order, and are empty for roles not `present`."""
     options = SieveOptions(window=config.window, special_rows=config.special_rows)
+    # The same role count for every task, so single-segment tasks (no `block`) reuse the pair
+    # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
+    # GPU, most of a cold run).
+    slots = [config.roles.index(role) for role in present]
     for chunk, arrays in padded_batches(seqs, config.batch_size, desc, config.max_length):
         length = arrays["input_ids"].shape[1]
-        rows, sieves = build_batch(chunk, present, options, length)
-        rows = np.pad(rows, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0)))
-        sieves = np.pad(sieves, ((0, 0), (0, config.batch_size - len(chunk)), (0, 0), (0, 0)))
+        built_rows, built_sieves = build_batch(chunk, present, options, length)
+        rows = np.zeros((len(config.roles), config.batch_size, length), bool)
+        sieves = np.zeros((len(config.roles), config.batch_size, length, length), bool)
+        rows[slots, : len(chunk)], sieves[slots, : len(chunk)] = built_rows, built_sieves
         outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves)
         yield chunk, tuple(np.asarray(x) for x in outputs)
 
@@ -217,15 +225,17 @@ def scored_batches(
 class ScoreCollector:
     """Per-sequence scores gathered batch by batch, returned in file order as `TaskScores`."""
 
-    def __init__(self, present: Sequence[str]):
+    def __init__(self, roles: Sequence[str], present: Sequence[str]):
+        self.slots = {role: list(roles).index(role) for role in present}
         self.present = list(present)
         self.scores: dict[str, list[np.ndarray]] = {r: [] for r in present}
         self.indices: dict[str, list[np.ndarray]] = {r: [] for r in present}
 
     def add(self, chunk: Sequence[EncodedSequence], scores: np.ndarray, counts: np.ndarray) -> None:
-        """scores [R, B, L, H] and counts [R, B] of a padded batch whose first rows are `chunk`."""
+        """scores [R, B, L, H] and counts [R, B] of a padded batch whose first rows are `chunk`,
+        one slot per role of `roles`."""
         index = np.array([s.index for s in chunk])
-        for r, role in enumerate(self.present):
+        for role, r in self.slots.items():
             kept = counts[r, : len(chunk)] > 0
             self.scores[role].append(scores[r, : len(chunk)][kept])
             self.indices[role].append(index[kept])
@@ -240,11 +250,9 @@ class ScoreCollector:
         return TaskScores(merged, merged_index, absent, n_sequences)
 
 
-def score_task(
-    scorer, seqs: Sequence[EncodedSequence], roles: Sequence[str], config: RolesConfig, desc: str
-) -> TaskScores:
-    present, absent = present_roles(seqs, roles)
-    collector = ScoreCollector(present)
+def score_task(scorer, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
+    present, absent = present_roles(seqs, config.roles)
+    collector = ScoreCollector(config.roles, present)
     for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
         collector.add(chunk, scores, counts)
     return collector.result(absent, len(seqs))
@@ -364,7 +372,7 @@ def score_sequences(
     results = {}
     for task, seqs in sequences.items():
         clock = time.perf_counter()
-        results[task] = score_task(scorer, seqs, config.roles, config, desc=f"{task} β")
+        results[task] = score_task(scorer, seqs, config, desc=f"{task} β")
         timings[f"{task}/score"] = time.perf_counter() - clock
     return results
 

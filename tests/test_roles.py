@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -185,6 +186,28 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
 
 
+def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_ckpt, shared_data, tmp_path):
+    config = roles_cli.RolesConfig(
+        ckpt=str(tiny_ckpt), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8
+    )
+    tokenizer = bertjax.load_tokenizer(str(tiny_ckpt))
+    parser = roles_cli.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
+    shapes = []
+
+    def scorer(input_ids, attention_mask, token_type_ids, rows, sieves):
+        shapes.append(sieves.shape)
+        return np.zeros(rows.shape[:2] + (2, 2), np.float32), rows.sum(axis=-1)
+
+    results = {}
+    for task in ("mrpc", "sst2"):
+        data = roles_cli.load_tasks(dataclasses.replace(config, task=task), [task])
+        seqs = roles_cli.encode_tasks(config, data, tokenizer, parser, {})[task]
+        results[task] = roles_cli.score_task(scorer, seqs, config, desc=task)
+    assert {shape[0] for shape in shapes} == {len(DEFAULT_ROLES)}  # SST-2 has no `block`, same count
+    assert "block" not in results["sst2"].scores and results["sst2"].absent == ["block"]
+    assert set(results["mrpc"].scores) == set(DEFAULT_ROLES)
+
+
 def test_rerun_reuses_the_parse_cache(tiny_run, monkeypatch):
     out, argv, _ = tiny_run
     from sieves import parse
@@ -215,6 +238,7 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("malformed_row", "dev.tsv:3"),
         ("empty_text", "dev.tsv:2"),
         ("n_zero", "error: --n must be at least 1, got 0"),
+        ("duplicate_role", "error: --roles names a role twice: local,cls,local"),
         ("unwritable_out", "cannot write there"),
     ],
 )
@@ -231,6 +255,8 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
         argv[5] = str(_bad_glue(tmp_path, HEADER + "1\t1\t2\t \tC d.\n"))
     elif case == "n_zero":
         argv[-1] = "0"
+    elif case == "duplicate_role":
+        argv += ["--roles", "local,cls,local"]
     elif case == "unwritable_out":
         blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
         blocker.write_text("")
