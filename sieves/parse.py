@@ -179,8 +179,9 @@ def _store(connection: sqlite3.Connection, rows: list[tuple[str, str]]) -> None:
 def read_conllu(path: Path, limit: int | None = None) -> list[tuple[str, Parse]]:
     """Read gold UD trees as (sentence text from `# text`, words) pairs, in file order.
 
-    Multiword-token lines (`3-4`) carry no syntax but give the character span shared by the
-    syntactic words inside them; empty nodes (`8.1`) are skipped. Labels are lower-cased with `obj`
+    Multiword-token lines (`3-4`) carry no syntax but give the characters of the syntactic words
+    inside them: each word its own part where the words spell the token (don't = do + n't), else
+    the whole token's span; empty nodes (`8.1`) are skipped. Labels are lower-cased with `obj`
     mapped to `dobj`; subtypes are kept, so `nsubj:pass` is not `nsubj` (as spaCy's separate
     `nsubjpass` is not), and the relation roles, which match exact labels, leave it out.
     """
@@ -210,6 +211,20 @@ def _sentence_blocks(lines: list[str]) -> Iterator[tuple[int, list[str]]]:
         yield len(lines) + 1 - len(block), block
 
 
+def _multiword_spans(span: tuple[int, int], form: str, word_forms: list[str]) -> list[tuple[int, int]]:
+    """Character spans of the words of a multiword token at `span`. English splits spell the token
+    (do + n't = don't, can + not, it + 's), so each word gets its own characters; a shared span would
+    give every wordpiece to the first word (the overlap tie rule) and leave `n't`, an advmod, with no
+    wordpiece. Splits that do not spell the token (French du = de + le) share its span."""
+    if "".join(word_forms).casefold() != form.casefold() or len("".join(word_forms)) != len(form):
+        return [span] * len(word_forms)
+    spans, start = [], span[0]
+    for word in word_forms:
+        spans.append((start, start + len(word)))
+        start += len(word)
+    return spans
+
+
 def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, Parse]:
     import conllu
 
@@ -226,10 +241,11 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
     deps: list[str] = []
     heads: list[int] = []
     tags: list[str] = []
+    word_forms = {token["id"]: token["form"] for token in sentence if isinstance(token["id"], int)}
     cursor = 0
     glued = False  # the previous surface token had SpaceAfter=No
     range_end = 0  # last word id covered by the current multiword token
-    range_span = (0, 0)
+    range_spans: dict[int, tuple[int, int]] = {}
     for token, line_number in zip(sentence, token_lines, strict=True):
         token_id = token["id"]
         if isinstance(token_id, tuple) and token_id[1] == ".":
@@ -248,10 +264,13 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
             cursor = span[1]
             glued = (token["misc"] or {}).get("SpaceAfter") == "No"
             if isinstance(token_id, tuple):
-                range_end, range_span = token_id[2], span
+                range_end = token_id[2]
+                ids = range(token_id[0], range_end + 1)
+                parts = _multiword_spans(span, form, [word_forms.get(i, "") for i in ids])
+                range_spans = dict(zip(ids, parts, strict=True))
                 continue
         else:
-            span = range_span
+            span = range_spans[token_id]
         head = token["head"]
         if not isinstance(head, int) or not isinstance(token_id, int) or token_id != len(spans) + 1:
             raise UserError(f"{path}:{line_number}: word ids must be 1, 2, ... with integer heads")

@@ -44,10 +44,10 @@ def test_ewt_dev_limit_and_subtypes(ud_english_ewt: Path) -> None:
     assert "nsubj:pass" in labels and "dobj" in labels and "obj" not in labels
 
 
-def test_ewt_dev_multiword_tokens_share_their_span(ud_english_ewt: Path) -> None:
+def test_ewt_dev_multiword_tokens_split_their_span(ud_english_ewt: Path) -> None:
     path = ud_english_ewt / "en_ewt-ud-dev.conllu"
     sentences = read_conllu(path)
-    # Find the first multiword token in the file and check its words against the parse.
+    # Every multiword token of the file, checked against its words in the parse.
     by_text = {}
     for block in path.read_text(encoding="utf-8").split("\n\n"):
         lines = block.splitlines()
@@ -55,14 +55,19 @@ def test_ewt_dev_multiword_tokens_share_their_span(ud_english_ewt: Path) -> None
         ranges = [row for row in fields if "-" in row[0]]
         if ranges:
             text = next(line[len("# text = ") :] for line in lines if line.startswith("# text = "))
-            by_text[text] = ranges
-    text, words = next((text, words) for text, words in sentences if text in by_text)
-    first, last = (int(part) for part in by_text[text][0][0].split("-"))
-    form = by_text[text][0][1]
-    shared = {(words[i - 1].start, words[i - 1].end) for i in range(first, last + 1)}
-    assert len(shared) == 1
-    start, end = shared.pop()
-    assert text[start:end] == form
+            by_text[text] = (ranges, {row[0]: row[1] for row in fields})
+    checked = 0
+    for text, words in sentences:
+        if text not in by_text:
+            continue
+        ranges, forms = by_text.pop(text)
+        for row in ranges:
+            first, last = (int(part) for part in row[0].split("-"))
+            parts = [text[words[i - 1].start : words[i - 1].end] for i in range(first, last + 1)]
+            assert "".join(parts) == row[1]  # contiguous, in order, covering the token
+            assert [p.casefold() for p in parts] == [forms[str(i)].casefold() for i in range(first, last + 1)]
+            checked += 1
+    assert checked > 100
 
 
 CONLLU = """\
@@ -91,8 +96,8 @@ def test_multiword_tokens_empty_nodes_and_space_after(tmp_path: Path) -> None:
     assert text == "I don't know,really."
     assert words == (
         Word(0, 1, "nsubj", 3, "PRON"),
-        Word(2, 7, "aux", 3, "AUX"),
-        Word(2, 7, "advmod", 3, "PART"),
+        Word(2, 4, "aux", 3, "AUX"),
+        Word(4, 7, "advmod", 3, "PART"),
         Word(8, 12, "root", 3, "VERB"),
         Word(12, 13, "punct", 5, "PUNCT"),
         Word(13, 19, "advmod", 3, "ADV"),
@@ -101,6 +106,17 @@ def test_multiword_tokens_empty_nodes_and_space_after(tmp_path: Path) -> None:
     assert text2 == "Eat  it"
     assert words2 == (Word(0, 3, "root", 0, "VERB"), Word(5, 7, "dobj", 0, "PRON"))
     assert len(read_conllu(path, limit=1)) == 1
+
+
+def test_a_multiword_token_its_words_do_not_spell_shares_its_span(tmp_path: Path) -> None:
+    path = tmp_path / "fr.conllu"
+    path.write_text(
+        "# text = du pain\n1-2\tdu\t_\t_\t_\t_\t_\t_\t_\t_\n1\tde\tde\tADP\t_\t_\t3\tcase\t_\t_\n"
+        "2\tle\tle\tDET\t_\t_\t3\tdet\t_\t_\n3\tpain\tpain\tNOUN\t_\t_\t0\troot\t_\t_\n",
+        encoding="utf-8",
+    )
+    ((text, words),) = read_conllu(path)
+    assert [(w.start, w.end) for w in words] == [(0, 2), (0, 2), (3, 7)]
 
 
 def test_form_missing_from_text_names_file_and_line(tmp_path: Path) -> None:
