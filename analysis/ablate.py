@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
 from analysis.plots import save_figure
-from analysis.roles import atomic_out, fit_max_length, padded_batches, resolve_tasks
+from analysis.roles import fit_max_length, padded_batches, resolve_tasks
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -386,7 +386,7 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
     """The whole analysis; returns per task what run.json records about it."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
-    with atomic_out(config.out, config.overwrite) as tmp:
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
         return _run(config, tasks, tmp, started)
 
 

@@ -26,7 +26,7 @@ from matplotlib.figure import Figure
 
 from analysis import depheads, gradients, probes, surface
 from analysis.plots import save_figure
-from analysis.roles import atomic_out, fit_max_length
+from analysis.roles import fit_max_length
 from analysis.wordattn import iter_word_attention, make_word_attention_fn
 from bertjax import cli, glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -141,7 +141,7 @@ def run(config: ClarkConfig) -> dict:
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    with atomic_out(out, config.overwrite) as tmp:
+    with runinfo.atomic_out(out, config.overwrite) as tmp:
         return _run(config, source, gradients_ok, tmp)
 
 

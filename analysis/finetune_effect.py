@@ -177,7 +177,7 @@ def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     positions = load_config(resolve(config.data.ckpt)).max_position_embeddings
     config = dataclasses.replace(config, data=roles.fit_max_length(config.data, positions))
     rc = config.data
-    with roles.atomic_out(rc.out, rc.overwrite) as tmp:
+    with runinfo.atomic_out(rc.out, rc.overwrite) as tmp:
         return _run(config, tmp, started)
 
 

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from analysis.ablation import MaskedEvaluator, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
-from analysis.roles import atomic_out, fit_max_length
+from analysis.roles import fit_max_length
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -169,7 +169,7 @@ def plot_pruning(curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, ta
 def run(config: MichelConfig) -> dict:
     """The whole analysis; returns what run.json records about the task."""
     started = time.perf_counter()
-    with atomic_out(config.out, config.overwrite) as tmp:
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
         return _run(config, tmp, started)
 
 

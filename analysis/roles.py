@@ -12,11 +12,9 @@ leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import logging
-import shutil
-import tempfile
+import math
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -42,6 +40,7 @@ log = logging.getLogger(__name__)
 C = TypeVar("C")
 
 CONLLU_TASK = "ud"
+MIN_LENGTH = 5
 LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
 _SCORERS: dict[tuple, object] = {}
 
@@ -84,9 +83,11 @@ class RolesConfig:
             raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         if self.tau != "auto":
             try:
-                float(self.tau)
+                finite = math.isfinite(float(self.tau))
             except ValueError:
-                raise UserError(f"--tau must be a number or 'auto', got {self.tau!r}") from None
+                finite = False
+            if not finite:
+                raise UserError(f"--tau must be a finite number or 'auto', got {self.tau!r}")
         for role in self.roles:
             get_role(role)
         if len(set(self.roles)) < len(self.roles):
@@ -292,31 +293,6 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     return table, tau
 
 
-@contextlib.contextmanager
-def atomic_out(out: str | Path, overwrite: bool) -> Iterator[Path]:
-    """A temporary directory beside `--out` to write into; renamed to `--out` when the block
-    completes, removed if it raises, so an output directory is never half-written. Checks that
-    `--out` can be written before any work starts."""
-    out = Path(out).expanduser().resolve()
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    except OSError as e:
-        raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
-    try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def run(config: RolesConfig, parser=None) -> pd.DataFrame:
     """The whole analysis; returns the roles table (also written under config.out).
 
@@ -325,7 +301,7 @@ def run(config: RolesConfig, parser=None) -> pd.DataFrame:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tasks = config_tasks(config)
-    with atomic_out(config.out, config.overwrite) as tmp:
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
         return _run(config, tasks, tmp, timings, started, parser)
 
 
@@ -380,6 +356,12 @@ def score_sequences(
 def fit_max_length(config: C, positions: int) -> C:
     """A run config (any dataclass with `max_length`) with `max_length` cut to the model's
     positions; the CLIs save the config they ran with, so run.json records the cut value."""
+    if config.max_length < MIN_LENGTH:
+        # Below this the tokenizer stops truncating (its special tokens alone fill the budget)
+        # instead of failing, and the batches then overflow.
+        raise UserError(
+            f"--max-length must be at least {MIN_LENGTH} ([CLS] A [SEP] B [SEP] with a wordpiece in each segment), got {config.max_length}"
+        )
     if config.max_length <= positions:
         return config
     log.warning("--max-length %d exceeds the model's %d positions; truncating to %d", config.max_length, positions, positions)

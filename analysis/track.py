@@ -172,7 +172,7 @@ def run(config: TrackConfig) -> pd.DataFrame:
     tasks = roles.config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     # Re-running into the same --out is the point of the cache: a previous track output may go.
-    with roles.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
+    with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
         return _run(config, directory, steps, tasks, tmp, started)
 
 

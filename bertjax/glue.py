@@ -170,7 +170,10 @@ def load_glue(
     if missing is not None:
         log.warning("%s not found; reading %s instead", missing, path)
     # islice stops before parsing row n+1, so a bad row past the first n is never an error.
-    return list(itertools.islice(_read_tsv(spec, path, labelled=split != "test"), n))
+    examples = list(itertools.islice(_read_tsv(spec, path, labelled=split != "test"), n))
+    if not examples:
+        raise UserError(f"{path}: no examples (a header and nothing else)")
+    return examples
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -243,6 +246,8 @@ def _load_hub(spec: TaskSpec, split: str, n: int | None) -> list[Example]:
         if label is not None and not 0 <= label < spec.num_labels:
             raise UserError(f"{source} row {index}: label {label} outside 0..{spec.num_labels - 1}")
         examples.append(Example(index, texts[0], texts[1] if spec.hub_text_b else None, label))
+    if not examples:
+        raise UserError(f"{source}: no examples")
     return examples
 
 

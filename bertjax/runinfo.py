@@ -1,17 +1,25 @@
-"""What every output directory records in its `run.json`: versions, commit, device, file hashes."""
+"""What every output directory records in its `run.json` (versions, commit, device, file hashes),
+and how it is written: whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import platform
+import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import jax
+
+from bertjax.errors import UserError
 
 PACKAGES = ("bertjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "transformers", "tokenizers", "spacy")
 
@@ -62,3 +70,41 @@ def write_run_json(directory: Path, info: dict[str, Any]) -> None:
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps({**info, **environment()}, indent=2, default=str) + "\n")
     tmp.replace(path)
+
+
+@contextlib.contextmanager
+def atomic_out(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """A temporary directory beside `--out` to write into; renamed to `--out` when the block
+    completes, removed if it raises, so an output directory is never half-written. Checks that
+    `--out` can be written before any work starts. `overwrite` replaces an earlier output (a
+    directory holding a run.json) and nothing else, so a mistyped `--out` cannot delete a folder of
+    other files."""
+    out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
+        if not (out / "run.json").is_file():
+            raise UserError(f"--out {out} is not an earlier output (it has no run.json); --overwrite replaces only those")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        # mkdtemp makes it private (0700); the output gets the mode any new directory would.
+        tmp.chmod(0o777 & ~_umask())
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+    try:
+        yield tmp
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -195,6 +195,8 @@ def read_conllu(path: Path, limit: int | None = None) -> list[tuple[str, Parse]]
         if limit is not None and len(sentences) >= limit:
             break
         sentences.append(_read_sentence(path, first_line, block))
+    if not sentences:
+        raise UserError(f"{path}: no sentences")
     return sentences
 
 

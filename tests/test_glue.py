@@ -115,6 +115,7 @@ def test_text_keeps_quotes_and_other_line_breaks(tmp_path: Path) -> None:
         (["sentence\tlabel", "fine\t"], r"dev\.tsv:2: label '' is not one of"),
         (["text\tlabel", "fine\t1"], r"dev\.tsv:1: header lacks column\(s\) 'sentence'"),
         ([], r"dev\.tsv:1: header lacks column"),
+        (["sentence\tlabel"], r"dev\.tsv: no examples \(a header and nothing else\)"),
     ],
 )
 def test_bad_rows_name_file_and_line(tmp_path: Path, lines: list[str], message: str) -> None:

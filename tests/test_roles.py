@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 
 import numpy as np
 import pandas as pd
@@ -184,6 +185,9 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     figures = {p.name for p in out.iterdir() if p.suffix in (".png", ".svg")}
     assert {"mrpc_role_grid.png", "mrpc_role_grid.svg", "sst2_role_grid.png"} <= figures
     assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's private 0700
 
 
 def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_ckpt, shared_data, tmp_path):
@@ -239,6 +243,8 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("empty_text", "dev.tsv:2"),
         ("n_zero", "error: --n must be at least 1, got 0"),
         ("duplicate_role", "error: --roles names a role twice: local,cls,local"),
+        ("max_length_tiny", "error: --max-length must be at least 5"),
+        ("tau_nan", "error: --tau must be a finite number or 'auto', got 'nan'"),
         ("unwritable_out", "cannot write there"),
     ],
 )
@@ -257,6 +263,10 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
         argv[-1] = "0"
     elif case == "duplicate_role":
         argv += ["--roles", "local,cls,local"]
+    elif case == "max_length_tiny":
+        argv += ["--max-length", "2"]
+    elif case == "tau_nan":
+        argv += ["--tau", "nan"]
     elif case == "unwritable_out":
         blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
         blocker.write_text("")
@@ -265,6 +275,17 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
     assert message.startswith("error: ") and expected in message
     assert not out.exists()
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
+
+
+def test_overwrite_replaces_only_an_earlier_output(tiny_run, tmp_path, cli_error):
+    _, argv, _ = tiny_run
+    foreign = tmp_path / "notes"
+    foreign.mkdir()
+    (foreign / "mine.txt").write_text("keep me")
+    out_at = argv.index("--out") + 1
+    message = cli_error(roles_cli.main, argv[:out_at] + [str(foreign)] + argv[out_at + 1 :] + ["--overwrite"])
+    assert message == f"error: --out {foreign} is not an earlier output (it has no run.json); --overwrite replaces only those"
+    assert [p.name for p in tmp_path.rglob("*")] == ["notes", "mine.txt"]
 
 
 def test_max_length_is_cut_to_the_model_positions():

@@ -119,6 +119,13 @@ def test_a_multiword_token_its_words_do_not_spell_shares_its_span(tmp_path: Path
     assert [(w.start, w.end) for w in words] == [(0, 2), (0, 2), (3, 7)]
 
 
+def test_a_file_without_sentences_is_an_error(tmp_path: Path) -> None:
+    path = tmp_path / "empty.conllu"
+    path.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"empty\.conllu: no sentences"):
+        read_conllu(path)
+
+
 def test_form_missing_from_text_names_file_and_line(tmp_path: Path) -> None:
     path = tmp_path / "bad.conllu"
     path.write_text(CONLLU.replace("6\treally\treally", "6\tsurely\treally"), encoding="utf-8")

@@ -26,7 +26,6 @@ import itertools
 import json
 import logging
 import shutil
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import cli
+from bertjax import cli, runinfo
 from bertjax.errors import UserError
 from train.config import load_config
 from train.corpora import (
@@ -278,17 +277,9 @@ def prepare(config: PrepareConfig, out_dir: Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir}: output directory exists and is not empty")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
-    try:
+    with runinfo.atomic_out(out_dir) as tmp:
         meta = _prepare_into(config, tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
-        if out_dir.exists():
-            out_dir.rmdir()
-        tmp.rename(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return meta
 
 
