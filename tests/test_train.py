@@ -151,6 +151,7 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(smoke_run, cor
 
     workdir = tmp_path / "corrupt"
     shutil.copytree(smoke_run, workdir, symlinks=True)
+    (workdir / "corrupt_checkpoints" / "12").mkdir(parents=True)  # set aside by an earlier run: kept
     for file in (workdir / "checkpoints" / "12" / "params").rglob("*"):
         if file.is_file() and file.stat().st_size > 0:
             file.write_bytes(b"\0" * 7)  # truncated, garbage
@@ -158,7 +159,8 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(smoke_run, cor
     caplog.set_level("ERROR")
     pretrain.run(config, workdir)
     assert "checkpoint step 12 is corrupt or partial" in caplog.text
-    assert (workdir / "corrupt_checkpoints" / "12").is_dir()
+    assert sorted(p.name for p in (workdir / "corrupt_checkpoints").iterdir()) == ["12", "12.1"]
+    assert (workdir / "corrupt_checkpoints" / "12.1" / "params").is_dir()
     resumed = _params(workdir)  # re-trained 8 → 12 from the good step-8 checkpoint
     for key, value in _params(smoke_run).items():
         np.testing.assert_array_equal(resumed[key], value, err_msg=key)
@@ -179,6 +181,8 @@ def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, cli_error):
         ("missing_vocab", "does-not-exist.txt: vocab_file does not exist"),
         ("empty_corpus", "has no text"),
         ("other_shape", "holds a checkpoint of another model shape"),
+        ("other_optimizer", "step 12 holds the state of another optimizer"),
+        ("empty_batch", "train.global_batch_size 0 must be a positive multiple of the 1 devices"),
     ],
 )
 def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, tmp_path, cli_error):
@@ -196,9 +200,37 @@ def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, t
 
         shutil.copytree(smoke_run / "checkpoints", workdir / "checkpoints")
         overrides += [f"data_dir={prepared}", "model.preset=mini"]
+    elif case == "other_optimizer":
+        import shutil
+
+        shutil.copytree(smoke_run / "checkpoints", workdir / "checkpoints")
+        overrides += [f"data_dir={prepared}", "optimizer.name=adamw"]
+    elif case == "empty_batch":  # the sharded check below meets a batch 8 devices cannot split
+        overrides += [f"data_dir={prepared}", "train.global_batch_size=0"]
     argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir), *overrides]
     message = cli_error(pretrain.main, argv)
     assert message.startswith("error: ") and expected in message, message
+    assert not (workdir / "corrupt_checkpoints").exists()
+
+
+def test_a_later_phase_keeps_the_steps_an_earlier_phase_kept(tmp_path):
+    from train.checkpoints import Checkpointer, CheckpointConfig
+
+    params, meta = {"w": np.zeros(2, np.float32)}, {"param_shapes": {}}
+    config = CheckpointConfig(every=100, keep=1, log_spaced=6)
+
+    def phase(total, first_step, saves):
+        checkpointer = Checkpointer(tmp_path, config, total, first_step=first_step)
+        for step in saves:
+            if checkpointer.should_save(step):
+                checkpointer.save(step, params, {"m": params["w"]}, {"step": step}, meta)
+        kept = checkpointer.steps()
+        checkpointer.close()
+        return kept
+
+    assert phase(300, 0, range(1, 301)) == [1, 3, 10, 31, 96, 300]
+    # Phase 2's own log-spaced steps over 1…310 would be 1, 3, 10, 31, 97, 310.
+    assert phase(310, 300, range(301, 311)) == [1, 3, 10, 31, 96, 300, 310]
 
 
 SHARDED_CHECK = r"""
@@ -229,6 +261,15 @@ def train(devices, data, fsdp, name):
         state, _ = trainer._step_fn(state, sharding.global_batch(next(batches), trainer.mesh), key)
     sharded = [s.spec for s in jax.tree.leaves(jax.tree.map(lambda x: x.sharding, state["params"]))]
     return jax.device_get(state["params"]), sharded
+
+from bertjax.errors import UserError
+try:
+    Trainer(workdir=work / "uneven", model_config=config, model_cls=BertForPreTraining, loss_fn=pretraining_loss,
+            optimizer=OptimizerConfig(), loop=LoopConfig(steps=1, global_batch_size=12), checkpoint=CheckpointConfig(),
+            mesh=sharding.make_mesh(sharding.MeshConfig()), run_config={}, tokenizer="tokenizer")
+    raise AssertionError("a batch of 12 over 8 devices was accepted")
+except UserError as e:
+    assert "train.global_batch_size 12 must be a positive multiple of the 8 devices" in str(e), e
 
 single, _ = train(jax.devices()[:1], 1, 1, "single")
 multi, specs = train(jax.devices(), 2, 4, "multi")

@@ -5,7 +5,8 @@ Layout: `bertjax.checkpoint` (params and meta items, readable without this modul
 temporary folder and renames it when complete, so a step folder is either whole or absent.
 
 Kept: the explicit steps and the last, the latest `keep` periodic saves and, with `best_metric`, the
-save whose evaluation scored highest (ties: the later), its metrics stored beside it by orbax.
+save whose evaluation scored highest (ties: the later), its metrics stored beside it by orbax. A
+later phase of a run keeps every step an earlier phase left.
 
 Load order at start-up: the latest readable checkpoint of this workdir (a corrupt one is reported
 and skipped), else the params of `init_from` with a fresh optimizer, else a random init.
@@ -14,10 +15,11 @@ and skipped), else the params of `init_from` with a fresh optimizer, else a rand
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import itertools
 import logging
 import math
 import operator
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ log = logging.getLogger(__name__)
 
 OPT_STATE = "opt_state"
 TRAINER = "trainer"
+OPT_SIGNATURE = "opt_state_signature"  # in the meta item: which optimizer state a step holds
 ITEMS = (ckpt.PARAMS, ckpt.META, OPT_STATE, TRAINER)
 
 
@@ -52,13 +55,25 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
     return sorted(s for s in steps if 1 <= s <= total)
 
 
+def tree_signature(tree: Any) -> str:
+    """A digest of a tree's paths, shapes and dtypes: two trees share it iff a checkpoint of one
+    restores into the other."""
+    leaves, _ = jax.tree_util.tree_flatten_with_path(tree)
+    text = ";".join(f"{jax.tree_util.keystr(path)}:{tuple(x.shape)}:{x.dtype}" for path, x in leaves)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class Checkpointer:
-    def __init__(self, workdir: Path, config: CheckpointConfig, total_steps: int):
+    def __init__(self, workdir: Path, config: CheckpointConfig, total_steps: int, first_step: int = 0):
+        """`first_step`: where this phase of the run begins."""
         self.directory = Path(workdir).resolve() / ckpt.CHECKPOINTS
         self.explicit = sorted(set(config.steps) | set(log_spaced_steps(config.log_spaced, total_steps)))
         self.every = config.every
         self.total_steps = total_steps
-        policies = [checkpoint_managers.CustomSteps(self.explicit + [total_steps])]
+        # Orbax applies the policy to every step in the directory, and this phase's log-spaced
+        # steps are not the earlier phase's: without this, phase 2 deleted most of phase 1's.
+        earlier = [step for step in self._stored_steps() if step <= first_step]
+        policies = [checkpoint_managers.CustomSteps(self.explicit + [total_steps] + earlier)]
         policies.append(checkpoint_managers.LatestN(config.keep))
         best_fn = None
         if config.best_metric is not None:
@@ -78,6 +93,11 @@ class Checkpointer:
             ),
         )
 
+    def _stored_steps(self) -> list[int]:
+        if not self.directory.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.directory.iterdir() if p.name.isdigit())
+
     def should_save(self, step: int) -> bool:
         return step in self.explicit or step == self.total_steps or (self.every > 0 and step % self.every == 0)
 
@@ -95,18 +115,26 @@ class Checkpointer:
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())
 
-    def restore_latest(self, abstract_params, abstract_opt, expected_shapes: dict) -> tuple[int, dict] | None:
-        """(step, items) of the newest readable checkpoint, or None when there is none."""
+    def restore_latest(self, abstract_params, abstract_opt, meta: dict) -> tuple[int, dict] | None:
+        """(step, items) of the newest readable checkpoint, or None when there is none. `meta`:
+        this run's, to which a checkpoint's must match (model shapes, optimizer state)."""
         for step in reversed(self.steps()):
             try:
-                meta = ckpt.read_meta(self.directory, step)
+                stored = ckpt.read_meta(self.directory, step)
             except UserError as e:
                 log.error("checkpoint step %d is unreadable (%s); trying the previous one", step, e)
                 continue
-            if meta.get("param_shapes") != expected_shapes:
+            if stored.get("param_shapes") != meta["param_shapes"]:
                 raise UserError(
                     f"{self.directory}: holds a checkpoint of another model shape "
                     f"(step {step}); use a new --workdir or the matching model config"
+                )
+            # Another optimizer's state does not restore; without this check that failure read as
+            # a corrupt checkpoint, and the run moved every step aside and began again.
+            if stored.get(OPT_SIGNATURE, meta[OPT_SIGNATURE]) != meta[OPT_SIGNATURE]:
+                raise UserError(
+                    f"{self.directory}: step {step} holds the state of another optimizer (optimizer.name or its "
+                    f"settings differ from the run's); resume with the run's config or use a new --workdir"
                 )
             try:
                 restored = self.manager.restore(
@@ -135,10 +163,12 @@ class Checkpointer:
         """Moves a bad step out of the manager's directory, so the resumed run can save it anew;
         kept, not deleted, in case it is worth a look."""
         target = self.directory.parent / "corrupt_checkpoints" / str(step)
+        for copy in itertools.count(1):  # an earlier copy of this step stays too
+            if not target.exists():
+                break
+            target = target.with_name(f"{step}.{copy}")
         if jax.process_index() == 0:
             target.parent.mkdir(exist_ok=True)
-            if target.exists():
-                shutil.rmtree(target)
             (self.directory / str(step)).rename(target)
         self.manager.reload()
         return target

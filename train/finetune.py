@@ -109,6 +109,8 @@ class Evaluator:
 
     def __init__(self, trainer: Trainer, arrays: dict[str, np.ndarray], spec: TaskSpec, split: str,
                  batch_size: int, batches_per_epoch: int):  # fmt: skip
+        # Checked here, before training: the first evaluation comes after a whole epoch.
+        sharding.check_batch_size("data.eval_batch_size", batch_size, trainer.mesh)
         self.trainer, self.arrays, self.spec, self.split = trainer, arrays, spec, split
         self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
@@ -175,7 +177,8 @@ def prepare(config: FinetuneConfig) -> Prepared:
     metric = best_metric(config, spec)
     if not config.init:
         raise UserError("init: no checkpoint to fine-tune (--init CKPT)")
-    for name, value in (("train.epochs", config.train.epochs), ("seeds", config.seeds)):
+    positive = (("train.epochs", config.train.epochs), ("seeds", config.seeds), ("data.pad_multiple", config.data.pad_multiple))
+    for name, value in positive:
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
     if config.train.warmup_ratio is not None and config.optimizer.warmup_steps:

@@ -52,6 +52,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH_AXES))
 
 
+def check_batch_size(flag: str, size: int, mesh: Mesh) -> None:
+    """A batch splits evenly over the mesh's devices (both batch axes), or the run cannot start."""
+    if size < 1 or size % mesh.size:
+        raise UserError(f"{flag} {size} must be a positive multiple of the {mesh.size} devices it is split over")
+
+
 def global_batch(local: dict[str, np.ndarray], mesh: Mesh) -> dict[str, jax.Array]:
     """Assembles each host's slice of the batch into one global array per key."""
     sharding = batch_sharding(mesh)

@@ -31,7 +31,7 @@ from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
 from train import sharding
-from train.checkpoints import Checkpointer, CheckpointConfig, abstract_with_shardings
+from train.checkpoints import OPT_SIGNATURE, Checkpointer, CheckpointConfig, abstract_with_shardings, tree_signature
 from train.metrics import MetricsWriter, flops_per_token, peak_flops
 from train.optim import OptimizerConfig, make_optimizer, schedule
 
@@ -84,11 +84,14 @@ class Trainer:
     ):
         """`start_step`: where this phase begins in a multi-phase run (its steps continue the
         previous phase's; its optimizer and learning-rate schedule start afresh)."""
+        if loop.grad_accum_steps < 1:
+            raise UserError(f"train.grad_accum_steps must be at least 1, got {loop.grad_accum_steps}")
         if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
             raise UserError(
                 f"train.global_batch_size {loop.global_batch_size} is not divisible by "
                 f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
             )
+        sharding.check_batch_size("train.global_batch_size", loop.global_batch_size, mesh)
         self.workdir = Path(workdir)
         self.config = model_config
         self.model_cls = model_cls
@@ -106,6 +109,7 @@ class Trainer:
         self.tx = make_optimizer(optimizer, loop.steps)
         self.param_shardings = sharding.state_shardings(mesh, self.abstract_params)
         abstract_opt = jax.eval_shape(self.tx.init, self.abstract_params)
+        self.meta[OPT_SIGNATURE] = tree_signature(abstract_opt)
         self.opt_shardings = sharding.state_shardings(mesh, abstract_opt)
         self.abstract_opt = abstract_with_shardings(abstract_opt, self.opt_shardings)
         replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
@@ -115,7 +119,7 @@ class Trainer:
             "step": replicated,
             "bad_step": replicated,
         }
-        self.checkpointer = Checkpointer(self.workdir, checkpoint, self.end)
+        self.checkpointer = Checkpointer(self.workdir, checkpoint, self.end, first_step=self.start)
         self.loss_fn = loss_fn
         self._step_fn = jax.jit(
             self._train_step,
@@ -164,7 +168,7 @@ class Trainer:
     def restore_or_init(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(train state, data position to resume from or None)."""
         abstract_params = abstract_with_shardings(self.abstract_params, self.param_shardings)
-        restored = self.checkpointer.restore_latest(abstract_params, self.abstract_opt, self.meta["param_shapes"])
+        restored = self.checkpointer.restore_latest(abstract_params, self.abstract_opt, self.meta)
         if restored is None:
             if self.start > 0:
                 raise UserError(f"{self.workdir}: no checkpoint of the previous phase to start step {self.start} from")
