@@ -50,12 +50,13 @@ PATTERN_COLOURS = ("#a50f15", "#08519c", "#6a51a3", "#31a354", "#969696")
 @dataclasses.dataclass(frozen=True)
 class PatternThresholds:
     """The rules' thresholds, on per-map quantities averaged over the word (non-special) query rows:
-    v, the mass on [CLS] and [SEP]; d, the mass on the word keys at t ± 1; b, the share of the mass
-    on words that stays in the query's own segment."""
+    v, the mass on [CLS] and [SEP]; d, the mass on the word keys at t − 1, t and t + 1; b, the share
+    of the mass on words that stays in the query's own segment, corrected for chance (0: as much
+    as uniform attention over the words keeps there, 1: all of it)."""
 
     structured: float = 0.5  # v + d at least this: vertical, diagonal or vertical+diagonal
     minor_share: float = 0.25  # the smaller of v, d under this share of v + d: the pure class
-    block: float = 0.8  # b at least this (two-segment inputs only): block
+    block: float = 0.6  # b at least this (two-segment inputs only): block; a raw share of 0.8 on equal segments
 
 
 def pattern_quantities(attn, real, special, segment):
@@ -63,6 +64,12 @@ def pattern_quantities(attn, real, special, segment):
 
     `real`, `special` [B, T] bool and `segment` [B, T] int (token type). Query rows are the real
     non-special tokens; keys outside `real` carry no mass. Works on numpy and jax arrays alike.
+
+    d counts t itself: a head that attends to its own token draws the main diagonal (without it,
+    such a head had v = d = 0 and a raw in-segment share of 1, and was called block). b is
+    chance-corrected, (share − share₀) / (1 − share₀) with share₀ = Σ_seg |seg|² / |words|², the
+    share uniform attention over the words keeps in-segment: on a pair of 5 and 45 words share₀ is
+    0.82, so a uniform head passed a raw threshold of 0.8 as block.
     """
     xp = jnp if isinstance(attn, jax.Array) else np
     length = attn.shape[-1]
@@ -70,7 +77,7 @@ def pattern_quantities(attn, real, special, segment):
     word_keys = words[:, None, None, :]
     v_rows = (attn * (real & special)[:, None, None, :]).sum(-1)
     positions = xp.arange(length)
-    neighbours = xp.abs(positions[:, None] - positions[None, :]) == 1
+    neighbours = xp.abs(positions[:, None] - positions[None, :]) <= 1
     d_rows = (attn * (neighbours & word_keys)).sum(-1)
     same_segment = segment[:, :, None] == segment[:, None, :]
     w_rows = (attn * (same_segment[:, None] & word_keys)).sum(-1)
@@ -80,7 +87,12 @@ def pattern_quantities(attn, real, special, segment):
     mean = lambda x: (x * rows).sum(-1) / count
     word_mass = mean(u_rows)
     share = xp.where(word_mass > 0, mean(w_rows) / xp.where(word_mass > 0, word_mass, 1.0), 0.0)
-    return mean(v_rows), mean(d_rows), share
+    n_words = xp.maximum(words.sum(-1), 1)
+    own_words = (same_segment & words[:, None, :]).sum(-1) / n_words[:, None]  # [B, T]
+    chance = ((own_words * words).sum(-1) / n_words)[:, None]  # [B, 1]: one segment gives 1
+    split = chance < 1
+    corrected = xp.where(split, (share - chance) / xp.where(split, 1 - chance, 1.0), 0.0)
+    return mean(v_rows), mean(d_rows), corrected
 
 
 def classify_patterns(v, d, b, paired, t: PatternThresholds = PatternThresholds()) -> np.ndarray:
@@ -89,7 +101,7 @@ def classify_patterns(v, d, b, paired, t: PatternThresholds = PatternThresholds(
 
     1. v + d ≥ structured: vertical if d < minor_share·(v + d), diagonal if v < minor_share·(v + d),
        otherwise vertical+diagonal;
-    2. else, for two-segment inputs, block if b ≥ block;
+    2. else, for two-segment inputs, block if b (chance-corrected) ≥ block;
     3. else heterogeneous. Block is not defined for single-segment inputs (SST-2).
     """
     v, d, b = (np.asarray(x, float) for x in (v, d, b))
@@ -226,6 +238,7 @@ def summarise_sequences(
     seqs: Sequence[EncodedSequence],
     word_texts: dict[int, list[str]] | None,
     batch_size: int,
+    max_length: int,
     shape: tuple[int, int],
     thresholds: PatternThresholds = PatternThresholds(),
     desc: str = "attention",
@@ -235,7 +248,7 @@ def summarise_sequences(
     counts = np.zeros((*shape, len(PATTERNS)), np.int64)
     sums = {f: np.zeros(shape) for f in FEATURES}
     present = dict.fromkeys(FEATURES, 0)
-    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+    for chunk, arrays in padded_batches(seqs, batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
         special = np.zeros((batch_size, length), bool)
         for row, seq in enumerate(chunk):
@@ -259,12 +272,15 @@ def summarise_sequences(
 
 
 def pattern_shares(counts: dict[str, np.ndarray]) -> pd.DataFrame:
-    """Per task, the share of each class over all heads × examples."""
+    """Per task, the share of each class over all heads × examples; block's is NaN (undefined, not
+    0%) for single-sentence tasks."""
     rows = []
     for task, per_head in counts.items():
         totals = per_head.sum(axis=(0, 1))
+        paired = glue.task_spec(task).text_b is not None
         for pattern, maps in zip(PATTERNS, totals, strict=True):
-            rows.append({"task": task, "pattern": pattern, "maps": int(maps), "share": maps / totals.sum()})
+            share = maps / totals.sum() if paired or pattern != "block" else np.nan
+            rows.append({"task": task, "pattern": pattern, "maps": int(maps), "share": share})
     return pd.DataFrame(rows)
 
 
@@ -275,7 +291,8 @@ def plot_pattern_shares(shares: pd.DataFrame, out_dir: Path) -> list[Path]:
     ax = fig.add_subplot()
     bottom = np.zeros(len(tasks))
     for pattern, colour in zip(PATTERNS, PATTERN_COLOURS, strict=True):
-        share = 100 * shares[shares["pattern"] == pattern].set_index("task").loc[tasks, "share"].to_numpy()
+        # NaN (block on single sentences) stacks as nothing.
+        share = 100 * np.nan_to_num(shares[shares["pattern"] == pattern].set_index("task").loc[tasks, "share"].to_numpy())
         bars = ax.bar(tasks, share, bottom=bottom, color=colour, label=pattern, width=0.6)
         texts = [f"{x:.0f}%" if x >= 4 else "" for x in share]
         ax.bar_label(bars, labels=texts, label_type="center", fontsize=7, color="white")
@@ -390,10 +407,12 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
         return _run(config, tasks, tmp, started)
 
 
-def _load(ckpt: str, step: int | None):
+def _load(ckpt: str, step: int | None, trained_heads: bool = False):
     # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
-    # classifier is initialised and unused: patterns and features read attention only).
-    return from_pretrained(ckpt, "BertForSequenceClassification", step=step), load_tokenizer(ckpt, step=step)
+    # classifier is initialised and unused: patterns and features read attention only; disabling
+    # reads the classifier's accuracy, so it needs a trained one).
+    model = from_pretrained(ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads)
+    return model, load_tokenizer(ckpt, step=step)
 
 
 def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
@@ -417,7 +436,7 @@ def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints
         seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
         shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
         summaries[label] = summarise_sequences(
-            make_summariser(model), seqs, word_texts, config.batch_size, shape, desc=f"{task} attention ({label})"
+            make_summariser(model), seqs, word_texts, config.batch_size, config.max_length, shape, desc=f"{task} attention ({label})"
         )
     result: dict = {"figures": []}
     if "patterns" in config.analyses:
@@ -467,7 +486,7 @@ def _disable_analysis(config: KovalevaConfig, task: str, model, tokenizer, glue_
 def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) -> dict[str, dict]:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    model, tokenizer = _load(config.ckpt, config.step)
+    model, tokenizer = _load(config.ckpt, config.step, trained_heads="disable" in config.analyses)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
@@ -508,7 +527,9 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
         shares.to_csv(tmp / "pattern_shares.csv", index=False)
         figures += plot_pattern_shares(shares, tmp)
         for task, rows in shares.groupby("task", sort=False):
-            print(f"{task}: " + ", ".join(f"{r.pattern} {100 * r.share:.1f}%" for r in rows.itertuples()))
+            print(f"{task}: " + ", ".join(
+                f"{r.pattern} {'not defined' if np.isnan(r.share) else f'{100 * r.share:.1f}%'}" for r in rows.itertuples()
+            ))  # fmt: skip
     timings["total"] = time.perf_counter() - started
     runinfo.write_run_json(
         tmp,

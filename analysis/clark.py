@@ -172,7 +172,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         data_files += files
         if "surface" in wanted:
             clock = time.perf_counter()
-            table = surface_table(surface.surface_statistics(encoder, seqs, punct_ids, config.batch_size))
+            table = surface_table(surface.surface_statistics(encoder, seqs, punct_ids, config.batch_size, config.max_length))
             table.to_csv(tmp / "surface.csv", index=False)
             figures += plot_surface(table, tmp, config.inputs)
             figures += plot_entropy(table, tmp, config.inputs)
@@ -181,7 +181,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         if "cluster" in wanted:
             clock = time.perf_counter()
             chosen = seqs[: config.cluster_n]
-            js = surface.head_js_divergence(encoder, chosen, config.batch_size)
+            js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length)
             labels = head_labels(layers, heads)
             pd.DataFrame(js, index=labels, columns=labels).rename_axis("head").to_csv(tmp / "head_js_divergence.csv")
             # MDS needs a metric; the square root of the JS divergence is one.
@@ -196,7 +196,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
             clock = time.perf_counter()
             chosen = seqs[: config.gradient_n]
             importance = gradients.gradient_importance(
-                model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.seed
+                model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed
             )
             table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
             table.to_csv(tmp / "gradient_importance.csv", index=False)
@@ -207,7 +207,9 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
     if wanted & {"depheads", "probes"}:
         clock = time.perf_counter()
         run_words = make_word_attention_fn(encoder)
-        words = lambda seqs, desc: iter_word_attention(run_words, seqs, config.batch_size, config.first_piece, desc)
+        words = lambda seqs, desc: iter_word_attention(
+            run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc
+        )
         data_files += [config.ewt_dir / EWT_FILES[s] for s in ("dev", "test")]
         counts = {}
         test_probe: list[probes.ProbeSentence] = []

@@ -1,11 +1,14 @@
-"""Dependency heads (Clark et al. 2019, §4.2): how often a head's most-attended word is the
-syntactic head (dependent → head) or the dependent (head → dependent), per relation.
+"""Dependency heads (Clark et al. 2019, §4.2): whether the word a dependent attends to most is its
+syntactic head (dependent → head), or the word attending most to a dependent is its head
+(head → dependent), per relation.
 
-Definitions: for word i, head k's prediction is argmax_j α_k(i, j) over the words j ≠ i that kept a
-piece ([CLS]/[SEP] are not words, so they are excluded). An arc (dependent w, head h), w ≠ h, of
-relation r counts as found in direction `dep2head` when the prediction of w is h and in
-`head2dep` when the prediction of h is w. The baseline predicts h = w + k for one offset
-k ∈ {−3, …, −1, 1, …, 3} per relation. Heads and offsets are chosen on dev and reported on test.
+Definitions, as in the authors' code (`attn_head_predictor`, modes "normal" and "transpose"): over
+the words j ≠ i that kept a piece ([CLS]/[SEP] are not words, so they are excluded), head k
+predicts for word i argmax_j α_k(i, j) in direction `dep2head` and argmax_j α_k(j, i) in
+`head2dep`. An arc (dependent w, head h), w ≠ h, of relation r counts as found in a direction when
+w's prediction there is h: every arc is scored once per direction, so a head word with several
+dependents can find them all. The baseline predicts h = w + k for one offset k ∈ {−3, …, −1, 1,
+…, 3} per relation. Heads and offsets are chosen on dev and reported on test.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ class DependencyCounts:
         if not dependents.size:
             return
         heads = word.word_head[dependents]
-        predicted = most_attended(word.maps, word.present)  # [L, H, W]
-        found = np.stack([predicted[..., dependents] == heads, predicted[..., heads] == dependents])
+        attends_most = most_attended(word.maps, word.present)  # [L, H, W]
+        attended_most_by = most_attended(np.swapaxes(word.maps, -1, -2), word.present)
+        found = np.stack([attends_most[..., dependents] == heads, attended_most_by[..., dependents] == heads])
         offsets_found = (dependents[:, None] + np.array(OFFSETS)[None, :]) == heads[:, None]
         labels = np.array([word.word_dep[i] for i in dependents])
         for relation in (*map(str, np.unique(labels)), ALL_RELATIONS):

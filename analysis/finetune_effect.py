@@ -78,12 +78,15 @@ def group_means(head_means: Mapping[str, np.ndarray], n_layers: int) -> pd.DataF
 
     `head_means[role]` is [L, H], each head's mean per-sequence score. A bar's value in a group is
     the mean over the group's heads and the bar's fine roles (all have the same number of heads,
-    so this is also the mean of the per-role means). Bars without a present role are left out.
+    so this is also the mean of the per-role means). A role no sequence scored (all NaN: a small
+    --n or a short --max-length can leave `advmod` none) is left out of its bar, and a bar without
+    a scored role is left out.
     """
+    scored = {role: means for role, means in head_means.items() if not np.isnan(means).all()}
     rows = []
     for group, layers in layer_groups(n_layers):
         for bar, _ in BARS:
-            members = [head_means[r][layers] for r in head_means if bar in role_bars(r)]
+            members = [scored[r][layers] for r in scored if bar in role_bars(r)]
             if members:
                 span = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else f"{layers[0]}"
                 rows.append({"group": group, "layers": span, "bar": bar, "mean": float(np.mean(members))})

@@ -107,13 +107,13 @@ def make_gradient_fn(model: nnx.Module):
 
 def gradient_importance(
     model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], mask_id: int,
-    batch_size: int, seed: int = 0,
+    batch_size: int, max_length: int, seed: int = 0,
 ) -> np.ndarray:
     """Mean |∂loss/∂α| per layer and key kind, [L, len(KEY_KINDS)], streamed by batch."""
     run = make_gradient_fn(model)
     rng = np.random.default_rng(seed)
     sums, counts = 0.0, 0.0
-    for arrays in key_flag_batches(seqs, batch_size, punct_ids, "attention gradients"):
+    for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "attention gradients"):
         special = arrays["is_cls"] + arrays["is_sep"]
         other = arrays["attention_mask"] * (1.0 - special - arrays["is_punct"])
         kinds = np.stack([arrays["is_cls"], arrays["is_sep"], arrays["is_punct"], other])

@@ -178,7 +178,7 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
-    model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step)
+    model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True)
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)

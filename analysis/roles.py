@@ -172,14 +172,15 @@ def bucketed(length: int) -> int:
 
 
 def padded_batches(
-    seqs: Sequence[EncodedSequence], batch_size: int, desc: str, max_length: int | None = None
+    seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, desc: str
 ) -> Iterator[tuple[list[EncodedSequence], dict[str, np.ndarray]]]:
     """(the sequences, their model inputs [batch_size, bucketed length]) of each length-sorted
-    batch, with a progress bar over the sequences; padding never goes past `max_length`."""
+    batch, with a progress bar over the sequences; padding never goes past `max_length` (the
+    encoding's, which fits the model's positions where a bucket may not)."""
     with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
         for chunk in batches(seqs, batch_size):
             length = bucketed(max(s.length for s in chunk))
-            yield chunk, pad_batch(chunk, batch_size, length if max_length is None else min(length, max_length))
+            yield chunk, pad_batch(chunk, batch_size, min(length, max_length))
             progress.update(len(chunk))
 
 
@@ -213,7 +214,7 @@ def scored_batches(
     # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
     # GPU, most of a cold run).
     slots = [config.roles.index(role) for role in present]
-    for chunk, arrays in padded_batches(seqs, config.batch_size, desc, config.max_length):
+    for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc):
         length = arrays["input_ids"].shape[1]
         built_rows, built_sieves = build_batch(chunk, present, options, length)
         rows = np.zeros((len(config.roles), config.batch_size, length), bool)

@@ -85,9 +85,11 @@ def classical_mds(distance: np.ndarray, dims: int = 2) -> np.ndarray:
     return vectors[:, top] * np.sqrt(np.clip(values[top], 0.0, None))
 
 
-def key_flag_batches(seqs: Sequence[EncodedSequence], batch_size: int, punct_ids: Sequence[int], desc: str):
+def key_flag_batches(
+    seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, punct_ids: Sequence[int], desc: str
+):
     """Padded model inputs plus the real-row mask and key flags of each length-sorted batch."""
-    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+    for chunk, arrays in padded_batches(seqs, batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
         # pad_batch gives the filler rows of a short last batch one real token; they are not data.
         arrays["real"] = arrays["attention_mask"].copy()
@@ -116,25 +118,27 @@ def _jit_attention_fn(model: nnx.Module, reduce):
 
 
 def surface_statistics(
-    model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], batch_size: int
+    model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], batch_size: int, max_length: int
 ) -> np.ndarray:
     """Means [L, H, S] of the STATISTICS over every real row of every sequence, streamed by batch."""
     run = _jit_attention_fn(
         model, lambda att, a: surface_sums(att, a["real"], a["is_cls"], a["is_sep"], a["is_punct"])
     )
     total_sums, total_counts = 0.0, 0.0
-    for arrays in key_flag_batches(seqs, batch_size, punct_ids, "surface"):
+    for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):
         sums, counts = run(arrays)
         total_sums = total_sums + np.asarray(sums, np.float64)
         total_counts = total_counts + np.asarray(counts, np.float64)
     return total_sums / np.maximum(total_counts, 1.0)
 
 
-def head_js_divergence(model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int) -> np.ndarray:
+def head_js_divergence(
+    model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int, max_length: int
+) -> np.ndarray:
     """[L·H, L·H] JS divergence between heads (nats), averaged over every real row of `seqs`."""
     run = _jit_attention_fn(model, lambda att, a: js_sums(att, a["real"]))
     total, rows = 0.0, 0.0
-    for arrays in key_flag_batches(seqs, batch_size, (), "head distances"):
+    for arrays in key_flag_batches(seqs, batch_size, max_length, (), "head distances"):
         total = total + np.asarray(run(arrays), np.float64)
         rows += float(arrays["real"].sum())
     return total / rows

@@ -85,13 +85,18 @@ def make_word_attention_fn(model: nnx.Module):
 
 
 def iter_word_attention(
-    run, seqs: Sequence[EncodedSequence], batch_size: int, first_piece: bool = False, desc: str = "word attention"
+    run,
+    seqs: Sequence[EncodedSequence],
+    batch_size: int,
+    max_length: int,
+    first_piece: bool = False,
+    desc: str = "word attention",
 ) -> Iterator[WordAttention]:
     """Stream the word-level attention of every sequence, batch by batch (length-sorted order).
 
     Words are padded like pieces (usually to the piece length itself: one compile per bucket).
     """
-    for chunk, arrays in padded_batches(seqs, batch_size, desc):
+    for chunk, arrays in padded_batches(seqs, batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
         # Truncation can leave more words than pieces; those words own no piece.
         words = max(length, bucketed(max(len(s.word_dep) for s in chunk)))

@@ -81,11 +81,11 @@ def forward_only(model: nnx.Module):
     return lambda *arrays: forward(state, *arrays)
 
 
-def time_forward(forward, sequences, batch_size: int) -> float:
+def time_forward(forward, sequences, batch_size: int, max_length: int) -> float:
     clock = time.perf_counter()
     last = None
     for task, seqs in sequences.items():
-        for _, arrays in roles.padded_batches(seqs, batch_size, f"{task} forward"):
+        for _, arrays in roles.padded_batches(seqs, batch_size, max_length, f"{task} forward"):
             last = forward(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"])
     jax.block_until_ready(last)
     return time.perf_counter() - clock
@@ -150,11 +150,12 @@ def run(args) -> list[dict]:
             for task, seqs in roles.encode_tasks(config, data, tokenizer, parser, {}).items():
                 sequences[f"{task}:{config.split}"] = seqs
         n_sequences = sum(len(s) for s in sequences.values())
-        time_forward(forward, sequences, args.batch_size)  # compiles the forward's shapes
+        max_length = roles.fit_max_length(configs[0], model.config.max_position_embeddings).max_length
+        time_forward(forward, sequences, args.batch_size, max_length)  # compiles the forward's shapes
 
         forward_times, e2e_times, breakdown = [], [], {}
         for _ in range(args.repeat):
-            forward_times.append(time_forward(forward, sequences, args.batch_size))
+            forward_times.append(time_forward(forward, sequences, args.batch_size, max_length))
             clock = time.perf_counter()
             analyse(configs, parser)
             e2e_times.append(time.perf_counter() - clock)

@@ -96,13 +96,15 @@ def from_pretrained(
     *,
     step: int | None = None,
     seed: int = 0,
+    trained_heads: bool = False,
     **config_overrides: Any,
 ) -> nnx.Module:
     """Loads a BERT of class `cls` (default the bare encoder).
 
     Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
-    from `seed` and logged; a missing encoder tensor is an error. `config_overrides` set fields
-    such as `dtype="bfloat16"` or `num_labels=3`.
+    from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
+    are an error; a missing encoder tensor is always an error. `config_overrides` set fields such
+    as `dtype="bfloat16"` or `num_labels=3`.
     """
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
@@ -118,6 +120,9 @@ def from_pretrained(
     if fatal:
         name = convert.hf_name(fatal[0])[0]
         raise UserError(f"{file}: tensor {name} is missing")
+    if missing and trained_heads:
+        name = convert.hf_name(missing[0])[0]
+        raise UserError(f"{file}: tensor {name} is missing: this analysis needs a fine-tuned task head, not a random one")
     if missing:
         log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
         initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))

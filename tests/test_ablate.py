@@ -162,17 +162,19 @@ def test_unknown_analysis_is_a_user_error(tiny_ckpt):
 
 # -- attention pattern classes (§4.1) ----------------------------------------------------------
 
-# [CLS] five words [SEP] five words [SEP], then three padding positions.
-LENGTH, PADDED = 13, 16
-SPECIAL_AT = (0, 6, 12)
+# [CLS] ten words [SEP] ten words [SEP], then three padding positions.
+LENGTH, PADDED = 23, 26
+SPECIAL_AT = (0, 11, 22)
 
 
-def _pair_layout():
+def _pair_layout(first_words: int = 10):
+    """[CLS] `first_words` words [SEP] the rest [SEP], padded."""
+    special_at = (0, first_words + 1, LENGTH - 1)
     real = np.zeros(PADDED, bool)
     real[:LENGTH] = True
     special = np.zeros(PADDED, bool)
-    special[list(SPECIAL_AT)] = True
-    segment = np.r_[np.zeros(7, int), np.ones(PADDED - 7, int)]
+    special[list(special_at)] = True
+    segment = np.r_[np.zeros(first_words + 2, int), np.ones(PADDED - first_words - 2, int)]
     return real, special, segment
 
 
@@ -184,11 +186,11 @@ def _synthetic_map(kind: str, rng: np.random.Generator) -> np.ndarray:
     for t in range(LENGTH):
         row = np.zeros(PADDED)
         neighbour = t - 1 if words[t - 1] else t + 1  # the previous word, else the next one
-        own_sep = 6 if segment[t] == 0 else 12
+        own_sep = SPECIAL_AT[1] if segment[t] == 0 else SPECIAL_AT[2]
         if special[t]:
             row[:LENGTH] = 1.0
         elif kind == "vertical":
-            row[[0, 6, 12]] = [0.5, 0.25, 0.25]
+            row[list(SPECIAL_AT)] = [0.5, 0.25, 0.25]
         elif kind == "diagonal":
             row[neighbour] = 1.0
         elif kind == "vertical+diagonal":
@@ -224,10 +226,33 @@ def test_pattern_quantities_match_a_loop_over_rows_and_keys():
     for batch, head in np.ndindex(2, 3):
         a = attn[batch, head]
         slow_v = np.mean([sum(a[t, s] for s in SPECIAL_AT) for t in rows])
-        slow_d = np.mean([sum(a[t, s] for s in (t - 1, t + 1) if s in rows) for t in rows])
+        slow_d = np.mean([sum(a[t, s] for s in (t - 1, t, t + 1) if s in rows) for t in rows])
         same = np.mean([sum(a[t, s] for s in rows if segment[s] == segment[t]) for t in rows])
         on_words = np.mean([sum(a[t, s] for s in rows) for t in rows])
-        assert (v[batch, head], d[batch, head], b[batch, head]) == pytest.approx((slow_v, slow_d, same / on_words))
+        chance = np.mean([sum(segment[s] == segment[t] for s in rows) / len(rows) for t in rows])
+        slow_b = (same / on_words - chance) / (1 - chance)
+        assert (v[batch, head], d[batch, head], b[batch, head]) == pytest.approx((slow_v, slow_d, slow_b))
+
+
+def test_a_head_attending_to_itself_is_diagonal_and_uniform_attention_is_not_block():
+    real, special, segment = _pair_layout()
+    attn = np.diag(real.astype(float))[None, None]
+    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
+    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == "diagonal"
+    real, special, segment = _pair_layout(first_words=2)  # 2 and 18 words: uniform keeps 0.82 in-segment
+    attn = np.broadcast_to(real / real.sum(), (PADDED, PADDED))[None, None]
+    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
+    assert b[0, 0] == pytest.approx(0.0, abs=1e-12)
+    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == "heterogeneous"
+
+
+def test_block_share_is_undefined_for_single_sentence_tasks():
+    counts = np.zeros((2, 2, len(ablate.PATTERNS)), np.int64)
+    counts[..., ablate.PATTERNS.index("heterogeneous")] = 3
+    counts[..., ablate.PATTERNS.index("vertical")] = 1
+    shares = ablate.pattern_shares({"sst2": counts, "mrpc": counts}).set_index(["task", "pattern"])["share"]
+    assert np.isnan(shares[("sst2", "block")]) and shares[("mrpc", "block")] == 0.0
+    assert shares[("sst2", "vertical")] == shares[("mrpc", "vertical")] == 0.25
 
 
 def test_pattern_thresholds_at_their_boundaries():
@@ -235,9 +260,9 @@ def test_pattern_thresholds_at_their_boundaries():
     assert classify(0.45, 0.05, 0.9) == "vertical"  # v + d = 0.5 exactly: structured
     assert classify(0.375, 0.125, 0.9) == "vertical+diagonal"  # d is exactly a quarter: not minor
     assert classify(0.12, 0.38, 0.9) == "diagonal"
-    assert classify(0.25, 0.24, 0.8) == "block"  # v + d < 0.5, b = 0.8
-    assert classify(0.25, 0.24, 0.8, paired=False) == "heterogeneous"
-    assert classify(0.25, 0.24, 0.79) == "heterogeneous"
+    assert classify(0.25, 0.24, 0.6) == "block"  # v + d < 0.5, b = 0.6
+    assert classify(0.25, 0.24, 0.6, paired=False) == "heterogeneous"
+    assert classify(0.25, 0.24, 0.59) == "heterogeneous"
 
 
 # -- linguistic features (§4.4) ----------------------------------------------------------------
@@ -311,7 +336,7 @@ def test_streamed_summaries_equal_per_sequence_attention(model, tokenizer):
         for i, pair in enumerate(texts)
     }
     seqs = encode_batch(tokenizer, texts, parses)
-    summary = ablate.summarise_sequences(ablate.make_summariser(model), seqs, word_texts, 4, (N_LAYERS, N_HEADS))
+    summary = ablate.summarise_sequences(ablate.make_summariser(model), seqs, word_texts, 4, 128, (N_LAYERS, N_HEADS))
     counts = np.zeros((N_LAYERS, N_HEADS, len(ablate.PATTERNS)), int)
     sums = {}
     for seq in seqs:
@@ -341,6 +366,7 @@ def test_cli_patterns_and_features_against_a_second_checkpoint(tiny_ckpt, tokeni
     ])  # fmt: skip
     shares = pd.read_csv(out / "pattern_shares.csv")
     assert shares["pattern"].tolist() == list(ablate.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS
+    assert shares["share"].sum() == pytest.approx(1.0)
     assert shares["share"].sum() == pytest.approx(1.0)
     per_head = pd.read_csv(out / "mrpc_patterns.csv")
     assert (per_head[list(ablate.PATTERNS)].sum(axis=1) == 6).all()

@@ -118,6 +118,21 @@ def test_a_head_whose_argmax_is_the_syntactic_head_scores_100_percent(first_piec
     assert found.set_index("relation").loc[depheads.ALL_RELATIONS, "count"] == arcs
 
 
+def test_head_to_dependent_finds_every_dependent_of_a_head():
+    # A star: word 0 heads words 1-4 and attends to each of them far more than anyone else does.
+    # Clark's head → dependent asks, per dependent, who attends to it most, so all four arcs are
+    # found, where "the head's own argmax" could find only one.
+    rng = np.random.default_rng(2)
+    heads = np.zeros(5, np.int32)
+    maps = rng.uniform(0, 0.1, size=(1, 1, 5, 5))
+    maps[0, 0, 0, 1:] = 1.0
+    counts = depheads.DependencyCounts(1, 1)
+    counts.update(WordAttention(maps, maps[..., 0], maps[..., 0], np.zeros((5, 2)), np.ones(5, bool),
+                                ("dep",) * 5, heads, 0))  # fmt: skip
+    assert counts.count["dep"] == 4
+    np.testing.assert_array_equal(counts.accuracy("dep")[list(depheads.DIRECTIONS).index("head2dep"), 0, 0], 1.0)
+
+
 def test_head_to_dependent_direction_on_chains():
     # In a chain every head has one dependent, so a head attending to its dependent finds all arcs.
     rng = np.random.default_rng(1)

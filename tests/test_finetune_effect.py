@@ -120,6 +120,7 @@ def test_attention_cosine_matches_scipy():
 def test_group_means_average_heads_and_fine_roles():
     rng = np.random.default_rng(1)
     head_means = {r: rng.random((12, 4)) for r in ("local", "prev", "next", "cls", "sep", "delimiter", "nsubj", "syntactic")}
+    head_means["advmod"] = np.full((12, 4), np.nan)  # no sequence scored it: not part of its bar
     table = effect.group_means(head_means, 12).set_index(["group", "bar"])["mean"]
     members = {"local": ["local", "prev", "next"], "syntactic": ["nsubj", "syntactic"],
                "delimiter": ["cls", "sep", "delimiter"], "cls": ["cls"], "sep": ["sep"]}  # fmt: skip

@@ -183,6 +183,8 @@ def test_new_task_head_is_initialised_and_encoder_kept(minilm_path, minilm):
     np.testing.assert_array_equal(
         classifier.bert.encoder.layer[5].output.dense.kernel[...], minilm.encoder.layer[5].output.dense.kernel[...]
     )
+    with pytest.raises(bertjax.UserError, match=r"tensor classifier\.(weight|bias) is missing: this analysis needs a fine-tuned task head"):
+        bertjax.from_pretrained(minilm_path, "BertForSequenceClassification", trained_heads=True)
 
 
 def _write_tiny_hf(directory, tensors_edit):

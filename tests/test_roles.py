@@ -277,6 +277,16 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
     assert not [p for p in tmp_path.rglob("*") if ".tmp-" in p.name]
 
 
+def test_batches_are_padded_to_a_bucket_but_never_past_max_length():
+    rng = np.random.default_rng(0)
+    seqs = [_synthetic_sequence(rng, i) for i in range(3)]  # 27 to 51 tokens
+    longest = max(s.length for s in seqs)
+    ((_, arrays),) = roles_cli.padded_batches(seqs, 4, 128, "test")
+    assert arrays["input_ids"].shape == (4, roles_cli.bucketed(longest)) and roles_cli.bucketed(longest) > longest
+    ((_, arrays),) = roles_cli.padded_batches(seqs, 4, longest, "test")  # a model with `longest` positions
+    assert arrays["input_ids"].shape == (4, longest)
+
+
 def test_overwrite_replaces_only_an_earlier_output(tiny_run, tmp_path, cli_error):
     _, argv, _ = tiny_run
     foreign = tmp_path / "notes"
