@@ -133,8 +133,8 @@ class Checkpointer:
             # a corrupt checkpoint, and the run moved every step aside and began again.
             if stored.get(OPT_SIGNATURE, meta[OPT_SIGNATURE]) != meta[OPT_SIGNATURE]:
                 raise UserError(
-                    f"{self.directory}: step {step} holds the state of another optimizer (optimizer.name or its "
-                    f"settings differ from the run's); resume with the run's config or use a new --workdir"
+                    f"{self.directory}: step {step} holds the state of another optimizer than this run's "
+                    f"(optimizer.name differs from the one it was saved with); resume with the run's config or use a new --workdir"
                 )
             try:
                 restored = self.manager.restore(
