@@ -83,6 +83,9 @@ class BertConfig:
         position = hf.get("position_embedding_type", "absolute")
         if position != "absolute":
             raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
+        if hf.get("tie_word_embeddings", True) is False:
+            # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
+            raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
         names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
         kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
         if "id2label" in hf:
@@ -90,7 +93,10 @@ class BertConfig:
         elif "num_labels" in hf:
             kwargs["num_labels"] = hf["num_labels"]
         kwargs.update(overrides)
-        return cls(**kwargs)
+        try:
+            return cls(**kwargs)
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
 
     @classmethod
     def from_json_file(cls, path: str | Path, **overrides: Any) -> BertConfig:

@@ -8,9 +8,10 @@ deterministic. The module therefore carries parameters only, which keeps `nnx.sp
 checkpoints and shardings free of RNG counters.
 
 Attention has two paths. When attention probabilities are needed (returned, attention dropout,
-uniform disabling) the softmax is explicit; otherwise `jax.nn.dot_product_attention` runs, which
-dispatches to a fused kernel on GPU. A head mask ξ multiplies the probabilities; on the fused path
-it multiplies the head's output instead, which is the same product (ξ·P)V = ξ·(PV).
+uniform disabling) the softmax is explicit; otherwise `jax.nn.dot_product_attention` runs (its XLA
+implementation: JAX picks no fused kernel by itself), which never hands the probabilities back. A
+head mask ξ multiplies the probabilities; on that path it multiplies the head's output instead,
+which is the same product (ξ·P)V = ξ·(PV).
 """
 
 from __future__ import annotations
@@ -208,7 +209,8 @@ class BertSelfAttention(nnx.Module):
         probs = jax.nn.softmax(scores, axis=-1)
         if disable is not None:
             # Kovaleva et al.'s disabling: the head attends uniformly over the real tokens.
-            uniform = real / real.sum(axis=-1, keepdims=True)
+            # A row of padding only has no real token: zeros, not 0/0 (NaN would reach every gradient).
+            uniform = real / jnp.maximum(real.sum(axis=-1, keepdims=True), 1)
             probs = jnp.where(disable[None, :, None, None], uniform[:, None, None, :], probs)
         if offsets is not None:
             probs = probs + offsets.astype(jnp.float32)

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
 HUB_FILES = ["config.json", "*.safetensors", "*.json", "vocab.txt"]
+HUB_FALLBACK = [TORCH_BIN]  # fetched only when a repo has no safetensors
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +65,10 @@ def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        if not any(path.glob("*.safetensors")):
+            path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + HUB_FALLBACK))
+        return path
     except Exception as e:  # the hub client raises many types for offline/unknown-repo cases
         raise UserError(
             f"{repo_id}: not a local directory, and the hub download failed "
@@ -116,7 +121,10 @@ def from_pretrained(
     else:
         file = source.path / str(source.step)
         leaves, missing = _read_orbax_leaves(source, abstract_state)
-    fatal = [p for p in missing if convert.hf_name(p)[0].split(".")[0] + "." not in convert.HEAD_PREFIXES]
+    # Heads (and the pooler, which HF's BertForMaskedLM does not save) may be missing: they are
+    # initialised; any other missing tensor is fatal.
+    optional = (*convert.HEAD_PREFIXES, "pooler.")
+    fatal = [p for p in missing if convert.hf_name(p)[0].split(".")[0] + "." not in optional]
     if fatal:
         name = convert.hf_name(fatal[0])[0]
         raise UserError(f"{file}: tensor {name} is missing")
@@ -187,6 +195,8 @@ def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict,
             continue
         leaves[path] = restored[stored]
     abstract = dict(nnx.to_flat_state(abstract_state))
+    # As from_hf does: the config's param_dtype (an override, say) wins over the stored one.
+    leaves = {path: value.astype(abstract[path].get_value().dtype) for path, value in leaves.items()}
     for path, value in leaves.items():
         expected = abstract[path].get_value()
         if value.shape != expected.shape:
@@ -225,10 +235,20 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
         location = Path(meta["tokenizer"])
         if not location.is_absolute():
             location = source.path.parent / location
+    # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
+    if location.is_dir() and not any((location / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(location))
     except (OSError, ValueError) as e:
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
+    vocab_size = load_config(source).vocab_size
+    if len(tokenizer) > vocab_size:
+        # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error.
+        raise UserError(
+            f"{location}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
+            "they do not belong together"
+        )
     return tokenizer

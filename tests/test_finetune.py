@@ -292,7 +292,7 @@ def test_a_bertjax_pretraining_checkpoint_finetunes_on_sst2(shared_data, tmp_pat
     [
         ("unknown_task", "error: unknown task 'cola' (--task): choose one of qnli, qqp, mrpc, sst2"),
         ("bad_label", "MRPC/train.tsv:3: label '2' is not one of 0, 1"),
-        ("vocab_size", "its tokenizer has 30522 tokens but the model's vocab_size is 1000"),
+        ("vocab_size", "the tokenizer has 30522 tokens but the model's vocab_size is 1000"),
         ("bad_metric", "best_metric: 'f1' is not a metric of sst2 (accuracy)"),
         ("too_long", "data.max_seq_length 256 is not in [3, 128]"),
     ],
