@@ -24,6 +24,8 @@ class BertConfig:
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
+    # HF's rule: None means the classifier's dropout is hidden_dropout_prob.
+    classifier_dropout: float | None = None
     max_position_embeddings: int = 512
     type_vocab_size: int = 2
     initializer_range: float = 0.02
@@ -48,6 +50,10 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def classifier_dropout_prob(self) -> float:
+        return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
 
     @property
     def compute_dtype(self) -> jnp.dtype:

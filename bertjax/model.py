@@ -409,7 +409,7 @@ class BertForSequenceClassification(nnx.Module):
         out = self.bert(input_ids, *args, **kwargs)
         dropout_rng = kwargs.get("dropout_rng")
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=jax.random.fold_in(dropout_rng, 1))
-        pooled = _dropout(out.pooler_output, self.config.hidden_dropout_prob, rngs)
+        pooled = _dropout(out.pooler_output, self.config.classifier_dropout_prob, rngs)
         return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions)
 
 

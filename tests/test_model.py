@@ -314,6 +314,22 @@ def test_presets_and_hf_config(minilm_path):
         bertjax.preset("huge")
 
 
+
+@pytest.mark.parametrize("classifier_dropout", [None, 0.0, 0.5])
+def test_the_classifier_drops_at_hf_classifier_dropout_else_hidden_dropout(classifier_dropout):
+    """HF's rule: `classifier_dropout` if set, else `hidden_dropout_prob`. With the encoder's own
+    dropout off, any change in the logits is the classifier's dropout."""
+    config = bertjax.preset("tiny", vocab_size=64, attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    config = config.replace(classifier_dropout=classifier_dropout)
+    assert bertjax.BertConfig.from_hf_dict(config.to_hf_dict("BertForSequenceClassification")) == config
+    assert config.replace(hidden_dropout_prob=0.3).classifier_dropout_prob == (
+        0.3 if classifier_dropout is None else classifier_dropout
+    )
+    model = bertjax.BertForSequenceClassification(config, rngs=nnx.Rngs(0))
+    ids = jnp.arange(1, 17).reshape(2, 8)
+    dropped = model(ids, dropout_rng=jax.random.key(1)).logits
+    assert np.array_equal(model(ids).logits, dropped) == (classifier_dropout != 0.5)
+
 def test_bf16_compute_keeps_fp32_params(minilm_path, minilm_batch, torch_minilm_out):
     model = bertjax.from_pretrained(minilm_path, dtype="bfloat16")
     assert model.encoder.layer[0].attention.self.query.kernel[...].dtype == jnp.float32
