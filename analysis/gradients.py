@@ -40,7 +40,7 @@ def has_mlm_head(source: Source) -> bool:
         from safetensors import safe_open
 
         with safe_open(source.path / SAFETENSORS, "np") as f:
-            return MLM_TENSOR in f.keys()
+            return MLM_TENSOR in f.keys()  # noqa: SIM118 (safe_open is not a Mapping)
     if (source.path / SAFETENSORS_INDEX).is_file():
         return MLM_TENSOR in json.loads((source.path / SAFETENSORS_INDEX).read_text())["weight_map"]
     return False

@@ -285,10 +285,7 @@ def _sequence_score_panel(
     # 0.1th percentile keeps the bulk readable, and the rarer, smaller scores join the lowest bin.
     low = np.quantile(positive, 0.001) if positive.size else 0.0
     log = positive.size > 0 and low < everything.max()
-    if log:
-        edges = np.geomspace(low, everything.max(), 41)
-    else:
-        edges = np.histogram_bin_edges(everything, bins=40)
+    edges = np.geomspace(low, everything.max(), 41) if log else np.histogram_bin_edges(everything, bins=40)
     for role, values in pooled.items():
         # Zeros cannot sit on a log axis; they (and scores below the axis) join the lowest bin.
         shown = np.clip(values, edges[0], None) if log else values
@@ -605,7 +602,7 @@ def plot_all(
                 plot_score_distributions,
                 (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir,
                  f"{task}_score_distributions"),
-            ),  # fmt: skip
+            ),
             (plot_mean_heatmaps, (own, task, tau, out_dir, f"{task}_mean_heatmaps")),
             (plot_p_heatmaps, (own, task, alpha, out_dir, f"{task}_p_heatmaps")),
             (_local_vs_syntactic_paths, (own, task, out_dir, f"{task}_local_vs_syntactic")),

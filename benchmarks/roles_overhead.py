@@ -173,7 +173,7 @@ def run(args) -> list[dict]:
     return [
         common.emit("roles_overhead", side="forward_only", **settings, **forward_stats),
         common.emit("roles_overhead", side="roles_end_to_end", **settings, **e2e_stats, first_run_s=first_run_s,
-                    first_run_stages_s=first_run_stages, stages_s=breakdown),  # fmt: skip
+                    first_run_stages_s=first_run_stages, stages_s=breakdown),
         common.emit(
             "roles_overhead",
             side="ratio",

@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     data, _ = raw_to_tool_data.xspace_to_tool_data([a.xplane], "kernel_stats", {})
     table = json.loads(data)
     columns = [c["id"] for c in table["cols"]]
-    rows = [dict(zip(columns, [(cell or {}).get("v") for cell in row["c"]])) for row in table["rows"]]
+    rows = [dict(zip(columns, [(cell or {}).get("v") for cell in row["c"]], strict=True)) for row in table["rows"]]
     total = sum(r["total_duration_us"] for r in rows) / a.calls
     print(f"device kernel time per call: {total / 1000:.1f} ms in {len(rows)} distinct kernels")
     by_kind = collections.Counter()

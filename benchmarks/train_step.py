@@ -223,7 +223,7 @@ def interleaved(runners: list[Callable[[], Any]], repeat: int) -> list[list[floa
     """`repeat` timed calls of each runner, alternating A B A B ... (warm-up done beforehand)."""
     times: list[list[float]] = [[] for _ in runners]
     for _ in range(repeat):
-        for runner, recorded in zip(runners, times):
+        for runner, recorded in zip(runners, times, strict=True):
             recorded.extend(common.time_calls(runner, repeat=1, warmup=0))
     return times
 
@@ -258,7 +258,7 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
             common.log(f"{name}: timing {' / '.join(args.backends)} interleaved, {args.repeat} runs each")
             all_times = interleaved(runners, args.repeat)
             medians = {}
-            for runner, times in zip(runners, all_times):
+            for runner, times in zip(runners, all_times, strict=True):
                 stats = common.summary(times)
                 medians[runner.name] = stats["median_s"]
                 tokens = batch_size * args.seq_len

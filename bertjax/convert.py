@@ -50,8 +50,7 @@ def normalize_hf_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarra
     """Drops the `bert.` prefix, legacy names and non-parameters so any BERT checkpoint compares equal."""
     out = {}
     for name, value in tensors.items():
-        if name.startswith(ENCODER_PREFIX):
-            name = name[len(ENCODER_PREFIX) :]
+        name = name.removeprefix(ENCODER_PREFIX)
         for old, new in LEGACY_NAMES.items():
             if name.endswith(old):
                 name = name[: -len(old)] + new

@@ -69,7 +69,7 @@ def _download(repo_id: str) -> Path:
         if not any(path.glob("*.safetensors")):
             path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + HUB_FALLBACK))
         return path
-    except Exception as e:  # the hub client raises many types for offline/unknown-repo cases
+    except Exception as e:  # noqa: BLE001 (the hub client raises many types for offline/unknown-repo cases)
         raise UserError(
             f"{repo_id}: not a local directory, and the hub download failed "
             f"({type(e).__name__}); pass a local checkpoint directory when offline"

@@ -35,7 +35,7 @@ def sha256(path: Path) -> str:
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5
+            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
         )
     except OSError:
         return None

@@ -54,7 +54,7 @@ def test_the_per_token_loop_is_the_kernel_reference():
     from sieves.kernel import sieve_scores
 
     inputs = make_inputs(layers=2, batch=3, heads=2, length=12, roles=2, seed=1)
-    attentions, real, rows, sieves = inputs
+    _, real, rows, sieves = inputs
     assert rows.any() and (sieves.sum(-1)[rows] <= 4).all() and not sieves[:, ~real].any()
     np.testing.assert_allclose(per_token_loop(*inputs), np.asarray(sieve_scores(*inputs)[0]), rtol=1e-5)
 

@@ -163,7 +163,7 @@ def test_eval_batches_cover_every_example_once_in_order():
 def test_checkpointer_keeps_the_best_and_the_last(tmp_path):
     checkpointer = Checkpointer(tmp_path, CheckpointConfig(every=1, keep=1, best_metric="eval_f1"), total_steps=4)
     params, meta = {"w": jnp.zeros(3)}, {"model_config": {}}
-    for step, f1 in zip(range(1, 5), (0.5, 0.9, 0.7, 0.6)):
+    for step, f1 in enumerate((0.5, 0.9, 0.7, 0.6), start=1):
         checkpointer.save(step, params, {"m": jnp.ones(2)}, {"step": step}, meta, {"eval_f1": f1})
     assert checkpointer.steps() == [2, 4]
     checkpointer.close()

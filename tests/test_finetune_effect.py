@@ -124,7 +124,7 @@ def test_group_means_average_heads_and_fine_roles():
     table = effect.group_means(head_means, 12).set_index(["group", "bar"])["mean"]
     members = {"local": ["local", "prev", "next"], "syntactic": ["nsubj", "syntactic"],
                "delimiter": ["cls", "sep", "delimiter"], "cls": ["cls"], "sep": ["sep"]}  # fmt: skip
-    for group, layers in (("initial", range(0, 4)), ("middle", range(4, 8)), ("final", range(8, 12))):
+    for group, layers in (("initial", range(4)), ("middle", range(4, 8)), ("final", range(8, 12))):
         for bar, roles in members.items():
             values = [head_means[r][layer, head] for r in roles for layer in layers for head in range(4)]
             np.testing.assert_allclose(table[(group, bar)], sum(values) / len(values), rtol=1e-12)

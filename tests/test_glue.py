@@ -189,5 +189,5 @@ def test_hub_unreachable_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> Non
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(UserError, match="could not load nyu-mll/glue qnli validation.*--glue-dir"):
+    with pytest.raises(UserError, match=r"could not load nyu-mll/glue qnli validation.*--glue-dir"):
         load_glue("qnli")

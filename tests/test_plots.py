@@ -6,11 +6,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from scipy import stats
-
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
+from scipy import stats
 
 from analysis.plots import (
     _heatmap_grid,
@@ -213,7 +212,7 @@ def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None
 
 @pytest.mark.parametrize("count", [1, 3, 4, 7, 12])
 def test_panel_grid_places_panels_apart_inside_the_figure(count: int) -> None:
-    fig, axes = panel_grid(count, (1.5, 1.0), "a title\nover two lines", xlabel="x", ylabel="y")
+    _, axes = panel_grid(count, (1.5, 1.0), "a title\nover two lines", xlabel="x", ylabel="y")
     boxes = [ax.get_position() for ax in axes]
     assert all(0 < b.x0 < b.x1 < 1 and 0 < b.y0 < b.y1 < 1 for b in boxes)
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

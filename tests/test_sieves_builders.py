@@ -38,9 +38,10 @@ def make_seq(
     )
 
 
-def masks_as_sets(
-    role: str, seq: EncodedSequence, options: SieveOptions = SieveOptions()
-) -> dict[int, set[int]]:
+DEFAULT_OPTIONS = SieveOptions()
+
+
+def masks_as_sets(role: str, seq: EncodedSequence, options: SieveOptions = DEFAULT_OPTIONS) -> dict[int, set[int]]:
     """The role's scored rows mapped to their sieves, checking that no scored row has an empty one."""
     rows, sieve = ROLES[role].build(seq, options)
     assert rows.shape == (seq.length,) and sieve.shape == (seq.length, seq.length)
@@ -216,7 +217,7 @@ def test_real_sequences_have_non_empty_sieves(minilm_tokenizer, ud_english_ewt: 
     pairs = [[sentences[i][0], sentences[i + 1][0]] for i in range(0, 40, 2)]
     parses = [[sentences[i][1], sentences[i + 1][1]] for i in range(0, 40, 2)]
     seqs = encode_batch(minilm_tokenizer, pairs, parses, max_length=24)
-    rows, sieves = build_batch(seqs, DEFAULT_ROLES, SieveOptions(), length=24)
+    rows, _ = build_batch(seqs, DEFAULT_ROLES, SieveOptions(), length=24)
     for r, role in enumerate(DEFAULT_ROLES):
         for b, seq in enumerate(seqs):
             built_rows, built_sieve = ROLES[role].build(seq, SieveOptions())

@@ -115,7 +115,7 @@ def test_a_multiword_token_its_words_do_not_spell_shares_its_span(tmp_path: Path
         "2\tle\tle\tDET\t_\t_\t3\tdet\t_\t_\n3\tpain\tpain\tNOUN\t_\t_\t0\troot\t_\t_\n",
         encoding="utf-8",
     )
-    ((text, words),) = read_conllu(path)
+    ((_, words),) = read_conllu(path)
     assert [(w.start, w.end) for w in words] == [(0, 2), (0, 2), (3, 7)]
 
 
@@ -208,7 +208,7 @@ def test_unknown_spacy_model() -> None:
 
 def test_unusable_cache_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "spacy_parses.sqlite3").write_text("not a database")
-    with pytest.raises(UserError, match="spacy_parses.sqlite3: cannot use the parse cache"):
+    with pytest.raises(UserError, match=r"spacy_parses\.sqlite3: cannot use the parse cache"):
         SpacyParser(cache_dir=tmp_path).parse(["Hi."])
 
 
@@ -227,7 +227,7 @@ def test_cache_entries_from_before_part_of_speech_are_not_reused(tmp_path: Path)
 
 
 def test_ewt_dev_keeps_universal_tags(ud_english_ewt: Path) -> None:
-    text, words = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=1)[0]
+    _, words = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=1)[0]
     tags = {w.pos for w in words}
     assert "" not in tags and tags <= {
         "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",

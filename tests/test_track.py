@@ -91,7 +91,7 @@ def test_rows_of_a_step_equal_what_roles_writes_for_it(tracked, run_dir, shared_
 
 
 def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data, parse_cache, monkeypatch, tmp_path):
-    out, argv = tracked
+    _, argv = tracked
     loaded = []
     real_load = track.from_pretrained
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -287,7 +286,7 @@ def original_truncate(a: list, b: list, max_num_tokens: int, rng) -> tuple[list,
 
 def test_truncation_matches_the_original() -> None:
     rng = np.random.default_rng(0)
-    for la in range(0, 40):
+    for la in range(40):
         for lb in range(1, 40):
             for m in (2, 7, 30, 61):
                 a, b = original_truncate(list(range(la)), list(range(lb)), m, rng)
@@ -374,7 +373,7 @@ def test_pairs_are_continuations_or_random_and_use_every_sentence_once() -> None
     docs = numbered_documents(6, 200, 3)
     inst = create_instances(docs, 66, 0.0, np.random.default_rng(3), cls_id=1, sep_id=2, pad_id=0)
     used = {d: [] for d in range(6)}
-    for row, length, label in zip(inst.input_ids, inst.lengths, inst.nsp_labels):
+    for row, length, label in zip(inst.input_ids, inst.lengths, inst.nsp_labels, strict=True):
         seps = np.flatnonzero(row == 2)
         a, b = row[1: seps[0]][::3], row[seps[0] + 1: seps[1]][::3]
         assert seps[1] == length - 1 and np.all(row[length:] == 0)
@@ -621,7 +620,7 @@ def take(data: PretrainingData, k: int) -> list[dict[str, np.ndarray]]:
 
 def same(xs: list[dict], ys: list[dict]) -> bool:
     return len(xs) == len(ys) and all(
-        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(xs, ys)
+        x.keys() == y.keys() and all(np.array_equal(x[k], y[k]) for k in x) for x, y in zip(xs, ys, strict=False)
     )
 
 

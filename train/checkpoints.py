@@ -147,7 +147,7 @@ class Checkpointer:
                         }
                     ),
                 )
-            except Exception as e:  # orbax raises many types for truncated or missing files
+            except Exception as e:  # noqa: BLE001 (orbax raises many types for truncated or missing files)
                 log.error(
                     "checkpoint step %d is corrupt or partial (%s: %s); moved to %s, trying the previous one",
                     step,

@@ -412,7 +412,7 @@ _worker_segmenter: SentenceSegmenter | None = None
 
 
 def _init_worker(method: str, spacy_model: str, batch_size: int) -> None:
-    global _worker_segmenter
+    global _worker_segmenter  # noqa: PLW0603 (a process pool worker's own segmenter)
     _worker_segmenter = SentenceSegmenter(method, spacy_model, batch_size)
 
 

@@ -49,7 +49,7 @@ class MetricsWriter:
             return
         from tensorboardX import SummaryWriter
 
-        self.jsonl = open(Path(workdir) / "metrics.jsonl", "a")
+        self.jsonl = open(Path(workdir) / "metrics.jsonl", "a")  # noqa: SIM115 (closed by close())
         self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
