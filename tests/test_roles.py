@@ -15,7 +15,7 @@ import bertjax
 from analysis import roles as roles_cli
 from analysis import stats
 from sieves.align import EncodedSequence
-from sieves.builders import DEFAULT_ROLES, RELATIONS, SieveOptions, build_batch
+from sieves.builders import DEFAULT_ROLES, RELATIONS, ROLES, SieveOptions, build_batch
 from sieves.kernel import sieve_scores
 
 # ---------------------------------------------------------------------------------------------
@@ -189,6 +189,70 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     os.umask(umask)
     assert out.stat().st_mode & 0o777 == 0o777 & ~umask  # not mkdtemp's private 0700
 
+
+
+def _reference_sequence_scores(attention: np.ndarray, seq: EncodedSequence, role: str) -> np.ndarray | None:
+    """β of DESIGN averaged over the role's scored rows, straight from one unpadded [L, H, n, n]
+    attention tensor; None when the role scores no row of this sequence."""
+    rows, sieve = ROLES[role].build(seq, SieveOptions())
+    if not rows.any():
+        return None
+    n = seq.length
+    a = attention[:, :, :n, :n].astype(np.float64)
+    in_sieve = (a * sieve).sum(-1) / np.maximum(sieve.sum(-1), 1)
+    overall = a.sum(-1) / n
+    return (in_sieve / overall)[:, :, rows].mean(-1)
+
+
+def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny_ckpt, shared_data):
+    """The CLI scores length-sorted, bucket-padded batches; here every MRPC example is scored in
+    file order in one unsorted batch and compared row by row with `scores.npz` through its
+    index. Also pins n: exactly the examples where a role has a scored row."""
+    out, _, cache = tiny_run
+    config = roles_cli.RolesConfig(
+        ckpt=str(tiny_ckpt), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
+    )
+    data = roles_cli.load_tasks(config, ["mrpc"])
+    seqs = roles_cli.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_ckpt)), roles_cli.make_parser(config), {})
+    seqs = seqs["mrpc"]
+    length = max(s.length for s in seqs)
+    arrays = {k: np.zeros((len(seqs), length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    for b, seq in enumerate(seqs):
+        arrays["input_ids"][b, : seq.length] = seq.input_ids
+        arrays["attention_mask"][b, : seq.length] = 1
+        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    model = bertjax.from_pretrained(str(tiny_ckpt))
+    attention = np.stack(model(**arrays, output_attentions=True).attentions, axis=1)  # [B, L, H, T, T]
+
+    saved = np.load(out / "scores.npz")
+    table = pd.read_csv(out / "roles.csv")
+    for role in DEFAULT_ROLES:
+        expected = {seq.index: _reference_sequence_scores(attention[b], seq, role) for b, seq in enumerate(seqs)}
+        expected = {i: v for i, v in expected.items() if v is not None}
+        index = saved[f"mrpc/{role}/index"]
+        assert list(index) == sorted(expected), role
+        np.testing.assert_allclose(saved[f"mrpc/{role}"], np.stack([expected[i] for i in index]), rtol=1e-4, atol=1e-6)
+        rows = table[(table.task == "mrpc") & (table.role == role)]
+        assert (rows.n == len(expected)).all() and rows["mean"].notna().all(), role
+
+
+def test_a_correction_spans_every_test_of_the_run():
+    """--correction adjusts the p-values of all tasks, layers, heads and roles as one family, and a
+    role is assigned on the adjusted p-value."""
+    rng = np.random.default_rng(3)
+
+    def task(shift: float) -> roles_cli.TaskScores:
+        scores = {role: 3.0 + shift + rng.normal(0, 1, (30, 2, 3)) for role in ("local", "cls")}
+        return roles_cli.TaskScores(scores, {r: np.arange(30) for r in scores}, [], 30)
+
+    results = {"mrpc": task(0.45), "sst2": task(0.3)}
+    raw, _ = roles_cli.test_roles(results, roles_cli.RolesConfig(ckpt="x", correction="none"))
+    holm, _ = roles_cli.test_roles(results, roles_cli.RolesConfig(ckpt="x", correction="holm"))
+    np.testing.assert_array_equal(holm.p_value, raw.p_value)
+    np.testing.assert_allclose(holm.p_adjusted, stats.adjust_pvalues(raw.p_value.to_numpy(), "holm"))
+    assert (holm.assigned == (holm.p_adjusted < 0.05)).all() and (raw.assigned == (raw.p_value < 0.05)).all()
+    assert holm.assigned.sum() < raw.assigned.sum(), "the planted effects must be near the threshold"
+    assert roles_cli.parse_args(["--ckpt", "x", "--correction", "bh"]).correction == "bh"
 
 def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_ckpt, shared_data, tmp_path):
     config = roles_cli.RolesConfig(

@@ -297,3 +297,30 @@ def test_log_spaced_steps():
     assert log_spaced_steps(6, 300) == [1, 3, 10, 31, 96, 300]
     assert log_spaced_steps(0, 300) == [] and log_spaced_steps(3, 1) == [1]
     assert jax.device_count() >= 1
+
+
+def test_flops_and_mfu_follow_the_design_convention():
+    """6·N + 12·L·T·d training FLOPs per token, N counted as HF counts BertForPreTraining's
+    parameters (the tied decoder once), and MFU against every device's peak together."""
+    import torch
+    import transformers
+
+    from bertjax.model import BertForPreTraining
+    from train.metrics import flops_per_token, throughput
+
+    def count(config):
+        abstract = nnx.eval_shape(lambda: BertForPreTraining(config, rngs=nnx.Rngs(0)))
+        return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+
+    base = bertjax.preset("base")
+    assert count(base) == 110_106_428  # bert-base-uncased's BertForPreTraining
+    tiny = bertjax.preset("tiny")
+    torch.manual_seed(0)
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**tiny.to_hf_dict("BertForPreTraining")))
+    assert count(tiny) == hf.num_parameters()
+    assert flops_per_token(base, 110_106_428, 128) == 6 * 110_106_428 + 12 * 12 * 128 * 768
+    rates = throughput(10, 2.0, 256, tokens=10 * 256 * 128, flops=4e15, peak=989e12, devices=2)
+    assert rates == pytest.approx(
+        {"steps_per_s": 5.0, "sequences_per_s": 1280.0, "tokens_per_s": 163_840.0, "mfu": 4e15 / 2.0 / (2 * 989e12)}
+    )
+    assert "mfu" not in throughput(1, 1.0, 1, tokens=1, flops=1, peak=None, devices=1)

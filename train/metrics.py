@@ -40,6 +40,21 @@ def flops_per_token(config: BertConfig, n_params: int, seq_len: int) -> float:
     return 6 * n_params + 12 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
+def throughput(
+    steps: int, elapsed: float, sequences_per_step: int, tokens: float, flops: float, peak: float | None, devices: int
+) -> dict[str, float]:
+    """Rates over a window of `steps` steps that took `elapsed` seconds; MFU (the achieved share of
+    `peak` FLOP/s per device, all devices together) only when the peak is known."""
+    rates = {
+        "steps_per_s": steps / elapsed,
+        "sequences_per_s": steps * sequences_per_step / elapsed,
+        "tokens_per_s": tokens / elapsed,
+    }
+    if peak is not None:
+        rates["mfu"] = flops / elapsed / (peak * devices)
+    return rates
+
+
 class MetricsWriter:
     """Appends one JSON object per logged step to `metrics.jsonl` and mirrors it to TensorBoard."""
 

@@ -32,7 +32,7 @@ from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
 from train import sharding
 from train.checkpoints import OPT_SIGNATURE, CheckpointConfig, Checkpointer, abstract_with_shardings, tree_signature
-from train.metrics import MetricsWriter, flops_per_token, peak_flops
+from train.metrics import MetricsWriter, flops_per_token, peak_flops, throughput
 from train.optim import OptimizerConfig, make_optimizer, schedule
 
 log = logging.getLogger(__name__)
@@ -295,14 +295,10 @@ class Trainer:
                     fetched = jax.device_get(window)
                     elapsed = time.perf_counter() - window_start
                     last_metrics = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-                    rate = len(fetched) / elapsed
-                    last_metrics |= {
-                        "steps_per_s": rate,
-                        "sequences_per_s": rate * self.loop.global_batch_size,
-                        "tokens_per_s": window_tokens / elapsed,
-                    }
-                    if peak is not None:
-                        last_metrics["mfu"] = window_flops / elapsed / (peak * jax.device_count())
+                    last_metrics |= throughput(
+                        len(fetched), elapsed, self.loop.global_batch_size, window_tokens, window_flops, peak,
+                        jax.device_count(),
+                    )  # fmt: skip
                     writer.write(step, last_metrics)
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
