@@ -15,6 +15,7 @@ import bertjax
 from analysis import clark, depheads, gradients, probes, surface
 from analysis.wordattn import WordAttention, pooling_matrices, word_attention
 from bertjax.config import BertConfig
+from sieves.align import EncodedSequence
 
 # ---------------------------------------------------------------------------------------------
 # Word-level attention
@@ -116,6 +117,52 @@ def test_a_head_whose_argmax_is_the_syntactic_head_scores_100_percent(first_piec
     assert (found["dev_accuracy"] == 1.0).all() and (found["test_accuracy"] == 1.0).all()
     arcs = sum(int(np.sum(t != np.arange(len(t)))) for t in trees[20:])
     assert found.set_index("relation").loc[depheads.ALL_RELATIONS, "count"] == arcs
+
+
+def test_heads_and_offsets_are_chosen_on_dev_and_scored_on_test():
+    """Clark et al. pick each relation's head (per direction) and baseline offset on dev and report
+    their test accuracy. Here every choice made on test would differ from the one made on dev, so
+    choosing on test, or reporting a dev number as the test one, changes the table."""
+    dev, test = depheads.DependencyCounts(2, 2), depheads.DependencyCounts(2, 2)
+    dev.count = {"amod": 10, "nsubj": 10, "advmod": 3, "all": 23}
+    test.count = {"amod": 20, "nsubj": 20, "all": 40}
+    # found[relation][direction, layer, head]: the dev argmax, then the test one, of each block.
+    dev.found = {
+        "amod": np.array([[[1, 8], [6, 2]], [[2, 3], [4, 7]]]),  # (0, 1), (1, 1)
+        "nsubj": np.array([[[9, 1], [2, 3]], [[1, 2], [8, 4]]]),  # (0, 0), (1, 0)
+        "advmod": np.array([[[0, 0], [0, 3]], [[0, 0], [0, 3]]]),
+        "all": np.array([[[10, 9], [8, 8]], [[3, 5], [12, 14]]]),  # (0, 0), (1, 1)
+    }
+    test.found = {
+        "amod": np.array([[[3, 5], [15, 4]], [[16, 2], [6, 9]]]),  # (1, 0), (0, 0)
+        "nsubj": np.array([[[4, 2], [3, 17]], [[2, 18], [5, 1]]]),  # (1, 1), (0, 1)
+        "all": np.array([[[7, 7], [18, 21]], [[18, 20], [11, 10]]]),  # (1, 1), (0, 1)
+    }
+    # offset_found[relation][offset index] over OFFSETS = (-3, -2, -1, 1, 2, 3).
+    dev.offset_found = {
+        "amod": np.array([0, 1, 7, 2, 0, 0]),  # -1
+        "nsubj": np.array([0, 0, 1, 2, 5, 0]),  # +2
+        "advmod": np.array([3, 0, 0, 0, 0, 0]),
+        "all": np.array([3, 1, 8, 4, 5, 0]),  # -1
+    }
+    test.offset_found = {
+        "amod": np.array([0, 2, 3, 12, 0, 0]),  # +1
+        "nsubj": np.array([0, 0, 5, 2, 4, 0]),  # -1
+        "all": np.array([0, 2, 8, 14, 4, 0]),  # +1
+    }
+    table = depheads.dependency_table(dev, test)
+    expected = pd.DataFrame(
+        [
+            ("amod", 0, 1, "dep2head", 8 / 10, 5 / 20, -1, 3 / 20, 20),
+            ("amod", 1, 1, "head2dep", 7 / 10, 9 / 20, -1, 3 / 20, 20),
+            ("nsubj", 0, 0, "dep2head", 9 / 10, 4 / 20, 2, 4 / 20, 20),
+            ("nsubj", 1, 0, "head2dep", 8 / 10, 5 / 20, 2, 4 / 20, 20),
+            ("all", 0, 0, "dep2head", 10 / 23, 7 / 40, -1, 8 / 40, 40),
+            ("all", 1, 1, "head2dep", 14 / 23, 10 / 40, -1, 8 / 40, 40),
+        ],
+        columns=list(depheads.TABLE_COLUMNS),
+    )
+    pd.testing.assert_frame_equal(table, expected, check_dtype=False)
 
 
 def test_head_to_dependent_finds_every_dependent_of_a_head():
@@ -294,6 +341,61 @@ def test_attention_gradient_matches_finite_differences(small_pretraining_model):
         bump[cell] = eps
         numeric = (float(loss(bump)) - float(loss(-bump))) / (2 * eps)
         np.testing.assert_allclose(grad[cell], numeric, rtol=2e-3, atol=1e-5)
+
+
+def test_gradient_importance_is_the_mean_over_heads_real_rows_and_keys_of_each_kind(
+    small_pretraining_model, monkeypatch
+):
+    """The importance of a key kind in a layer is the mean |∂loss/∂α| over every head, real query
+    row and real key of that kind. A slow loop that takes each sequence alone, masked as the
+    function masked it, and reads only its real cells must agree: summing over heads instead, or
+    counting the padding rows of short sequences or of the filler row that completes the batch,
+    does not. (The loop pads every sequence to one width, so it compiles once.)"""
+    model = small_pretraining_model
+    punct_ids = (7, 8)
+    seqs = []
+    for ids in ([2, 10, 7, 11, 12, 3], [2, 13, 14, 8, 3, 15, 7, 16, 3], [2, 20, 21, 7, 22, 23, 8, 25, 26, 7, 3]):
+        ids = np.array(ids, np.int32)
+        is_cls, is_sep = ids == 2, ids == 3
+        seqs.append(EncodedSequence(ids, np.minimum(np.cumsum(is_sep) - is_sep, 1).astype(np.int32), is_cls | is_sep,
+                                    is_cls, is_sep, np.full(len(ids), -1, np.int32), (), np.zeros(0, np.int32),
+                                    int(is_sep.sum()), len(seqs)))  # fmt: skip
+    drawn, mask_batch = [], gradients.mask_batch
+
+    def recorded_mask_batch(*args, **kwargs):
+        drawn.append((args[0], *mask_batch(*args, **kwargs)))
+        return drawn[-1][1:]
+
+    monkeypatch.setattr(gradients, "mask_batch", recorded_mask_batch)
+    importance = gradients.gradient_importance(model, seqs, punct_ids, mask_id=4, batch_size=4, max_length=16)
+    ((unmasked, masked, positions, labels, weights),) = drawn
+    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    totals = np.zeros((layers, len(gradients.KEY_KINDS)))
+    cells = np.zeros((layers, len(gradients.KEY_KINDS)))
+    width = max(seq.length for seq in seqs)
+    grad_fn = jax.jit(jax.grad(lambda offsets, *inputs: gradients.mlm_loss(model, offsets, *inputs)))
+    for b, seq in enumerate(seqs):
+        n = seq.length
+        np.testing.assert_array_equal(unmasked[b, :n], seq.input_ids)
+        ids, mask, types = np.zeros((3, 1, width), np.int32)
+        ids[0, :n], mask[0, :n], types[0, :n] = masked[b, :n], 1, seq.token_type_ids
+        inputs = (ids, mask, types, positions[b : b + 1], labels[b : b + 1], weights[b : b + 1])
+        grad = np.asarray(grad_fn(jnp.zeros((layers, 1, heads, width, width)), *inputs))[:, 0]
+        for key in range(n):
+            if seq.is_cls[key]:
+                kind = "cls"
+            elif seq.is_sep[key]:
+                kind = "sep"
+            elif seq.input_ids[key] in punct_ids:
+                kind = "punct"
+            else:
+                kind = "other"
+            for layer in range(layers):
+                for head in range(heads):
+                    for query in range(n):
+                        totals[layer, gradients.KEY_KINDS.index(kind)] += abs(grad[layer, head, query, key])
+                        cells[layer, gradients.KEY_KINDS.index(kind)] += 1
+    np.testing.assert_allclose(importance, totals / cells, rtol=1e-5)
 
 
 def test_bert_masking_picks_15_percent_of_maskable_tokens():

@@ -3,15 +3,19 @@ per-example loop, per-layer normalisation, the pruning schedule and orders, and 
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
+import hypothesis.extra.numpy as hnp
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from transformers import BertTokenizerFast
 
 import bertjax
@@ -130,6 +134,49 @@ def test_pruning_counts_step_by_a_fraction_of_all_heads():
     assert prune.pruning_counts(144, 0.05)[:4] == [0, 7, 14, 22] and prune.pruning_counts(144, 0.05)[-1] == 144
     assert len(prune.pruning_counts(144, 0.05)) == 21
     assert prune.pruning_counts(8, 0.3) == [0, 2, 5, 7, 8]
+
+
+# Magnitudes a float32 gradient can take, whose squares neither underflow nor overflow in float64.
+importance_matrices = hnp.arrays(
+    np.float64,
+    hnp.array_shapes(min_dims=2, max_dims=2, min_side=1, max_side=6),
+    elements=st.one_of(st.just(0.0), st.floats(1e-30, 1e30), st.floats(-1e30, -1e-30)),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(importance_matrices)
+def test_normalise_per_layer_scales_each_layer_to_the_unit_sphere(importance):
+    """Importances of layers with very different gradient scales become comparable only if each
+    layer is a positive rescaling of itself with L2 norm 1; an all-zero layer must stay a finite zero
+    rather than 0/0 NaN, which would poison the pruning order."""
+    normalised = prune.normalise_per_layer(importance)
+    assert normalised.shape == importance.shape and np.isfinite(normalised).all()
+    for row, out in zip(importance, normalised, strict=True):
+        if not row.any():
+            np.testing.assert_array_equal(out, 0.0)
+            continue
+        np.testing.assert_allclose(np.linalg.norm(out), 1.0, rtol=1e-12)
+        scale = np.linalg.norm(row)
+        assert scale > 0
+        np.testing.assert_allclose(out * scale, row, rtol=1e-12, atol=1e-12 * scale)
+        np.testing.assert_array_equal(np.sign(out), np.sign(row))
+
+
+@settings(max_examples=200, deadline=None)
+@given(n_total=st.integers(1, 400), step=st.one_of(st.sampled_from([0.05, 0.1, 0.25, 0.3, 0.5]), st.floats(0.01, 0.5)))
+def test_pruning_counts_are_the_documented_schedule(n_total, step):
+    """The curve starts unpruned, ends with every head pruned, measures each count once, and its
+    counts are exactly round(k · step · n_total) for every k with k · step ≤ 1, nothing else."""
+    counts = prune.pruning_counts(n_total, step)
+    assert all(isinstance(c, int) for c in counts)
+    assert counts[0] == 0 and counts[-1] == n_total
+    assert all(a < b for a, b in itertools.pairwise(counts))
+    last_k = math.floor(round(1.0 / step, 9))
+    scheduled = {round(k * step * n_total) for k in range(last_k + 1)}
+    assert scheduled <= set(counts)
+    assert set(counts) - scheduled <= {n_total}
+    assert all(b - a <= math.ceil(step * n_total) + 1 for a, b in itertools.pairwise(counts))
 
 
 def test_pruning_by_importance_masks_the_least_important_remaining_heads():

@@ -4,6 +4,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence, encode_batch
@@ -105,6 +107,80 @@ def test_special_rows_switch() -> None:
         scored = set(masks_as_sets(role, PAIR, no_specials))
         assert scored == set(masks_as_sets(role, PAIR)) - {0, 3, 7}
     assert masks_as_sets("local", PAIR, no_specials)[1] == {0, 1, 2, 3}  # specials stay keys
+
+
+POSITIONAL_ROLES = ("local", "prev", "next", "block", "cls", "sep", "delimiter")
+
+
+def design_table(lengths: list[int], window: int, special_rows: bool) -> dict[str, dict[int, set[int]]]:
+    """DESIGN's sieve table, one (t, s) pair at a time, for [CLS] A [SEP] (B [SEP]) whose segments
+    hold `lengths` non-special tokens: each role's scored rows (non-empty S(t)) mapped to S(t)."""
+    seps = [lengths[0] + 1] if len(lengths) == 1 else [lengths[0] + 1, lengths[0] + lengths[1] + 2]
+    n = seps[-1] + 1
+    specials = {0, *seps}
+    segment = [0 if t <= seps[0] else 1 for t in range(n)]
+    two_segments = len(lengths) == 2
+    row_rules = {
+        "local": lambda t: True,
+        "prev": lambda t: t >= 1,
+        "next": lambda t: t <= n - 2,
+        "block": lambda t: two_segments,
+        "cls": lambda t: True,
+        "sep": lambda t: True,
+        "delimiter": lambda t: True,
+    }
+    key_rules = {
+        "local": lambda t, s: abs(s - t) <= window,
+        "prev": lambda t, s: t - window <= s <= t - 1,
+        "next": lambda t, s: t + 1 <= s <= t + window,
+        "block": lambda t, s: segment[s] == segment[t] and s not in specials,
+        "cls": lambda t, s: s == 0,
+        "sep": lambda t, s: s in seps,
+        "delimiter": lambda t, s: s == 0 or s in seps,
+    }
+    table = {}
+    for role in POSITIONAL_ROLES:
+        table[role] = {}
+        for t in range(n):
+            if not row_rules[role](t) or (t in specials and not special_rows):
+                continue
+            sieve = {s for s in range(n) if key_rules[role](t, s)}
+            if sieve:
+                table[role][t] = sieve
+    return table
+
+
+@st.composite
+def positional_layouts(draw) -> tuple[list[int], SieveOptions, int]:
+    lengths = draw(st.lists(st.integers(0, 7), min_size=1, max_size=2))
+    n = sum(lengths) + len(lengths) + 1
+    options = SieveOptions(window=draw(st.integers(1, n + 2)), special_rows=draw(st.booleans()))
+    return lengths, options, n + draw(st.integers(0, 3))
+
+
+@settings(max_examples=150, deadline=None)
+@given(positional_layouts())
+def test_positional_roles_match_the_design_table(layout: tuple[list[int], SieveOptions, int]) -> None:
+    """Every positional and delimiter role, on random one- and two-segment layouts (segments of 0 or
+    1 token, windows wider than the sequence, padding), equals DESIGN's table read pair by pair,
+    and the roles fit together as the table implies."""
+    lengths, options, padded = layout
+    types = [0] * (lengths[0] + 2) + [1] * (lengths[1] + 1 if len(lengths) == 2 else 0)
+    seq = make_seq(types, num_segments=len(lengths))
+    n = seq.length
+    rows, sieves = build_batch([seq], POSITIONAL_ROLES, options, length=padded)
+    expected = design_table(lengths, options.window, options.special_rows)
+    built = {}
+    for r, role in enumerate(POSITIONAL_ROLES):
+        built[role] = sieves[r, 0, :n, :n]
+        scored = np.flatnonzero(rows[r, 0]).tolist()
+        assert {t: set(np.flatnonzero(sieves[r, 0, t]).tolist()) for t in scored} == expected[role], role
+        assert sieves[r, 0, rows[r, 0]].any(axis=1).all(), role
+        assert not rows[r, 0, n:].any() and not sieves[r, 0, n:].any() and not sieves[r, 0, :, n:].any(), role
+    itself = np.eye(n, dtype=bool)
+    np.testing.assert_array_equal(built["prev"] | itself | built["next"], built["local"])
+    np.testing.assert_array_equal(built["cls"] | built["sep"], built["delimiter"])
+    assert not built["block"][:, seq.special].any()
 
 
 # [CLS] she ate red app ##les quick ##ly . [SEP]

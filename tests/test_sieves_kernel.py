@@ -89,6 +89,23 @@ def test_matches_reference_in_float32(inputs) -> None:
     np.testing.assert_allclose(np.asarray(scores), expected_scores, rtol=1e-5, atol=0)
 
 
+@settings(max_examples=20, deadline=None)
+@given(kernel_inputs(), hnp.arrays(np.float64, (L, B, H, T, 1), elements=st.floats(-3, 3)))
+def test_unnormalised_rows_divide_by_their_mean_real_attention(inputs, log_scales) -> None:
+    """Rows scaled by unrelated positive factors, so Σ_{s∈I} α(t,s) / n is not 1/n: a kernel that
+    assumed normalised rows would pass the tests above but not this one. β is scale-free per row."""
+    attentions, real, rows, sieves = inputs
+    scaled = attentions * 10.0**log_scales
+    expected_scores, expected_counts = sieve_scores_reference(scaled, real, rows, sieves)
+    np.testing.assert_allclose(expected_scores, sieve_scores_reference(*inputs)[0], rtol=1e-9, atol=0)
+    with jax.enable_x64(True):
+        scores, counts = sieve_scores(*(jnp.asarray(x) for x in (scaled, real, rows, sieves)))
+        scores, counts = np.asarray(scores), np.asarray(counts)
+    np.testing.assert_array_equal(counts, expected_counts)
+    np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected_scores))
+    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6, atol=0)
+
+
 def fixed_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     rng = np.random.default_rng(0)
     real = np.arange(T)[None, :] < np.array([6, 4, 1])[:, None]

@@ -1,7 +1,9 @@
 """Hypothesis tests, τ selection and corrections against SciPy and slow obvious twins."""
 
 import math
+from fractions import Fraction
 
+import hypothesis.extra.numpy as hnp
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -138,6 +140,35 @@ def test_tau_auto() -> None:
         tau_auto([np.array([np.nan]), np.zeros((0, 3, 3))])
     with pytest.raises(UserError, match="--tau auto"):
         tau_auto([])
+
+
+score_values = st.one_of(
+    st.integers(-12, 12).map(float),
+    st.integers(-64 * 12, 64 * 12).map(lambda i: i / 64),
+    st.just(np.nan),
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    score_sets=st.lists(
+        hnp.arrays(np.float64, hnp.array_shapes(min_dims=1, max_dims=3, min_side=0, max_side=4), elements=score_values),
+        max_size=4,
+    )
+)
+def test_tau_auto_is_the_next_integer_above_the_pooled_mean(score_sets: list[np.ndarray]) -> None:
+    """Over NaN-padded, empty and ragged score arrays: τ is an int, strictly above the mean of every
+    non-NaN score pooled together (exact, as the scores are dyadic) and at most one above it; with
+    no score at all it is a user error, not a NaN or a crash."""
+    pooled = [Fraction(float(x)) for scores in score_sets for x in scores.ravel() if not np.isnan(x)]
+    if not pooled:
+        with pytest.raises(UserError, match="--tau auto"):
+            tau_auto(score_sets)
+        return
+    mean = sum(pooled) / len(pooled)
+    tau = tau_auto(iter(score_sets))
+    assert isinstance(tau, int)
+    assert mean < tau <= mean + 1
 
 
 def holm_slow(p: list[float]) -> list[float]:
