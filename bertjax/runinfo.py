@@ -32,14 +32,25 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
+            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
         )
     except OSError:
         return None
-    return out.stdout.strip() or None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_commit() -> str | None:
+    return _git("rev-parse", "HEAD") or None
+
+
+def git_dirty() -> bool | None:
+    """Whether the checkout differs from its commit (then the commit alone does not say what ran);
+    None outside a checkout."""
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return None if status is None else bool(status)
 
 
 def versions() -> dict[str, str | None]:
@@ -50,6 +61,7 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     found["git_commit"] = git_commit()
+    found["git_dirty"] = git_dirty()
     return found
 
 
@@ -61,6 +73,8 @@ def environment() -> dict[str, Any]:
         "processes": jax.process_count(),
         "host": platform.node(),
         "command": sys.argv,
+        # Paths in the settings are as typed; relative ones are relative to this.
+        "cwd": os.getcwd(),
     }
 
 
@@ -72,26 +86,36 @@ def write_run_json(directory: Path, info: dict[str, Any]) -> None:
     tmp.replace(path)
 
 
+# Names what made an output directory, so that --overwrite can tell an earlier output of the same
+# kind from anything else that holds a run.json (a training workdir does).
+OUTPUT_MARKER = ".bertjax-output"
+ANALYSIS_OUTPUT = "analysis output"
+
+
 @contextlib.contextmanager
-def atomic_out(out: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OUTPUT) -> Iterator[Path]:
     """A temporary directory beside `--out` to write into; renamed to `--out` when the block
     completes, removed if it raises, so an output directory is never half-written. Checks that
-    `--out` can be written before any work starts. `overwrite` replaces an earlier output (a
-    directory holding a run.json) and nothing else, so a mistyped `--out` cannot delete a folder of
-    other files."""
+    `--out` can be written before any work starts. `overwrite` replaces an earlier output of the
+    same `kind` (marked so by this function) and nothing else, so a mistyped `--out` cannot delete a
+    training run or a folder of other files."""
     out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
-        if not (out / "run.json").is_file():
-            raise UserError(f"--out {out} is not an earlier output (it has no run.json); --overwrite replaces only those")
+        marker = out / OUTPUT_MARKER
+        if not marker.is_file() or marker.read_text().strip() != kind:
+            raise UserError(
+                f"--out {out} is not an earlier {kind} (it has no {OUTPUT_MARKER} saying so); --overwrite replaces only those"
+            )
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         # mkdtemp makes it private (0700); the output gets the mode any new directory would.
         tmp.chmod(0o777 & ~_umask())
+        (tmp / OUTPUT_MARKER).write_text(kind + "\n")
     except OSError as e:
         raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
     try:

@@ -182,6 +182,7 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     assert run["tasks"]["sst2"]["absent_roles"] == ["block"]
     assert {f["path"].split("/")[-2] for f in run["data_files"]["mrpc"]} == {"MRPC"}
     assert run["versions"]["jax"] and run["devices"]["count"] >= 1 and "total" in run["timings_s"]
+    assert run["cwd"] == os.getcwd() and run["versions"]["git_dirty"] in (True, False, None)
     figures = {p.name for p in out.iterdir() if p.suffix in (".png", ".svg")}
     assert {"mrpc_role_grid.png", "mrpc_role_grid.svg", "sst2_role_grid.png"} <= figures
     assert not [p for p in out.parent.iterdir() if ".tmp-" in p.name]
@@ -353,13 +354,19 @@ def test_batches_are_padded_to_a_bucket_but_never_past_max_length():
 
 def test_overwrite_replaces_only_an_earlier_output(tiny_run, tmp_path, cli_error):
     _, argv, _ = tiny_run
-    foreign = tmp_path / "notes"
-    foreign.mkdir()
-    (foreign / "mine.txt").write_text("keep me")
+    """A training workdir holds a run.json too; only what an analysis wrote may be replaced."""
     out_at = argv.index("--out") + 1
-    message = cli_error(roles_cli.main, argv[:out_at] + [str(foreign)] + argv[out_at + 1 :] + ["--overwrite"])
-    assert message == f"error: --out {foreign} is not an earlier output (it has no run.json); --overwrite replaces only those"
-    assert [p.name for p in tmp_path.rglob("*")] == ["notes", "mine.txt"]
+    for foreign, files in ((tmp_path / "notes", ["mine.txt"]), (tmp_path / "a-training-run", ["run.json", "config.yaml"])):
+        foreign.mkdir()
+        for name in files:
+            (foreign / name).write_text("keep me")
+        message = cli_error(roles_cli.main, argv[:out_at] + [str(foreign)] + argv[out_at + 1 :] + ["--overwrite"])
+        assert message == (
+            f"error: --out {foreign} is not an earlier analysis output (it has no .bertjax-output saying so); "
+            "--overwrite replaces only those"
+        )
+        assert sorted(p.name for p in foreign.iterdir()) == sorted(files)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-training-run", "notes"]
 
 
 def test_max_length_is_cut_to_the_model_positions():

@@ -277,7 +277,7 @@ def prepare(config: PrepareConfig, out_dir: Path) -> dict[str, Any]:
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir}: output directory exists and is not empty")
-    with runinfo.atomic_out(out_dir) as tmp:
+    with runinfo.atomic_out(out_dir, kind="prepared pre-training data") as tmp:
         meta = _prepare_into(config, tmp)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     return meta
