@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 
 from analysis import plots, roles
 from analysis.track import layer_groups
-from bertjax import cli, runinfo
+from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
@@ -141,7 +141,7 @@ def compare_task(
 ) -> tuple[roles.TaskScores, roles.TaskScores, np.ndarray]:
     """Pre and post β of the task's sequences and the [L, H] cosine similarity averaged over them,
     streamed batch by batch."""
-    present, absent = roles.present_roles(seqs, config.roles)
+    present, absent = roles.present_roles((seq.num_segments for seq in seqs), config.roles)
     before, after = roles.ScoreCollector(config.roles, present), roles.ScoreCollector(config.roles, present)
     total = 0.0
     for chunk, (pre_scores, post_scores, counts, cosine) in roles.scored_batches(comparer, seqs, present, config, desc):
@@ -331,13 +331,18 @@ def plot_similarity(similarity: pd.DataFrame, out_dir: Path, stem: str) -> list[
 
 
 def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
-    """`CKPT` (tasks from --task) or `CKPT:TASK[,TASK]` when the suffix names tasks."""
+    """`CKPT` (tasks from --task) or `CKPT:TASK[,TASK]` when the suffix names tasks; a suffix that
+    names none must belong to an existing path."""
     path, sep, suffix = spec.rpartition(":")
     if sep and path:
         try:
             return path, tuple(roles.resolve_tasks(suffix))
         except UserError:
-            pass  # a ':' inside the path itself
+            if not Path(spec).expanduser().exists():
+                raise UserError(
+                    f"--post {spec}: {suffix!r} after the last ':' is not a task (choose from {', '.join(glue.TASKS)}, "
+                    f"all, or a comma-separated list) and {spec} is not an existing path"
+                ) from None
     return spec, tuple(roles.resolve_tasks(default_tasks))
 
 
@@ -359,6 +364,10 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
     roles.add_data_arguments(p)
     roles.add_output_arguments(p, "finetune_effect_out")
     a = p.parse_args(argv)
+    if a.parser == "conllu" or a.conllu:
+        # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.
+        raise UserError("--parser conllu / --conllu: finetune_effect compares on GLUE tasks parsed by spaCy only; "
+                        "run analysis.roles --parser conllu on each checkpoint instead")  # fmt: skip
     specs = [parse_post(spec, a.task) for spec in a.post]
     labels = post_labels([path for path, _ in specs])
     posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))

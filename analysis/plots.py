@@ -609,11 +609,19 @@ def plot_all(
         ]
     out_dir.mkdir(parents=True, exist_ok=True)
     if workers is None:
-        workers = min(len(os.sched_getaffinity(0)), len(jobs) // FIGURES_PER_PROCESS)
+        workers = min(_usable_cores(), len(jobs) // FIGURES_PER_PROCESS)
     workers = min(workers, len(jobs))
     if workers <= 1:
         return _draw(jobs)
     return _draw_in_processes(jobs, workers)
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on; macOS and Windows lack sched_getaffinity, so there
+    every core counts."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 def _draw(jobs: Sequence[tuple]) -> list[Path]:

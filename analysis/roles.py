@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -196,9 +196,10 @@ def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> 
     return arrays
 
 
-def present_roles(seqs: Sequence[EncodedSequence], roles: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the roles these sequences define, those they do not): pair roles need two segments each."""
-    paired = all(seq.num_segments == 2 for seq in seqs)
+def present_roles(num_segments: Iterable[int], roles: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the roles inputs with these segment counts define, those they do not): pair roles need
+    two segments in every input."""
+    paired = all(n == 2 for n in num_segments)
     present = [r for r in roles if paired or not get_role(r).needs_pair]
     return present, [r for r in roles if r not in present]
 
@@ -253,7 +254,7 @@ class ScoreCollector:
 
 
 def score_task(scorer, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
-    present, absent = present_roles(seqs, config.roles)
+    present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     collector = ScoreCollector(config.roles, present)
     for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
         collector.add(chunk, scores, counts)
@@ -316,7 +317,17 @@ class TaskData:
 
 
 def load_tasks(config: RolesConfig, tasks: Sequence[str]) -> dict[str, TaskData]:
-    return {task: TaskData(*examples_for(config, task)) for task in tasks}
+    """Every task's examples, or a UserError when a task defines none of `config.roles` (checked
+    here, before any parse or forward pass: such a task would leave nothing to test)."""
+    data = {task: TaskData(*examples_for(config, task)) for task in tasks}
+    for task, d in data.items():
+        present, absent = present_roles((len(segments) for segments in d.segments), config.roles)
+        if not present:
+            verb = "needs" if len(absent) == 1 else "need"
+            raise UserError(
+                f"--roles {','.join(config.roles)}: no requested role is defined for {task} ({', '.join(absent)} {verb} sentence pairs)"
+            )
+    return data
 
 
 def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:

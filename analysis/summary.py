@@ -116,7 +116,7 @@ def local_syntactic_spearman(roles: pd.DataFrame, task: str) -> Correlation | No
 def summarize(roles: pd.DataFrame, coarse: Mapping[str, str] = DEFAULT_COARSE) -> pd.DataFrame:
     """One row per task (in order of appearance), percentages in 0–100.
 
-    Columns: `n_heads`; `pct_<coarse role>` (NaN when none of its fine roles was tested);
+    Columns: `task`, `n_heads`; `pct_<coarse role>` (NaN when none of its fine roles was tested);
     `pct_unskilled` (heads holding no role at all, fine roles outside `coarse` included);
     `pct_syntactic_also_local` (NaN without syntactic heads); `spearman_rho`, `spearman_p`,
     `spearman_n` over the heads' mean local and syntactic β (NaN if either role is absent).
@@ -142,7 +142,7 @@ def summarize(roles: pd.DataFrame, coarse: Mapping[str, str] = DEFAULT_COARSE) -
         record["spearman_p"] = corr.p_value if corr else math.nan
         record["spearman_n"] = corr.n_heads if corr else 0
         records.append(record)
-    return pd.DataFrame.from_records(records).set_index("task")
+    return pd.DataFrame.from_records(records)
 
 
 def _pct(value: float) -> str:
@@ -157,7 +157,8 @@ def format_summary(df: pd.DataFrame) -> str:
         if c.startswith("pct_") and c not in ("pct_unskilled", "pct_syntactic_also_local")
     ]
     blocks = []
-    for task, row in df.iterrows():
+    for _, row in df.iterrows():
+        task = row["task"]
         shares = ", ".join(f"{c.removeprefix('pct_')} {_pct(row[c])}" for c in coarse_cols)
         also_local = row["pct_syntactic_also_local"]
         lines = [

@@ -77,6 +77,8 @@ def run_steps(run: str, wanted: Sequence[int] | None) -> tuple[Path, list[int]]:
     available = ckpt.available_steps(directory)
     if wanted is None:
         return directory, available
+    if not wanted:
+        raise UserError("--steps names no step; give comma-separated steps, or leave --steps out for every checkpoint")
     missing = sorted(set(wanted) - set(available))
     if missing:
         raise UserError(f"--steps: {path} has no checkpoint for step {', '.join(map(str, missing))}; available: {available}")
@@ -316,8 +318,10 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
         margins=plots.Margins(bottom=0.8),
     )
     for ax, role in zip(axes, names, strict=True):
-        part = rows[rows["role"] == role].set_index(["layer", "head", "step"])["assigned"].astype(float)
-        cells = part.unstack("step").reindex(index=grid, columns=steps).to_numpy()
+        part = rows[rows["role"] == role].set_index(["layer", "head", "step"])
+        # A NaN p-value (n < 2, zero variance) is untested, which must not read as "not held".
+        held = part["assigned"].astype(float).where(part["p_value"].notna())
+        cells = held.unstack("step").reindex(index=grid, columns=steps).to_numpy()
         ax.pcolormesh(
             np.arange(len(steps) + 1) - 0.5,
             np.arange(n_layers * n_heads + 1) - 0.5,

@@ -17,6 +17,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import finetune_effect as effect
 from analysis import roles as roles_cli
+from bertjax.errors import UserError
 
 
 def _tokenizer(shared_data: Path) -> BertTokenizerFast:
@@ -131,10 +132,18 @@ def test_group_means_average_heads_and_fine_roles():
     assert "block" not in set(table.index.get_level_values("bar"))
 
 
-def test_post_specs_and_labels():
+def test_post_specs_and_labels(tmp_path):
     assert effect.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
     assert effect.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))
-    assert effect.parse_post("runs/a:b/c", "sst2") == ("runs/a:b/c", ("sst2",))
+    colon = tmp_path / "a:b"  # a ':' inside an existing path is part of the path
+    colon.mkdir()
+    assert effect.parse_post(str(colon), "sst2") == (str(colon), ("sst2",))
+    with pytest.raises(UserError) as error:
+        effect.parse_post("runs/a:badtask", "sst2")
+    assert str(error.value) == (
+        "--post runs/a:badtask: 'badtask' after the last ':' is not a task (choose from qnli, qqp, mrpc, sst2, all, "
+        "or a comma-separated list) and runs/a:badtask is not an existing path"
+    )
     assert effect.post_labels(["runs/x", "other/x", "runs/y/checkpoints/7"]) == ["x#1", "x#2", "y@7"]
 
 
@@ -156,6 +165,13 @@ def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_pat
     message = cli_error(effect.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("flags", [["--parser", "conllu", "--conllu", "gold.conllu"], ["--conllu", "gold.conllu"]])
+def test_conllu_trees_are_refused(flags, cli_error):
+    """The data flags are shared with analysis.roles, but gold trees would be silently unused here."""
+    message = cli_error(effect.main, ["--pre", "a", "--post", "b:mrpc", *flags])
+    assert message.startswith("error: --parser conllu / --conllu: finetune_effect compares on GLUE tasks")
 
 
 def test_max_length_is_cut_to_the_checkpoints_positions(shared_data, flags, tmp_path):

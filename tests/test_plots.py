@@ -1,6 +1,7 @@
 """Figures and the summary table on a hand-built two-task result (L = 3, H = 4)."""
 
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from scipy import stats
 
+from analysis import plots
 from analysis.plots import (
     _heatmap_grid,
     _log_scale,
@@ -126,8 +128,9 @@ def test_coarse_combinations_match_a_hand_count(synthetic) -> None:
 
 def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
     roles, _ = synthetic
-    table = summarize(roles)
-    assert list(table.index) == ["mrpc", "sst2"]
+    digest = summarize(roles)
+    assert list(digest["task"]) == ["mrpc", "sst2"]  # a column: summary.csv is written without the index
+    table = digest.set_index("task")
     mrpc, sst2 = table.loc["mrpc"], table.loc["sst2"]
     assert mrpc["n_heads"] == sst2["n_heads"] == 12
     assert mrpc["pct_local"] == pytest.approx(100 * 4 / 12)
@@ -150,7 +153,7 @@ def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
         assert table.loc[task, "spearman_rho"] == pytest.approx(expected.statistic)
         assert table.loc[task, "spearman_p"] == pytest.approx(expected.pvalue)
         assert table.loc[task, "spearman_n"] == 12
-    text = format_summary(table)
+    text = format_summary(digest)
     assert "mrpc: 12 heads" in text and "sst2: 12 heads" in text
     assert "block not tested" in text and "n/a (no syntactic heads)" in text
 
@@ -159,7 +162,7 @@ def test_local_vs_syntactic_returns_rho_or_skips(synthetic, tmp_path: Path) -> N
     roles, _ = synthetic
     paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
     assert [p.name for p in paths] == ["mrpc_lvs.png", "mrpc_lvs.svg"]
-    assert corr.rho == pytest.approx(summarize(roles).loc["mrpc", "spearman_rho"])
+    assert corr.rho == pytest.approx(summarize(roles).set_index("task").loc["mrpc", "spearman_rho"])
     no_syntactic = roles[roles["role"] != "syntactic"]
     assert plot_local_vs_syntactic(no_syntactic, "mrpc", tmp_path, "skipped") == ([], None)
     assert not list(tmp_path.glob("skipped*"))
@@ -202,6 +205,15 @@ def test_figure_processes_draw_the_same_files_as_one_process(synthetic, tmp_path
     for path in alone:
         if path.suffix == ".png":  # SVGs carry random clip-path ids; PNG pixels are deterministic
             assert path.read_bytes() == (tmp_path / "shared" / path.name).read_bytes(), path.name
+
+
+def test_figure_processes_without_sched_getaffinity(synthetic, tmp_path: Path, monkeypatch) -> None:
+    """macOS and Windows have no os.sched_getaffinity: every core counts there."""
+    roles, scores = synthetic
+    monkeypatch.delattr(os, "sched_getaffinity", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(plots, "_draw_in_processes", lambda jobs, workers: [workers])
+    assert plot_all(roles, scores, tmp_path, TAU, ALPHA) == [2]
 
 
 def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None:

@@ -172,6 +172,8 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     assert set(table.task) == {"mrpc", "sst2"}
     assert set(table.role[table.task == "sst2"]) == set(DEFAULT_ROLES) - {"block"}  # SST-2 is single-segment
     assert len(table[(table.task == "mrpc") & (table.role == "local")]) == 2 * 2  # L × H
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["task"]) == ["mrpc", "sst2"] and (summary["n_heads"] == 4).all()
     scores = np.load(out / "scores.npz")
     local = scores["mrpc/local"]
     assert local.shape == (24, 2, 2) and list(scores["mrpc/local/index"]) == list(range(24))
@@ -311,6 +313,7 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("max_length_tiny", "error: --max-length must be at least 5"),
         ("tau_nan", "error: --tau must be a finite number or 'auto', got 'nan'"),
         ("unwritable_out", "cannot write there"),
+        ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
     ],
 )
 def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, shared_data, tmp_path, cli_error):
@@ -336,6 +339,9 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, share
         blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
         blocker.write_text("")
         argv[7] = str(blocker / "out")
+    elif case == "no_role_defined":
+        argv[3] = "sst2"
+        argv += ["--roles", "block"]
     message = cli_error(roles_cli.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not out.exists()

@@ -11,11 +11,12 @@ import orbax.checkpoint as ocp
 import pandas as pd
 import pytest
 from flax import nnx
+from matplotlib.colors import to_rgba
 from transformers import BertTokenizerFast
 
 import bertjax
+from analysis import plots, track
 from analysis import roles as roles_cli
-from analysis import track
 from bertjax import checkpoint as ckpt
 
 STEPS = (1, 3, 10, 31, 96)
@@ -155,12 +156,30 @@ def test_held_fractions_count_heads():
                 assert fractions.loc[(step, name), role] == rows[rows.layer.isin(group)].assigned.sum() / 6
 
 
+def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
+    """A NaN p-value (n < 2, zero variance) is untested: dark grey, not the light grey of "not
+    held"."""
+    table = pd.DataFrame({"step": [1, 1, 10, 10], "task": "sst2", "layer": 0, "head": [0, 1, 0, 1], "role": "local",
+                          "p_value": [0.5, np.nan, 0.01, 0.5], "assigned": [False, False, True, False]})  # fmt: skip
+    figures = []
+    monkeypatch.setattr(track.plots, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    track.plot_emergence(table, "sst2", tmp_path, "emergence")
+    (mesh,) = figures[0].axes[0].collections
+    colours = mesh.to_rgba(mesh.get_array()).reshape(2, 2, 4)  # heads × steps
+    held = plots.role_colours(["local"])["local"]
+    expected = [[plots.NOT_HELD, held], [plots.NO_DATA, plots.NOT_HELD]]
+    np.testing.assert_allclose(colours, [[to_rgba(c) for c in steps] for steps in expected])
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
         ("no_checkpoints", "no bertjax checkpoints found"),
         ("missing_step", "has no checkpoint for step 7; available: [1, 3, 10, 31, 96]"),
         ("bad_steps", "--steps must be comma-separated integers"),
+        ("empty_steps", "error: --steps names no step"),
+        ("comma_steps", "error: --steps names no step"),
+        ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
     ],
 )
 def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, cli_error):
@@ -172,6 +191,11 @@ def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path
         argv += ["--steps", "3,7"]
     elif case == "bad_steps":
         argv += ["--steps", "3,x"]
+    elif case in ("empty_steps", "comma_steps"):
+        argv += ["--steps", "" if case == "empty_steps" else ","]
+    elif case == "no_role_defined":
+        argv[3] = "sst2"
+        argv += ["--roles", "block", "--n", "4"]
     message = cli_error(track.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()
