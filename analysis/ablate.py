@@ -1,5 +1,6 @@
 """`python -m analysis.ablate`: Kovaleva et al. 2019, "Revealing the Dark Secrets of BERT": disabling
-heads and layers, attention pattern classes and attention to linguistic features.
+heads and layers, attention pattern classes and attention to linguistic features; and Michel et al.
+2019 §3, masking one head at a time and keeping one head per layer.
 
 - `patterns` (§4.1): every head's attention map on every example classified by fixed rules as
   vertical, diagonal, vertical+diagonal, block or heterogeneous (see `classify_patterns`); the share
@@ -7,8 +8,13 @@ heads and layers, attention pattern classes and attention to linguistic features
 - `features` (§4.4): per head, the attention all tokens pay to nouns, verbs, pronouns, subjects,
   objects, negation words, [CLS] and [SEP] (see `feature_scores`), for the checkpoint and, with
   `--compare-ckpt`, for a second one (the pre-trained model).
-- `disable` (§4.6): the dev metrics with each single head disabled (uniform attention over the real
+- `disable` (§4.6): the metrics with each single head disabled (uniform attention over the real
   tokens), and with each whole layer disabled, against the baseline; CSVs and heatmaps.
+- `mask` (Michel §3.1–3.2): the metrics with one head masked (ξ_h = 0), for every head (their
+  Table 1), and per layer with only its best head kept (their Table 2).
+
+`disable` and `mask` compare each ablation with the unablated model by the exact McNemar test of
+per-example accuracy, Holm-adjusted over the rows of each table.
 
 Attention is streamed batch by batch: only per-map summaries leave the device.
 
@@ -33,7 +39,18 @@ from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from analysis.ablation import MaskedEvaluator, head_heatmap, load_eval_set, no_disable
+from analysis.ablation import (
+    MaskedEvaluator,
+    Scored,
+    add_holm,
+    change_counts,
+    check_num_labels,
+    compare,
+    full_mask,
+    head_heatmap,
+    load_eval_set,
+    no_disable,
+)
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length, padded_batches, resolve_tasks
 from bertjax import cli, glue, runinfo
@@ -42,7 +59,9 @@ from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser
 
-ANALYSES = ("patterns", "features", "disable")
+ANALYSES = ("patterns", "features", "disable", "mask")
+# The analyses that read the classifier's predictions, so need one trained for the task.
+CLASSIFIER_ANALYSES = ("disable", "mask")
 PATTERNS = ("vertical", "diagonal", "vertical+diagonal", "block", "heterogeneous")
 PATTERN_COLOURS = ("#a50f15", "#08519c", "#6a51a3", "#31a354", "#969696")
 
@@ -188,6 +207,7 @@ class KovalevaConfig:
     max_length: int = 128
     batch_size: int = 32
     analyses: tuple[str, ...] = ANALYSES
+    alpha: float = 0.05
     compare_ckpt: str | None = None
     compare_step: int | None = None
     spacy_model: str | None = None
@@ -198,6 +218,8 @@ class KovalevaConfig:
     def __post_init__(self) -> None:
         if self.n is not None and self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
+        if not 0.0 < self.alpha < 1.0:
+            raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         unknown = [a for a in self.analyses if a not in ANALYSES]
         if unknown or not self.analyses:
             raise UserError(
@@ -339,33 +361,68 @@ def plot_features(means: dict[str, dict[str, np.ndarray]], task: str, out_dir: P
 
 
 def disable_sweep(
-    evaluator: MaskedEvaluator, desc: str = "disable"
+    evaluator: MaskedEvaluator, desc: str = "disable", alpha: float = 0.05, baseline: Scored | None = None
 ) -> tuple[dict[str, float], pd.DataFrame, pd.DataFrame]:
     """Baseline metrics, then one row per disabled head and one per disabled layer.
 
-    Each row holds every metric and its change from the baseline (`<metric>_change`).
+    Each row holds every metric, its change from the baseline (`<metric>_change`) and the McNemar
+    test of accuracy against the baseline (`ablation.compare`), Holm-adjusted over the L·H head rows
+    and, separately, over the L layer rows. `baseline` saves its pass when the caller has it.
     """
     n_layers, n_heads = evaluator.n_layers, evaluator.n_heads
-    baseline = evaluator.metrics()
-
-    def row(disable: np.ndarray, **where: int) -> dict[str, float]:
-        scores = evaluator.metrics(disable=disable)
-        return {**where, **scores, **{f"{k}_change": scores[k] - baseline[k] for k in scores}}
-
+    if baseline is None:
+        baseline = evaluator.score()
     head_rows, layer_rows = [], []
     with tqdm(total=n_layers * n_heads + n_layers, desc=desc, unit="mask") as progress:
         for layer in range(n_layers):
             for head in range(n_heads):
                 disable = no_disable(n_layers, n_heads)
                 disable[layer, head] = True
-                head_rows.append(row(disable, layer=layer, head=head))
+                head_rows.append({"layer": layer, "head": head, **compare(evaluator.score(disable=disable), baseline)})
                 progress.update()
         for layer in range(n_layers):
             disable = no_disable(n_layers, n_heads)
             disable[layer] = True
-            layer_rows.append(row(disable, layer=layer))
+            layer_rows.append({"layer": layer, **compare(evaluator.score(disable=disable), baseline)})
             progress.update()
-    return baseline, pd.DataFrame(head_rows), pd.DataFrame(layer_rows)
+    return baseline.metrics, add_holm(pd.DataFrame(head_rows), alpha), add_holm(pd.DataFrame(layer_rows), alpha)
+
+
+def mask_one_head(evaluator: MaskedEvaluator, baseline: Scored, alpha: float, desc: str = "mask") -> pd.DataFrame:
+    """Michel's Table 1: one row per head, the metrics with that head alone masked (ξ_h = 0), their
+    changes and the McNemar test against the baseline, Holm-adjusted over the L·H rows."""
+    shape = (evaluator.n_layers, evaluator.n_heads)
+    rows = []
+    for layer, head in tqdm(list(np.ndindex(shape)), desc=desc, unit="mask"):
+        mask = full_mask(*shape)
+        mask[layer, head] = 0.0
+        rows.append({"layer": layer, "head": head, **compare(evaluator.score(head_mask=mask), baseline)})
+    return add_holm(pd.DataFrame(rows), alpha)
+
+
+def best_head_only(
+    evaluator: MaskedEvaluator, baseline: Scored, metric: str, alpha: float, desc: str = "keep one head"
+) -> pd.DataFrame:
+    """Michel's Table 2: for each layer, every head is tried as the only one left unmasked in it (the
+    other layers intact); the row is the head with the highest `metric` (ties: the lowest index),
+    with its metrics, changes and McNemar test, Holm-adjusted over the L rows.
+
+    The head is chosen on the same examples it is scored on, and the test does not account for that
+    choice among H heads."""
+    shape = (evaluator.n_layers, evaluator.n_heads)
+    rows = []
+    with tqdm(total=shape[0] * shape[1], desc=desc, unit="mask") as progress:
+        for layer in range(shape[0]):
+            kept = []
+            for head in range(shape[1]):
+                mask = full_mask(*shape)
+                mask[layer] = 0.0
+                mask[layer, head] = 1.0
+                kept.append(evaluator.score(head_mask=mask))
+                progress.update()
+            best = max(range(shape[1]), key=lambda h: kept[h].metrics[metric])
+            rows.append({"layer": layer, "head": best, **compare(kept[best], baseline)})
+    return add_holm(pd.DataFrame(rows), alpha)
 
 
 def head_grid(table: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> np.ndarray:
@@ -374,27 +431,56 @@ def head_grid(table: pd.DataFrame, column: str, n_layers: int, n_heads: int) -> 
     return grid
 
 
+def significance_marks(
+    table: pd.DataFrame, metric: str, n_layers: int, n_heads: int, alpha: float
+) -> tuple[np.ndarray | None, str]:
+    """The cells to box on `metric`'s change map and the title's note: the McNemar test is of
+    accuracy, so only accuracy's map is marked."""
+    if metric != "accuracy":
+        return None, ""
+    marked = head_grid(table, "significant_holm", n_layers, n_heads) == 1
+    return marked, f"; boxed: McNemar Holm p < {alpha:g}"
+
+
 def plot_disabling(
-    baseline: dict[str, float], heads: pd.DataFrame, layers: pd.DataFrame, metric_names, task: str, out_dir: Path
-) -> list[Path]:
+    baseline: dict[str, float], heads: pd.DataFrame, layers: pd.DataFrame, metric_names, task: str, split: str,
+    out_dir: Path, alpha: float = 0.05,
+) -> list[Path]:  # fmt: skip
     """Per metric: the metric with each head disabled, its change, and the change per layer."""
     n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
     paths: list[Path] = []
     for metric in metric_names:
         base = f"baseline {metric} {baseline[metric]:.4f}"
+        marked, note = significance_marks(heads, metric, n_layers, n_heads, alpha)
         paths += head_heatmap(
-            head_grid(heads, metric, n_layers, n_heads), f"{task}: dev {metric} with one head disabled ({base})",
+            head_grid(heads, metric, n_layers, n_heads), f"{task}: {split} {metric} with one head disabled ({base})",
             metric, out_dir, f"{task}_disable_heads_{metric}",
         )  # fmt: skip
         paths += head_heatmap(
             head_grid(heads, f"{metric}_change", n_layers, n_heads),
-            f"{task}: change in dev {metric} when one head is disabled ({base})",
-            f"{metric} − baseline", out_dir, f"{task}_disable_heads_{metric}_change", diverging=True,
+            f"{task}: change in {split} {metric} when one head is disabled\n({base}{note})",
+            f"{metric} − baseline", out_dir, f"{task}_disable_heads_{metric}_change", diverging=True, marked=marked,
         )  # fmt: skip
         paths += head_heatmap(
             layers[f"{metric}_change"].to_numpy()[:, None],
             f"{task}: layer disabled\n({base})", f"{metric} − baseline", out_dir,
             f"{task}_disable_layers_{metric}_change", diverging=True, columns=None,
+        )  # fmt: skip
+    return paths
+
+
+def plot_mask_one_head(
+    baseline: dict[str, float], heads: pd.DataFrame, metric_names, task: str, split: str, out_dir: Path, alpha: float
+) -> list[Path]:
+    """Per metric: the L × H map of its change when one head is masked (Michel's Table 1)."""
+    n_layers, n_heads = int(heads["layer"].max()) + 1, int(heads["head"].max()) + 1
+    paths: list[Path] = []
+    for metric in metric_names:
+        marked, note = significance_marks(heads, metric, n_layers, n_heads, alpha)
+        paths += head_heatmap(
+            head_grid(heads, f"{metric}_change", n_layers, n_heads),
+            f"{task}: change in {split} {metric} when one head is masked\n(baseline {baseline[metric]:.4f}{note})",
+            f"{metric} − baseline", out_dir, f"{task}_mask_one_head_{metric}_change", diverging=True, marked=marked,
         )  # fmt: skip
     return paths
 
@@ -410,7 +496,7 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
 def _load(ckpt: str, step: int | None, trained_heads: bool = False):
     # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
     # classifier is initialised and unused: patterns and features read attention only; disabling
-    # reads the classifier's accuracy, so it needs a trained one).
+    # and masking read the classifier's accuracy, so they need a trained one).
     model = from_pretrained(ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads)
     return model, load_tokenizer(ckpt, step=step)
 
@@ -461,32 +547,61 @@ def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints
     return result
 
 
-def _disable_analysis(config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, tmp: Path) -> dict:
+def _print_counts(task: str, what: str, counts: dict[str, int], alpha: float) -> None:
+    print(
+        f"{task}: {what}: {counts['raise_accuracy']} raise accuracy ({counts['raise_accuracy_significant']} "
+        f"significant), {counts['lower_accuracy_by_one_point']} lower it by ≥ 1 point "
+        f"({counts['lower_accuracy_by_one_point_significant']} significant; McNemar, Holm p < {alpha:g})"
+    )
+
+
+def _classifier_analyses(config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, tmp: Path) -> dict:
+    """`disable` and `mask` on one evaluator: one baseline pass, one compile per batch shape."""
     eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
     evaluator = MaskedEvaluator(model, eval_set)
-    baseline, heads, layers = disable_sweep(evaluator, desc=f"{task} disable")
-    heads.to_csv(tmp / f"{task}_disable_heads.csv", index=False)
-    layers.to_csv(tmp / f"{task}_disable_layers.csv", index=False)
-    for metric in eval_set.metric_names:
-        worst = heads.loc[heads[f"{metric}_change"].idxmin()]
-        print(
-            f"{task}: baseline {metric} {baseline[metric]:.4f}; one head disabled: {heads[metric].min():.4f} … "
-            f"{heads[metric].max():.4f} (worst L{int(worst['layer'])} H{int(worst['head'])}); "
-            f"one layer disabled: {layers[metric].min():.4f} … {layers[metric].max():.4f}"
-        )
-    return {
-        "baseline": baseline,
-        "forward_passes_of_dev": 1 + len(heads) + len(layers),
-        "compiled_executables": evaluator.compiled_shapes(),
-        "batch_shapes": sorted(eval_set.shapes),
-        "figures": plot_disabling(baseline, heads, layers, eval_set.metric_names, task, tmp),
-    }
+    baseline = evaluator.score()
+    split, alpha, names = config.split, config.alpha, eval_set.metric_names
+    result: dict = {"baseline": baseline.metrics, "figures": []}
+    if "disable" in config.analyses:
+        _, heads, layers = disable_sweep(evaluator, f"{task} disable", alpha, baseline)
+        heads.to_csv(tmp / f"{task}_disable_heads.csv", index=False)
+        layers.to_csv(tmp / f"{task}_disable_layers.csv", index=False)
+        for metric in names:
+            worst = heads.loc[heads[f"{metric}_change"].idxmin()]
+            print(
+                f"{task}: baseline {metric} {baseline.metrics[metric]:.4f}; one head disabled: {heads[metric].min():.4f} … "
+                f"{heads[metric].max():.4f} (worst L{int(worst['layer'])} H{int(worst['head'])}); "
+                f"one layer disabled: {layers[metric].min():.4f} … {layers[metric].max():.4f}"
+            )
+        result["disable"] = {"heads": change_counts(heads), "layers": change_counts(layers)}
+        _print_counts(task, "one head disabled", result["disable"]["heads"], alpha)
+        result["figures"] += plot_disabling(baseline.metrics, heads, layers, names, task, split, tmp, alpha)
+    if "mask" in config.analyses:
+        heads = mask_one_head(evaluator, baseline, alpha, desc=f"{task} mask one head")
+        heads.to_csv(tmp / f"{task}_mask_one_head.csv", index=False)
+        best = best_head_only(evaluator, baseline, names[0], alpha, desc=f"{task} keep one head")
+        best.to_csv(tmp / f"{task}_best_head_only.csv", index=False)
+        result["mask"] = {"one_head_masked": change_counts(heads), "best_head_only": change_counts(best)}
+        _print_counts(task, "one head masked", result["mask"]["one_head_masked"], alpha)
+        print(f"{task}: best head only, {names[0]} per layer: " + ", ".join(
+            f"L{r.layer} H{r.head} {getattr(r, names[0]):.4f}" for r in best.itertuples()
+        ))  # fmt: skip
+        result["figures"] += plot_mask_one_head(baseline.metrics, heads, names, task, split, tmp, alpha)
+    result.update(
+        forward_passes=evaluator.forward_passes,
+        compiled_executables=evaluator.compiled_shapes(),
+        batch_shapes=sorted(eval_set.shapes),
+    )
+    return result
 
 
 def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) -> dict[str, dict]:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    model, tokenizer = _load(config.ckpt, config.step, trained_heads="disable" in config.analyses)
+    classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
+    model, tokenizer = _load(config.ckpt, config.step, trained_heads=bool(classifier))
+    if classifier:
+        check_num_labels(model, config.ckpt, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
@@ -505,6 +620,7 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
         examples = glue.load_glue(task, config.split, glue_dir, config.n)
         files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
         result: dict = {
+            "split": config.split,
             "examples": len(examples),
             "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
         }
@@ -516,11 +632,11 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
             if "pattern_counts" in attention:
                 pattern_counts[task] = attention.pop("pattern_counts")
             result.update(attention)
-        if "disable" in config.analyses:
+        if classifier:
             clock = time.perf_counter()
-            result["disable"] = _disable_analysis(config, task, model, tokenizer, glue_dir, tmp)
-            timings[f"{task}/disable"] = time.perf_counter() - clock
-            figures += result["disable"].pop("figures")
+            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, tmp)
+            timings[f"{task}/{'+'.join(classifier)}"] = time.perf_counter() - clock
+            figures += result["masked_evaluation"].pop("figures")
         results[task] = result
     if pattern_counts:
         shares = pattern_shares(pattern_counts)
@@ -560,6 +676,7 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--analyses", default=",".join(ANALYSES), help=f"comma-separated subset of {','.join(ANALYSES)}")
+    p.add_argument("--alpha", type=float, default=0.05, help="disable, mask: level of the Holm McNemar tests")
     p.add_argument("--compare-ckpt", help="features: a second checkpoint to compare with (the pre-trained model)")
     p.add_argument("--compare-step", type=int, help="checkpoint step of --compare-ckpt's run")
     p.add_argument("--spacy-model", help="spaCy pipeline for the features (default en_core_web_sm)")
@@ -570,7 +687,7 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
     return KovalevaConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
         max_length=a.max_length, batch_size=a.batch_size, analyses=tuple(x for x in a.analyses.split(",") if x),
-        compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
+        alpha=a.alpha, compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
         out=a.out, overwrite=a.overwrite,
     )  # fmt: skip
 

@@ -1,14 +1,17 @@
-"""Dev-set evaluation of a classifier under head masks, compiled once for every mask.
+"""Evaluation of a classifier on a labelled split under head masks, compiled once for every mask.
 
-Kovaleva et al.'s disabling and Michel et al.'s importance and pruning all evaluate the same
-checkpoint on the same dev set under many head masks. Here the masks are *inputs* of one jitted
-function (never closed-over constants), so N ablations cost N forward passes of the dev set and no
-recompiles: a compile happens once per padded batch shape, and the shapes depend on the data only.
+Kovaleva et al.'s disabling and Michel et al.'s masking, importance and pruning all evaluate the
+same checkpoint on the same examples under many head masks. Here the masks are *inputs* of one
+jitted function (never closed-over constants), so N ablations cost N forward passes of the split and
+no recompiles: a compile happens once per padded batch shape, and the shapes depend on the data only.
 
 Two masks, both [L, H], as the model defines them:
 - `head_mask` (float) multiplies each head's attention probabilities (Michel's ξ; 0 prunes a head);
 - `disable` (bool) replaces a head's attention with the uniform distribution over the real tokens
   (Kovaleva's disabling).
+
+An ablation is compared with the unablated model on the same examples by the exact McNemar test of
+their per-example correctness (`mcnemar`), Holm-adjusted over the ablations of one table.
 """
 
 from __future__ import annotations
@@ -21,15 +24,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pandas as pd
 from flax import nnx
 from matplotlib import colormaps
 from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
+from scipy import stats
 
 from analysis.plots import save_figure
 from analysis.roles import bucketed
+from analysis.stats import adjust_pvalues
 from bertjax import glue
 from bertjax.errors import UserError
+
+# One point of a metric in [0, 1].
+ONE_POINT = 0.01
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +96,19 @@ def load_eval_set(
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
 
 
+def check_num_labels(model: nnx.Module, ckpt: str, tasks: Sequence[str]) -> None:
+    """A classifier trained for another label set still returns logits, so its metrics would be
+    silently wrong: refuse it before any work."""
+    have = model.config.num_labels
+    for task in tasks:
+        want = glue.task_spec(task).num_labels
+        if have != want:
+            raise UserError(
+                f"{ckpt}: the checkpoint's classifier has num_labels={have}, but task {task} has {want} labels: "
+                f"give a checkpoint fine-tuned on {task} (--ckpt)"
+            )
+
+
 def full_mask(n_layers: int, n_heads: int) -> np.ndarray:
     return np.ones((n_layers, n_heads), np.float32)
 
@@ -94,13 +117,24 @@ def no_disable(n_layers: int, n_heads: int) -> np.ndarray:
     return np.zeros((n_layers, n_heads), bool)
 
 
+@dataclasses.dataclass(frozen=True)
+class Scored:
+    """One pass over an eval set: its metrics and which examples were classified correctly."""
+
+    metrics: dict[str, float]
+    correct: np.ndarray  # [N] bool, in the eval set's (length-sorted) order
+
+
 class MaskedEvaluator:
-    """A classifier's dev metrics and mask gradients, with the masks as jitted inputs."""
+    """A classifier's metrics and mask gradients on one eval set, with the masks as jitted inputs.
+
+    `forward_passes` and `gradient_passes` count the passes over the whole eval set so far."""
 
     def __init__(self, model: nnx.Module, eval_set: EvalSet):
         config = model.config
         self.n_layers, self.n_heads = config.num_hidden_layers, config.num_attention_heads
         self.eval_set = eval_set
+        self.forward_passes = self.gradient_passes = 0
         graphdef, self._state = nnx.split(model)
 
         def logits(state, batch, head_mask, disable):
@@ -139,23 +173,77 @@ class MaskedEvaluator:
     def logits(self, head_mask=None, disable=None) -> np.ndarray:
         """[N, C] logits in the eval set's (length-sorted) order."""
         head_mask, disable = self._masks(head_mask, disable)
+        self.forward_passes += 1
         outputs = [self.logits_fn(self._state, batch, head_mask, disable) for batch in self.eval_set.batches]
         return np.concatenate([np.asarray(o)[b["valid"]] for o, b in zip(outputs, self.eval_set.batches, strict=True)])
 
-    def metrics(self, head_mask=None, disable=None) -> dict[str, float]:
-        """The task's metrics (accuracy, and F1 for MRPC/QQP) and the mean cross-entropy."""
+    def score(self, head_mask=None, disable=None) -> Scored:
+        """The task's metrics (accuracy, and F1 for MRPC/QQP), the mean cross-entropy, and the
+        per-example correctness the paired tests need, from one pass."""
         logits = self.logits(head_mask, disable)
-        return glue.classification_metrics(logits, self.eval_set.labels, self.eval_set.metric_names)
+        labels = self.eval_set.labels
+        metrics = glue.classification_metrics(logits, labels, self.eval_set.metric_names)
+        return Scored(metrics, logits.argmax(-1) == labels)
+
+    def metrics(self, head_mask=None, disable=None) -> dict[str, float]:
+        return self.score(head_mask, disable).metrics
 
     def mask_gradients(self, head_mask=None, disable=None) -> np.ndarray:
         """E_x |∂L(x)/∂ξ| [L, H] at `head_mask`, L the cross-entropy with the gold label."""
         head_mask, disable = self._masks(head_mask, disable)
+        self.gradient_passes += 1
         total = sum(self.gradients_fn(self._state, batch, head_mask, disable) for batch in self.eval_set.batches)
         return np.asarray(total, np.float64) / self.eval_set.size
 
     def compiled_shapes(self) -> int:
         """How many executables the evaluation functions hold (one per batch shape when masks are inputs)."""
         return self.logits_fn._cache_size() + self.gradients_fn._cache_size()
+
+
+def mcnemar(baseline: np.ndarray, ablated: np.ndarray) -> tuple[int, int, float]:
+    """Exact McNemar test of two classifiers' correctness [N] on the same examples.
+
+    Returns b (correct unablated, wrong ablated), c (the reverse) and the two-sided p of the
+    binomial test of b among the b + c discordant pairs with p = 1/2; p = 1 with no discordant pair.
+    """
+    baseline, ablated = np.asarray(baseline, bool), np.asarray(ablated, bool)
+    b, c = int(np.sum(baseline & ~ablated)), int(np.sum(~baseline & ablated))
+    p = stats.binomtest(b, b + c, 0.5).pvalue if b + c else 1.0
+    return b, c, float(p)
+
+
+# Named for accuracy: the test is of per-example accuracy even where the task's headline metric is F1.
+PAIRED_TEST_COLUMNS = ("correct_to_wrong", "wrong_to_correct", "mcnemar_p_accuracy")
+
+
+def compare(scored: Scored, baseline: Scored) -> dict[str, float]:
+    """Every metric and its change from the baseline (`<metric>_change`), and the McNemar test of
+    the per-example accuracy against the baseline's."""
+    changes = {f"{k}_change": v - baseline.metrics[k] for k, v in scored.metrics.items()}
+    test = mcnemar(baseline.correct, scored.correct)
+    return {**scored.metrics, **changes, **dict(zip(PAIRED_TEST_COLUMNS, test, strict=True))}
+
+
+def add_holm(table: pd.DataFrame, alpha: float) -> pd.DataFrame:
+    """The table's McNemar p-values Holm-adjusted as one family (its rows), and which are < α."""
+    adjusted = adjust_pvalues(table["mcnemar_p_accuracy"].to_numpy(), "holm")
+    return table.assign(mcnemar_p_accuracy_holm=adjusted, significant_holm=adjusted < alpha)
+
+
+def change_counts(table: pd.DataFrame) -> dict[str, int]:
+    """How many ablations raise accuracy, lower it by at least one point, and of each how many
+    are significant after Holm's adjustment."""
+    up = table["accuracy_change"] > 0
+    # A slack absorbs float noise in a change that is a ratio of counts.
+    down = table["accuracy_change"] <= -ONE_POINT + 1e-12
+    significant = table["significant_holm"]
+    return {
+        "raise_accuracy": int(up.sum()),
+        "raise_accuracy_significant": int((up & significant).sum()),
+        "lower_accuracy_by_one_point": int(down.sum()),
+        "lower_accuracy_by_one_point_significant": int((down & significant).sum()),
+        "significant": int(significant.sum()),
+    }
 
 
 def head_heatmap(
@@ -167,10 +255,12 @@ def head_heatmap(
     diverging: bool = False,
     annotate: bool = True,
     columns: str | None = "head",
+    marked: np.ndarray | None = None,
 ) -> list[Path]:
     """One L × H heatmap (layer rows, head columns), optionally centred on 0 with a diverging map.
 
-    `columns=None` is for a single column of per-layer values: no column axis is drawn."""
+    `columns=None` is for a single column of per-layer values: no column axis is drawn. Cells
+    where `marked` (bool, the shape of `values`) is true get a black box."""
     values = np.asarray(values, float)
     n_layers, n_heads = values.shape
     fig = Figure(figsize=(1.6 + 0.55 * n_heads, 1.2 + 0.45 * n_layers), layout="constrained")
@@ -190,6 +280,9 @@ def head_heatmap(
             light = abs(shade - 0.5) < 0.3 if diverging else shade > 0.6
             ax.text(head, layer, f"{value:.{digits}f}", ha="center", va="center", fontsize=6,
                     color="black" if light else "white")  # fmt: skip
+    if marked is not None:
+        for layer, head in zip(*np.nonzero(marked), strict=True):
+            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.6))
     ax.set_xticks(range(n_heads) if columns else [])
     ax.set_yticks(range(n_layers))
     ax.set_xlabel(columns or "")

@@ -3,8 +3,11 @@
 Head importance I_h = E_x |∂L(x)/∂ξ_h| at ξ = 1, where ξ [L, H] multiplies every head's attention
 and L is the cross-entropy with the gold label, each layer's vector then scaled to unit L2 norm;
 iterative pruning (mask the least important remaining heads in steps of a fixed fraction of all
-heads, re-evaluating the dev metric at each step, optionally re-estimating importance under the
-current mask), against random pruning orders.
+heads, re-evaluating the metric on --split at each step, optionally re-estimating importance under
+the current mask), against random pruning orders.
+
+By default importance is estimated on the very examples the curve is measured on (in-sample, as
+HF's run_bertology does); `--importance-split train --importance-n N` keeps them apart.
 
 Outputs are written into a temporary sibling of `--out` and renamed at the end.
 """
@@ -23,20 +26,20 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from analysis.ablation import MaskedEvaluator, full_mask, head_heatmap, load_eval_set
+from analysis.ablation import ONE_POINT, MaskedEvaluator, check_num_labels, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 
-# One point of a metric in [0, 1].
-ONE_POINT = 0.01
-
 
 @dataclasses.dataclass(frozen=True)
 class MichelConfig:
-    """Everything that decides the numbers of a run; saved in run.json."""
+    """Everything that decides the numbers of a run; saved in run.json.
+
+    `importance_n` None means `n`: the importance set is the metric's examples unless told
+    otherwise (on another split, its first `n`)."""
 
     ckpt: str
     task: str = "mrpc"
@@ -66,6 +69,8 @@ class MichelConfig:
         for flag, value in (("--n", self.n), ("--importance-n", self.importance_n)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1, got {value}")
+        if self.importance_n is None:
+            object.__setattr__(self, "importance_n", self.n)
 
     @property
     def metric_name(self) -> str:
@@ -89,6 +94,7 @@ class PruneStep:
     heads_pruned: int
     metric: float
     mask: np.ndarray  # [L, H] float, 0 = pruned
+    newly_pruned: tuple[int, ...] = ()  # flat indices (layer-major) masked at this step, in pruning order
 
 
 def prune_in_order(
@@ -96,11 +102,13 @@ def prune_in_order(
 ) -> list[PruneStep]:
     """Prunes heads (flat indices, layer-major) in a fixed order, measuring at each count."""
     steps = []
+    previous = 0
     for count in counts:
         mask = full_mask(*shape).ravel()
         mask[list(order[:count])] = 0.0
         mask = mask.reshape(shape)
-        steps.append(PruneStep(count, metric_fn(mask), mask))
+        steps.append(PruneStep(count, metric_fn(mask), mask, tuple(int(i) for i in order[previous:count])))
+        previous = count
     return steps
 
 
@@ -121,6 +129,7 @@ def prune_by_importance(
     steps = []
     for count in counts:
         pruned = int((mask == 0).sum())
+        chosen = np.array([], int)
         if count > pruned:
             if reestimate_fn is not None and pruned:
                 estimates.append(reestimate_fn(mask))
@@ -128,8 +137,18 @@ def prune_by_importance(
             chosen = np.argsort(ranked, kind="stable")[: count - pruned]
             mask = mask.copy()
             mask.ravel()[chosen] = 0.0
-        steps.append(PruneStep(count, metric_fn(mask), mask))
+        steps.append(PruneStep(count, metric_fn(mask), mask, tuple(int(i) for i in chosen)))
     return steps, estimates
+
+
+def pruning_order(steps: Sequence[PruneStep], shape: tuple[int, int]) -> pd.DataFrame:
+    """One row per head in the order it was pruned, with the curve point (`heads_pruned`) at which
+    it was first masked: under --reestimate the order is not recoverable from any one estimate."""
+    rows = [
+        {"layer": flat // shape[1], "head": flat % shape[1], "heads_pruned": step.heads_pruned}
+        for step in steps for flat in step.newly_pruned
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=["layer", "head", "heads_pruned"]).rename_axis("rank").reset_index()
 
 
 def heads_within(curve: pd.DataFrame, tolerance: float = ONE_POINT) -> int:
@@ -141,7 +160,16 @@ def heads_within(curve: pd.DataFrame, tolerance: float = ONE_POINT) -> int:
     return int(curve["heads_pruned"][ok].max())
 
 
-def plot_pruning(curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, task: str, out_dir: Path) -> list[Path]:
+def heads_within_per_seed(random_runs: pd.DataFrame, tolerance: float = ONE_POINT) -> dict:
+    """`heads_within` of each random order on its own, and their median and range: the mean curve
+    over seeds can stay within the tolerance where every single order has already left it."""
+    per_seed = [heads_within(runs, tolerance) for _, runs in random_runs.groupby("seed")]
+    return {"median": float(np.median(per_seed)), "min": min(per_seed), "max": max(per_seed), "per_seed": per_seed}
+
+
+def plot_pruning(
+    curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, task: str, split: str, out_dir: Path
+) -> list[Path]:
     """Metric against the % of heads pruned: importance order, and the random orders' mean and range."""
     fig = Figure(figsize=(6.4, 4.4), layout="constrained")
     ax = fig.add_subplot()
@@ -160,7 +188,7 @@ def plot_pruning(curve: pd.DataFrame, random_runs: pd.DataFrame, metric: str, ta
     baseline = curve.loc[curve["heads_pruned"] == 0, "metric"].iloc[0]
     ax.axhline(baseline - ONE_POINT, color="grey", linestyle=":", label="unpruned − 1 point")
     ax.set_xlabel("% of heads pruned")
-    ax.set_ylabel(f"dev {metric}")
+    ax.set_ylabel(f"{split} {metric}")
     ax.set_title(f"{task}: pruning heads by importance vs at random")
     ax.legend(fontsize=8)
     return save_figure(fig, out_dir, f"{task}_pruning")
@@ -179,12 +207,15 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True)
+    check_num_labels(model, config.ckpt, [task])
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
-    dev, files = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
-    evaluator = MaskedEvaluator(model, dev)
+    metric_set, files = load_eval_set(
+        tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size
+    )  # fmt: skip
+    evaluator = MaskedEvaluator(model, metric_set)
     if config.importance_split == config.split and config.importance_n == config.n:
         importance_evaluator = evaluator
     else:
@@ -194,17 +225,15 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
         )  # fmt: skip
         files += more
         importance_evaluator = MaskedEvaluator(model, importance_set)
+    evaluators = list({id(e): e for e in (evaluator, importance_evaluator)}.values())
     timings["load"] = time.perf_counter() - clock
 
     counts = pruning_counts(shape[0] * shape[1], config.prune_step)
-    passes = {"metric": 0, "importance": 0}
 
     def metric_fn(mask: np.ndarray) -> float:
-        passes["metric"] += 1
         return evaluator.metrics(head_mask=mask)[metric]
 
     def importance_fn(mask: np.ndarray) -> np.ndarray:
-        passes["importance"] += 1
         return normalise_per_layer(importance_evaluator.mask_gradients(head_mask=mask))
 
     clock = time.perf_counter()
@@ -214,8 +243,11 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     layers, heads = np.indices(shape)
     columns = {"layer": layers, "head": heads, "importance": importance, "importance_raw": raw}
     pd.DataFrame({k: v.ravel() for k, v in columns.items()}).to_csv(tmp / f"{task}_importance.csv", index=False)
+    importance_examples = importance_evaluator.eval_set.size
     figures = head_heatmap(
-        importance, f"{task}: head importance E|∂L/∂ξ| on {config.importance_split}, unit L2 norm per layer",
+        importance,
+        f"{task}: head importance E|∂L/∂ξ| on {config.importance_split} ({importance_examples} examples), "
+        "unit L2 norm per layer",
         "normalised importance", tmp, f"{task}_importance",
     )  # fmt: skip
 
@@ -250,20 +282,25 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
         random_runs.to_csv(tmp / f"{task}_pruning_random_seeds.csv", index=False)
     curve = pd.DataFrame(rows, columns=["fraction_pruned", "heads_pruned", "metric", "order"])
     curve.to_csv(tmp / "pruning.csv", index=False)
-    figures += plot_pruning(curve, random_runs, metric, task, tmp)
+    pruning_order(steps, shape).to_csv(tmp / f"{task}_pruning_order.csv", index=False)
+    figures += plot_pruning(curve, random_runs, metric, task, config.split, tmp)
 
-    within = {order: heads_within(curve[curve["order"] == order]) for order in pd.unique(curve["order"])}
+    within: dict = {"importance": heads_within(curve[curve["order"] == "importance"])}
+    if len(random_runs):
+        within["random"] = heads_within_per_seed(random_runs)
     result = {
         "task": task,
         "metric": metric,
-        "examples": dev.size,
+        "split": config.split,
+        "examples": metric_set.size,
+        "importance_set": {"split": config.importance_split, "examples": importance_examples},
         "baseline": evaluator.metrics(),
         "heads_prunable_within_one_point": within,
         "importance_estimates": len(estimates),
-        "forward_passes_of_dev": passes["metric"],
-        "importance_passes": 1 + passes["importance"],
-        "compiled_executables": evaluator.compiled_shapes(),
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+        "forward_passes": evaluator.forward_passes,
+        "importance_passes": importance_evaluator.gradient_passes,
+        "compiled_executables": sum(e.compiled_shapes() for e in evaluators),
+        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(files)],
     }
     timings["total"] = time.perf_counter() - started
     runinfo.write_run_json(
@@ -277,10 +314,11 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },
     )
-    print(
-        f"{task}: unpruned {metric} {steps[0].metric:.4f}; heads prunable before a one-point drop: "
-        + ", ".join(f"{order} {n}/{n_total}" for order, n in within.items())
-    )
+    summary = f"importance {within['importance']}/{n_total}"
+    if "random" in within:
+        r = within["random"]
+        summary += f", random median {r['median']:g}/{n_total} (range {r['min']}–{r['max']} over {len(r['per_seed'])} seeds)"
+    print(f"{task}: unpruned {metric} {steps[0].metric:.4f}; heads prunable before a one-point drop: {summary}")
     return result
 
 
@@ -293,7 +331,7 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
     p.add_argument("--split", default="dev", choices=["train", "dev", "validation"], help="split of the metric")
     p.add_argument("--n", type=int, help="first N examples of --split (default: all)")
     p.add_argument("--importance-split", default="dev", choices=["train", "dev", "validation"])
-    p.add_argument("--importance-n", type=int, help="first N examples of --importance-split (default: all)")
+    p.add_argument("--importance-n", type=int, help="first N examples of --importance-split (default: --n)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--metric", help="metric of the pruning curve (default: the task's first, accuracy)")

@@ -1,14 +1,19 @@
 """Kovaleva et al. 2019: exact uniform disabling, the once-compiled masked evaluator, the disabling
-sweep, and the CLI contract, on a tiny random classifier."""
+sweep, and the CLI contract; Michel et al. 2019 §3 (one head masked, one head kept per layer) and
+the McNemar tests against a slow reference; on tiny random classifiers."""
 
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 
 import jax
 import numpy as np
 import pandas as pd
 import pytest
+from matplotlib.patches import Rectangle
+from scipy import stats
 from transformers import BertTokenizerFast
 
 import bertjax
@@ -20,10 +25,10 @@ from sieves.parse import Word
 N_LAYERS, N_HEADS = 2, 4
 
 
-def tiny_classifier(seed: int = 3) -> bertjax.BertForSequenceClassification:
+def tiny_classifier(seed: int = 3, **overrides) -> bertjax.BertForSequenceClassification:
     config = bertjax.BertConfig(
         num_hidden_layers=N_LAYERS, hidden_size=64, num_attention_heads=N_HEADS, intermediate_size=128,
-        max_position_embeddings=128, num_labels=2,
+        max_position_embeddings=128, **{"num_labels": 2, **overrides},
     )  # fmt: skip
     return bertjax.init_model(config, "BertForSequenceClassification", seed=seed)
 
@@ -129,6 +134,13 @@ def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
     assert layers.iloc[0]["accuracy"] == evaluator.metrics(disable=whole)["accuracy"]
     grid = ablate.head_grid(heads, "f1", N_LAYERS, N_HEADS)
     assert grid[1, 2] == row["f1"]
+    # Every row carries the paired test of accuracy against the baseline, Holm over its own table.
+    expected = ablation.mcnemar(evaluator.score().correct, evaluator.score(disable=one).correct)
+    assert (row["correct_to_wrong"], row["wrong_to_correct"], row["mcnemar_p_accuracy"]) == expected
+    for table in (heads, layers):
+        holm = _slow_holm(table["mcnemar_p_accuracy"].tolist())
+        np.testing.assert_allclose(table["mcnemar_p_accuracy_holm"], holm)
+        assert table["significant_holm"].tolist() == [p < 0.05 for p in holm]
 
 
 @pytest.fixture(scope="module")
@@ -139,25 +151,223 @@ def tiny_ckpt(tmp_path_factory, tokenizer):
     return directory
 
 
+TEST_COLUMNS = "correct_to_wrong,wrong_to_correct,mcnemar_p_accuracy,mcnemar_p_accuracy_holm,significant_holm"
+
+
 def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path, cli_error):
     out = tmp_path / "out"
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12",
-            "--batch-size", "8", "--analyses", "disable", "--out", str(out)]  # fmt: skip
+            "--batch-size", "8", "--analyses", "disable,mask", "--out", str(out)]  # fmt: skip
     ablate.main(argv)
-    heads = (out / "mrpc_disable_heads.csv").read_text().splitlines()
-    assert heads[0].startswith("layer,head,accuracy,f1,loss") and len(heads) == 1 + N_LAYERS * N_HEADS
+    metric_columns = "accuracy,f1,loss,accuracy_change,f1_change,loss_change"
+    for name, rows in (("disable_heads", N_LAYERS * N_HEADS), ("mask_one_head", N_LAYERS * N_HEADS), ("best_head_only", N_LAYERS)):
+        lines = (out / f"mrpc_{name}.csv").read_text().splitlines()
+        assert lines[0] == f"layer,head,{metric_columns},{TEST_COLUMNS}" and len(lines) == 1 + rows
     assert (out / "mrpc_disable_heads_f1_change.png").is_file() and (out / "mrpc_disable_layers_accuracy_change.svg").is_file()
+    assert (out / "mrpc_mask_one_head_accuracy_change.png").is_file() and (out / "mrpc_mask_one_head_f1_change.svg").is_file()
     info = json.loads((out / "run.json").read_text())
-    assert info["tasks"]["mrpc"]["disable"]["forward_passes_of_dev"] == 1 + N_LAYERS * N_HEADS + N_LAYERS
-    assert info["tasks"]["mrpc"]["examples"] == 12
+    task = info["tasks"]["mrpc"]
+    assert task["split"] == "dev" and task["examples"] == 12
+    evaluation = task["masked_evaluation"]
+    # One baseline pass shared by both analyses; disable: L·H heads + L layers; mask: L·H + L·H.
+    assert evaluation["forward_passes"] == 1 + N_LAYERS * N_HEADS + N_LAYERS + 2 * N_LAYERS * N_HEADS
+    assert evaluation["compiled_executables"] == len(evaluation["batch_shapes"])
+    assert set(evaluation["disable"]) == {"heads", "layers"} and set(evaluation["mask"]) == {"one_head_masked", "best_head_only"}
     assert not list(tmp_path.glob(".out.tmp-*"))
     # A second run into the same non-empty directory is a one-line user error.
     assert "--overwrite" in cli_error(ablate.main, argv)
 
 
-def test_unknown_analysis_is_a_user_error(tiny_ckpt):
+def test_unknown_analysis_and_bad_alpha_are_user_errors(tiny_ckpt):
     with pytest.raises(bertjax.UserError, match="--analyses"):
         ablate.parse_args(["--ckpt", str(tiny_ckpt), "--analyses", "disable,dance"])
+    with pytest.raises(bertjax.UserError, match="--alpha"):
+        ablate.parse_args(["--ckpt", str(tiny_ckpt), "--alpha", "1"])
+
+
+@pytest.mark.parametrize("analysis", ablate.CLASSIFIER_ANALYSES)
+def test_a_classifier_for_another_label_count_is_one_user_error(analysis, tokenizer, shared_data, tmp_path, cli_error):
+    ckpt = tmp_path / "three_labels"
+    bertjax.save_pretrained(tiny_classifier(num_labels=3), ckpt)
+    tokenizer.save_pretrained(ckpt)
+    out = tmp_path / "out"
+    line = cli_error(ablate.main, [
+        "--ckpt", str(ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "4",
+        "--analyses", analysis, "--out", str(out),
+    ])  # fmt: skip
+    assert str(ckpt) in line and "num_labels=3" in line and "task mrpc has 2 labels" in line
+    assert not out.exists()
+
+
+# -- paired tests and Michel et al. §3 ---------------------------------------------------------
+
+
+def _slow_mcnemar_p(b: int, c: int) -> float:
+    """Two-sided exact binomial p of b among b + c at 1/2: twice the smaller tail, in exact fractions."""
+    n = b + c
+    tail = sum(Fraction(math.comb(n, k), 2**n) for k in range(min(b, c) + 1))
+    return float(min(Fraction(1), 2 * tail))
+
+
+def _slow_holm(p: list[float]) -> list[float]:
+    """Holm's step-down adjustment, one p at a time in increasing order."""
+    m, running, adjusted = len(p), 0.0, [0.0] * len(p)
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p[i])):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def test_mcnemar_counts_discordant_pairs_and_matches_scipy_and_a_hand_count():
+    rng = np.random.default_rng(4)
+    cases = [(rng.random(n) < 0.7, rng.random(n) < q) for n, q in [(1, 0.5), (10, 0.5), (57, 0.3), (408, 0.8)]]
+    cases += [
+        (np.ones(5, bool), np.ones(5, bool)),  # no discordant pair
+        (np.array([1, 1, 0, 0], bool), np.array([0, 0, 1, 1], bool)),  # b = c
+        (np.zeros(9, bool), np.r_[np.ones(6), np.zeros(3)].astype(bool)),  # b = 0, c = 6: p = 2 / 2^6
+    ]
+    for baseline, ablated in cases:
+        b, c, p = ablation.mcnemar(baseline, ablated)
+        assert b == sum(1 for x, y in zip(baseline, ablated, strict=True) if x and not y)
+        assert c == sum(1 for x, y in zip(baseline, ablated, strict=True) if y and not x)
+        assert p == pytest.approx(_slow_mcnemar_p(b, c), rel=1e-12)
+        if b + c:
+            assert p == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
+    assert ablation.mcnemar(*cases[-3])[2] == 1.0 and ablation.mcnemar(*cases[-2])[2] == 1.0
+    assert ablation.mcnemar(*cases[-1]) == (0, 6, pytest.approx(1 / 32))
+
+
+def test_holm_over_a_table_and_the_counts_of_raised_and_lowered_accuracy():
+    rng = np.random.default_rng(8)
+    p = np.r_[rng.uniform(0, 0.002, 4), rng.uniform(0, 1, 8), 1.0]
+    changes = np.r_[0.03, -0.02, -0.01, 0.0, rng.uniform(-0.05, 0.05, 9)]
+    table = ablation.add_holm(pd.DataFrame({"accuracy_change": changes, "mcnemar_p_accuracy": p}), alpha=0.05)
+    holm = _slow_holm(p.tolist())
+    np.testing.assert_allclose(table["mcnemar_p_accuracy_holm"], holm, rtol=1e-12)
+    significant = [x < 0.05 for x in holm]
+    assert table["significant_holm"].tolist() == significant and 0 < sum(significant) < len(p)
+    up, down = changes > 0, changes <= -0.01 + 1e-12  # a change of exactly one point counts as one point
+    assert ablation.change_counts(table) == {
+        "raise_accuracy": up.sum(), "raise_accuracy_significant": (up & significant).sum(),
+        "lower_accuracy_by_one_point": down.sum(), "lower_accuracy_by_one_point_significant": (down & significant).sum(),
+        "significant": sum(significant),
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sensitive_model():
+    """Large random weights: predictions differ between examples and move when heads are masked,
+    so the paired counts below are not all zero (at the default init every prediction is one class)."""
+    return tiny_classifier(seed=3, initializer_range=0.5)
+
+
+@pytest.fixture(scope="module")
+def sensitive_evaluator(sensitive_model, mrpc_arrays):
+    return ablation.MaskedEvaluator(sensitive_model, ablation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
+
+
+@pytest.fixture(scope="module")
+def by_hand(sensitive_model, mrpc_arrays):
+    """head_mask ↦ (metrics, per-example correctness) from one direct forward of all 20 examples in
+    file order: no sorting, buckets or dummy rows."""
+    inputs = [mrpc_arrays[k] for k in ("input_ids", "attention_mask", "token_type_ids")]
+    labels = mrpc_arrays["labels"]
+    forward = jax.jit(lambda m, mask, *a: m(*a, head_mask=mask).logits)
+
+    def run(head_mask):
+        logits = np.asarray(forward(sensitive_model, head_mask, *inputs), np.float64)
+        predictions = logits.argmax(-1)
+        tp = np.sum((predictions == 1) & (labels == 1))
+        log_p = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        metrics = {
+            "accuracy": np.mean(predictions == labels),
+            "f1": 2 * tp / (2 * tp + np.sum(predictions != labels)),
+            "loss": -np.mean(log_p[np.arange(len(labels)), labels]),
+        }
+        return metrics, predictions == labels
+
+    return run
+
+
+def _check_row(row, metrics, correct, baseline_metrics, baseline_correct) -> float:
+    """One table row against the hand-computed pass; returns the hand-computed p."""
+    for name, value in metrics.items():
+        assert row[name] == pytest.approx(value, abs=1e-5)
+        assert row[f"{name}_change"] == pytest.approx(value - baseline_metrics[name], abs=1e-5)
+    b = int(sum(1 for x, y in zip(baseline_correct, correct, strict=True) if x and not y))
+    c = int(sum(1 for x, y in zip(baseline_correct, correct, strict=True) if y and not x))
+    assert (row["correct_to_wrong"], row["wrong_to_correct"]) == (b, c)
+    p = _slow_mcnemar_p(b, c)
+    assert row["mcnemar_p_accuracy"] == pytest.approx(p, rel=1e-9)
+    return p
+
+
+def _check_holm(table: pd.DataFrame, p: list[float], alpha: float) -> None:
+    holm = _slow_holm(p)
+    np.testing.assert_allclose(table["mcnemar_p_accuracy_holm"], holm, rtol=1e-9)
+    assert table["significant_holm"].tolist() == [x < alpha for x in holm]
+
+
+def test_mask_one_head_equals_masking_each_head_by_hand(sensitive_evaluator, by_hand):
+    baseline_metrics, baseline_correct = by_hand(np.ones((N_LAYERS, N_HEADS), np.float32))
+    table = ablate.mask_one_head(sensitive_evaluator, sensitive_evaluator.score(), alpha=0.5)
+    assert list(zip(table["layer"], table["head"], strict=True)) == list(np.ndindex(N_LAYERS, N_HEADS))
+    p = []
+    for (layer, head), (_, row) in zip(np.ndindex(N_LAYERS, N_HEADS), table.iterrows(), strict=True):
+        mask = np.ones((N_LAYERS, N_HEADS), np.float32)
+        mask[layer, head] = 0.0
+        p.append(_check_row(row, *by_hand(mask), baseline_metrics, baseline_correct))
+    _check_holm(table, p, alpha=0.5)
+    assert (table["correct_to_wrong"] + table["wrong_to_correct"]).gt(0).all()  # not a vacuous 0 = 0
+
+
+def test_best_head_only_keeps_each_layers_best_single_head_by_hand(sensitive_evaluator, by_hand):
+    baseline_metrics, baseline_correct = by_hand(np.ones((N_LAYERS, N_HEADS), np.float32))
+    table = ablate.best_head_only(sensitive_evaluator, sensitive_evaluator.score(), "accuracy", alpha=0.5)
+    assert table["layer"].tolist() == list(range(N_LAYERS))
+    p = []
+    for layer in range(N_LAYERS):
+        kept = []
+        for head in range(N_HEADS):
+            mask = np.ones((N_LAYERS, N_HEADS), np.float32)
+            mask[layer] = 0.0
+            mask[layer, head] = 1.0
+            kept.append(by_hand(mask))
+        accuracies = [metrics["accuracy"] for metrics, _ in kept]
+        best = accuracies.index(max(accuracies))  # ties: the lowest head index
+        row = table.iloc[layer]
+        assert row["head"] == best
+        p.append(_check_row(row, *kept[best], baseline_metrics, baseline_correct))
+    _check_holm(table, p, alpha=0.5)
+
+
+def _titles(monkeypatch) -> list[str]:
+    """Replaces `ablate.head_heatmap` with a recorder of the titles it is given."""
+    titles: list[str] = []
+    monkeypatch.setattr(ablate, "head_heatmap", lambda values, title, *args, **kwargs: titles.append(title) or [])
+    return titles
+
+
+def test_figures_name_the_split_they_were_measured_on(monkeypatch, tmp_path):
+    layers, heads = np.indices((N_LAYERS, N_HEADS))
+    table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel(), "accuracy": 0.5, "accuracy_change": 0.0,
+                          "significant_holm": False})  # fmt: skip
+    per_layer = pd.DataFrame({"layer": range(N_LAYERS), "accuracy": 0.5, "accuracy_change": 0.0})
+    titles = _titles(monkeypatch)
+    ablate.plot_disabling({"accuracy": 0.5}, table, per_layer, ("accuracy",), "mrpc", "train", tmp_path)
+    ablate.plot_mask_one_head({"accuracy": 0.5}, table, ("accuracy",), "mrpc", "train", tmp_path, 0.05)
+    assert len(titles) == 4 and not any("dev" in t for t in titles)
+    assert all("train accuracy" in t for t in titles if "layer disabled" not in t)
+
+
+def test_heatmap_boxes_exactly_the_marked_cells(monkeypatch, tmp_path):
+    figures = []
+    monkeypatch.setattr(ablation, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    marked = np.zeros((N_LAYERS, N_HEADS), bool)
+    marked[[0, 1], [3, 1]] = True
+    ablation.head_heatmap(np.zeros((N_LAYERS, N_HEADS)), "t", "l", tmp_path, "x", diverging=True, marked=marked)
+    boxes = [p for p in figures[0].axes[0].patches if isinstance(p, Rectangle)]
+    assert sorted((int(r.get_y() + 0.5), int(r.get_x() + 0.5)) for r in boxes) == [(0, 3), (1, 1)]
 
 
 # -- attention pattern classes (§4.1) ----------------------------------------------------------

@@ -203,6 +203,23 @@ def test_reestimation_uses_the_current_mask_and_only_ranks_remaining_heads():
     np.testing.assert_array_equal(masks_given[0], [[0, 1, 1], [1, 1, 1]])
     np.testing.assert_array_equal(steps[2].mask, [[0, 1, 1], [1, 1, 0]])
     np.testing.assert_array_equal(steps[3].mask, [[0, 1, 0], [1, 1, 0]])
+    # The order written to <task>_pruning_order.csv: no single estimate ranks (0, 0) < (1, 2) < (0, 2).
+    order = prune.pruning_order(steps, (2, 3))
+    assert order.columns.tolist() == ["rank", "layer", "head", "heads_pruned"]
+    assert order.to_numpy().tolist() == [[0, 0, 0, 1], [1, 1, 2, 2], [2, 0, 2, 3]]
+
+
+def test_pruning_order_rebuilds_every_steps_mask():
+    importance = np.array([[0.5, 0.1, 0.9, 0.4], [0.3, 0.2, 0.8, 0.6]])
+    steps, _ = prune.prune_by_importance(importance, [0, 3, 5, 8], lambda m: 0.0)
+    random_steps = prune.prune_in_order([5, 0, 7, 3, 1, 2, 6, 4], [0, 3, 5, 8], lambda m: 0.0, (2, 4))
+    for run in (steps, random_steps):
+        order = prune.pruning_order(run, (2, 4))
+        for step in run:
+            mask = np.ones((2, 4))
+            done = order[order["heads_pruned"] <= step.heads_pruned]
+            mask[done["layer"], done["head"]] = 0.0
+            np.testing.assert_array_equal(mask, step.mask)
 
 
 def test_prune_in_order_follows_the_given_order():
@@ -217,6 +234,23 @@ def test_heads_within_one_point_stops_at_the_first_drop():
     assert prune.heads_within(curve, tolerance=0.0) == 7
 
 
+def test_random_orders_are_judged_one_seed_at_a_time():
+    # The mean of the two curves, 0.80, 0.7925, 0.7925, never drops a point; each seed does.
+    runs = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "heads_pruned": [0, 7, 14] * 2,
+                         "metric": [0.80, 0.785, 0.80, 0.80, 0.80, 0.785]})  # fmt: skip
+    assert prune.heads_within(runs.groupby("heads_pruned", as_index=False)["metric"].mean()) == 14
+    assert prune.heads_within_per_seed(runs) == {"median": 3.5, "min": 0, "max": 7, "per_seed": [0, 7]}
+
+
+def test_pruning_figure_names_the_split(monkeypatch, tmp_path):
+    figures = []
+    monkeypatch.setattr(prune, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    curve = pd.DataFrame({"fraction_pruned": [0.0, 1.0], "heads_pruned": [0, 8], "metric": [0.8, 0.5],
+                          "order": "importance"})  # fmt: skip
+    prune.plot_pruning(curve, pd.DataFrame(), "accuracy", "mrpc", "train", tmp_path)
+    assert figures[0].axes[0].get_ylabel() == "train accuracy"
+
+
 def test_bad_flags_are_user_errors():
     with pytest.raises(bertjax.UserError, match="--metric"):
         prune.MichelConfig(ckpt="x", task="sst2", metric="f1")
@@ -224,22 +258,34 @@ def test_bad_flags_are_user_errors():
         prune.MichelConfig(ckpt="x", prune_step=0.0)
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_classifier")
+def test_the_importance_set_defaults_to_the_metrics_examples():
+    assert prune.parse_args(["--ckpt", "x", "--n", "8"]).importance_n == 8
+    assert prune.parse_args(["--ckpt", "x"]).importance_n is None  # all of the split, for both
+    assert prune.parse_args(["--ckpt", "x", "--n", "8", "--importance-split", "train"]).importance_n == 8
+    assert prune.parse_args(["--ckpt", "x", "--n", "8", "--importance-n", "100"]).importance_n == 100
+
+
+def _save_tiny_classifier(directory, shared_data, **overrides):
     config = bertjax.BertConfig(
-        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, max_position_embeddings=128
-    )
+        num_hidden_layers=2, hidden_size=64, num_attention_heads=4, intermediate_size=128, max_position_embeddings=128,
+        **overrides,
+    )  # fmt: skip
     bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=2), directory)
     vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
     BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
     return directory
 
 
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, shared_data):
+    return _save_tiny_classifier(tmp_path_factory.mktemp("tiny_classifier"), shared_data)
+
+
 def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_data, tmp_path):
     out = tmp_path / "out"
+    glue_dir = shared_data / "glue"
     prune.main([
-        "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "8",
+        "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(glue_dir), "--n", "8",
         "--batch-size", "8", "--prune-step", "0.25", "--random-seeds", "2", "--reestimate", "--out", str(out),
     ])  # fmt: skip
     curve = pd.read_csv(out / "pruning.csv")
@@ -253,8 +299,47 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     importance = pd.read_csv(out / "mrpc_importance.csv")
     norms = importance.groupby("layer")["importance"].apply(lambda x: np.sqrt((x**2).sum()))
     np.testing.assert_allclose(norms, 1.0, rtol=1e-6)
+    # Without --importance-n the importance is estimated on the same 8 examples, not the whole split.
+    model = bertjax.from_pretrained(tiny_ckpt, "BertForSequenceClassification")
+    first_8, _ = ablation.load_eval_set(bertjax.load_tokenizer(tiny_ckpt), "mrpc", "dev", glue_dir, 8, 128, 8)
+    np.testing.assert_allclose(importance["importance_raw"], ablation.MaskedEvaluator(model, first_8).mask_gradients().ravel(), rtol=1e-5)
     assert (out / "mrpc_pruning.png").is_file() and (out / "mrpc_importance.svg").is_file()
+    order = pd.read_csv(out / "mrpc_pruning_order.csv")
+    assert sorted(zip(order["layer"], order["head"], strict=True)) == list(itertools.product(range(2), range(4)))
+    assert order["heads_pruned"].tolist() == [2, 2, 4, 4, 6, 6, 8, 8]
     info = json.loads((out / "run.json").read_text())
-    assert info["result"]["importance_estimates"] == 4  # at ξ = 1, then after each of 3 partial steps
-    assert info["result"]["forward_passes_of_dev"] == 5 * 3
-    assert set(info["result"]["heads_prunable_within_one_point"]) == {"importance", "random"}
+    result = info["result"]
+    assert result["split"] == "dev" and result["examples"] == 8
+    assert result["importance_set"] == {"split": "dev", "examples": 8}
+    assert result["importance_estimates"] == result["importance_passes"] == 4  # at ξ = 1, then after each of 3 partial steps
+    assert result["forward_passes"] == 1 + 5 * 3  # the baseline metrics, then 5 points of 3 curves
+    within = result["heads_prunable_within_one_point"]
+    per_seed = [prune.heads_within(runs) for _, runs in seeds.groupby("seed")]
+    assert within["random"]["per_seed"] == per_seed and within["importance"] == prune.heads_within(curve[:5])
+    assert [f["path"] for f in result["data_files"]] == [str(glue_dir / "MRPC" / "dev.tsv")]
+
+
+def test_cli_with_its_own_importance_set_counts_both_sets_compiles(tiny_ckpt, shared_data, tmp_path):
+    out, glue_dir = tmp_path / "out", shared_data / "glue"
+    prune.main([
+        "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(glue_dir), "--n", "8", "--importance-n", "5",
+        "--batch-size", "8", "--prune-step", "0.5", "--random-seeds", "0", "--out", str(out),
+    ])  # fmt: skip
+    result = json.loads((out / "run.json").read_text())["result"]
+    assert result["importance_set"] == {"split": "dev", "examples": 5}
+    # One forward executable per batch shape of the 8, one gradient executable per shape of the 5.
+    tokenizer = bertjax.load_tokenizer(tiny_ckpt)
+    shapes = [ablation.load_eval_set(tokenizer, "mrpc", "dev", glue_dir, n, 128, 8)[0].shapes for n in (8, 5)]
+    assert result["compiled_executables"] == len(shapes[0]) + len(shapes[1])
+    assert [f["path"] for f in result["data_files"]] == [str(glue_dir / "MRPC" / "dev.tsv")]  # read twice, listed once
+
+
+def test_a_classifier_for_another_label_count_is_one_user_error(shared_data, tmp_path, cli_error):
+    ckpt = _save_tiny_classifier(tmp_path / "three_labels", shared_data, num_labels=3)
+    out = tmp_path / "out"
+    line = cli_error(prune.main, [
+        "--ckpt", str(ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "4",
+        "--random-seeds", "0", "--out", str(out),
+    ])  # fmt: skip
+    assert str(ckpt) in line and "num_labels=3" in line and "task mrpc has 2 labels" in line
+    assert not out.exists()
