@@ -290,10 +290,17 @@ def by_hand(sensitive_model, mrpc_arrays):
 
 
 def _check_row(row, metrics, correct, baseline_metrics, baseline_correct) -> float:
-    """One table row against the hand-computed pass; returns the hand-computed p."""
+    """One table row against the hand-computed pass; returns the hand-computed p.
+
+    The evaluator pads to its buckets, the hand pass to the longest of the 20, and in float32 this
+    sharp-attention model moves an example's logits by up to ~1.3e-4 between two padded lengths
+    (measured on an Intel Xeon; an AMD EPYC happened to stay within 1e-5). Hence 1e-4 on the loss:
+    masking another head than the row names moves it by at least 0.012 here.
+    """
     for name, value in metrics.items():
-        assert row[name] == pytest.approx(value, abs=1e-5)
-        assert row[f"{name}_change"] == pytest.approx(value - baseline_metrics[name], abs=1e-5)
+        tolerance = 1e-4 if name == "loss" else 1e-12
+        assert row[name] == pytest.approx(value, abs=tolerance)
+        assert row[f"{name}_change"] == pytest.approx(value - baseline_metrics[name], abs=tolerance)
     b = int(sum(1 for x, y in zip(baseline_correct, correct, strict=True) if x and not y))
     c = int(sum(1 for x, y in zip(baseline_correct, correct, strict=True) if y and not x))
     assert (row["correct_to_wrong"], row["wrong_to_correct"]) == (b, c)
