@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -130,6 +131,17 @@ def cache_path(cache_dir: Path, settings: dict, identity: dict) -> Path:
     return cache_dir / f"step-{identity['step']:09d}-{digest[:16]}.npz"
 
 
+def prepare_cache(cache_dir: Path, out: Path) -> None:
+    """Creates the scores cache, or stops before any scoring when it cannot serve: inside --out,
+    which every run replaces whole, it would be deleted each time."""
+    if cache_dir == out or out in cache_dir.parents:
+        raise UserError(f"--scores-cache {cache_dir}: inside --out {out}, which each run replaces; put the cache elsewhere")
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--scores-cache {cache_dir}: cannot create it ({e.strerror})") from None
+
+
 def save_scores(path: Path, results: dict[str, roles.TaskScores], settings: dict, identity: dict) -> None:
     arrays = {}
     for task, result in results.items():
@@ -142,8 +154,8 @@ def save_scores(path: Path, results: dict[str, roles.TaskScores], settings: dict
         "checkpoint": identity,
     }
     arrays["about"] = np.array(json.dumps(about))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp.npz")
+    # The process id keeps two runs that score the same step from writing one temporary file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
     np.savez(tmp, **arrays)
     tmp.replace(path)
 
@@ -173,6 +185,7 @@ def run(config: TrackConfig) -> pd.DataFrame:
     rc = config.roles
     tasks = roles.config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
+    prepare_cache(config.cache_dir, out)
     # Re-running into the same --out is the point of the cache: a previous track output may go.
     with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
         return _run(config, directory, steps, tasks, tmp, started)

@@ -180,6 +180,8 @@ def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
         ("empty_steps", "error: --steps names no step"),
         ("comma_steps", "error: --steps names no step"),
         ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
+        ("cache_is_a_file", "cannot create it (File exists)"),
+        ("cache_inside_out", "which each run replaces; put the cache elsewhere"),
     ],
 )
 def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, cli_error):
@@ -196,6 +198,11 @@ def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path
     elif case == "no_role_defined":
         argv[3] = "sst2"
         argv += ["--roles", "block", "--n", "4"]
+    elif case == "cache_is_a_file":
+        (tmp_path / "a_file").touch()
+        argv += ["--scores-cache", str(tmp_path / "a_file")]
+    elif case == "cache_inside_out":
+        argv += ["--scores-cache", str(tmp_path / "out" / "cache")]
     message = cli_error(track.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not (tmp_path / "out").exists()
