@@ -116,22 +116,25 @@ def local_syntactic_spearman(roles: pd.DataFrame, task: str) -> Correlation | No
 def summarize(roles: pd.DataFrame, coarse: Mapping[str, str] = DEFAULT_COARSE) -> pd.DataFrame:
     """One row per task (in order of appearance), percentages in 0–100.
 
-    Columns: `task`, `n_heads`; `pct_<coarse role>` (NaN when none of its fine roles was tested);
-    `pct_unskilled` (heads holding no role at all, fine roles outside `coarse` included);
+    Columns: `task`, `n_heads`; `pct_<coarse role>` (NaN when none of its fine roles was tested:
+    a fine role is tested when at least one head has a p-value, so not where n < 2 everywhere);
+    `pct_unskilled` (heads holding no role at all, fine roles outside `coarse` included; NaN when
+    no role was tested);
     `pct_syntactic_also_local` (NaN without syntactic heads); `spearman_rho`, `spearman_p`,
     `spearman_n` over the heads' mean local and syntactic β (NaN if either role is absent).
     """
     records = []
     for task in pd.unique(roles["task"]):
         held = held_table(roles, task)
+        tested = head_table(roles, task, "p_value").notna().any(axis=0)
+        held = held.loc[:, tested[held.columns].to_numpy()]
         by_coarse = coarse_held_table(held, coarse)
-        n_heads = len(held)
-        record: dict[str, object] = {"task": task, "n_heads": n_heads}
+        record: dict[str, object] = {"task": task, "n_heads": len(held)}
         for name in ordered_coarse(coarse):
             record[f"pct_{name}"] = (
                 100.0 * by_coarse[name].mean() if name in by_coarse.columns else math.nan
             )
-        record["pct_unskilled"] = 100.0 * (~held.any(axis=1)).mean()
+        record["pct_unskilled"] = 100.0 * (~held.any(axis=1)).mean() if held.columns.size else math.nan
         if {"syntactic", "local"} <= set(by_coarse.columns) and by_coarse["syntactic"].any():
             syntactic = by_coarse["syntactic"]
             record["pct_syntactic_also_local"] = 100.0 * by_coarse["local"][syntactic].mean()

@@ -158,6 +158,26 @@ def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
     assert "block not tested" in text and "n/a (no syntactic heads)" in text
 
 
+def test_a_role_without_any_p_value_counts_as_untested_not_as_zero_percent(synthetic) -> None:
+    """n < 2 leaves every head of a role without a test: its coarse role is "not tested", and with
+    nothing tested no head counts as unskilled."""
+    roles, _ = synthetic
+    mrpc = roles[roles["task"] == "mrpc"].copy()
+    untested = mrpc["role"].isin(["cls", "sep", "delimiter"])
+    mrpc.loc[untested, ["p_value", "p_adjusted", "t"]] = math.nan
+    mrpc.loc[untested, "assigned"] = False
+    row = summarize(mrpc).iloc[0]
+    assert math.isnan(row["pct_delimiter"])
+    assert row["pct_local"] == pytest.approx(100 * 4 / 12) and row["pct_block"] == pytest.approx(100 * 2 / 12)
+    # Heads (0, 1) and (2, 1) held only delimiter roles, which are untested now: unskilled.
+    assert row["pct_unskilled"] == pytest.approx(100 * 5 / 12)
+    mrpc[["p_value", "p_adjusted", "t"]] = math.nan
+    mrpc["assigned"] = False
+    row = summarize(mrpc).iloc[0]
+    assert all(math.isnan(row[f"pct_{c}"]) for c in ("local", "syntactic", "block", "delimiter", "unskilled"))
+    assert "unskilled not tested" in format_summary(summarize(mrpc))
+
+
 def test_local_vs_syntactic_returns_rho_or_skips(synthetic, tmp_path: Path) -> None:
     roles, _ = synthetic
     paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
