@@ -44,7 +44,7 @@ BARS: tuple[tuple[str, str], ...] = (
     ("local", "coarse"), ("syntactic", "coarse"), ("block", "coarse"), ("delimiter", "coarse"),
     ("cls", "fine"), ("sep", "fine"),
 )  # fmt: skip
-SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size")
+SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
 _COMPARERS: dict[tuple, object] = {}
 
 

@@ -151,6 +151,7 @@ def test_post_specs_and_labels(tmp_path):
     ("case", "expected"),
     [
         ("other_shape", "have different shapes (num_hidden_layers 2 vs 3)"),
+        ("other_positions", "have different shapes (max_position_embeddings 128 vs 16)"),
         ("no_checkpoints", "no bertjax checkpoints found"),
         ("missing_post", "no such checkpoint directory"),
     ],
@@ -159,7 +160,10 @@ def test_bad_input_gives_one_line(case, expected, pre_ckpt, shared_data, tmp_pat
     post = {"no_checkpoints": tmp_path, "missing_post": tmp_path / "nowhere"}.get(case)
     if case == "other_shape":
         post = tmp_path / "deeper"
-        bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", num_hidden_layers=3)), post)
+        bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", num_hidden_layers=3, max_position_embeddings=128)), post)
+    elif case == "other_positions":
+        post = tmp_path / "shorter"
+        bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=16)), post)
     argv = ["--pre", str(pre_ckpt), "--post", str(post), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
             "--out", str(tmp_path / "out")]  # fmt: skip
     message = cli_error(effect.main, argv)
