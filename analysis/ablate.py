@@ -44,7 +44,7 @@ from analysis.ablation import (
     Scored,
     add_holm,
     change_counts,
-    check_num_labels,
+    check_classifier,
     compare,
     full_mask,
     head_heatmap,
@@ -601,7 +601,7 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
     model, tokenizer = _load(config.ckpt, config.step, trained_heads=bool(classifier))
     if classifier:
-        check_num_labels(model, config.ckpt, tasks)
+        check_classifier(model, config.ckpt, config.step, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}

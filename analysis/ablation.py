@@ -37,6 +37,7 @@ from analysis.roles import bucketed
 from analysis.stats import adjust_pvalues
 from bertjax import glue
 from bertjax.errors import UserError
+from bertjax.pretrained import resolve, trained_task
 
 # One point of a metric in [0, 1].
 ONE_POINT = 0.01
@@ -96,16 +97,23 @@ def load_eval_set(
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
 
 
-def check_num_labels(model: nnx.Module, ckpt: str, tasks: Sequence[str]) -> None:
-    """A classifier trained for another label set still returns logits, so its metrics would be
-    silently wrong: refuse it before any work."""
+def check_classifier(model: nnx.Module, ckpt: str, step: int | None, tasks: Sequence[str]) -> None:
+    """A classifier trained for another label set, or on another task, still returns logits, so
+    its metrics would be silently wrong: refuse it before any work. The task is checked where the
+    checkpoint records it (`bertjax.pretrained.trained_task`)."""
     have = model.config.num_labels
+    trained = trained_task(resolve(ckpt, step))
     for task in tasks:
         want = glue.task_spec(task).num_labels
         if have != want:
             raise UserError(
                 f"{ckpt}: the checkpoint's classifier has num_labels={have}, but task {task} has {want} labels: "
                 f"give a checkpoint fine-tuned on {task} (--ckpt)"
+            )
+        if trained is not None and trained != task:
+            raise UserError(
+                f"{ckpt}: the checkpoint's classifier was fine-tuned on {trained}, not {task}: "
+                f"give --task {trained}, or a checkpoint fine-tuned on {task} (--ckpt)"
             )
 
 

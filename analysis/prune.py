@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from analysis.ablation import ONE_POINT, MaskedEvaluator, check_num_labels, full_mask, head_heatmap, load_eval_set
+from analysis.ablation import ONE_POINT, MaskedEvaluator, check_classifier, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length
 from bertjax import cli, glue, runinfo
@@ -207,7 +207,7 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True)
-    check_num_labels(model, config.ckpt, [task])
+    check_classifier(model, config.ckpt, config.step, [task])
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)

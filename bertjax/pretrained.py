@@ -95,6 +95,17 @@ def load_config(source: Source, **overrides: Any) -> BertConfig:
     return BertConfig.from_hf_dict(meta["model_config"], source=str(source.path), **overrides)
 
 
+def trained_task(source: Source) -> str | None:
+    """The GLUE task a checkpoint's classifier was fine-tuned on, where the checkpoint says: a
+    `train.finetune` run's config, or a HF config's `finetuning_task` (as HF's run_glue writes it,
+    `sst-2` or `sst2`); None for anything else."""
+    if source.kind == "hf":
+        task = json.loads((source.path / "config.json").read_text()).get("finetuning_task")
+    else:
+        task = (ckpt.read_meta(source.path, source.step).get("run_config") or {}).get("task")
+    return task.lower().replace("-", "") if isinstance(task, str) and task else None
+
+
 def from_pretrained(
     path_or_id: str | Path,
     cls: str | type[nnx.Module] = BertModel,

@@ -10,15 +10,19 @@ from fractions import Fraction
 
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pandas as pd
 import pytest
+from flax import nnx
 from matplotlib.patches import Rectangle
 from scipy import stats
 from transformers import BertTokenizerFast
 
 import bertjax
 from analysis import ablate, ablation, roles
+from bertjax import checkpoint as ckpt
 from bertjax import glue
+from bertjax.pretrained import resolve, trained_task
 from sieves.align import encode_batch
 from sieves.parse import Word
 
@@ -252,6 +256,36 @@ def test_holm_over_a_table_and_the_counts_of_raised_and_lowered_accuracy():
         "lower_accuracy_by_one_point": down.sum(), "lower_accuracy_by_one_point_significant": (down & significant).sum(),
         "significant": sum(significant),
     }  # fmt: skip
+
+
+def test_a_classifier_fine_tuned_on_another_task_is_one_user_error(tokenizer, shared_data, tmp_path, cli_error):
+    """Both tasks have 2 labels, so only the task the checkpoint records can tell them apart."""
+    ckpt = tmp_path / "sst2_classifier"
+    bertjax.save_pretrained(tiny_classifier(), ckpt)
+    tokenizer.save_pretrained(ckpt)
+    config = json.loads((ckpt / "config.json").read_text())
+    (ckpt / "config.json").write_text(json.dumps({**config, "finetuning_task": "SST-2"}))  # as older run_glue wrote it
+    out = tmp_path / "out"
+    line = cli_error(ablate.main, [
+        "--ckpt", str(ckpt), "--task", "all", "--glue-dir", str(shared_data / "glue"), "--n", "4",
+        "--analyses", "disable", "--out", str(out),
+    ])  # fmt: skip
+    assert str(ckpt) in line and "fine-tuned on sst2, not qnli: give --task sst2" in line
+    assert not out.exists()
+
+
+def test_the_trained_task_is_read_from_a_finetune_run_and_absent_elsewhere(tmp_path):
+    model = tiny_classifier()
+    for name, run_config in (("finetuned", {"task": "qnli", "init": "x"}), ("pretrained", {"train": {"steps": 3}})):
+        manager = ocp.CheckpointManager(tmp_path / name / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
+        params = ckpt.flatten_params(nnx.state(model, nnx.Param))
+        manager.save(1, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, "tok", run_config))))
+        manager.wait_until_finished()
+        manager.close()
+    assert trained_task(resolve(tmp_path / "finetuned")) == "qnli"
+    assert trained_task(resolve(tmp_path / "pretrained")) is None
+    bertjax.save_pretrained(model, tmp_path / "hf")
+    assert trained_task(resolve(tmp_path / "hf")) is None
 
 
 @pytest.fixture(scope="module")
