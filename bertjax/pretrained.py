@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +57,7 @@ def resolve(path_or_id: str | Path, step: int | None = None) -> Source:
             return Source("hf", path)
         directory, resolved_step = ckpt.resolve_step(path, step)
         return Source("orbax", directory, resolved_step)
-    if str(path_or_id).startswith((".", "/", "~")) or str(path_or_id).count("/") > 1:
+    if not is_hub_id(str(path_or_id)):
         raise UserError(f"{path_or_id}: no such checkpoint directory")
     return Source("hf", _download(str(path_or_id)))
 
@@ -64,15 +65,33 @@ def resolve(path_or_id: str | Path, step: int | None = None) -> Source:
 def _download(repo_id: str) -> Path:
     from huggingface_hub import snapshot_download
 
-    try:
+    def fetch() -> Path:
         path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
         if not any(path.glob("*.safetensors")):
             path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + HUB_FALLBACK))
         return path
+
+    return _from_hub(repo_id, fetch)
+
+
+def hub_file(repo_id: str, filename: str) -> Path:
+    """One file of a hub repository (cached by huggingface_hub), or a UserError naming the repo."""
+    from huggingface_hub import hf_hub_download
+
+    return _from_hub(repo_id, lambda: Path(hf_hub_download(repo_id, filename)))
+
+
+def is_hub_id(text: str) -> bool:
+    """Whether a path that does not exist may name a hub repository (`owner/name` or `name`)."""
+    return not text.startswith((".", "/", "~")) and text.count("/") <= 1
+
+
+def _from_hub(repo_id: str, fetch: Callable[[], Path]) -> Path:
+    try:
+        return fetch()
     except Exception as e:  # noqa: BLE001 (the hub client raises many types for offline/unknown-repo cases)
         raise UserError(
-            f"{repo_id}: not a local directory, and the hub download failed "
-            f"({type(e).__name__}); pass a local checkpoint directory when offline"
+            f"{repo_id}: not a local path, and the hub download failed ({type(e).__name__}); pass a local path when offline"
         ) from None
 
 

@@ -3,6 +3,7 @@ corrupt checkpoints, sharding on 8 fake devices, and the one-line errors."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -17,6 +18,7 @@ from flax import nnx
 
 import bertjax
 from bertjax import checkpoint as ckpt
+from bertjax.errors import UserError
 from train import pretrain
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -211,6 +213,16 @@ def test_bad_input_gives_one_line(case, expected, corpus, prepared, smoke_run, t
     message = cli_error(pretrain.main, argv)
     assert message.startswith("error: ") and expected in message, message
     assert not (workdir / "corrupt_checkpoints").exists()
+
+
+def test_shards_prepared_with_other_data_settings_are_refused(corpus, prepared):
+    """A workdir's shards are reused only under the settings they were made with: whole-word
+    masking asked for later would otherwise train on the old, token-masked shards."""
+    config = bertjax_config(_overrides(corpus, 1)).data
+    assert pretrain.prepared_data(dataclasses.replace(config, segment_workers=2), prepared, None) == prepared
+    with pytest.raises(UserError, match=r"prepared with other data settings \(max_predictions_per_seq: 10 vs 12; "
+                                        r"whole_word_mask: False vs True\)"):  # fmt: skip
+        pretrain.prepared_data(dataclasses.replace(config, whole_word_mask=True, max_predictions_per_seq=12), prepared, None)
 
 
 def test_a_later_phase_keeps_the_steps_an_earlier_phase_kept(tmp_path):

@@ -35,7 +35,7 @@ from train.instances import (
     truncate_pair,
     truncated_lengths,
 )
-from train.prepare import PrepareConfig, main, prepare
+from train.prepare import PrepareConfig, main, prepare, validate, vocab_source_file
 
 
 def binomial_ok(hits: int, n: int, p: float, sigmas: float = 4.0) -> bool:
@@ -565,6 +565,54 @@ def test_prepared_gutenberg(gutenberg_prepared: Path) -> None:
     files = sorted(Path(f["path"]).name for f in meta["corpora"][0]["files"])
     assert files == ["blake-poems.txt", "chesterton-ball.txt", "shakespeare-caesar.txt"]
     assert "gutenberg" not in tokens
+
+
+def test_special_token_strings_in_the_text_stay_text(tmp_path: Path, vocab_file: Path) -> None:
+    """A book that writes "[SEP]" or "[PAD]" must not put a separator or padding inside a segment."""
+    (tmp_path / "docs").mkdir()
+    for d in range(2):
+        sentences = [f"Sentence {k} of file {d} writes [SEP] and [PAD] and [MASK] and [CLS] as text." for k in range(6)]
+        (tmp_path / "docs" / f"{d}.txt").write_text(" ".join(sentences) + "\n")
+    config = PrepareConfig(corpora=[CorpusConfig(path=str(tmp_path / "docs"))], vocab_file=str(vocab_file),
+                           segmenter="sentencizer")  # fmt: skip
+    prepare(config, tmp_path / "out")
+    arrays = load_shards(tmp_path / "out")
+    assert len(arrays["lengths"]) > 0
+    for ids, length in zip(arrays["input_ids"], arrays["lengths"], strict=True):
+        real = ids[:length].astype(int)  # dynamic masking: the shards hold the unmasked tokens
+        assert real[0] == 101 and (real == 101).sum() == 1 and (real == 102).sum() == 2 and real[-1] == 102
+        assert not np.isin(real, [0, 100, 103]).any()
+
+
+def test_unequal_weights_that_cannot_set_proportions_are_warned_about(tmp_path: Path, vocab_file: Path, caplog) -> None:
+    two = [CorpusConfig(name="a", path=str(tmp_path), weight=1.0), CorpusConfig(name="b", path=str(tmp_path), weight=0.2)]
+    for overrides, warned in [({}, True), ({"max_documents": 10}, False), ({"mix_stop": "first_exhausted"}, False),
+                             ({"corpora": [dataclasses.replace(c, weight=1.0) for c in two]}, False)]:  # fmt: skip
+        caplog.clear()
+        validate(PrepareConfig(**{"corpora": two, "vocab_file": str(vocab_file), **overrides}))
+        assert ("only order the mixed stream" in caplog.text) == warned, overrides
+        assert ("a=1, b=0.2" in caplog.text) == warned
+
+
+def test_vocab_file_is_a_path_or_a_hub_model(tmp_path: Path, vocab_file: Path, monkeypatch) -> None:
+    import huggingface_hub
+
+    fetched = []
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda repo, name: fetched.append((repo, name)) or str(vocab_file))
+    assert vocab_source_file(str(vocab_file)) == vocab_file and not fetched
+    assert vocab_source_file("google-bert/bert-base-uncased") == vocab_file
+    assert fetched == [("google-bert/bert-base-uncased", "vocab.txt")]
+    corpus = [CorpusConfig(path=str(tmp_path))]
+    validate(PrepareConfig(corpora=corpus, vocab_file="google-bert/bert-base-uncased"))
+    with pytest.raises(UserError, match="vocab_file does not exist"):
+        validate(PrepareConfig(corpora=corpus, vocab_file=str(tmp_path / "nowhere" / "vocab.txt")))
+
+    def offline(repo, name):
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    with pytest.raises(UserError, match="google-bert/bert-base-uncased: not a local path, and the hub download failed"):
+        vocab_source_file("google-bert/bert-base-uncased")
 
 
 def test_prepare_empty_corpus_leaves_nothing(tmp_path: Path, vocab_file: Path) -> None:

@@ -269,10 +269,12 @@ def mix(
     rng: np.random.Generator,
     stop: str = "all_exhausted",
 ) -> Iterator[Document]:
-    """Interleave document streams, drawing the next stream with probability ∝ its weight.
+    """Interleave document streams, drawing the next stream with probability ∝ its weight
+    (weights count documents, not tokens).
 
     `all_exhausted`: an exhausted stream drops out and the rest are renormalised, so every
-    document is used once and the weights set the proportions while all streams last.
+    document is used once: the weights set the proportions of any prefix of the stream (what a
+    `max_documents` cap keeps) but not of the whole, which holds every corpus entire.
     `first_exhausted`: stop when any stream ends, so the proportions hold throughout.
     """
     iters = [iter(s) for s in streams]

@@ -36,6 +36,7 @@ import numpy as np
 
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
+from bertjax.pretrained import hub_file, is_hub_id
 from train.config import load_config
 from train.corpora import (
     GUTENBERG,
@@ -130,9 +131,22 @@ def validate(config: PrepareConfig) -> None:
         if config.vocab_size < len(SPECIAL_TOKENS) + 1:
             raise UserError(f"vocab_size: too small, got {config.vocab_size}")
     elif not config.vocab_file:
-        raise UserError("vocab_file: set a vocab.txt path, or train_vocab=true")
-    elif not Path(config.vocab_file).is_file():
+        raise UserError("vocab_file: set a vocab.txt path or a hub model id, or train_vocab=true")
+    elif not Path(config.vocab_file).expanduser().is_file() and not is_hub_id(config.vocab_file):
         raise UserError(f"{config.vocab_file}: vocab_file does not exist")
+    if len({c.weight for c in config.corpora}) > 1 and config.mix_stop == "all_exhausted" and config.max_documents is None:
+        log.warning(
+            "corpora weights %s: under mix_stop=all_exhausted without max_documents every document of every "
+            "corpus is used once, so the weights only order the mixed stream, not its proportions",
+            ", ".join(f"{c.name}={c.weight:g}" for c in config.corpora),
+        )
+
+
+def vocab_source_file(vocab_file: str) -> Path:
+    """`vocab_file` itself, or the vocab.txt of the hub model it names (a run on a fresh TPU VM
+    has no vocabulary on disk)."""
+    path = Path(vocab_file).expanduser()
+    return path if path.is_file() else hub_file(vocab_file, "vocab.txt")
 
 
 # --- vocabulary ---------------------------------------------------------------------------------
@@ -298,12 +312,16 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
         vocab_source: dict[str, Any] = {"trained": True, "vocab_size": config.vocab_size}
     else:
         vocab_path = out / "vocab.txt"
-        shutil.copyfile(config.vocab_file, vocab_path)
+        shutil.copyfile(vocab_source_file(config.vocab_file), vocab_path)
         vocab_source = {"trained": False, "path": str(config.vocab_file)}
     vocab = read_vocab(vocab_path)
     vocab_source["sha256"] = file_sha256(vocab_path)
     index = {tok: i for i, tok in enumerate(vocab)}
-    tokenizer = tokenizers.BertWordPieceTokenizer(str(vocab_path), lowercase=config.lowercase)
+    wordpiece = tokenizers.BertWordPieceTokenizer(str(vocab_path), lowercase=config.lowercase)
+    tokenizer = tokenizers.Tokenizer.from_str(wordpiece.to_str())
+    # "[SEP]" or "[PAD]" written in a corpus stays text, as BERT's own tokenizer has it, instead of
+    # becoming a separator or padding inside a segment.
+    tokenizer.encode_special_tokens = True
     spec = MaskingSpec.from_vocab(
         vocab, config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_mask
     )
@@ -389,6 +407,7 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
         "tokenizer": {
             "name": "tokenizers.BertWordPieceTokenizer",
             "lowercase": config.lowercase,
+            "encode_special_tokens": True,
             "version": tokenizers.__version__,
         },
         "segmenter": {"name": segmenter.model_name, "spacy_version": spacy.__version__},

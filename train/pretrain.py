@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import shutil
 from pathlib import Path
@@ -73,19 +74,40 @@ def compute_dtype(setting: str) -> str:
     return "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"
 
 
+# Settings that change how the shards are made or cut, not what they hold.
+LAYOUT_ONLY = ("segment_workers", "shard_size")
+
+
 def prepared_data(config: PrepareConfig, directory: Path, explicit: str | None) -> Path:
-    """The prepared shards: `explicit` if given, else prepared once into `directory`."""
+    """The prepared shards: `explicit` if given, else prepared once into `directory`, and reused
+    there only if they were prepared with the same data settings."""
     if explicit:
         load_meta(Path(explicit))
         return Path(explicit)
-    if not (directory / "meta.json").is_file():
-        if jax.process_index() == 0:
-            prepare(config, directory)
-        if jax.process_count() > 1:
-            from jax.experimental import multihost_utils
+    if (directory / "meta.json").is_file():
+        check_prepared_with(config, directory)
+        return directory
+    if jax.process_index() == 0:
+        prepare(config, directory)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices("prepared data")
+        multihost_utils.sync_global_devices("prepared data")
     return directory
+
+
+def check_prepared_with(config: PrepareConfig, directory: Path) -> None:
+    """Shards prepared under other settings (whole-word masking, corpora, the prediction cap, …)
+    would train silently on the old data: refuse them, naming what differs."""
+    stored = load_meta(directory).get("config", {})
+    wanted = json.loads(json.dumps(dataclasses.asdict(config)))
+    differ = [f"{key}: {stored.get(key)!r} vs {value!r}" for key, value in wanted.items()
+              if key not in LAYOUT_ONLY and stored.get(key) != value]  # fmt: skip
+    if differ:
+        raise UserError(
+            f"{directory}: prepared with other data settings ({'; '.join(differ)}); delete it to prepare "
+            "again, or set data_dir to shards prepared with these settings"
+        )
 
 
 def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
