@@ -615,6 +615,28 @@ def test_vocab_file_is_a_path_or_a_hub_model(tmp_path: Path, vocab_file: Path, m
         vocab_source_file("google-bert/bert-base-uncased")
 
 
+def test_no_pool_holds_a_single_document(tmp_path: Path, vocab_file: Path) -> None:
+    """Pools of ~2 documents, and a third left alone at the end: it joins the pool before it, so
+    no random-next B comes from its A's own document (each document has a word of its own)."""
+    words = ["alpha", "bravo", "charlie"]
+    (tmp_path / "docs").mkdir()
+    for d, word in enumerate(words):
+        (tmp_path / "docs" / f"{d}.txt").write_text(" ".join(f"{word} {i} went home." for i in range(40)))
+    config = PrepareConfig(corpora=[CorpusConfig(path=str(tmp_path / "docs"))], vocab_file=str(vocab_file),
+                           segmenter="sentencizer", pool_tokens=300, max_seq_length=32)  # fmt: skip
+    prepare(config, tmp_path / "out")
+    arrays = load_shards(tmp_path / "out")
+    vocab = (tmp_path / "out" / "vocab.txt").read_text().splitlines()
+    source = {vocab.index(w): w for w in words}
+    random_next = 0
+    for ids, types, label in zip(arrays["input_ids"], arrays["token_type_ids"], arrays["nsp_labels"], strict=True):
+        a, b = ({source[i] for i in ids[types == k] if i in source} for k in (0, 1))
+        if label:
+            random_next += 1
+            assert a.isdisjoint(b), (a, b)
+    assert random_next > 10
+
+
 def test_prepare_empty_corpus_leaves_nothing(tmp_path: Path, vocab_file: Path) -> None:
     (tmp_path / "empty").mkdir()
     config = PrepareConfig(corpora=[CorpusConfig(path=str(tmp_path / "empty"))],

@@ -357,16 +357,24 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
             counts["documents"], counts["tokens"], counts["instances"], counts["tokens"] / elapsed,
         )
 
+    # A pool of one document would draw every "random" B from A's own document, so a pool closes
+    # only with two documents in it, and a full pool waits until the next one holds two: a lone
+    # last document joins it instead of making a pool of its own.
+    held: list[TokenizedDocument] = []
     pool: list[TokenizedDocument] = []
     pool_tokens = 0
     for doc in docs:
         pool.append(doc)
         pool_tokens += len(doc.ids)
-        if pool_tokens >= config.pool_tokens:
-            flush(pool)
-            pool, pool_tokens = [], 0
-    if pool:
-        flush(pool)
+        if pool_tokens >= config.pool_tokens and len(pool) >= 2:
+            if held:
+                flush(held)
+            held, pool, pool_tokens = pool, [], 0
+    if len(pool) < 2:
+        held, pool = held + pool, []
+    for last in (held, pool):
+        if last:
+            flush(last)
     if counts["instances"] == 0:
         raise UserError(
             f"corpora {', '.join(c.path or c.hub_id for c in config.corpora)}: "
