@@ -157,20 +157,24 @@ def glue_files(task: str, split: str, glue_dir: Path) -> list[Path]:
 
 
 def load_glue(
-    task: str, split: str = "dev", glue_dir: Path | None = None, n: int | None = None
+    task: str, split: str = "dev", glue_dir: Path | None = None, n: int | None = None, allow_empty: bool = False
 ) -> list[Example]:
-    """The first `n` examples (all when None) of a task's split, from `glue_dir` or else the hub."""
+    """The first `n` examples (all when None) of a task's split, from `glue_dir` or else the hub.
+
+    An empty text is an error unless `allow_empty`: the analyses parse and align every segment,
+    while a classifier reads `[CLS] a [SEP] [SEP]` as HF's run_glue does (QQP's official train
+    split has two empty questions)."""
     spec = task_spec(task)
     _split_names(split)
     if n is not None and n < 1:
         raise UserError(f"--n must be ≥ 1, got {n}")
     if glue_dir is None:
-        return _load_hub(spec, split, n)
+        return _load_hub(spec, split, n, allow_empty)
     path, missing = _find_tsv(spec, split, glue_dir)
     if missing is not None:
         log.warning("%s not found; reading %s instead", missing, path)
     # islice stops before parsing row n+1, so a bad row past the first n is never an error.
-    examples = list(itertools.islice(_read_tsv(spec, path, labelled=split != "test"), n))
+    examples = list(itertools.islice(_read_tsv(spec, path, split != "test", allow_empty), n))
     if not examples:
         raise UserError(f"{path}: no examples (a header and nothing else)")
     return examples
@@ -187,7 +191,7 @@ def _lines(path: Path) -> Iterator[tuple[int, str]]:
             yield lineno, text.rstrip("\r\n")
 
 
-def _read_tsv(spec: TaskSpec, path: Path, labelled: bool) -> Iterator[Example]:
+def _read_tsv(spec: TaskSpec, path: Path, labelled: bool, allow_empty: bool) -> Iterator[Example]:
     lines = _lines(path)
     header = next(lines, (1, ""))[1].split("\t")
     columns = {name: i for i, name in enumerate(header)}
@@ -210,8 +214,8 @@ def _read_tsv(spec: TaskSpec, path: Path, labelled: bool) -> Iterator[Example]:
         texts = []
         for column in text_columns:
             text = fields[columns[column]]
-            if not text.strip():
-                raise UserError(f"{path}:{lineno}: empty text in column {column!r}")
+            if not text.strip() and not allow_empty:
+                raise UserError(f"{path}:{lineno}: empty text in column {column!r} (the analyses need text in every segment)")
             texts.append(text)
         label = None
         if labelled:
@@ -224,7 +228,7 @@ def _read_tsv(spec: TaskSpec, path: Path, labelled: bool) -> Iterator[Example]:
         yield Example(index, texts[0], texts[1] if spec.text_b else None, label)
 
 
-def _load_hub(spec: TaskSpec, split: str, n: int | None) -> list[Example]:
+def _load_hub(spec: TaskSpec, split: str, n: int | None, allow_empty: bool) -> list[Example]:
     # `datasets` is slow to import and only needed when no local GLUE directory is given.
     import datasets
 
@@ -239,8 +243,8 @@ def _load_hub(spec: TaskSpec, split: str, n: int | None) -> list[Example]:
     examples = []
     for index, row in enumerate(rows):
         texts = [row[spec.hub_text_a]] + ([row[spec.hub_text_b]] if spec.hub_text_b else [])
-        if any(not text.strip() for text in texts):
-            raise UserError(f"{source} row {index}: empty text")
+        if any(not text.strip() for text in texts) and not allow_empty:
+            raise UserError(f"{source} row {index}: empty text (the analyses need text in every segment)")
         # The hub marks the unlabelled test split with -1.
         label = None if row["label"] == -1 else int(row["label"])
         if label is not None and not 0 <= label < spec.num_labels:

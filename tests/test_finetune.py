@@ -295,6 +295,9 @@ def test_a_bertjax_pretraining_checkpoint_finetunes_on_sst2(shared_data, tmp_pat
         ("vocab_size", "the tokenizer has 30522 tokens but the model's vocab_size is 1000"),
         ("bad_metric", "best_metric: 'f1' is not a metric of sst2 (accuracy)"),
         ("too_long", "data.max_seq_length 256 is not in [3, 128]"),
+        ("eval_batch", "data.eval_batch_size 0 must be a positive multiple"),
+        ("optimizer", "optimizer.name: 'sgd' is not lamb or adamw"),
+        ("warmup_ratio", "train.warmup_ratio must be in [0, 1], got -0.5"),
     ],
 )
 def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_path, cli_error):
@@ -312,6 +315,12 @@ def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_pa
         task, extra = "sst2", ["best_metric=f1"]
     elif case == "too_long":
         extra = ["data.max_seq_length=256"]
+    elif case == "eval_batch":
+        extra = ["data.eval_batch_size=0"]
+    elif case == "optimizer":
+        extra = ["optimizer.name=sgd"]
+    elif case == "warmup_ratio":
+        extra = ["train.warmup_ratio=-0.5"]
     message = cli_error(finetune.main, _argv(task, init, tmp_path / "work", glue_dir, *extra))
     assert message.startswith("error: ") and expected in message, message
-    assert not (tmp_path / "work" / "checkpoints").exists()
+    assert not (tmp_path / "work").exists()  # nothing half-made

@@ -5,9 +5,10 @@ from pathlib import Path
 
 import datasets
 import pytest
+from transformers import BertTokenizerFast
 
 from bertjax.errors import UserError
-from bertjax.glue import TASKS, Example, glue_files, load_glue, resolve_tasks
+from bertjax.glue import TASKS, Example, encode, glue_files, load_glue, resolve_tasks
 
 
 @pytest.fixture(scope="module")
@@ -124,10 +125,20 @@ def test_bad_rows_name_file_and_line(tmp_path: Path, lines: list[str], message: 
         load_glue("sst2", "dev", tmp_path)
 
 
-def test_empty_second_text(tmp_path: Path) -> None:
+def test_empty_second_text(tmp_path: Path, shared_data: Path) -> None:
+    """An error for the analyses; kept for fine-tuning, as QQP's official train split has two."""
     write_tsv(tmp_path, "MRPC", "dev.tsv", ["Quality\t#1 String\t#2 String", "1\ta\tb", "0\ta\t"])
     with pytest.raises(UserError, match=r"dev\.tsv:3: empty text in column '#2 String'"):
         load_glue("mrpc", "dev", tmp_path)
+    assert load_glue("mrpc", "dev", tmp_path, allow_empty=True)[1] == Example(1, "a", "", 0)
+    write_tsv(tmp_path, "QQP", "train.tsv", ["id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate",
+                                            "310137\t1\t2\tHow can I create an Android app?\t\t0"])  # fmt: skip
+    (example,) = load_glue("qqp", "train", tmp_path, allow_empty=True)
+    tokenizer = BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True)
+    arrays = encode([example], tokenizer, 16, "qqp train")
+    n = int(arrays["attention_mask"][0].sum())
+    tokens = tokenizer.convert_ids_to_tokens(arrays["input_ids"][0, :n].tolist())
+    assert tokens[0] == "[CLS]" and tokens[-3:] == ["?", "[SEP]", "[SEP]"] and arrays["token_type_ids"][0, n - 1] == 1
 
 
 def test_invalid_utf8(tmp_path: Path) -> None:

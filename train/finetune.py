@@ -181,6 +181,8 @@ def prepare(config: FinetuneConfig) -> Prepared:
     for name, value in positive:
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
+    if config.train.warmup_ratio is not None and not 0 <= config.train.warmup_ratio <= 1:
+        raise UserError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
     if config.train.warmup_ratio is not None and config.optimizer.warmup_steps:
         raise UserError(
             "train.warmup_ratio and optimizer.warmup_steps are both set; set train.warmup_ratio=null to use steps"
@@ -202,8 +204,12 @@ def prepare(config: FinetuneConfig) -> Prepared:
     glue_dir = Path(config.data.glue_dir) if config.data.glue_dir else None
     split = config.data.eval_split
     where = "the hub" if glue_dir is None else str(glue_dir)
-    train = load_glue(spec.name, "train", glue_dir, config.data.max_train_examples)
-    dev = load_glue(spec.name, split, glue_dir)
+    train = load_glue(spec.name, "train", glue_dir, config.data.max_train_examples, allow_empty=True)
+    dev = load_glue(spec.name, split, glue_dir, allow_empty=True)
+    for name, examples in (("train", train), (split, dev)):
+        empty = sum(not (e.text_a.strip() and (e.text_b is None or e.text_b.strip())) for e in examples)
+        if empty:
+            log.warning("%s %s: %d examples with an empty text, kept (as HF's run_glue keeps them)", spec.name, name, empty)
     files = (
         [] if glue_dir is None else glue_files(spec.name, "train", glue_dir) + glue_files(spec.name, split, glue_dir)
     )
@@ -224,11 +230,9 @@ def finetune(
 ) -> dict[str, Any] | None:
     """One seed: trains `train.epochs` epochs in `workdir`; returns eval.json's content, or None
     when preempted (SIGTERM) before the end."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        config_lib.save_resolved(config, workdir / "config.yaml")
-        if not (workdir / TOKENIZER_DIR).is_dir():
-            prepared.tokenizer.save_pretrained(str(workdir / TOKENIZER_DIR))
+    # Every setting is checked (batches, optimizer, mesh) before anything is written: a bad one
+    # must leave no half-made workdir, and must not rewrite an existing run's config.yaml.
+    sharding.check_batch_size("data.eval_batch_size", config.data.eval_batch_size, mesh)
     loop = config.train
     data = ClassificationData(prepared.train_set, loop.global_batch_size, process_count=jax.process_count())
     steps = loop.epochs * data.batches_per_epoch
@@ -272,6 +276,11 @@ def finetune(
 
     evaluator = Evaluator(trainer, prepared.eval_set, prepared.spec, config.data.eval_split,
                           config.data.eval_batch_size, data.batches_per_epoch)  # fmt: skip
+    if jax.process_index() == 0:
+        workdir.mkdir(parents=True, exist_ok=True)
+        config_lib.save_resolved(config, workdir / "config.yaml")
+        if not (workdir / TOKENIZER_DIR).is_dir():
+            prepared.tokenizer.save_pretrained(str(workdir / TOKENIZER_DIR))
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
     outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
