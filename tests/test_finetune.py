@@ -4,6 +4,7 @@ eval.json, seeds, a bertjax pre-training checkpoint end to end, and the one-line
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ import bertjax
 from bertjax import glue
 from bertjax.glue import Example, encode, load_glue
 from train import finetune
-from train.checkpoints import CheckpointConfig, Checkpointer
+from train.checkpoints import CheckpointConfig, Checkpointer, setting_changes
 from train.glue_data import ClassificationData, eval_batches
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -203,6 +204,22 @@ def test_run_writes_eval_json_and_best_and_last_checkpoints(mrpc_run):
     assert any("loss" in m and "accuracy" in m for m in metrics)
     run = json.loads((mrpc_run / "run.json").read_text())
     assert run["steps"] == 12 and run["warmup_steps"] == 1 and run["eval"] == summary
+
+
+def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(mrpc_run, tiny_ckpt, shared_data, tmp_path, cli_error):
+    """Another seed would have gone on from the finished run's last step under a new schedule."""
+    workdir = tmp_path / "copy"
+    shutil.copytree(mrpc_run, workdir)
+    before = (workdir / "config.yaml").read_bytes()
+    message = cli_error(finetune.main, _argv("mrpc", tiny_ckpt, workdir, shared_data / "glue", "train.seed=7"))
+    assert "was trained with other settings (train.seed: 0 vs 7)" in message and "use a new --workdir" in message
+    assert (workdir / "config.yaml").read_bytes() == before
+    # How a run logs or spreads over devices may change on a resume.
+    assert setting_changes({"train": {"seed": 0, "log_every": 5}, "mesh": {"data": 1}},
+                           {"train": {"seed": 0, "log_every": 50}, "mesh": {"data": 8}}) == []  # fmt: skip
+    assert setting_changes({"corpora": [{"weight": 1}]}, {"corpora": [{"weight": 2}]}) == [
+        "corpora: [{'weight': 1}] vs [{'weight': 2}]"
+    ]
 
 
 def test_checkpoints_load_for_analysis(mrpc_run, tiny_ckpt, shared_data):

@@ -182,8 +182,8 @@ def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, cli_error):
         ("unknown_key", "unknown config key 'train.stepz'"),
         ("missing_vocab", "does-not-exist.txt: vocab_file does not exist"),
         ("empty_corpus", "has no text"),
-        ("other_shape", "holds a checkpoint of another model shape"),
-        ("other_optimizer", "step 12 holds the state of another optimizer"),
+        ("other_shape", "step 12 was trained with other settings (model.preset: 'tiny' vs 'mini'; train.steps: 12 vs 2)"),
+        ("other_optimizer", "step 12 was trained with other settings (train.steps: 12 vs 2; optimizer.name: 'lamb' vs 'adamw')"),
         ("empty_batch", "train.global_batch_size 0 must be a positive multiple of the 1 devices"),
     ],
 )

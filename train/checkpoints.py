@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import logging
 import math
 import operator
@@ -53,6 +54,51 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
         return []
     steps = {round(math.exp(math.log(total) * i / max(count - 1, 1))) for i in range(count)}
     return sorted(s for s in steps if 1 <= s <= total)
+
+
+# What a resumed run may change: how it logs, saves and spreads over devices, not what it trains.
+RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", "seeds", "data.eval_batch_size",
+                      "data.segment_workers")  # fmt: skip
+
+
+def setting_changes(stored: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
+    """`key: stored vs current` for each run setting that differs, dotted keys, those in
+    RESUMABLE_SETTINGS aside; nothing when either side records no settings."""
+    if not stored or not current:
+        return []
+
+    def flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    old, new = flat(json.loads(json.dumps(stored))), flat(json.loads(json.dumps(current)))
+    keys = [k for k in dict.fromkeys([*new, *old]) if not k.startswith(RESUMABLE_SETTINGS)]
+    return [f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
+
+
+def check_resumable(workdir: Path, run_config: dict[str, Any]) -> None:
+    """Before a run writes anything into `workdir`: refuse it when the newest readable checkpoint
+    there was trained with other settings. Without this a rerun with, say, another seed or epoch
+    count went on from the old run's step under a new schedule, its config.yaml and run.json
+    recording settings the early steps never had."""
+    directory = Path(workdir) / ckpt.CHECKPOINTS
+    for step in reversed(ckpt.available_steps(directory) if directory.is_dir() else []):
+        try:
+            stored = ckpt.read_meta(directory, step)
+        except UserError:
+            continue  # restore_latest reports it and falls back
+        changes = setting_changes(stored.get("run_config"), run_config)
+        if changes:
+            raise UserError(
+                f"{directory}: step {step} was trained with other settings ({'; '.join(changes)}); "
+                "resume with the run's own config or use a new --workdir"
+            )
+        return
 
 
 def tree_signature(tree: Any) -> str:

@@ -33,7 +33,7 @@ from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_f
 from bertjax.model import BertForSequenceClassification
 from train import config as config_lib
 from train import sharding
-from train.checkpoints import CheckpointConfig
+from train.checkpoints import CheckpointConfig, check_resumable
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.optim import OptimizerConfig
@@ -230,16 +230,17 @@ def finetune(
 ) -> dict[str, Any] | None:
     """One seed: trains `train.epochs` epochs in `workdir`; returns eval.json's content, or None
     when preempted (SIGTERM) before the end."""
-    # Every setting is checked (batches, optimizer, mesh) before anything is written: a bad one
-    # must leave no half-made workdir, and must not rewrite an existing run's config.yaml.
+    # Every setting is checked (batches, optimizer, mesh, an earlier run's settings) before anything
+    # is written: a bad one must leave no half-made workdir, nor rewrite a run's config.yaml.
     sharding.check_batch_size("data.eval_batch_size", config.data.eval_batch_size, mesh)
+    run_config = dataclasses.asdict(config)
+    check_resumable(workdir, run_config)
     loop = config.train
     data = ClassificationData(prepared.train_set, loop.global_batch_size, process_count=jax.process_count())
     steps = loop.epochs * data.batches_per_epoch
     optimizer = config.optimizer
     if loop.warmup_ratio is not None:
         optimizer = dataclasses.replace(optimizer, warmup_steps=round(loop.warmup_ratio * steps))
-    run_config = dataclasses.asdict(config)
     trainer = Trainer(
         workdir=workdir,
         model_config=prepared.model_config,

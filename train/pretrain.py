@@ -24,7 +24,7 @@ from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from train import config as config_lib
 from train import sharding
-from train.checkpoints import CheckpointConfig
+from train.checkpoints import CheckpointConfig, check_resumable
 from train.data import PretrainingData, load_meta
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
@@ -144,11 +144,12 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     if config.distributed:
         jax.distributed.initialize()
     workdir = Path(workdir)
+    run_config = dataclasses.asdict(config)
+    check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         config_lib.save_resolved(config, workdir / "config.yaml")
     mesh = sharding.make_mesh(config.mesh)
-    run_config = dataclasses.asdict(config)
 
     phases = [(config.data, config.train, config.optimizer, config.data_dir)]
     if config.phase2 is not None:
