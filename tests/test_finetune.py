@@ -14,6 +14,7 @@ from transformers import BertTokenizerFast
 
 import bertjax
 from bertjax import glue
+from bertjax.errors import UserError
 from bertjax.glue import Example, encode, load_glue
 from train import finetune
 from train.checkpoints import CheckpointConfig, Checkpointer, setting_changes
@@ -179,6 +180,10 @@ def test_summary_takes_the_last_row_and_the_best_by_the_metric(tmp_path):
     assert summary["step"] == 40 and summary["accuracy"] == 0.9
     assert summary["best"]["step"] == 30  # ties go to the later step, as orbax's BestN keeps
     assert finetune.summarise_evaluations(tmp_path, "accuracy")["best"]["step"] == 40
+    with (tmp_path / finetune.EVAL_ROWS).open("a") as f:
+        f.write('{"task": "mrpc", "split": "d')  # an append cut short
+    with pytest.raises(UserError, match=r"eval\.jsonl:6: not a JSON row"):
+        finetune.summarise_evaluations(tmp_path, "f1")
 
 
 def test_run_writes_eval_json_and_best_and_last_checkpoints(mrpc_run):

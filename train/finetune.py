@@ -145,8 +145,13 @@ def summarise_evaluations(workdir: Path, metric: str) -> dict[str, Any]:
     the checkpointer keeps)."""
     # A run resumed after a crash may evaluate a step twice (bit-identically): keep one row.
     rows = {}
-    for line in (workdir / EVAL_ROWS).read_text().splitlines():
-        row = json.loads(line)
+    path = workdir / EVAL_ROWS
+    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            # Only a crash or a full disk in the middle of an append tears a line.
+            raise UserError(f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun") from None
         rows[row["step"]] = row
     last = rows[max(rows)]
     best = max(rows.values(), key=lambda r: (r[metric], r["step"]))
