@@ -225,6 +225,23 @@ def test_shards_prepared_with_other_data_settings_are_refused(corpus, prepared):
         pretrain.prepared_data(dataclasses.replace(config, whole_word_mask=True, max_predictions_per_seq=12), prepared, None)
 
 
+def test_a_checkpoint_without_recorded_settings_is_still_checked_for_shape_and_optimizer(tmp_path):
+    """check_resumable names changed settings where a checkpoint records them; where it does not,
+    restore_latest still refuses another model shape or another optimizer's state."""
+    from train.checkpoints import OPT_SIGNATURE, CheckpointConfig, Checkpointer, check_resumable
+
+    params = {"w": np.zeros(2, np.float32)}
+    saved = {"param_shapes": {"w": [[2], "float32"]}, OPT_SIGNATURE: "adamw"}
+    checkpointer = Checkpointer(tmp_path, CheckpointConfig(every=1, keep=None, log_spaced=0), 10)
+    checkpointer.save(1, params, {"m": params["w"]}, {"step": 1}, saved)
+    check_resumable(tmp_path, {"train": {"seed": 1}})  # nothing recorded: nothing to compare
+    for meta, message in (({**saved, "param_shapes": {"w": [[3], "float32"]}}, "another model shape"),
+                          ({**saved, OPT_SIGNATURE: "lamb"}, "the state of another optimizer")):  # fmt: skip
+        with pytest.raises(UserError, match=message):
+            checkpointer.restore_latest(params, {"m": params["w"]}, meta)
+    checkpointer.close()
+
+
 def test_a_later_phase_keeps_the_steps_an_earlier_phase_kept(tmp_path):
     from train.checkpoints import CheckpointConfig, Checkpointer
 
