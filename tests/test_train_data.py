@@ -637,6 +637,18 @@ def test_no_pool_holds_a_single_document(tmp_path: Path, vocab_file: Path) -> No
     assert random_next > 10
 
 
+def test_a_phase_2_that_would_share_phase_1_shards_is_refused_before_training(tmp_path: Path) -> None:
+    """At phase 1's max_seq_length phase 2 prepares into phase 1's directory: with another
+    prediction cap its shards were refused only once phase 1 had trained."""
+    from train import pretrain
+
+    config = pretrain.PretrainConfig(phase2=pretrain.Phase2Config(max_seq_length=128))
+    with pytest.raises(UserError, match=r"phase2.max_predictions_per_seq: 80 is not data.max_predictions_per_seq 20, "
+                                        r"but both phases prepare into .*data-T128"):  # fmt: skip
+        pretrain.run(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+
+
 def test_prepare_empty_corpus_leaves_nothing(tmp_path: Path, vocab_file: Path) -> None:
     (tmp_path / "empty").mkdir()
     config = PrepareConfig(corpora=[CorpusConfig(path=str(tmp_path / "empty"))],

@@ -74,7 +74,8 @@ def compute_dtype(setting: str) -> str:
     return "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"
 
 
-# Settings that change how the shards are made or cut, not what they hold.
+# Settings that change how the shards are made or cut, not what they hold: parallel segmentation
+# gives the serial sentences, and the iterator numbers rows across shard boundaries.
 LAYOUT_ONLY = ("segment_workers", "shard_size")
 
 
@@ -144,6 +145,16 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     if config.distributed:
         jax.distributed.initialize()
     workdir = Path(workdir)
+    p1, p2 = config.data, config.phase2
+    # Both phases would prepare into one directory, and phase 2 be refused its shards only once
+    # phase 1 had trained.
+    shared = p2 is not None and not config.data_dir and p2.max_seq_length == p1.max_seq_length
+    if shared and p2.max_predictions_per_seq != p1.max_predictions_per_seq:
+        raise UserError(
+            f"phase2.max_predictions_per_seq: {p2.max_predictions_per_seq} is not data.max_predictions_per_seq "
+            f"{p1.max_predictions_per_seq}, but both phases prepare into {workdir / f'data-T{p1.max_seq_length}'}; "
+            "make them equal or give phase 2 another max_seq_length"
+        )
     run_config = dataclasses.asdict(config)
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -152,8 +163,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
 
     phases = [(config.data, config.train, config.optimizer, config.data_dir)]
-    if config.phase2 is not None:
-        p2 = config.phase2
+    if p2 is not None:
         data2 = dataclasses.replace(
             config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
         )
