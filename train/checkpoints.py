@@ -61,9 +61,11 @@ RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", 
                       "data.segment_workers", "data.shard_size")  # fmt: skip
 
 
-def setting_changes(stored: dict[str, Any] | None, current: dict[str, Any] | None) -> list[str]:
-    """`key: stored vs current` for each run setting that differs, dotted keys, those in
-    RESUMABLE_SETTINGS aside; nothing when either side records no settings."""
+def setting_changes(
+    stored: dict[str, Any] | None, current: dict[str, Any] | None, ignore: tuple[str, ...] = RESUMABLE_SETTINGS
+) -> list[str]:
+    """`key: stored vs current` for each setting that differs, dotted keys, those starting with
+    one of `ignore` aside; nothing when either side records no settings."""
     if not stored or not current:
         return []
 
@@ -77,7 +79,7 @@ def setting_changes(stored: dict[str, Any] | None, current: dict[str, Any] | Non
         return out
 
     old, new = flat(json.loads(json.dumps(stored))), flat(json.loads(json.dumps(current)))
-    keys = [k for k in dict.fromkeys([*new, *old]) if not k.startswith(RESUMABLE_SETTINGS)]
+    keys = [k for k in dict.fromkeys([*new, *old]) if not k.startswith(ignore)]
     return [f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 

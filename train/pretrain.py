@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import shutil
 from pathlib import Path
@@ -24,7 +23,7 @@ from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from train import config as config_lib
 from train import sharding
-from train.checkpoints import CheckpointConfig, check_resumable
+from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
 from train.data import PretrainingData, load_meta
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
@@ -100,10 +99,7 @@ def prepared_data(config: PrepareConfig, directory: Path, explicit: str | None) 
 def check_prepared_with(config: PrepareConfig, directory: Path) -> None:
     """Shards prepared under other settings (whole-word masking, corpora, the prediction cap, …)
     would train silently on the old data: refuse them, naming what differs."""
-    stored = load_meta(directory).get("config", {})
-    wanted = json.loads(json.dumps(dataclasses.asdict(config)))
-    differ = [f"{key}: {stored.get(key)!r} vs {value!r}" for key, value in wanted.items()
-              if key not in LAYOUT_ONLY and stored.get(key) != value]  # fmt: skip
+    differ = setting_changes(load_meta(directory).get("config"), dataclasses.asdict(config), ignore=LAYOUT_ONLY)
     if differ:
         raise UserError(
             f"{directory}: prepared with other data settings ({'; '.join(differ)}); delete it to prepare "
