@@ -130,13 +130,23 @@ def test_a_perfect_block_head_scores_two_plus_a_length_term(planted_scores):
     block = scores[DEFAULT_ROLES.index("block"), :, PLANTED.index("block")]
     len_a = np.array([int((s.token_type_ids == 0).sum()) - 2 for s in seqs])
     len_b = np.array([int((s.token_type_ids == 1).sum()) - 1 for s in seqs])
-    np.testing.assert_allclose(block, 2 + 2 / len_a + 1 / len_b, rtol=1e-5)
+    np.testing.assert_allclose(block, 2 + 2 / len_a + 1 / len_b, rtol=_kernel_rtol(seqs))
+    # An off-by-one segment length (the [SEP] counted into A) moves β by ~2/|A|² ≥ 0.3%: the bound catches it.
+    assert not np.allclose(block, 2 + 2 / (len_a + 1) + 1 / len_b, rtol=_kernel_rtol(seqs), atol=0)
+
+
+def _kernel_rtol(seqs) -> float:
+    """The float32 error of the kernel on these sequences: each score is one contraction of T² terms
+    (rounding error at most T²·u in the worst case, u = 2⁻²⁴), after a row mass of T terms and two
+    divisions. Measured errors are ~300 u (AMD EPYC), below the bound; a wrong sieve is ≥ 1e-3 off."""
+    length = max(s.length for s in seqs)
+    return (length**2 + length + 2) * 2.0**-24
 
 
 def test_a_uniform_head_scores_one_everywhere(planted_scores):
-    _, scores, counts = planted_scores
+    seqs, scores, counts = planted_scores
     uniform = scores[:, :, PLANTED.index("uniform")]
-    np.testing.assert_allclose(uniform[counts > 0], 1.0, rtol=1e-5)
+    np.testing.assert_allclose(uniform[counts > 0], 1.0, rtol=_kernel_rtol(seqs))
 
 
 # ---------------------------------------------------------------------------------------------
