@@ -58,7 +58,7 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
 
 # What a resumed run may change: how it logs, saves and spreads over devices, not what it trains.
 RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", "seeds", "data.eval_batch_size",
-                      "data.segment_workers", "data.shard_size")  # fmt: skip
+                      "data.segment_workers", "data.shard_size", "heldout.batch_size")  # fmt: skip
 
 
 def setting_changes(

@@ -25,6 +25,7 @@ from train import config as config_lib
 from train import sharding
 from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
 from train.data import PretrainingData, load_meta
+from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
 from train.prepare import PrepareConfig, prepare
@@ -42,6 +43,10 @@ class ModelSettings:
     max_position_embeddings: int = 512
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
+    # The preset's shape, resized (unset: the preset's); the feed-forward width stays 4 × hidden.
+    num_hidden_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
 
 
 @dataclasses.dataclass
@@ -64,6 +69,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
     mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
     phase2: Phase2Config | None = None
+    heldout: HeldOutConfig = dataclasses.field(default_factory=HeldOutConfig)
     distributed: bool = False  # call jax.distributed.initialize() (multi-host TPU pods, SLURM)
 
 
@@ -108,14 +114,31 @@ def check_prepared_with(config: PrepareConfig, directory: Path) -> None:
 
 
 def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
-    return preset(
+    shape = {
+        key: value
+        for key in ("num_hidden_layers", "hidden_size", "num_attention_heads")
+        if (value := getattr(settings, key)) is not None
+    }
+    for key, value in shape.items():
+        if value < 1:
+            raise UserError(f"model.{key}: must be at least 1, got {value}")
+    if "hidden_size" in shape:
+        shape["intermediate_size"] = 4 * shape["hidden_size"]
+    config = preset(
         settings.preset,
+        **shape,
         vocab_size=vocab_size,
         max_position_embeddings=settings.max_position_embeddings,
         hidden_dropout_prob=settings.hidden_dropout_prob,
         attention_probs_dropout_prob=settings.attention_probs_dropout_prob,
         dtype=compute_dtype(settings.dtype),
     )
+    if config.hidden_size % config.num_attention_heads:
+        raise UserError(
+            f"model.hidden_size {config.hidden_size} is not a multiple of model.num_attention_heads "
+            f"{config.num_attention_heads}"
+        )
+    return config
 
 
 def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
@@ -151,6 +174,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             f"{p1.max_predictions_per_seq}, but both phases prepare into {workdir / f'data-T{p1.max_seq_length}'}; "
             "make them equal or give phase 2 another max_seq_length"
         )
+    check_disjoint(config.heldout.corpora, p1.corpora)
     run_config = dataclasses.asdict(config)
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -199,8 +223,17 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
                 position=position,
             )
 
+        evaluator = None
+        if config.heldout.corpora:
+            # The training data's own vocabulary, trained or copied, so both tokenise alike.
+            heldout_data = dataclasses.replace(
+                data_config, corpora=config.heldout.corpora, vocab_file=str(data_dir / "vocab.txt"), train_vocab=False
+            )
+            heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
+            evaluator = HeldOutEvaluator(config.heldout, heldout_dir, trainer)
+
         log.info("phase %d: steps %d → %d, T = %d", index, trainer.start, trainer.end, meta["max_seq_length"])
-        outcome = trainer.run(make_data)
+        outcome = trainer.run(make_data, evaluate=evaluator, eval_at_saves=True)
         if jax.process_index() == 0:
             runinfo.write_run_json(
                 workdir,
@@ -211,7 +244,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
                     "preempted": outcome.preempted,
                     "final_metrics": outcome.metrics,
                     "n_params": trainer.n_params,
-                    "timings_s": outcome.timings,
+                    "timings_s": outcome.timings | ({"heldout_eval_s": evaluator.seconds} if evaluator else {}),
                 },
             )
         if outcome.preempted:

@@ -253,11 +253,13 @@ class Trainer:
         make_data: Callable[[dict[str, Any] | None], DataIterator],
         evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
         eval_every: int = 0,
+        eval_at_saves: bool = False,
     ) -> Outcome:
         """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints.
 
-        `evaluate(step, params)` runs every `eval_every` steps and at the end; its metrics are
-        logged and stored with a checkpoint saved at the same step (for `best_metric`). Tokens
+        `evaluate(step, params)` runs every `eval_every` steps and at the end, and with
+        `eval_at_saves` at every step a checkpoint is saved; its metrics are logged and stored
+        with a checkpoint saved at the same step (for `best_metric`). Tokens
         and FLOPs are counted from each batch's shape, which may vary (length-grouped batches)."""
         started = time.perf_counter()
         state, position = self.restore_or_init()
@@ -303,10 +305,12 @@ class Trainer:
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
                 evaluated = None
-                if evaluate is not None and eval_every and (step % eval_every == 0 or step == self.end):
+                saving = self.checkpointer.should_save(step) or self._preempted
+                periodic = eval_every and (step % eval_every == 0 or step == self.end)
+                if evaluate is not None and (periodic or (eval_at_saves and saving)):
                     evaluated = evaluate(step, state["params"])
                     writer.write(step, evaluated)
-                if self.checkpointer.should_save(step) or self._preempted:
+                if saving:
                     self._check_finite(state, last_good)
                     self.save(state, data.position, key, evaluated)
                     last_good = step

@@ -1,0 +1,105 @@
+"""Held-out MLM and NSP metrics of a pre-training run, on text it never trains on.
+
+The held-out corpora are prepared with the run's own data settings (sequence length, masking,
+NSP) into `heldout-T<len>/` of the workdir; the evaluation set is the first `sequences` instances of
+a fixed permutation with fixed masks (`PretrainingData` makes a batch a pure function of its
+position and seed), so every checkpoint is scored on exactly the same masked tokens and role onset
+can be read against learning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bertjax.errors import UserError
+from train import sharding
+from train.corpora import CorpusConfig
+from train.data import PretrainingData
+
+
+@dataclasses.dataclass
+class HeldOutConfig:
+    corpora: list[CorpusConfig] = dataclasses.field(default_factory=list)  # empty: no held-out evaluation
+    sequences: int = 1024  # the evaluation set: this many instances, the same at every checkpoint
+    batch_size: int = 64
+    seed: int = 0  # which instances and which masked tokens
+
+
+def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) -> None:
+    """A held-out corpus that is, contains or lies inside a training corpus is trained on."""
+    trained = [Path(c.path).resolve() for c in training if c.source == "local" and c.path]
+    trained_hub = {(c.hub_id, c.hub_config, c.split) for c in training if c.source != "local"}
+    for i, corpus in enumerate(heldout):
+        if corpus.source != "local":
+            if (corpus.hub_id, corpus.hub_config, corpus.split) in trained_hub:
+                raise UserError(f"heldout.corpora.{i}: {corpus.hub_id} {corpus.split} is also a training corpus")
+            continue
+        path = Path(corpus.path).resolve()
+        for other in trained:
+            if path == other or path.is_relative_to(other) or other.is_relative_to(path):
+                raise UserError(f"heldout.corpora.{i}: {corpus.path} overlaps the training corpus {other}")
+
+
+def _sums(model, batch):
+    """Sums (not means) over one batch, so batches of unequal masked counts weigh right."""
+    out = model(
+        batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], masked_positions=batch["masked_positions"]
+    )
+    weights = batch["masked_weights"]
+    mlm = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits, batch["masked_ids"])
+    nsp = optax.softmax_cross_entropy_with_integer_labels(out.seq_relationship_logits, batch["nsp_labels"])
+    return {
+        "mlm_loss": (mlm * weights).sum(),
+        "mlm_hits": ((out.prediction_logits.argmax(-1) == batch["masked_ids"]) * weights).sum(),
+        "masked": weights.sum(),
+        "nsp_loss": nsp.sum(),
+        "nsp_hits": (out.seq_relationship_logits.argmax(-1) == batch["nsp_labels"]).sum().astype(jnp.float32),
+        "sequences": jnp.asarray(nsp.shape[0], jnp.float32),
+    }
+
+
+class HeldOutEvaluator:
+    """The Trainer's `evaluate` hook: `heldout_{mlm,nsp}_{loss,accuracy}` of the params."""
+
+    def __init__(self, config: HeldOutConfig, data_dir: Path, trainer) -> None:
+        sharding.check_batch_size("heldout.batch_size", config.batch_size, trainer.mesh)
+        data = PretrainingData(
+            data_dir, config.batch_size, seed=config.seed, process_index=jax.process_index(),
+            process_count=jax.process_count(), epochs=1,
+        )  # fmt: skip
+        if config.sequences < config.batch_size or config.sequences > data.num_examples:
+            raise UserError(
+                f"heldout.sequences: {config.sequences} must lie in [heldout.batch_size {config.batch_size}, "
+                f"the {data.num_examples} instances of {data_dir}]"
+            )
+        # Whole batches only, so the set is the same on any number of hosts.
+        self.batches = [next(data) for _ in range(config.sequences // config.batch_size)]
+        self.trainer = trainer
+        replicated = NamedSharding(trainer.mesh, PartitionSpec())
+        self.forward = jax.jit(lambda params, batch: _sums(trainer.model(params), batch), out_shardings=replicated)
+        self.seconds = 0.0
+
+    def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
+        started = time.perf_counter()
+        totals: dict[str, float] = {}
+        for batch in self.batches:
+            sums = jax.device_get(self.forward(params, sharding.global_batch(batch, self.trainer.mesh)))
+            for key, value in sums.items():
+                totals[key] = totals.get(key, 0.0) + float(value)
+        self.seconds += time.perf_counter() - started
+        masked, sequences = max(totals["masked"], 1.0), totals["sequences"]
+        return {
+            "heldout_mlm_loss": totals["mlm_loss"] / masked,
+            "heldout_mlm_accuracy": totals["mlm_hits"] / masked,
+            "heldout_nsp_loss": totals["nsp_loss"] / sequences,
+            "heldout_nsp_accuracy": totals["nsp_hits"] / sequences,
+            "heldout_sequences": sequences,
+        }
+
