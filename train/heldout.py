@@ -102,4 +102,3 @@ class HeldOutEvaluator:
             "heldout_nsp_accuracy": totals["nsp_hits"] / sequences,
             "heldout_sequences": sequences,
         }
-

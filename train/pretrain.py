@@ -124,7 +124,7 @@ def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
             raise UserError(f"model.{key}: must be at least 1, got {value}")
     if "hidden_size" in shape:
         shape["intermediate_size"] = 4 * shape["hidden_size"]
-    config = preset(
+    return preset(
         settings.preset,
         **shape,
         vocab_size=vocab_size,
@@ -133,12 +133,6 @@ def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
         attention_probs_dropout_prob=settings.attention_probs_dropout_prob,
         dtype=compute_dtype(settings.dtype),
     )
-    if config.hidden_size % config.num_attention_heads:
-        raise UserError(
-            f"model.hidden_size {config.hidden_size} is not a multiple of model.num_attention_heads "
-            f"{config.num_attention_heads}"
-        )
-    return config
 
 
 def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
