@@ -7,8 +7,9 @@ appear analyses only the new ones; the hypothesis tests are recomputed from the 
 α, the test and the correction can change without re-scoring.
 
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
-`roles.csv` columns plus `step`), per task the figures `role_fractions`, `emergence` and
-`mean_beta`, and `run.json`.
+`roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.onset`),
+per task the figures `role_fractions`, `emergence`, `mean_beta` and `onset` (heads holding each
+role against step, with the run's held-out MLM accuracy when it recorded one), and `run.json`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from analysis import plots, roles
+from analysis import onset, plots, roles
 from analysis.summary import ordered_roles
 from bertjax import checkpoint as ckpt
 from bertjax import cli, runinfo
@@ -222,6 +223,9 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
         tables.append(table.assign(step=step)[["step", *table.columns]])
     track = pd.concat(tables, ignore_index=True)
     track.to_csv(tmp / TRACK_CSV, index=False)
+    onsets = onset.role_onsets(track)
+    onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
+    heldout = onset.read_heldout(Path(rc.ckpt).expanduser())
     timings["tests"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -231,6 +235,7 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
             figures += plot_role_fractions(track, task, tmp, f"{task}_role_fractions")
             figures += plot_emergence(track, task, tmp, f"{task}_emergence")
             figures += plot_mean_beta(track, task, taus, tmp, f"{task}_mean_beta")
+            figures += onset.plot_onset(track, heldout, task, tmp, f"{task}_onset")
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
 
@@ -246,11 +251,13 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
             "tau": {str(s): t for s, t in taus.items()},
             "parser": None if parser is None else {"name": parser.name, "version": parser.version},
             "data_files": data_files,
+            "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
             "figures": sorted(p.name for p in figures),
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },
     )
     print(format_fractions(track))
+    print(onset.format_onsets(track, onsets))
     return track
 
 

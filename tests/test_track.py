@@ -15,7 +15,7 @@ from matplotlib.colors import to_rgba
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import plots, track
+from analysis import onset, plots, track
 from analysis import roles as roles_cli
 from bertjax import checkpoint as ckpt
 
@@ -75,6 +75,16 @@ def test_outputs_cover_every_step_and_role(tracked):
     assert run["analysed_steps"] == list(STEPS) and run["cached_steps"] == []
 
 
+def test_onset_csv_holds_the_onsets_of_the_track(tracked):
+    out, _ = tracked
+    table = pd.read_csv(out / track.TRACK_CSV)
+    written = pd.read_csv(out / onset.ONSET_CSV)
+    assert list(written.columns) == onset.ONSET_COLUMNS
+    assert len(written) == len(table[["task", "layer", "head", "role"]].drop_duplicates())
+    expected = onset.role_onsets(table).reset_index(drop=True)
+    pd.testing.assert_frame_equal(written, expected, check_dtype=False)
+
+
 @pytest.mark.parametrize("tau", ["3", "auto"])
 def test_rows_of_a_step_equal_what_roles_writes_for_it(tracked, run_dir, shared_data, parse_cache, tmp_path, tau):
     out, argv = tracked
@@ -116,7 +126,7 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     assert run["analysed_steps"] == [] and run["cached_steps"] == list(STEPS)
     figures = {p.name for p in (tmp_path / "first").iterdir()}
     for task in ("mrpc", "sst2"):
-        for kind in ("role_fractions", "emergence", "mean_beta"):
+        for kind in ("role_fractions", "emergence", "mean_beta", "onset"):
             assert {f"{task}_{kind}.png", f"{task}_{kind}.svg"} <= figures
 
     monkeypatch.undo()
