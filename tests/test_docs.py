@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from bertjax.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 PAGES = [README, ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -132,32 +134,46 @@ def python_m_commands() -> list[tuple[str, str, list[str]]]:
 
 
 class _Captured(Exception):
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.parser = parser
+    def __init__(self, parser: argparse.ArgumentParser, method: str):
+        self.parser, self.method = parser, method
+
+
+def entry_module(module: str):
+    """What `python -m module` runs: the module, or a package's `__main__`."""
+    target = importlib.import_module(module)
+    return target if hasattr(target, "main") else importlib.import_module(module + ".__main__")
 
 
 @cache
-def cli_parser(module: str) -> argparse.ArgumentParser:
-    """The parser that `python -m module` builds, taken from its `main` before it parses."""
-    target = importlib.import_module(module)
-    if not hasattr(target, "main"):
-        target = importlib.import_module(module + ".__main__")
+def cli_parser(module: str) -> tuple[argparse.ArgumentParser, str]:
+    """The parser that `python -m module` builds and the method its `main` parses with, taken from
+    `main` before it parses (`parse_intermixed_args` takes overrides between flags)."""
+    methods = ("parse_args", "parse_intermixed_args", "parse_known_args")
+    originals = {name: getattr(argparse.ArgumentParser, name) for name in methods}
 
-    def capture(self, args=None, namespace=None):
-        raise _Captured(self)
+    def capturing(name):
+        def capture(self, *args, **kwargs):
+            raise _Captured(self, name)
 
-    original = argparse.ArgumentParser.parse_known_args
-    argparse.ArgumentParser.parse_known_args = capture
+        return capture
+
+    for name in methods:
+        setattr(argparse.ArgumentParser, name, capturing(name))
     try:
-        target.main([])
+        entry_module(module).main([])
     except _Captured as captured:
-        return captured.parser
+        return captured.parser, captured.method
     finally:
-        argparse.ArgumentParser.parse_known_args = original
+        for name, original in originals.items():
+            setattr(argparse.ArgumentParser, name, original)
     raise AssertionError(f"python -m {module}: main() returned without parsing arguments")
 
 
 class _Rejected(Exception):
+    pass
+
+
+class _Reached(Exception):
     pass
 
 
@@ -189,11 +205,12 @@ def command_id(value):
 
 
 @pytest.mark.parametrize(("page", "module", "args"), python_m_commands(), ids=command_id)
-def test_docs_commands_parse(page: str, module: str, args: list[str]):
+def test_docs_commands_parse(page: str, module: str, args: list[str], monkeypatch):
     if module.split(".")[0] not in OWN_PACKAGES:
         assert importlib.util.find_spec(module) is not None, f"{page}: python -m {module}: no such module"
         return
-    parser = cli_parser(module)
+    shown = f"{page}: python -m {module} {shlex.join(args)}"
+    parser, method = cli_parser(module)
 
     def reject(message):
         raise _Rejected(message)
@@ -202,8 +219,28 @@ def test_docs_commands_parse(page: str, module: str, args: list[str]):
     # it since the parser is cached across commands.
     parser.error = reject
     try:
-        parser.parse_args(args)
+        getattr(parser, method)(args)
     except _Rejected as e:
-        pytest.fail(f"{page}: python -m {module} {shlex.join(args)}\n  {parser.prog}: {e}")
+        pytest.fail(f"{shown}\n  {parser.prog}: {e}")
     finally:
         del parser.error
+
+    # The analysis and training entry points check the rest (config files, dotted overrides, task,
+    # role and analysis names) in `main` before they call `run`, which does the work: run `main`
+    # up to there, from the repository root the docs' relative paths start at.
+    target = entry_module(module)
+    if module.split(".")[0] not in ("analysis", "train") or not hasattr(target, "run"):
+        return
+
+    def reach(*args, **kwargs):
+        raise _Reached
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(target, "run", reach)
+    try:
+        target.main(args)
+    except _Reached:
+        return
+    except UserError as e:
+        pytest.fail(f"{shown}\n  error: {e}")
+    pytest.fail(f"{shown}: main() returned without calling run()")
