@@ -1,9 +1,11 @@
-"""The README is a front page whose links resolve, and every command the docs show parses.
+"""The README is a front page whose links resolve, and every command the docs show is accepted.
 
-A command in a docs code block is checked by the real argument parser of the module it names: the
-parser is captured from the module's own `main` (its `parse_known_args` is intercepted before any
-work), then the command's arguments are parsed by it, so a renamed flag, a dropped choice or a
-missing required argument in a doc fails here. Nothing is run; importing the modules is the cost.
+A `python -m` command in a docs code block is checked by the module it names: its argument parser
+is captured from its own `main` (the parse call is intercepted) and parses the command's
+arguments, so a renamed flag, a dropped choice or a missing required argument in a doc fails here;
+an analysis or training entry point then runs its `main` on them with `run` replaced, so its
+settings checks (config files, dotted overrides, names of tasks, roles and analyses) apply too.
+Nothing is computed; importing the modules is the cost.
 """
 
 from __future__ import annotations
