@@ -1,0 +1,248 @@
+"""The README is a front page whose links resolve, and every command the docs show is accepted.
+
+A `python -m` command in a docs code block is checked by the module it names: its argument parser
+is captured from its own `main` (the parse call is intercepted) and parses the command's
+arguments, so a renamed flag, a dropped choice or a missing required argument in a doc fails here;
+an analysis or training entry point then runs its `main` on them with `run` replaced, so its
+settings checks (config files, dotted overrides, names of tasks, roles and analyses) apply too.
+Nothing is computed; importing the modules is the cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import re
+import shlex
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+from bertjax.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Pages the README links that other branches of the same release write; empty this once they are
+# merged, so that a page that goes missing later fails again.
+WRITTEN_ELSEWHERE = frozenset(f"docs/{name}.md" for name in ("errors", "fidelity", "report", "emergence"))
+# Top-level packages of this repository: their modules are checked against their parsers; any other
+# `python -m X` (pytest) must only be importable.
+OWN_PACKAGES = ("analysis", "bertjax", "benchmarks", "sieves", "train")
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.MULTILINE | re.DOTALL)
+
+
+def local_links(page: Path) -> list[tuple[str, str]]:
+    """(path, anchor) of each of the page's Markdown links that point into the repository; a link
+    within the page has the path ""."""
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    return [tuple(t.partition("#")[::2]) for t in LINK.findall(text) if not re.match(r"[a-z]+:", t)]
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the page's headings: lower case, punctuation but `-` and `_`
+    dropped, spaces to `-`."""
+    headings = re.findall(r"^#{1,6} (.+)$", FENCE.sub("", page.read_text(encoding="utf-8")), re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def rel(path: Path) -> str:
+    return path.resolve().relative_to(ROOT).as_posix()
+
+
+def test_readme_is_a_front_page():
+    lines = README.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; move detail into a docs/ page"
+
+
+def test_every_docs_page_is_linked_from_the_readme():
+    linked = {rel(README.parent / t) for t, _ in local_links(README) if t}
+    unlinked = [rel(p) for p in PAGES[2:] if rel(p) not in linked]
+    assert not unlinked, f"docs pages the README does not link: {unlinked}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_links_resolve(page: Path):
+    missing = []
+    for target, anchor in local_links(page):
+        path = (page.parent / target).resolve()
+        if not path.exists():
+            if rel(path) not in WRITTEN_ELSEWHERE:
+                missing.append(target)
+        elif anchor and path.suffix == ".md" and anchor not in anchors(path):
+            missing.append(f"{target}#{anchor}")
+    assert not missing, f"{rel(page)} links to files or headings that do not exist: {missing}"
+
+
+def replace_substitutions(line: str) -> str:
+    """`$(...)` (nested parentheses and quotes included) becomes one placeholder word."""
+    out, i = [], 0
+    while (start := line.find("$(", i)) >= 0:
+        depth, j, quote = 0, start + 1, None
+        while j < len(line):
+            c = line[j]
+            if quote:
+                quote = None if c == quote else quote
+            elif c in "'\"":
+                quote = c
+            elif c == "(":
+                depth += 1
+            elif c == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        out.append(line[i:start] + "SUBSTITUTED")
+        i = j + 1
+    out.append(line[i:])
+    return "".join(out)
+
+
+def shell_commands(block: str) -> list[list[str]]:
+    """The simple commands of a shell code block: continuation lines joined, comments dropped,
+    split at `&&`, `||`, `;` and `|`."""
+    commands = []
+    for line in block.replace("\\\n", " ").splitlines():
+        lexer = shlex.shlex(replace_substitutions(line), posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        lexer.commenters = "#"
+        command: list[str] = []
+        for token in lexer:
+            if token in ("&&", "||", ";", "|", "&"):
+                commands.append(command)
+                command = []
+            else:
+                command.append(token)
+        commands.append(command)
+    return [c for c in commands if c]
+
+
+def python_m_commands() -> list[tuple[str, str, list[str]]]:
+    """(page, module, arguments) for every `python -m MODULE ...` in a shell block of the docs."""
+    found = []
+    for page in PAGES:
+        for lang, block in FENCE.findall(page.read_text(encoding="utf-8")):
+            if lang not in ("bash", "sh", "shell", ""):
+                continue
+            for command in shell_commands(block):
+                for k, token in enumerate(command[:-2]):
+                    if re.search(r"(^|/)python3?$", token) and command[k + 1] == "-m":
+                        found.append((rel(page), command[k + 2], command[k + 3 :]))
+    return found
+
+
+class _Captured(Exception):
+    def __init__(self, parser: argparse.ArgumentParser, method: str):
+        self.parser, self.method = parser, method
+
+
+def entry_module(module: str):
+    """What `python -m module` runs: the module, or a package's `__main__`."""
+    target = importlib.import_module(module)
+    return target if hasattr(target, "main") else importlib.import_module(module + ".__main__")
+
+
+@cache
+def cli_parser(module: str) -> tuple[argparse.ArgumentParser, str]:
+    """The parser that `python -m module` builds and the method its `main` parses with, taken from
+    `main` before it parses (`parse_intermixed_args` takes overrides between flags)."""
+    methods = ("parse_args", "parse_intermixed_args", "parse_known_args")
+    originals = {name: getattr(argparse.ArgumentParser, name) for name in methods}
+
+    def capturing(name):
+        def capture(self, *args, **kwargs):
+            raise _Captured(self, name)
+
+        return capture
+
+    for name in methods:
+        setattr(argparse.ArgumentParser, name, capturing(name))
+    try:
+        entry_module(module).main([])
+    except _Captured as captured:
+        return captured.parser, captured.method
+    finally:
+        for name, original in originals.items():
+            setattr(argparse.ArgumentParser, name, original)
+    raise AssertionError(f"python -m {module}: main() returned without parsing arguments")
+
+
+class _Rejected(Exception):
+    pass
+
+
+class _Reached(Exception):
+    pass
+
+
+def runnable(module: str) -> bool:
+    """Whether `python -m module` finds something to run: a module, or a package's `__main__`."""
+    spec = importlib.util.find_spec(module)
+    return spec is not None and (spec.submodule_search_locations is None or runnable(module + ".__main__"))
+
+
+@pytest.mark.parametrize("page", PAGES, ids=rel)
+def test_prose_names_runnable_modules(page: Path):
+    # `python -m X ...` in running text is often a fragment (`analysis.roles --parser conllu`), so
+    # only its module is checked; `benchmarks.<name>` stands for several and is not matched.
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    modules = set(re.findall(r"python3? -m ([\w.]*\w)(?![\w.<])", text))
+    missing = sorted(m for m in modules if not runnable(m))
+    assert not missing, f"{rel(page)} names modules that `python -m` cannot run: {missing}"
+
+
+def test_docs_show_commands():
+    commands = python_m_commands()
+    modules = {module for _, module, _ in commands}
+    # The front page's main command and the tools' pages are all covered.
+    assert {"analysis.roles", "analysis.track", "train.pretrain", "pytest"} <= modules, modules
+
+
+def command_id(value):
+    return value if isinstance(value, str) else " ".join(value)
+
+
+@pytest.mark.parametrize(("page", "module", "args"), python_m_commands(), ids=command_id)
+def test_docs_commands_parse(page: str, module: str, args: list[str], monkeypatch):
+    if module.split(".")[0] not in OWN_PACKAGES:
+        assert importlib.util.find_spec(module) is not None, f"{page}: python -m {module}: no such module"
+        return
+    shown = f"{page}: python -m {module} {shlex.join(args)}"
+    parser, method = cli_parser(module)
+
+    def reject(message):
+        raise _Rejected(message)
+
+    # argparse reports a bad command line through `error` (and exits); raise instead, and restore
+    # it since the parser is cached across commands.
+    parser.error = reject
+    try:
+        getattr(parser, method)(args)
+    except _Rejected as e:
+        pytest.fail(f"{shown}\n  {parser.prog}: {e}")
+    finally:
+        del parser.error
+
+    # The analysis and training entry points check the rest (config files, dotted overrides, task,
+    # role and analysis names) in `main` before they call `run`, which does the work: run `main`
+    # up to there, from the repository root the docs' relative paths start at.
+    target = entry_module(module)
+    if module.split(".")[0] not in ("analysis", "train") or not hasattr(target, "run"):
+        return
+
+    def reach(*args, **kwargs):
+        raise _Reached
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(target, "run", reach)
+    try:
+        target.main(args)
+    except _Reached:
+        return
+    except UserError as e:
+        pytest.fail(f"{shown}\n  error: {e}")
+    pytest.fail(f"{shown}: main() returned without calling run()")
