@@ -227,7 +227,8 @@ def pick_pool(scores: np.ndarray, counts: np.ndarray, held: np.ndarray, size: in
             if len(pool) >= size:
                 break
             heads = held[r] if held[r].any() else np.ones_like(held[r])
-            value = np.where(counts[r] > 0, np.nanmean(np.where(heads, scores[r], np.nan), axis=(1, 2)), -np.inf)
+            value = np.where(heads, scores[r], 0.0).sum(axis=(1, 2)) / heads.sum()
+            value[counts[r] == 0] = -np.inf  # its scores are NaN: the role has no row in it
             value[pool] = -np.inf
             best = int(np.argmax(value))
             if np.isfinite(value[best]):

@@ -27,7 +27,7 @@ h1 { font-size: 1.3em; margin: 0 0 .2em; } h2 { font-size: 1.1em; margin: .6em 0
 .nodata { background: repeating-linear-gradient(45deg, #eee, #eee 3px, var(--nodata) 3px, var(--nodata) 6px); }
 #legend { font-size: 12px; margin-top: .5em; display: flex; gap: .6em; flex-wrap: wrap; align-items: center; }
 #legend i { display: inline-block; width: 14px; height: 12px; vertical-align: middle; margin-right: 3px; border: 1px solid #ccc; }
-#card { border: 1px solid #bbb; border-radius: 6px; padding: .6em 1em; min-width: 420px; max-width: 1100px; }
+#card { border: 1px solid #bbb; border-radius: 6px; padding: .6em 1em; flex: 1 1 560px; max-width: 1000px; }
 #card[hidden] { display: none; }
 table { border-collapse: collapse; font-size: 12px; }
 td, th { padding: 2px 7px; text-align: right; border-bottom: 1px solid #eee; }
@@ -340,7 +340,8 @@ BODY = """
   <span id="post-box" hidden><label>fine-tuned checkpoint <select id="post"></select></label></span>
 </div>
 <div class="layout">
-  <div><div id="grid" class="grid" role="grid" aria-label="attention heads: layers by heads"></div><div id="legend"></div></div>
+  <div><div id="grid" class="grid" role="grid" aria-label="attention heads: layers by heads"></div><div id="legend"></div>
+    <p class="meta" id="hint">Click a head (or Tab to the grid, move with the arrow keys, press Enter) to open its card.</p></div>
   <section id="card" hidden aria-live="polite">
     <h2 id="card-title"></h2>
     <table id="card-stats"></table>

@@ -16,7 +16,7 @@ from flax import nnx
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import finetune_effect, report, track
+from analysis import finetune_effect, report, report_screenshot, track
 from analysis import roles as roles_cli
 from bertjax import checkpoint as ckpt
 
@@ -173,31 +173,16 @@ def test_bad_input_gives_one_line_and_no_page(case, expected, roles_run, tmp_pat
 
 @pytest.fixture(scope="module")
 def browser():
-    """Headless Chromium through Selenium (scripts/setup-browser installs both); a skip without
-    them, a failure on CI."""
-    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        webdriver = None
-    if webdriver is None or not chromium or not driver:
-        reason = "headless Chromium not available (run scripts/setup-browser: Debian chromium, chromium-driver; pip selenium)"
+    """Headless Chromium through Selenium (scripts/setup-browser installs it); a skip without it,
+    a failure on CI."""
+    session = report_screenshot.chromium()
+    if session is None:
+        reason = (
+            "headless Chromium not available: run scripts/setup-browser (Debian chromium, chromium-driver; selenium)"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(reason)
         pytest.skip(reason)
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for flag in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        "--window-size=1400,1000",
-    ):
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    session = webdriver.Chrome(service=Service(driver), options=options)
     yield session
     session.quit()
 
