@@ -355,6 +355,7 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "stats": stats,
         "examples": examples,
         "examples_missing": missing,
+        "report": {"examples": config.examples},
     }
 
 

@@ -263,7 +263,7 @@ function examples() {
   });
   box.appendChild(bar);
   const q = ex.sequences[S.seq], n = q.tokens.length;
-  box.appendChild(el("p", { class: "meta" }, `Click (or Tab + Enter) a token on the left to see its attention; its ${S.role} sieve is marked orange on the right. Underlined: rows scored for ${S.role}.` +
+  box.appendChild(el("p", { class: "meta" }, `Click (or Tab + Enter) a token on the left to see its attention; its ${S.role} sieve is marked orange on the right. Underlined: rows scored for ${S.role}. Lines grow with the attention; hover one for its value.` +
     (q.rows[S.role] ? "" : ` ${S.role} is not defined for this sequence.`)));
   const views = el("div", { class: "views" });
   for (const name of ex.models) views.appendChild(lineView(q, name, l, h, n));
@@ -281,7 +281,7 @@ function lineView(q, name, l, h, n) {
     g.appendChild(svg("rect", { x: xr - 3, y: s * rowH + 1, width: 105, height: rowH - 1, fill: "#E69F00", opacity: 0.45 }));
   for (const t of queries) for (let s = 0; s < n; s++) {
     const a = att[base + t * n + s] / 255; if (a < 0.01) continue;
-    const line = svg("line", { x1: xl, y1: t * rowH + 10, x2: xr, y2: s * rowH + 10, stroke: "#0072B2", "stroke-width": S.query === null ? 1 : 2, opacity: S.query === null ? a * 0.6 : a });
+    const line = svg("line", { x1: xl, y1: t * rowH + 10, x2: xr, y2: s * rowH + 10, stroke: "#0072B2", "stroke-width": S.query === null ? 1 : 1 + 5 * a, opacity: S.query === null ? a * 0.6 : Math.sqrt(a) });
     if (S.query !== null) line.appendChild(svg("title", {}, `${q.tokens[t]} → ${q.tokens[s]}: attention ≈ ${a.toFixed(3)}`));
     g.appendChild(line);
   }

@@ -1,7 +1,7 @@
 """`python -m analysis.report_screenshot REPORT OUT.png`: a picture of a report in headless Chromium.
 
-Opens `report.html` (no network), optionally opens a head's card on a role and picks the first
-token that role scores, so its sieve shows, and saves the window. Needs Debian's `chromium` and
+Opens `report.html` (no network), optionally opens a head's card on a role and picks a token
+(by default the first that role scores), so its sieve shows, and saves the window. Needs Debian's `chromium` and
 `chromium-driver` and the `selenium` test dependency (`scripts/setup-browser`).
 """
 
@@ -35,7 +35,9 @@ def chromium(width: int = 1400, height: int = 1000):
     return webdriver.Chrome(service=Service(driver), options=options)
 
 
-def screenshot(page: Path, out: Path, head: tuple[int, int] | None, role: str | None, width: int, height: int) -> None:
+def screenshot(
+    page: Path, out: Path, head: tuple[int, int] | None, role: str | None, token: int | None, width: int, height: int
+) -> None:
     from selenium.common.exceptions import NoSuchElementException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import Select
@@ -59,9 +61,12 @@ def screenshot(page: Path, out: Path, head: tuple[int, int] | None, role: str | 
                     Select(session.find_element(By.ID, "card-role")).select_by_value(role)
                 except NoSuchElementException:
                     raise UserError(f"--role {role}: not a role of {page}") from None
-            scored = session.find_elements(By.CSS_SELECTOR, "#card-examples .tok.scored")
-            if scored:
-                scored[0].click()
+            selector = "#card-examples .tok.scored" if token is None else f'#card-examples .tok[data-token="{token}"]'
+            picked = session.find_elements(By.CSS_SELECTOR, selector)
+            if token is not None and not picked:
+                raise UserError(f"--token {token}: the first example sequence has no such token")
+            if picked:
+                picked[0].click()
         session.save_screenshot(str(out))
     finally:
         session.quit()
@@ -73,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("out", help="the PNG to write")
     p.add_argument("--head", help="LAYER,HEAD whose card to open")
     p.add_argument("--role", help="the role shown in the card (with --head)")
+    p.add_argument("--token", type=int, help="position of the token to pick (default: the first the role scores)")
     p.add_argument("--width", type=int, default=1400)
     p.add_argument("--height", type=int, default=1000)
     a = p.parse_args(argv)
@@ -86,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError:
             raise UserError(f"--head {a.head}: expected LAYER,HEAD (two integers)") from None
         head = (layer, number)
-    screenshot(page, Path(a.out), head, a.role, a.width, a.height)
+    screenshot(page, Path(a.out), head, a.role, a.token, a.width, a.height)
 
 
 if __name__ == "__main__":
