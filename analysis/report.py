@@ -29,7 +29,7 @@ import pandas as pd
 
 from analysis import roles
 from analysis.report_page import render
-from bertjax import cli
+from bertjax import cli, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
 from sieves.align import EncodedSequence, encode_batch
@@ -304,24 +304,44 @@ def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str 
     """({task: example sequences}, None) or ({}, why there are none)."""
     if size == 0:
         return {}, "no example sequences were asked for (--examples 0)"
+    changed = changed_data_files(run.info.get("data_files") or {})
+    if changed:
+        return _missing(f"the data file {changed} is gone or differs from the one the run read (sha256 in run.json)")
     models = models_of(run)
     try:
         loaded = [(m, from_pretrained(m.ckpt, step=m.step)) for m in models]
         tokenizer = load_tokenizer(models[0].ckpt, step=models[0].step)
     except (UserError, OSError) as e:
-        reason = " ".join(str(e).split())
-        print(f"report: no example attention maps: the run's checkpoint cannot be loaded ({reason})")
-        return {}, f"The example attention maps are missing: the run's checkpoint cannot be loaded ({reason})."
-    parser = roles.make_parser(run.settings)
-    examples = {}
-    for task in tasks:
-        if run.kind == "effect":
-            names = {"pre", *pd.unique(run.table.loc[run.table["task"] == task, "post_ckpt"])}
-            use = [(m, model) for m, model in loaded if m.name in names]
-        else:
-            use = loaded
-        examples[task] = task_examples(run, task, use, tokenizer, parser, size)
+        return _missing(f"the run's checkpoint cannot be loaded ({' '.join(str(e).split())})")
+    try:
+        parser = roles.make_parser(run.settings)
+        examples = {}
+        for task in tasks:
+            if run.kind == "effect":
+                names = {"pre", *pd.unique(run.table.loc[run.table["task"] == task, "post_ckpt"])}
+                use = [(m, model) for m, model in loaded if m.name in names]
+            else:
+                use = loaded
+            examples[task] = task_examples(run, task, use, tokenizer, parser, size)
+    except UserError as e:
+        return _missing(f"the run's sequences cannot be read again ({' '.join(str(e).split())})")
     return examples, None
+
+
+def _missing(reason: str) -> tuple[dict, str]:
+    print(f"report: no example attention maps: {reason}")
+    return {}, f"The example attention maps are missing: {reason}."
+
+
+def changed_data_files(data_files: dict) -> str | None:
+    """The first data file the run read (run.json `data_files`) that is gone or now differs, if any:
+    the examples would not be the run's."""
+    for files in data_files.values():
+        for entry in files:
+            path = Path(entry["path"])
+            if not path.is_file() or runinfo.sha256(path) != entry["sha256"]:
+                return str(path)
+    return None
 
 
 # -- the page --------------------------------------------------------------------------------------

@@ -146,6 +146,17 @@ def test_a_gone_checkpoint_still_gives_a_report_that_says_so(roles_run, tmp_path
     assert data["stats"]["mrpc"]["local"]["mean"][0][0] is not None
 
 
+def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
+    out, _ = roles_run
+    copy = tmp_path / "roles"
+    shutil.copytree(out, copy)
+    info = json.loads((copy / "run.json").read_text())
+    info["data_files"]["mrpc"][0]["sha256"] = "0" * 64
+    (copy / "run.json").write_text(json.dumps(info))
+    data = _page_data(report.write_report(report.ReportConfig(str(copy))))
+    assert data["examples"] == {} and "is gone or differs from the one the run read" in data["examples_missing"]
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
