@@ -376,7 +376,10 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+    config = parse_args(argv)
+    run(config)
+    if config.data.html:
+        roles.write_html(config.data.out)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,7 @@ class RolesConfig:
     out: str = "roles_out"
     overwrite: bool = False
     figures: bool = True
+    html: bool = False
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -474,6 +475,7 @@ def add_output_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--out", default=default_out)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--no-figures", action="store_true")
+    p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 
 
 def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
@@ -482,7 +484,7 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     given = vars(a)
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
-            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite")  # fmt: skip
+            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "html")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
@@ -505,7 +507,18 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+    config = parse_args(argv)
+    run(config)
+    if config.html:
+        write_html(config.out)
+
+
+def write_html(out: str) -> None:
+    """`--html`: the report of the output just written."""
+    # Imported here: analysis.report reads runs with this module's functions.
+    from analysis import report
+
+    report.write_report(report.ReportConfig(out))
 
 
 if __name__ == "__main__":

@@ -408,7 +408,10 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+    config = parse_args(argv)
+    run(config)
+    if config.roles.html:
+        roles.write_html(config.roles.out)
 
 
 if __name__ == "__main__":
