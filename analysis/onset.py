@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from analysis import plots
 from analysis.summary import ordered_roles
@@ -124,7 +125,8 @@ def plot_onset(track: pd.DataFrame, heldout: pd.DataFrame | None, task: str, out
         plots._log_scale(ax, "x")
     ax.set_xlabel("step")
     ax.set_ylabel(f"heads holding the role (of {track_heads(track, task)})")
-    ax.set_ylim(bottom=-0.3)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylim(-0.3, max(1, int(counts.to_numpy().max())) + 0.3)
     handles, labels = ax.get_legend_handles_labels()
     if heldout is not None:
         shown = heldout.loc[heldout.index.isin(steps), "heldout_mlm_accuracy"].dropna()
@@ -134,6 +136,6 @@ def plot_onset(track: pd.DataFrame, heldout: pd.DataFrame | None, task: str, out
             twin.set_ylabel("held-out MLM accuracy")
             twin.set_ylim(0, max(0.05, 1.1 * float(shown.max())))
             handles, labels = [*handles, line], [*labels, "held-out MLM accuracy"]
-    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.12, 0.5))
+    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.2 if heldout is not None else 1.02, 0.5))
     ax.set_title(f"{task}: heads holding each role during training")
     return plots.save_figure(fig, out_dir, stem)
