@@ -1,6 +1,7 @@
 """The authors' variants of Pande et al.'s scores (docs/fidelity.md) against hand computations on
 planted attention maps: `--block-score entropy` and `--syntactic-average arcs`."""
 
+import json
 import math
 
 import jax
@@ -8,7 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import entropy as scipy_entropy
+from transformers import BertTokenizerFast
 
+import bertjax
 from analysis import roles as roles_cli
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
@@ -152,3 +155,35 @@ def test_variant_flags_are_checked_and_recorded():
     assert not any(roles_cli.entropy_roles(default))
     with pytest.raises(UserError, match="--block-score"):
         roles_cli.RolesConfig(ckpt="x", block_score="notebook")
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory, shared_data):
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
+@pytest.mark.slow
+def test_cli_variants_change_only_their_roles_and_are_recorded(tiny_hf, shared_data, tmp_path):
+    base = ["--ckpt", str(tiny_hf), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "16",
+            "--batch-size", "8", "--no-figures", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    roles_cli.main([*base, "--out", str(tmp_path / "paper")])
+    roles_cli.main(
+        [*base, "--block-score", "entropy", "--syntactic-average", "arcs", "--out", str(tmp_path / "authors")]
+    )
+    config = json.loads((tmp_path / "authors" / "run.json").read_text())["config"]
+    assert (config["block_score"], config["syntactic_average"]) == ("entropy", "arcs")
+    paper, authors = np.load(tmp_path / "paper" / "scores.npz"), np.load(tmp_path / "authors" / "scores.npz")
+    # The other roles take the same β through a differently grouped contraction: the kernel's
+    # float32 bound, (T² + T + 2) · 2⁻²⁴ with T ≤ 128 (tests/test_sieves_kernel.py), 2.5e-3 ≫ it
+    # would still catch a role scored with the wrong sieve.
+    bound = (128**2 + 128 + 2) * F32
+    for role in ("local", "prev", "next", "cls", "sep", "delimiter"):
+        np.testing.assert_allclose(authors[f"mrpc/{role}"], paper[f"mrpc/{role}"], rtol=bound, atol=0)
+    assert not np.allclose(authors["mrpc/block"], paper["mrpc/block"], rtol=1e-2)
+    assert np.isfinite(authors["mrpc/block"]).all()
+    for role in ("nsubj", "syntactic"):
+        np.testing.assert_array_equal(authors[f"mrpc/{role}/index"], paper[f"mrpc/{role}/index"])
