@@ -32,11 +32,12 @@ from bertjax import cli, glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import encode_batch
-from sieves.parse import read_conllu
+from sieves.parse import Parse, Word, read_conllu
 
 ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes")
 EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
 PUNCT_TOKENS = (".", ",")
+WORD_TEXTS = ("original", "joined")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +64,11 @@ class ClarkConfig:
     probe_epochs: int = 10
     probe_learning_rate: float = 5e-3
     seed: int = 0
+    # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
+    surface_weighting: str = "tokens"
+    baseline_offsets: str = "paper"
+    all_relations_include_root: bool = False
+    word_text: str = "original"
     overwrite: bool = False
     analyses_explicit: bool = False
 
@@ -75,6 +81,13 @@ class ClarkConfig:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
         if self.inputs != "wikitext":
             glue.resolve_tasks(self.inputs)
+        for flag, value, choices in (
+            ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
+            ("baseline-offsets", self.baseline_offsets, tuple(depheads.BASELINE_OFFSETS)),
+            ("word-text", self.word_text, WORD_TEXTS),
+        ):
+            if value not in choices:
+                raise UserError(f"--{flag} must be one of {', '.join(choices)}, got {value!r}")
 
     @property
     def ewt_dir(self) -> Path:
@@ -121,11 +134,26 @@ def input_sequences(config: ClarkConfig, tokenizer) -> tuple[list, list[Path]]:
     return encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples]), files
 
 
+def joined_words(text: str, words: Parse) -> tuple[str, Parse]:
+    """The sentence as the authors' `extract_attention.py` feeds it, `" ".join(words)` (so "don't"
+    becomes "do n't"), with each word's span in that text. A word's form is its span of the
+    original text (multiword tokens that spell their words, as English ones do, give each word
+    its own part)."""
+    forms = [text[word.start : word.end] for word in words]
+    joined, start, spans = " ".join(forms), 0, []
+    for form in forms:
+        spans.append((start, start + len(form)))
+        start += len(form) + 1
+    return joined, tuple(Word(a, b, w.dep, w.head, w.pos) for (a, b), w in zip(spans, words, strict=True))
+
+
 def ewt_sequences(config: ClarkConfig, tokenizer, split: str, limit: int | None) -> list:
     path = config.ewt_dir / EWT_FILES[split]
     if not path.is_file():
         raise UserError(f"{path}: no such file (UD English-EWT is expected under --data-dir)")
     sentences = read_conllu(path, limit=limit)
+    if config.word_text == "joined":
+        sentences = [joined_words(text, words) for text, words in sentences]
     texts = [(text,) for text, _ in sentences]
     return encode_batch(tokenizer, texts, [(words,) for _, words in sentences], config.max_length)
 
@@ -172,7 +200,10 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         data_files += files
         if "surface" in wanted:
             clock = time.perf_counter()
-            table = surface_table(surface.surface_statistics(encoder, seqs, punct_ids, config.batch_size, config.max_length))
+            means = surface.surface_statistics(
+                encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting
+            )
+            table = surface_table(means)
             table.to_csv(tmp / "surface.csv", index=False)
             figures += plot_surface(table, tmp, config.inputs)
             figures += plot_entropy(table, tmp, config.inputs)
@@ -214,7 +245,9 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         counts = {}
         test_probe: list[probes.ProbeSentence] = []
         for split in ("dev", "test"):
-            counts[split] = depheads.DependencyCounts(layers, heads)
+            counts[split] = depheads.DependencyCounts(
+                layers, heads, config.baseline_offsets, config.all_relations_include_root
+            )
             for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):
                 counts[split].update(word)
                 if split == "test" and "probes" in wanted:
@@ -370,6 +403,14 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--probe-epochs", type=int, default=10)
     p.add_argument("--probe-learning-rate", type=float, default=5e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--surface-weighting", choices=surface.WEIGHTINGS, default="tokens",
+                   help="tokens: every row counts once; sequences: every sequence counts once (the authors' notebook)")
+    p.add_argument("--baseline-offsets", choices=list(depheads.BASELINE_OFFSETS), default="paper",
+                   help="paper: ±1…3, unclipped; authors: −3…+2, clipped into the sentence (the authors' notebook)")
+    p.add_argument("--all-relations-include-root", action="store_true",
+                   help="count root arcs in the 'all' row of the dependency heads (the authors' notebook)")
+    p.add_argument("--word-text", choices=WORD_TEXTS, default="original",
+                   help="EWT text the model reads: original (the sentence's # text) or joined (\" \".join(words), the authors' code)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     a = p.parse_args(argv)
     explicit = a.analyses != "all"
@@ -379,7 +420,9 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         glue_dir=a.glue_dir, split=a.split, n=a.n, max_length=a.max_length, batch_size=a.batch_size,
         cluster_n=a.cluster_n, gradient_n=a.gradient_n, ewt_n=a.ewt_n, first_piece=a.first_piece,
         min_count=a.min_count, probe_train_n=a.probe_train_n, probe_epochs=a.probe_epochs,
-        probe_learning_rate=a.probe_learning_rate, seed=a.seed, overwrite=a.overwrite, analyses_explicit=explicit,
+        probe_learning_rate=a.probe_learning_rate, seed=a.seed, surface_weighting=a.surface_weighting,
+        baseline_offsets=a.baseline_offsets, all_relations_include_root=a.all_relations_include_root,
+        word_text=a.word_text, overwrite=a.overwrite, analyses_explicit=explicit,
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from functools import partial
 from pathlib import Path
 from typing import TypeVar
 
@@ -32,7 +33,7 @@ from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
-from sieves.builders import DEFAULT_ROLES, ROLES, SieveOptions, build_batch, get_role
+from sieves.builders import DEFAULT_ROLES, ROLES, SieveOptions, arc_row_weights, build_batch, get_role
 from sieves.kernel import sieve_scores
 from sieves.parse import SpacyParser, read_conllu
 
@@ -41,6 +42,8 @@ C = TypeVar("C")
 
 CONLLU_TASK = "ud"
 MIN_LENGTH = 5
+BLOCK_SCORES = ("paper", "entropy")
+SYNTACTIC_AVERAGES = ("rows", "arcs")
 LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
 _SCORERS: dict[tuple, object] = {}
 
@@ -72,8 +75,17 @@ class RolesConfig:
     overwrite: bool = False
     figures: bool = True
     html: bool = False
+    # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
+    block_score: str = "paper"
+    syntactic_average: str = "rows"
 
     def __post_init__(self) -> None:
+        if self.block_score not in BLOCK_SCORES:
+            raise UserError(f"--block-score must be one of {', '.join(BLOCK_SCORES)}, got {self.block_score!r}")
+        if self.syntactic_average not in SYNTACTIC_AVERAGES:
+            raise UserError(
+                f"--syntactic-average must be one of {', '.join(SYNTACTIC_AVERAGES)}, got {self.syntactic_average!r}"
+            )
         if self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if self.batch_size < 1:
@@ -137,8 +149,14 @@ def parse_segments(config: RolesConfig, task: str, segments: Sequence[tuple[str,
     return [tuple(next(parsed) for _ in example) for example in segments]
 
 
-def make_scorer(model: nnx.Module):
-    """One jitted function: forward pass with attentions, then β for every role/layer/head."""
+def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
+    """Per role of `config.roles`: scored as β · row entropy (`--block-score entropy`)."""
+    return tuple(role == "block" and config.block_score == "entropy" for role in config.roles)
+
+
+def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = ()):
+    """One jitted function: forward pass with attentions, then β for every role/layer/head
+    (times the row entropy for the roles `entropy` marks)."""
     graphdef, state = nnx.split(model)
     # Keyed by class and config, not by the graphdef (a new one per instance), so all checkpoints
     # of one architecture share one compiled function: tracking a run compiles once.
@@ -146,16 +164,17 @@ def make_scorer(model: nnx.Module):
     if key not in _SCORERS:
         _SCORERS[key] = _jit_scorer(graphdef)
     score = _SCORERS[key]
-    return lambda *arrays: score(state, *arrays)
+    return lambda *arrays: score(state, *arrays, entropy_roles=entropy)
 
 
 def _jit_scorer(graphdef):
-    @jax.jit
-    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves):
+    @partial(jax.jit, static_argnames="entropy_roles")
+    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves, row_weights=None, entropy_roles=()):
         out = nnx.merge(graphdef, state)(
             input_ids, attention_mask, token_type_ids, output_attentions=True
         )
-        return sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+        real = attention_mask.astype(bool)
+        return sieve_scores(jnp.stack(out.attentions), real, rows, sieves, row_weights, entropy_roles)
 
     return score
 
@@ -209,8 +228,9 @@ def scored_batches(
     scorer, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
 ) -> Iterator[tuple[list[EncodedSequence], tuple[np.ndarray, ...]]]:
     """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
-    sieves)` returns for it, on the host. The masks hold every role of `config.roles`, in that
-    order, and are empty for roles not `present`."""
+    sieves)` returns for it (with the row weights appended under `--syntactic-average arcs`), on
+    the host. The masks hold every role of `config.roles`, in that order, and are empty for roles
+    not `present`."""
     options = SieveOptions(window=config.window, special_rows=config.special_rows)
     # The same role count for every task, so single-segment tasks (no `block`) reuse the pair
     # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
@@ -222,7 +242,12 @@ def scored_batches(
         rows = np.zeros((len(config.roles), config.batch_size, length), bool)
         sieves = np.zeros((len(config.roles), config.batch_size, length, length), bool)
         rows[slots, : len(chunk)], sieves[slots, : len(chunk)] = built_rows, built_sieves
-        outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves)
+        extra = ()
+        if config.syntactic_average == "arcs":
+            weights = np.ones((len(config.roles), config.batch_size, length), np.float32)
+            weights[slots, : len(chunk)] = arc_row_weights(chunk, present, length)
+            extra = (weights,)
+        outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves, *extra)
         yield chunk, tuple(np.asarray(x) for x in outputs)
 
 
@@ -388,7 +413,7 @@ def _run(
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, step=config.step)
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
-    scorer = make_scorer(model)
+    scorer = make_scorer(model, entropy_roles(config))
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, model.config.max_position_embeddings)
 
@@ -478,13 +503,25 @@ def add_output_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
     p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 
 
+def add_variant_arguments(p: argparse.ArgumentParser) -> None:
+    """The authors' variants of the definitions (docs/fidelity.md); only `analysis.roles` offers
+    them, as track and finetune_effect score with the published definitions."""
+    p.add_argument("--block-score", choices=BLOCK_SCORES, default="paper",
+                   help="paper: mean β over the rows; entropy: each row's β times its attention entropy, "
+                        "as the authors' block_score notebook")  # fmt: skip
+    p.add_argument("--syntactic-average", choices=SYNTACTIC_AVERAGES, default="rows",
+                   help="rows: mean β over the wordpiece rows of the relation roles; arcs: mean over arcs "
+                        "(each dependent word once), as the authors' syntactic notebook")  # fmt: skip
+
+
 def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     """A RolesConfig from the flags above that `a` has (the others keep their defaults); `fields`
     set the rest and take precedence."""
     given = vars(a)
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
-            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "html")  # fmt: skip
+            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "html", "block_score",
+            "syntactic_average")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
@@ -501,6 +538,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     add_data_arguments(p)
     add_test_arguments(p)
+    add_variant_arguments(p)
     add_output_arguments(p, "roles_out")
     a = p.parse_args(argv)
     return config_from_args(a, ckpt=a.ckpt, step=a.step)

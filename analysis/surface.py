@@ -1,10 +1,12 @@
 """Surface-level attention patterns (Clark et al. 2019, §3) and head clustering (§6).
 
-Per head, averaged over every real query row t of every sequence (token-weighted, like the
-paper): the attention to [CLS], to the [SEP]s, to "." and "," tokens, to the token itself, to the
-previous token (rows t ≥ 1) and to the next one (rows t ≤ n − 2); the entropy −Σ_s α log α of the
-rows (all rows, and the [CLS] row alone), beside the entropy log n of uniform attention over the
-same rows. Entropies are in nats.
+Per head, averaged over every real query row t of every sequence (token-weighted: a long
+sequence weighs more; `weighting="sequences"` instead takes each sequence's mean over its rows
+and averages those, so each sequence counts once, as the authors' General_Analysis notebook does —
+the paper does not say which, docs/fidelity.md): the attention to [CLS], to the [SEP]s, to "." and
+"," tokens, to the token itself, to the previous token (rows t ≥ 1) and to the next one (rows
+t ≤ n − 2); the entropy −Σ_s α log α of the rows (all rows, and the [CLS] row alone), beside the
+entropy log n of uniform attention over the same rows. Entropies are in nats.
 
 Head distances: the Jensen–Shannon divergence between two heads' attention rows,
 JS(P, Q) = ½ KL(P ‖ M) + ½ KL(Q ‖ M), M = ½(P + Q), in nats (= scipy's `jensenshannon(p, q)²`,
@@ -23,14 +25,25 @@ from flax import nnx
 from analysis.roles import padded_batches
 from sieves.align import EncodedSequence
 
+WEIGHTINGS = ("tokens", "sequences")
 STATISTICS = (
     "cls", "sep", "punct", "self", "prev", "next",
     "entropy", "entropy_cls", "uniform_entropy", "uniform_entropy_cls",
 )  # fmt: skip
 
 
-def surface_sums(attention: jax.Array, real: jax.Array, is_cls: jax.Array, is_sep: jax.Array, is_punct: jax.Array):
-    """attention [L, B, H, T, T] → (sums [L, H, S], rows [S]) for the STATISTICS, over real rows."""
+def surface_sums(
+    attention: jax.Array,
+    real: jax.Array,
+    is_cls: jax.Array,
+    is_sep: jax.Array,
+    is_punct: jax.Array,
+    weighting: str = "tokens",
+):
+    """attention [L, B, H, T, T] → (sums [L, H, S], counts [S]) for the STATISTICS, over real rows.
+
+    `tokens`: sums over the rows and the number of rows; `sequences`: sums of each sequence's mean
+    over its rows and the number of sequences that have such a row."""
     length = attention.shape[-1]
     real = real.astype(jnp.float32)
     n = real.sum(axis=-1, keepdims=True)  # [B, 1]
@@ -48,8 +61,17 @@ def surface_sums(attention: jax.Array, real: jax.Array, is_cls: jax.Array, is_se
         (to(is_cls), real), (to(is_sep), real), (to(is_punct), real), (diagonal(0), real),
         (prev, has_prev), (nxt, has_next), (entropy, real), (entropy, cls_row),
     ]  # fmt: skip
-    sums = [jnp.einsum("lbht,bt->lh", value, rows) for value, rows in per_row]
     layers, heads = attention.shape[0], attention.shape[2]
+    if weighting == "sequences":
+        sums, counts = [], []
+        uniform_rows = jnp.broadcast_to(uniform[None, :, None, :], attention.shape[:-1])
+        for value, rows in [*per_row, (uniform_rows, real), (uniform_rows, cls_row)]:
+            per_sequence = rows.sum(-1)  # [B]
+            means = jnp.einsum("lbht,bt->lbh", value, rows) / jnp.maximum(per_sequence, 1.0)[None, :, None]
+            sums.append(means.sum(axis=1))
+            counts.append((per_sequence > 0).sum().astype(jnp.float32))
+        return jnp.stack(sums, axis=-1), jnp.stack(counts)
+    sums = [jnp.einsum("lbht,bt->lh", value, rows) for value, rows in per_row]
     for rows in (real, cls_row):
         sums.append(jnp.full((layers, heads), jnp.sum(uniform * rows)))
     counts = [rows.sum() for _, rows in per_row] + [real.sum(), cls_row.sum()]
@@ -118,11 +140,19 @@ def _jit_attention_fn(model: nnx.Module, reduce):
 
 
 def surface_statistics(
-    model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], batch_size: int, max_length: int
+    model: nnx.Module,
+    seqs: Sequence[EncodedSequence],
+    punct_ids: Sequence[int],
+    batch_size: int,
+    max_length: int,
+    weighting: str = "tokens",
 ) -> np.ndarray:
-    """Means [L, H, S] of the STATISTICS over every real row of every sequence, streamed by batch."""
+    """Means [L, H, S] of the STATISTICS over every real row of every sequence (`weighting`, see
+    the module docstring), streamed by batch."""
+    if weighting not in WEIGHTINGS:
+        raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     run = _jit_attention_fn(
-        model, lambda att, a: surface_sums(att, a["real"], a["is_cls"], a["is_sep"], a["is_punct"])
+        model, lambda att, a: surface_sums(att, a["real"], a["is_cls"], a["is_sep"], a["is_punct"], weighting)
     )
     total_sums, total_counts = 0.0, 0.0
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):

@@ -1,8 +1,9 @@
 """Word-level attention (Clark et al. 2019, §4.1): wordpiece attention maps turned into word maps.
 
 Attention *to* a word is the sum of the attention to its pieces (it stays a distribution);
-attention *from* a word is the mean over its pieces' rows, or the first piece's row
-(`first_piece=True`). [CLS]/[SEP] are not words: the attention each word pays to them, and the
+attention *from* a word is the mean over its pieces' rows, as the paper says, or the first piece's
+row (`first_piece=True`), which is what the authors' released pipeline computes
+(docs/fidelity.md). [CLS]/[SEP] are not words: the attention each word pays to them, and the
 attention they pay to each word, are kept beside the word map for consumers that need a ROOT.
 
 The forward pass and the conversion run in one jitted function per batch; `iter_word_attention`

@@ -195,3 +195,20 @@ def build_batch(
             sieves[r, b, :n, :n] = seq_sieve
             rows[r, b, :n] = seq_rows & seq_sieve.any(axis=1)
     return rows, sieves
+
+
+def arc_row_weights(seqs: Sequence[EncodedSequence], roles: Sequence[str], length: int) -> np.ndarray:
+    """float[R, B, length] row weights that make the kernel's mean over a relation role's rows a
+    mean over arcs: each row weighs 1 / (its word's piece count), so every dependent word counts
+    once, as the syntactic notebook of Pande et al.'s code averages (docs/fidelity.md). Rows of
+    the other roles weigh 1 (their plain mean)."""
+    weights = np.ones((len(roles), len(seqs), length), dtype=np.float32)
+    for b, seq in enumerate(seqs):
+        aligned = seq.word_ids >= 0
+        pieces = np.bincount(seq.word_ids[aligned], minlength=len(seq.word_dep))
+        per_row = np.ones(seq.length, dtype=np.float32)
+        per_row[aligned] = 1.0 / pieces[seq.word_ids[aligned]]
+        for r, name in enumerate(roles):
+            if get_role(name).needs_parse:
+                weights[r, b, : seq.length] = per_row
+    return weights

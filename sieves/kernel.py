@@ -6,13 +6,20 @@ never leaves the device.
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 
 
-@jax.jit
+@partial(jax.jit, static_argnames="entropy_roles")
 def sieve_scores(
-    attentions: jax.Array, real: jax.Array, rows: jax.Array, sieves: jax.Array
+    attentions: jax.Array,
+    real: jax.Array,
+    rows: jax.Array,
+    sieves: jax.Array,
+    row_weights: jax.Array | None = None,
+    entropy_roles: tuple[bool, ...] = (),
 ) -> tuple[jax.Array, jax.Array]:
     """Mean sieve bias score over each sequence's scored rows.
 
@@ -23,6 +30,13 @@ def sieve_scores(
     β(t) = (Σ_{s∈S(t)} α(t,s) / |S(t)|) / (Σ_{s real} α(t,s) / n_b); the score is its mean over
     the scored rows. Returns scores[R, B, L, H] (NaN where a sequence has no scored row) and
     counts int32[R, B]. The reduction runs in float32 (float64 when given float64), even for bf16.
+
+    The authors' variants (docs/fidelity.md), both off by default:
+    - `row_weights` float[R, B, T], positive on the scored rows: a weighted mean of β over the
+      rows, Σ_t w(t) β(t) / Σ_t w(t), instead of the plain mean (per-arc averaging of the
+      syntactic roles gives each row 1 / its word's piece count);
+    - `entropy_roles[r]` True: role r scores β(t) · H(t), H(t) = −Σ_s p log p of row t's attention
+      over the real keys (nats), as the released notebook's `block_score` does.
     """
     dtype = jnp.promote_types(attentions.dtype, jnp.float32)
     attentions = attentions.astype(dtype)
@@ -38,13 +52,34 @@ def sieve_scores(
 
     sieve_size = sieves.sum(-1).astype(dtype)
     counts = rows.sum(-1).astype(jnp.int32)
-    row_weight = jnp.where(rows, 1 / jnp.where(rows, sieve_size, 1), 0)
-    row_weight = row_weight / jnp.maximum(counts, 1)[..., None].astype(dtype)
+    if row_weights is None:
+        row_weight = jnp.where(rows, 1 / jnp.where(rows, sieve_size, 1), 0)
+        row_weight = row_weight / jnp.maximum(counts, 1)[..., None].astype(dtype)
+    else:
+        given = jnp.where(rows, row_weights.astype(dtype), 0)
+        total = given.sum(-1, keepdims=True)
+        row_weight = given / jnp.where(total > 0, total, 1) / jnp.where(rows, sieve_size, 1)
     # Folding 1/|S(t)| and 1/count into one weight lets a single contraction over (t, s) do the
     # whole mean. Best of 7 at BERT-base shapes on 2 CPU cores (L=H=12, B=32, T=128, R=12, f32):
     # 230 ms, against 291 ms for contracting s then t, and 316 / 446 ms for vmap over roles of
     # those two forms (AMD EPYC). Looping over layers, or over chunks of the batch, was no faster
     # (Xeon). HIGHEST keeps GPUs and TPUs from running it in TF32 / bf16 passes.
     weights = sieves.astype(dtype) * row_weight[..., None]
-    scores = jnp.einsum("rbts,lbhts->rblh", weights, relative, precision=jax.lax.Precision.HIGHEST)
+    contract = lambda w, rel: jnp.einsum("rbts,lbhts->rblh", w, rel, precision=jax.lax.Precision.HIGHEST)
+    if any(entropy_roles):
+        if len(entropy_roles) != rows.shape[0]:
+            raise ValueError(f"entropy_roles has {len(entropy_roles)} entries for {rows.shape[0]} roles")
+        # relative / n is the row's attention renormalised over the real keys (scipy's `entropy`
+        # normalises the same way); padding keys hold 0 and add 0 · log 0 = 0.
+        p = relative / jnp.maximum(n, 1)[None, :, None, None, None]
+        entropy = -jax.scipy.special.xlogy(p, p).sum(-1)
+        plain = [r for r, e in enumerate(entropy_roles) if not e]
+        weighted = [r for r, e in enumerate(entropy_roles) if e]
+        parts = [contract(weights[jnp.array(weighted)], relative * entropy[..., None])]
+        if plain:
+            parts.insert(0, contract(weights[jnp.array(plain)], relative))
+        order = jnp.argsort(jnp.array(plain + weighted))
+        scores = jnp.concatenate(parts)[order]
+    else:
+        scores = contract(weights, relative)
     return jnp.where(counts[..., None, None] > 0, scores, jnp.nan), counts
