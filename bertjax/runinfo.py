@@ -134,9 +134,19 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
             yield tmp
             with _signals_deferred():
                 _move_in(tmp, out, overwrite, kind)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno in _NO_SPACE:
+                where = e.filename or "the output"
+                raise UserError(f"no space left writing {where} ({e.strerror}); --out {out} was not written") from None
+            raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+
+
+# A full disk, a quota, a file-size limit: what the user can fix by making room.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 # A temporary is `.<out name>.tmp-<pid>-<random>`: the pid tells a killed run's from a live one's.
