@@ -15,6 +15,7 @@ module only fixes the layout so analysis can load params without knowing about t
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -109,12 +110,28 @@ def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeSt
     # Orbax's array restore refuses relative paths (`--ckpt runs/tiny` would fail).
     manager = ocp.CheckpointManager(Path(directory).absolute(), item_names=(PARAMS,), options=_read_only())
     try:
-        restored = manager.restore(
-            step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)})
-        )
-    except (FileNotFoundError, ValueError, KeyError) as e:
+        restored = manager.restore(step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)}))
+    except (FileNotFoundError, KeyError) as e:
         raise UserError(f"{directory / str(step)}: cannot restore params ({e})") from None
+    except Exception as e:  # noqa: BLE001 (orbax wraps TensorStore's errors, a truncated file among them, in a bare Exception)
+        raise UserError(f"{directory / str(step)}: checkpoint step {step} is unreadable: {_unreadable(e)}") from None
+    finally:
+        # Its threads would otherwise outlive the error and print tracebacks at interpreter exit.
+        manager.close()
     return restored[PARAMS]
+
+
+def _unreadable(error: BaseException) -> str:
+    """The array TensorStore could not read, and why, from an orbax exception chain."""
+    seen: list[BaseException] = []
+    while error is not None and error not in seen:
+        seen.append(error)
+        found = re.search(r'Error reading "([^"]+)"[^:]*: (.*)', str(error))
+        if found:
+            array = found.group(1).rsplit("/", 1)[0]  # the key is "<array>/<chunk index>"
+            return f"array {array} ({found.group(2).splitlines()[0][:160]})"
+        error = error.__cause__ or error.__context__
+    return " ".join(str(seen[0]).split())[:200]
 
 
 def _read_only() -> ocp.CheckpointManagerOptions:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -15,19 +16,35 @@ from bertjax.errors import UserError
 CACHE_ROOT = Path("~/.cache/bertjax").expanduser()
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the program is, so that it cleans up as it does for Ctrl-C."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
 def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
-    """Runs `main(argv)`; a `UserError` becomes `error: <message>` on stderr and exit status 2."""
+    """Runs `main(argv)`; a `UserError` becomes `error: <message>` on stderr and exit status 2,
+    Ctrl-C exit status 130 and SIGTERM 143 (the shell's 128 + signal), after the same clean-up."""
     # force: absl (imported with jax) has already configured the root logger at WARNING.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     use_compilation_cache()
+    # The trainer puts its own handler (save a checkpoint, then stop) in place while it trains.
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         main(argv)
     except UserError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
+    except Terminated:
+        print("error: terminated", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def use_compilation_cache() -> None:

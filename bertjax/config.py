@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +40,10 @@ class BertConfig:
     param_dtype: str = "float32"
 
     def __post_init__(self) -> None:
+        _check_fields(self)
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
-                f"hidden_size {self.hidden_size} is not divisible by "
-                f"num_attention_heads {self.num_attention_heads}"
+                f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
             )
         if self.hidden_act not in ACTIVATIONS:
             raise UserError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
@@ -95,6 +96,8 @@ class BertConfig:
         names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
         kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
         if "id2label" in hf:
+            if not isinstance(hf["id2label"], dict):
+                raise UserError(f"{source}: id2label must be an object of label names, got {hf['id2label']!r}")
             kwargs["num_labels"] = len(hf["id2label"])
         elif "num_labels" in hf:
             kwargs["num_labels"] = hf["num_labels"]
@@ -106,17 +109,63 @@ class BertConfig:
 
     @classmethod
     def from_json_file(cls, path: str | Path, **overrides: Any) -> BertConfig:
-        path = Path(path)
-        try:
-            hf = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise UserError(f"{path}: no such file") from None
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}: not valid JSON ({e})") from None
-        return cls.from_hf_dict(hf, source=str(path), **overrides)
+        return cls.from_hf_dict(read_hf_json(path), source=str(path), **overrides)
 
     def to_json_file(self, path: str | Path, architecture: str = "BertModel") -> None:
         Path(path).write_text(json.dumps(self.to_hf_dict(architecture), indent=2, sort_keys=True) + "\n")
+
+
+def read_hf_json(path: str | Path) -> dict[str, Any]:
+    """A HF `config.json` as a dict, or a UserError naming the file."""
+    path = Path(path)
+    try:
+        hf = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read it ({e})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(hf, dict):
+        raise UserError(f"{path}: not a JSON object of config fields (it is a JSON {type(hf).__name__})")
+    return hf
+
+
+# Sizes and counts must be integers ≥ 1 (≥ 0 for an id); JSON 12.0 or "12" is a mistake, not a 12.
+_POSITIVE = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+             "max_position_embeddings", "type_vocab_size", "num_labels")  # fmt: skip
+_PROBABILITIES = ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout")
+
+
+def _check_fields(config: BertConfig) -> None:
+    """Types and ranges of the fields, so that a bad `config.json` is one line naming the field,
+    not a TypeError or a ZeroDivisionError inside the model."""
+
+    def bad(name: str, wanted: str) -> UserError:
+        return UserError(f"{name} must be {wanted}, got {getattr(config, name)!r}")
+
+    def is_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    def is_number(value: Any) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+    for name in _POSITIVE:
+        if not is_int(getattr(config, name)) or getattr(config, name) < 1:
+            raise bad(name, "an integer ≥ 1")
+    if not is_int(config.pad_token_id) or not 0 <= config.pad_token_id < config.vocab_size:
+        raise bad("pad_token_id", f"an integer in [0, vocab_size {config.vocab_size})")
+    for name in _PROBABILITIES:
+        value = getattr(config, name)
+        if not (value is None and name == "classifier_dropout") and not (is_number(value) and 0 <= value < 1):
+            raise bad(name, "a number in [0, 1)")
+    if not is_number(config.layer_norm_eps) or config.layer_norm_eps <= 0:
+        raise bad("layer_norm_eps", "a number > 0")
+    if not is_number(config.initializer_range) or config.initializer_range < 0:
+        raise bad("initializer_range", "a number ≥ 0")
+    for name in ("hidden_act", "dtype", "param_dtype"):
+        if not isinstance(getattr(config, name), str):
+            raise bad(name, "a string")
 
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")

@@ -10,6 +10,7 @@ import dataclasses
 import functools
 import json
 import logging
+import pickle
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from flax import nnx
 
 from bertjax import checkpoint as ckpt
 from bertjax import convert
-from bertjax.config import BertConfig
+from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
 from bertjax.model import MODEL_CLASSES, BertModel
 
@@ -119,7 +120,7 @@ def trained_task(source: Source) -> str | None:
     `train.finetune` run's config, or a HF config's `finetuning_task` (as HF's run_glue writes it,
     `sst-2` or `sst2`); None for anything else."""
     if source.kind == "hf":
-        task = json.loads((source.path / "config.json").read_text()).get("finetuning_task")
+        task = read_hf_json(source.path / "config.json").get("finetuning_task")
     else:
         task = (ckpt.read_meta(source.path, source.step).get("run_config") or {}).get("task")
     return task.lower().replace("-", "") if isinstance(task, str) and task else None
@@ -160,7 +161,9 @@ def from_pretrained(
         raise UserError(f"{file}: tensor {name} is missing")
     if missing and trained_heads:
         name = convert.hf_name(missing[0])[0]
-        raise UserError(f"{file}: tensor {name} is missing: this analysis needs a fine-tuned task head, not a random one")
+        raise UserError(
+            f"{file}: tensor {name} is missing: this analysis needs a fine-tuned task head, not a random one"
+        )
     if missing:
         log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
         initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))
@@ -204,7 +207,18 @@ def _read_torch_bin(file: Path) -> dict[str, np.ndarray]:
         import torch
     except ImportError:
         raise UserError(f"{file}: reading pytorch_model.bin needs torch (pip install torch)") from None
-    state = torch.load(file, map_location="cpu", weights_only=True)
+    try:
+        state = torch.load(file, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        # weights_only refused to build an object: loading it fully would run code from the file.
+        raise UserError(
+            f"{file}: cannot be loaded safely (it holds Python objects, not only tensors); "
+            "convert it to model.safetensors where you trust it"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise UserError(f"{file}: unreadable ({' '.join(str(e).split())[:200]})") from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{file}: not a state dict of tensors")
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
 
@@ -265,6 +279,8 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
         location = Path(meta["tokenizer"])
         if not location.is_absolute():
             location = source.path.parent / location
+    # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
+    vocab_size = load_config(source).vocab_size
     # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
     if location.is_dir() and not any((location / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
@@ -274,7 +290,6 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
-    vocab_size = load_config(source).vocab_size
     if len(tokenizer) > vocab_size:
         # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error.
         raise UserError(

@@ -4,11 +4,16 @@ and how it is written: whole or not at all."""
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import glob
 import hashlib
 import json
+import logging
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,7 +26,9 @@ import jax
 
 from bertjax.errors import UserError
 
-PACKAGES = ("bertjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "transformers", "tokenizers", "spacy")
+log = logging.getLogger(__name__)
+
+PACKAGES = ("bertjax", "jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "numpy", "scipy", "transformers", "tokenizers", "spacy")  # fmt: skip
 
 
 def sha256(path: Path) -> str:
@@ -98,34 +105,163 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
     completes, removed if it raises, so an output directory is never half-written. Checks that
     `--out` can be written before any work starts. `overwrite` replaces an earlier output of the
     same `kind` (marked so by this function) and nothing else, so a mistyped `--out` cannot delete a
-    training run or a folder of other files."""
+    training run or a folder of other files.
+
+    One run at a time writes a given `--out` (a second one is refused at its start), and the checks
+    are made again when the output is moved in: a directory that appeared at `--out` meanwhile is
+    left as it is. Temporaries of this `kind` left by a killed run are removed by the next one."""
     out = Path(out).expanduser().resolve()
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} exists and is not a directory")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+    with _exclusive(out):
+        _check_replaceable(out, overwrite, kind)
+        _remove_stale_temporaries(out, kind)
+        tmp = None
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TMP}{os.getpid()}-", dir=out.parent))
+            # mkdtemp makes it private (0700); the output gets the mode any new directory would.
+            tmp.chmod(0o777 & ~_umask())
+            (tmp / OUTPUT_MARKER).write_text(kind + "\n")
+        except OSError as e:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+        try:
+            yield tmp
+            with _signals_deferred():
+                _move_in(tmp, out, overwrite, kind)
+        except OSError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if e.errno in _NO_SPACE:
+                where = e.filename or "the output"
+                raise UserError(f"no space left writing {where} ({e.strerror}); --out {out} was not written") from None
+            raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+# A full disk, a quota, a file-size limit: what the user can fix by making room.
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+# A temporary is `.<out name>.tmp-<pid>-<random>`: the pid tells a killed run's from a live one's.
+_TMP = ".tmp-"
+
+
+def _check_replaceable(out: Path, overwrite: bool, kind: str) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
-        marker = out / OUTPUT_MARKER
-        if not marker.is_file() or marker.read_text().strip() != kind:
+        if _marked(out) != kind:
             raise UserError(
                 f"--out {out} is not an earlier {kind} (it has no {OUTPUT_MARKER} saying so); --overwrite replaces only those"
             )
+
+
+def _marked(directory: Path) -> str | None:
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-        # mkdtemp makes it private (0700); the output gets the mode any new directory would.
-        tmp.chmod(0o777 & ~_umask())
-        (tmp / OUTPUT_MARKER).write_text(kind + "\n")
+        return (directory / OUTPUT_MARKER).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _move_in(tmp: Path, out: Path, overwrite: bool, kind: str) -> None:
+    """Renames `tmp` to `out`, replacing only what `_check_replaceable` allows as `out` is now."""
+    try:
+        os.rename(tmp, out)  # atomic, and replaces nothing but an empty directory
+        return
     except OSError as e:
-        raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
     try:
-        yield tmp
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        _check_replaceable(out, overwrite, kind)
+    except UserError:
+        raise UserError(
+            f"--out {out} was created by something else while this run wrote its output; "
+            "it is left as it is and this run's output is discarded"
+        ) from None
+    # Aside first, so that no moment has neither the old output nor the new one complete.
+    aside = tmp.with_name(tmp.name + "-replaced")
+    os.rename(out, aside)
+    os.rename(tmp, out)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path) -> Iterator[None]:
+    """Holds `.<out name>.lock` beside `--out` (a `flock`, which the kernel releases however the
+    process ends), or refuses with one line naming the process that holds it."""
+    lock = out.with_name(f".{out.name}.lock")
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise UserError(
+                f"--out {out} is being written by another run{f' (pid {holder})' if holder else ''}; "
+                "wait for it to end or choose another --out"
+            ) from None
+        try:
+            current = os.stat(lock).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if current:  # else its last holder removed it after we opened it: lock the new one
+            break
+        os.close(fd)
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(fd)
+
+
+def _remove_stale_temporaries(out: Path, kind: str) -> None:
+    """Removes temporaries of `out` that a killed run of this `kind` left (its pid is gone); called
+    with the lock held, so no live run of this version is writing one."""
+    for path in out.parent.glob(f".{glob.escape(out.name)}{_TMP}*"):
+        pid = path.name[len(out.name) + 1 + len(_TMP) :].split("-")[0]
+        if not pid.isdigit() or path.is_symlink() or not path.is_dir() or _alive(int(pid)):
+            continue
+        # An empty one was killed before it wrote its marker.
+        if _marked(path) == kind or not any(path.iterdir()):
+            log.info("removing %s, left by a run (pid %s) that was killed", path, pid)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Holds Ctrl-C and SIGTERM while the output is moved in, so that the move is not cut between
+    its renames; they are delivered when it is done."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _umask() -> int:

@@ -106,9 +106,7 @@ class SpacyParser:
     model (or adding a field to `Word`) never returns stale parses.
     """
 
-    def __init__(
-        self, model: str | None = None, cache_dir: Path | None = None, batch_size: int = 64
-    ) -> None:
+    def __init__(self, model: str | None = None, cache_dir: Path | None = None, batch_size: int = 64) -> None:
         self.nlp = _load_spacy(model)
         self.name = f"{self.nlp.meta['lang']}_{self.nlp.meta['name']}"
         self.version = str(self.nlp.meta["version"])
@@ -227,6 +225,9 @@ def _multiword_spans(span: tuple[int, int], form: str, word_forms: list[str]) ->
     return spans
 
 
+_CONLLU_COLUMNS = ("ID", "FORM", "LEMMA", "UPOS", "XPOS", "FEATS", "HEAD", "DEPREL", "DEPS", "MISC")
+
+
 def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, Parse]:
     import conllu
 
@@ -249,6 +250,11 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
     range_end = 0  # last word id covered by the current multiword token
     range_spans: dict[int, tuple[int, int]] = {}
     for token, line_number in zip(sentence, token_lines, strict=True):
+        if len(token) < len(_CONLLU_COLUMNS):  # conllu keeps the columns a line has, naming them in order
+            raise UserError(
+                f"{path}:{line_number}: a token line needs {len(_CONLLU_COLUMNS)} tab-separated columns "
+                f"({', '.join(_CONLLU_COLUMNS)}); this one has {len(token)}"
+            )
         token_id = token["id"]
         if isinstance(token_id, tuple) and token_id[1] == ".":
             continue
@@ -259,9 +265,7 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
                     cursor += 1
             form = token["form"]
             if not text.startswith(form, cursor):
-                raise UserError(
-                    f"{path}:{line_number}: form {form!r} not found in '# text' at character {cursor}"
-                )
+                raise UserError(f"{path}:{line_number}: form {form!r} not found in '# text' at character {cursor}")
             span = (cursor, cursor + len(form))
             cursor = span[1]
             glued = (token["misc"] or {}).get("SpaceAfter") == "No"

@@ -12,6 +12,12 @@ from sieves.kernel import sieve_scores
 
 # Fixed tiny shapes so the kernel compiles once per dtype.
 L, B, H, T, R = 2, 3, 2, 6, 3
+# The kernel's rounding error, relative (no cancellation: every term is ≥ 0): one contraction of T²
+# terms (≤ T²·u), a row mass of T terms (≤ T·u) and two divisions, u = 2⁻²⁴ in float32 and 2⁻⁵³ in
+# float64; the float64 reference adds as much again. Holds on any CPU; XLA's vector width only moves
+# the summation order inside it.
+F32_RTOL = (T**2 + T + 2) * 2.0**-24
+F64_RTOL = 2 * (T**2 + T + 2) * 2.0**-53
 
 
 def sieve_scores_reference(
@@ -75,7 +81,7 @@ def test_matches_reference_in_float64(inputs) -> None:
     np.testing.assert_array_equal(counts, expected_counts)
     np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected_scores))
     assert (np.isnan(scores) == (expected_counts == 0)[..., None, None]).all()
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(scores, expected_scores, rtol=F64_RTOL, atol=0)
 
 
 @settings(max_examples=10, deadline=None)
@@ -86,7 +92,7 @@ def test_matches_reference_in_float32(inputs) -> None:
     expected_scores, _ = sieve_scores_reference(attentions, real, rows, sieves)
     scores, counts = sieve_scores(attentions, real, rows, sieves)
     assert scores.dtype == jnp.float32 and counts.dtype == jnp.int32
-    np.testing.assert_allclose(np.asarray(scores), expected_scores, rtol=1e-5, atol=0)
+    np.testing.assert_allclose(np.asarray(scores), expected_scores, rtol=F32_RTOL, atol=0)
 
 
 @settings(max_examples=20, deadline=None)
@@ -97,13 +103,14 @@ def test_unnormalised_rows_divide_by_their_mean_real_attention(inputs, log_scale
     attentions, real, rows, sieves = inputs
     scaled = attentions * 10.0**log_scales
     expected_scores, expected_counts = sieve_scores_reference(scaled, real, rows, sieves)
+    # Scaling a row by 10^±3 rounds each α once more in float64: ~(T²+T+2) ulps, far inside 1e-9.
     np.testing.assert_allclose(expected_scores, sieve_scores_reference(*inputs)[0], rtol=1e-9, atol=0)
     with jax.enable_x64(True):
         scores, counts = sieve_scores(*(jnp.asarray(x) for x in (scaled, real, rows, sieves)))
         scores, counts = np.asarray(scores), np.asarray(counts)
     np.testing.assert_array_equal(counts, expected_counts)
     np.testing.assert_array_equal(np.isnan(scores), np.isnan(expected_scores))
-    np.testing.assert_allclose(scores, expected_scores, rtol=1e-6, atol=0)
+    np.testing.assert_allclose(scores, expected_scores, rtol=F64_RTOL, atol=0)
 
 
 def fixed_inputs() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -130,7 +137,7 @@ def test_uniform_attention_scores_one() -> None:
     uniform = real / real.sum(-1, keepdims=True)  # [B, keys]
     attentions = np.broadcast_to(uniform[None, :, None, None, :], (L, B, H, T, T))
     scores, counts = sieve_scores(attentions.astype(np.float32), real, rows, sieves)
-    np.testing.assert_allclose(np.asarray(scores)[np.asarray(counts) > 0], 1.0, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(scores)[np.asarray(counts) > 0], 1.0, rtol=F32_RTOL)
 
 
 def test_bfloat16_input_reduces_in_float32() -> None:
@@ -139,7 +146,8 @@ def test_bfloat16_input_reduces_in_float32() -> None:
     scores, _ = sieve_scores(low, real, rows, sieves)
     assert scores.dtype == jnp.float32
     expected, _ = sieve_scores_reference(np.asarray(low.astype(jnp.float32)), real, rows, sieves)
-    np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)
+    # The reference reads the same bfloat16 values: only the float32 reduction differs.
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=F32_RTOL)
 
 
 def test_usable_inside_another_jit() -> None:
@@ -154,6 +162,8 @@ def test_usable_inside_another_jit() -> None:
     scores, counts = fused(logits, real, rows, sieves)
     expected, expected_counts = sieve_scores_reference(attentions, real, rows, sieves)
     np.testing.assert_array_equal(np.asarray(counts), expected_counts)
+    # The softmax is recomputed in float32 (exp to a few ulps, its own row sum of T terms), which
+    # adds ~2·(T+4)·u per β to the kernel's bound; 1e-5 (~170 u) leaves room for XLA's exp.
     np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)
 
 
@@ -165,4 +175,17 @@ def test_any_number_of_roles(role_count: int) -> None:
     scores, counts = sieve_scores(attentions, real, rows, sieves)
     assert scores.shape == (role_count, B, L, H) and counts.shape == (role_count, B)
     expected, _ = sieve_scores_reference(attentions, real, rows, sieves)
-    np.testing.assert_allclose(np.asarray(scores), expected, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=F32_RTOL)
+
+
+def test_the_float32_bound_catches_a_wrong_sieve_or_a_missing_normalisation() -> None:
+    """Planted bugs in the reference: each moves some β far past F32_RTOL (~2.6e-6), so the bound
+    above does not hide a wrong kernel."""
+    attentions, real, rows, sieves = fixed_inputs()
+    scores = np.asarray(sieve_scores(attentions, real, rows, sieves)[0])
+    finite = np.isfinite(scores)
+    shifted = np.roll(sieves, 1, axis=-1) & real[None, :, None, :]  # off by one key
+    # The row's mass not divided by n (Σ_I α instead of Σ_I α / n) divides β by n.
+    unnormalised = sieve_scores_reference(attentions, real, rows, sieves)[0] / real.sum(-1)[None, :, None, None]
+    for wrong in (sieve_scores_reference(attentions, real, rows & shifted.any(-1), shifted)[0], unnormalised):
+        assert not np.allclose(scores[finite], wrong[finite], rtol=F32_RTOL, atol=0)

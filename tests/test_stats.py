@@ -39,6 +39,9 @@ def test_t_test_equals_scipy(seed: int, n: int, lead: list[int], axis_pos: int, 
     x = rng.gamma(2.0, 1.5, size=shape) + rng.normal(size=shape)
     res = one_sided_test(x, tau, axis=axis)
     ref = stats.ttest_1samp(x, tau, axis=axis, alternative="greater")
+    # Both sides are float64 NumPy/SciPy (no XLA): sums of n ≤ 60 terms err by ≤ 60·2⁻⁵³ ≈ 7e-15
+    # and the same special functions give the tails, so 1e-12 is ~100× the error; the atol covers
+    # t ≈ 0 (mean ≈ τ). A wrong ddof moves the SD by ≥ 1/(2n) ≈ 8e-3 (see the planted case below).
     np.testing.assert_allclose(res.statistic, ref.statistic, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(res.p_value, ref.pvalue, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(res.mean, np.mean(x, axis=axis), rtol=1e-12)
@@ -48,6 +51,15 @@ def test_t_test_equals_scipy(seed: int, n: int, lead: list[int], axis_pos: int, 
     ci = stats.ttest_1samp(x, tau, axis=axis).confidence_interval(0.95)
     np.testing.assert_allclose(res.ci_low, ci.low, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(res.ci_high, ci.high, rtol=1e-12, atol=1e-12)
+
+
+def test_the_bound_catches_a_population_sd() -> None:
+    """Planted bug: the SD with ddof = 0 (the population SD) fails the 1e-12 bound above."""
+    x = np.random.default_rng(0).gamma(2.0, 1.5, size=(60, 3))
+    ref = stats.ttest_1samp(x, 3.0, alternative="greater")
+    wrong = (x.mean(0) - 3.0) / (x.std(0, ddof=0) / math.sqrt(60))
+    assert not np.allclose(wrong, ref.statistic, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(one_sided_test(x, 3.0).statistic, ref.statistic, rtol=1e-12, atol=1e-12)
 
 
 @settings(max_examples=40, deadline=None)
@@ -183,9 +195,7 @@ def holm_slow(p: list[float]) -> list[float]:
     return out
 
 
-p_values = st.lists(
-    st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.01, 0.05, 1.0])), min_size=1, max_size=40
-)
+p_values = st.lists(st.one_of(st.floats(0, 1), st.sampled_from([0.0, 0.01, 0.05, 1.0])), min_size=1, max_size=40)
 
 
 @settings(max_examples=60, deadline=None)

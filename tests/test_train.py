@@ -170,7 +170,8 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(smoke_run, cor
 
 def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, cli_error):
     argv = ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(tmp_path / "nan"),
-            *_overrides(corpus, 6, data_dir=str(prepared)), "optimizer.learning_rate=.inf", "checkpoint.steps=[1]"]  # fmt: skip
+            *_overrides(corpus, 6, data_dir=str(prepared)), "optimizer.learning_rate=3e38", "optimizer.warmup_steps=0", "checkpoint.steps=[1]"]  # fmt: skip
+    # A finite rate that overflows the first update (a non-finite rate is refused before training).
     message = cli_error(pretrain.main, argv)
     assert message == "error: non-finite loss or update at step 1; stopping (no checkpoint was written)"
     assert not (tmp_path / "nan" / "checkpoints" / "1").exists()

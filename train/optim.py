@@ -5,6 +5,7 @@ parameters and biases."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import optax
@@ -25,6 +26,14 @@ class OptimizerConfig:
     b2: float = 0.999
     eps: float = 1e-6
     max_grad_norm: float = 1.0  # 0 disables clipping
+
+    def __post_init__(self) -> None:
+        # Checked with the other settings, before a run writes anything: a NaN rate would only
+        # show as a non-finite update at step 1. Every config names this section `optimizer`.
+        for name in ("learning_rate", "end_learning_rate"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
 
 
 def schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:

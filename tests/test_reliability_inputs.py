@@ -1,0 +1,219 @@
+"""Bad inputs a user can hand the CLIs (a broken config.json, an unsafe pytorch_model.bin, a
+truncated orbax checkpoint, a short CoNLL-U line, a NaN learning rate): each is one line naming the
+file or setting, a non-zero exit, and nothing written."""
+
+from __future__ import annotations
+
+import json
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import BertTokenizerFast
+
+import bertjax
+from bertjax.config import BertConfig
+from bertjax.errors import UserError
+from sieves.parse import read_conllu
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory, shared_data):
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
+    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")).save_pretrained(directory)
+    return directory
+
+
+def _with_config(tiny_hf: Path, tmp_path: Path, edit) -> Path:
+    """A copy of the tiny checkpoint whose config.json is `edit(config)` (a dict), as JSON."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    for file in tiny_hf.iterdir():
+        (directory / file.name).symlink_to(file)
+    (directory / "config.json").unlink()
+    (directory / "config.json").write_text(json.dumps(edit(json.loads((tiny_hf / "config.json").read_text()))))
+    return directory
+
+
+# -- config.json values (defect 5) ------------------------------------------------------------
+
+
+def _set(key, value):
+    return lambda config: {**config, key: value}
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (_set("num_attention_heads", "twelve"), "num_attention_heads must be an integer ≥ 1, got 'twelve'"),
+        (_set("num_attention_heads", 12.0), "num_attention_heads must be an integer ≥ 1, got 12.0"),
+        (_set("num_attention_heads", 0), "num_attention_heads must be an integer ≥ 1, got 0"),
+        (_set("num_attention_heads", None), "num_attention_heads must be an integer ≥ 1, got None"),
+        (_set("num_attention_heads", True), "num_attention_heads must be an integer ≥ 1, got True"),
+        (_set("vocab_size", "30522"), "vocab_size must be an integer ≥ 1, got '30522'"),
+        (_set("hidden_dropout_prob", 1.5), "hidden_dropout_prob must be a number in [0, 1), got 1.5"),
+        (_set("layer_norm_eps", "1e-12"), "layer_norm_eps must be a number > 0, got '1e-12'"),
+        (_set("pad_token_id", 40000), "pad_token_id must be an integer in [0, vocab_size 30522), got 40000"),
+        (_set("hidden_act", 3), "hidden_act must be a string, got 3"),
+        (_set("id2label", 3), "id2label must be an object of label names, got 3"),
+        (lambda config: [config], "not a JSON object of config fields (it is a JSON list)"),
+    ],
+)
+def test_a_config_json_of_the_wrong_type_or_range_is_one_line(edit, expected, tiny_hf, tmp_path):
+    directory = _with_config(tiny_hf, tmp_path, edit)
+    with pytest.raises(UserError) as error:
+        BertConfig.from_json_file(directory / "config.json")
+    assert str(error.value) == f"{directory / 'config.json'}: {expected}"
+
+
+def test_analysis_and_finetune_refuse_a_bad_config_json_with_one_line(tiny_hf, shared_data, tmp_path, cli_error):
+    from analysis import roles
+    from train import finetune
+
+    directory = _with_config(tiny_hf, tmp_path, _set("num_attention_heads", "twelve"))
+    expected = f"error: {directory / 'config.json'}: num_attention_heads must be an integer ≥ 1, got 'twelve'"
+    out = tmp_path / "out"
+    argv = ["--ckpt", str(directory), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(out)]
+    assert cli_error(roles.main, argv) == expected
+    workdir = tmp_path / "ft"
+    argv = [
+        "--task",
+        "mrpc",
+        "--init",
+        str(directory),
+        "--workdir",
+        str(workdir),
+        "--glue-dir",
+        str(shared_data / "glue"),
+    ]
+    assert cli_error(finetune.main, argv) == expected
+    assert not out.exists() and not workdir.exists()
+
+
+# -- pytorch_model.bin that weights_only refuses (defect 7) ------------------------------------
+
+
+class _Payload:
+    """What a malicious pickle carries: any class, here a harmless one."""
+
+    def __reduce__(self):
+        return (print, ("this ran from a checkpoint",))
+
+
+def _torch_dir(tiny_hf: Path, tmp_path: Path, write) -> Path:
+    directory = tmp_path / "torch_ckpt"
+    directory.mkdir()
+    (directory / "config.json").write_bytes((tiny_hf / "config.json").read_bytes())
+    write(directory / "pytorch_model.bin")
+    return directory
+
+
+@pytest.mark.parametrize("form", ["pickle_payload", "legacy_raw_pickle"])
+def test_an_unsafe_pytorch_bin_is_refused_with_one_line(form, tiny_hf, tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+
+    def write(path: Path) -> None:
+        if form == "pickle_payload":
+            torch.save({"embeddings.word_embeddings.weight": torch.zeros(2), "x": _Payload()}, path)
+        else:
+            path.write_bytes(pickle.dumps({"x": _Payload()}))
+
+    directory = _torch_dir(tiny_hf, tmp_path, write)
+    with pytest.raises(UserError) as error:
+        bertjax.from_pretrained(directory)
+    assert str(error.value) == (
+        f"{directory / 'pytorch_model.bin'}: cannot be loaded safely (it holds Python objects, not only tensors); "
+        "convert it to model.safetensors where you trust it"
+    )
+    assert "this ran" not in capsys.readouterr().out
+
+
+def test_a_truncated_pytorch_bin_is_one_line(tiny_hf, tmp_path):
+    torch = pytest.importorskip("torch")
+
+    def write(path: Path) -> None:
+        torch.save({"embeddings.word_embeddings.weight": torch.zeros(64)}, path)
+        path.write_bytes(path.read_bytes()[:200])
+
+    directory = _torch_dir(tiny_hf, tmp_path, write)
+    with pytest.raises(UserError, match=r"pytorch_model.bin: unreadable \("):
+        bertjax.from_pretrained(directory)
+
+
+# -- a truncated orbax checkpoint (defect 4) ---------------------------------------------------
+
+
+TRUNCATE_AND_LOAD = """
+import sys
+from pathlib import Path
+import orbax.checkpoint as ocp
+from flax import nnx
+import bertjax
+from bertjax import checkpoint as ckpt, cli
+
+workdir = Path(sys.argv[1])
+model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=64), seed=0)
+manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
+params = ckpt.flatten_params(nnx.state(model, nnx.Param))
+manager.save(3, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, "tok", {}))))
+manager.wait_until_finished()
+manager.close()
+largest = max((p for p in (workdir / "checkpoints/3/params").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+largest.write_bytes(largest.read_bytes()[: largest.stat().st_size // 2])
+cli.run(lambda argv: bertjax.from_pretrained(workdir))
+"""
+
+
+def test_a_truncated_orbax_checkpoint_is_one_line_naming_step_and_array(tmp_path):
+    # A subprocess: the failure printed ~220 lines, some from orbax threads at interpreter exit.
+    result = subprocess.run([sys.executable, "-c", TRUNCATE_AND_LOAD, str(tmp_path / "run")], capture_output=True,
+                            text=True, timeout=300, check=False, cwd=ROOT)  # fmt: skip
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if " INFO " not in line and " WARNING " not in line]
+    assert len(errors) == 1, result.stderr[-3000:]
+    assert errors[0].startswith(f"error: {tmp_path / 'run' / 'checkpoints' / '3'}: checkpoint step 3 is unreadable: ")
+    assert "array embeddings/word_embeddings/embedding (" in errors[0]  # the largest array
+    assert "Traceback" not in result.stderr and "meta_path" not in result.stderr
+
+
+# -- CoNLL-U token lines with too few columns (defect 6) --------------------------------------
+
+
+def test_a_conllu_line_with_too_few_columns_names_file_and_line(tmp_path):
+    path = tmp_path / "short.conllu"
+    path.write_text(
+        "# text = Dogs bark.\n1\tDogs\tdog\tNOUN\tNNS\t_\t2\tnsubj\t_\t_\n2\tbark\tbark\tVERB\tVBP\t_\t0\troot\n\n"
+    )
+    with pytest.raises(UserError) as error:
+        read_conllu(path)
+    assert str(error.value) == (
+        f"{path}:3: a token line needs 10 tab-separated columns "
+        "(ID, FORM, LEMMA, UPOS, XPOS, FEATS, HEAD, DEPREL, DEPS, MISC); this one has 8"
+    )
+
+
+# -- a learning rate that cannot train (defect 10) ---------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["nan", ".inf", "-1e-4"])
+def test_a_non_finite_or_negative_learning_rate_is_refused_before_anything_is_written(value, tmp_path, cli_error):
+    from train import finetune, pretrain
+
+    workdir = tmp_path / "run"
+    argv = [
+        "--config",
+        str(ROOT / "configs/pretrain/tiny.yaml"),
+        "--workdir",
+        str(workdir),
+        f"optimizer.learning_rate={value}",
+    ]
+    expected = f"error: optimizer.learning_rate: must be a finite number ≥ 0, got {float(value.lstrip('.'))}"
+    assert cli_error(pretrain.main, argv) == expected
+    argv = ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir), f"optimizer.end_learning_rate={value}"]
+    assert cli_error(finetune.main, argv) == expected.replace("learning_rate", "end_learning_rate")
+    assert not workdir.exists()

@@ -1,0 +1,184 @@
+"""`--out` under faults: a directory that appears there during a run, two runs on one `--out`,
+SIGTERM and SIGKILL. The runs are real `python -m analysis.roles` processes, paused with SIGSTOP
+at the moment that matters, so each race happens the same way every time."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from transformers import BertTokenizerFast
+
+import bertjax
+from bertjax import runinfo
+from bertjax.errors import UserError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def tiny_ckpt(tmp_path_factory, shared_data):
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
+    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")).save_pretrained(directory)
+    return directory
+
+
+def _roles(tiny_ckpt, shared_data, out: Path, n: int = 4) -> list[str]:
+    return [sys.executable, "-m", "analysis.roles", "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--roles", "local,cls",
+            "--glue-dir", str(shared_data / "glue"), "--n", str(n), "--batch-size", "4", "--no-figures",
+            "--out", str(out)]  # fmt: skip
+
+
+def _temporaries(out: Path) -> list[Path]:
+    return sorted(out.parent.glob(f".{out.name}.tmp-*"))
+
+
+def _start_and_pause(command: list[str], out: Path) -> subprocess.Popen:
+    """Starts a run and stops it (SIGSTOP) once its temporary output exists: it is then past its
+    start-up checks and has not moved its output in."""
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not _temporaries(out):
+        assert process.poll() is None, process.communicate()
+        assert time.time() < deadline, "the run never created its temporary output"
+        time.sleep(0.01)
+    process.send_signal(signal.SIGSTOP)
+    assert not out.exists(), "the run finished before it could be paused"
+    return process
+
+
+def _finish(process: subprocess.Popen) -> tuple[int, str]:
+    process.send_signal(signal.SIGCONT)
+    _, err = process.communicate(timeout=300)
+    return process.returncode, err
+
+
+def test_a_directory_made_at_out_during_the_run_survives(tiny_ckpt, shared_data, tmp_path):
+    out = tmp_path / "out"
+    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    out.mkdir()
+    (out / "precious.txt").write_text("data\n")
+    code, err = _finish(process)
+    assert code == 2
+    assert err.strip().splitlines()[-1] == (
+        f"error: --out {out} was created by something else while this run wrote its output; "
+        "it is left as it is and this run's output is discarded"
+    )
+    assert sorted(p.name for p in out.iterdir()) == ["precious.txt"]
+    assert (out / "precious.txt").read_text() == "data\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary, no lock
+
+
+def test_of_two_runs_on_one_out_the_second_refuses(tiny_ckpt, shared_data, tmp_path):
+    out = tmp_path / "out"
+    first = _start_and_pause(_roles(tiny_ckpt, shared_data, out, n=4), out)
+    second = subprocess.run(
+        _roles(tiny_ckpt, shared_data, out, n=6), check=False, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert second.returncode == 2
+    assert second.stderr.strip().splitlines()[-1] == (
+        f"error: --out {out} is being written by another run (pid {first.pid}); wait for it to end or choose another --out"
+    )
+    assert len(_temporaries(out)) == 1 and not out.exists()
+    code, err = _finish(first)
+    assert code == 0, err
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["n"] == 4  # the first run's output, whole
+    assert {"roles.csv", "scores.npz", "run.json"} <= {p.name for p in out.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_sigterm_cleans_up_and_exits_143(tiny_ckpt, shared_data, tmp_path):
+    out = tmp_path / "out"
+    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    process.send_signal(signal.SIGTERM)  # delivered when it continues
+    code, err = _finish(process)
+    assert code == 143
+    assert err.strip().splitlines()[-1] == "error: terminated"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_killed_runs_temporary_is_removed_by_the_next_run(tiny_ckpt, shared_data, tmp_path):
+    out = tmp_path / "out"
+    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert len(_temporaries(out)) == 1
+    subprocess.run(_roles(tiny_ckpt, shared_data, out), cwd=ROOT, check=True, capture_output=True, timeout=300)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "run.json").is_file()
+
+
+# The same rules, checked in-process on `atomic_out` itself.
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen(["true"])
+    child.wait()
+    return child.pid
+
+
+def test_atomic_out_keeps_what_appeared_and_removes_its_own_temporary(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(UserError, match="was created by something else"), runinfo.atomic_out(out) as tmp:
+        (tmp / "roles.csv").write_text("mine\n")
+        out.mkdir()
+        (out / "theirs.txt").write_text("theirs\n")
+    assert [p.name for p in out.iterdir()] == ["theirs.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_atomic_out_with_overwrite_still_replaces_only_its_own_kind_at_the_end(tmp_path):
+    out = tmp_path / "out"
+    with runinfo.atomic_out(out) as tmp:
+        (tmp / "a.txt").write_text("1\n")
+    with runinfo.atomic_out(out, overwrite=True) as tmp:  # an earlier output: replaced
+        (tmp / "b.txt").write_text("2\n")
+    assert sorted(p.name for p in out.iterdir()) == [runinfo.OUTPUT_MARKER, "b.txt"]
+    with (
+        pytest.raises(UserError, match="was created by something else"),
+        runinfo.atomic_out(out, overwrite=True) as tmp,
+    ):
+        (out / runinfo.OUTPUT_MARKER).unlink()  # replaced meanwhile by something that is not an output
+        (out / "notes.txt").write_text("keep\n")
+    assert sorted(p.name for p in out.iterdir()) == ["b.txt", "notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_atomic_out_refuses_a_second_writer_while_the_first_holds_out(tmp_path):
+    out = tmp_path / "out"
+    with runinfo.atomic_out(out) as tmp:
+        (tmp / "x").write_text("")
+        with (
+            pytest.raises(UserError, match=rf"being written by another run \(pid {os.getpid()}\)"),
+            runinfo.atomic_out(out),
+        ):
+            pass
+    assert sorted(p.name for p in out.iterdir()) == [runinfo.OUTPUT_MARKER, "x"]
+    with runinfo.atomic_out(tmp_path / "other"):  # the lock is gone with the run that held it
+        pass
+
+
+def test_only_stale_temporaries_of_the_same_kind_are_removed(tmp_path):
+    out = tmp_path / "out"
+    dead, alive = _dead_pid(), os.getpid()
+    stale = tmp_path / f".out.tmp-{dead}-aaaa"
+    running = tmp_path / f".out.tmp-{alive}-bbbb"
+    other_kind = tmp_path / f".out.tmp-{dead}-cccc"
+    no_pid = tmp_path / ".out.tmp-dddd"
+    empty = tmp_path / f".out.tmp-{dead}-eeee"  # killed before it wrote its marker
+    for directory, kind in ((stale, runinfo.ANALYSIS_OUTPUT), (running, runinfo.ANALYSIS_OUTPUT),
+                            (other_kind, "prepared pre-training data"), (no_pid, runinfo.ANALYSIS_OUTPUT)):  # fmt: skip
+        directory.mkdir()
+        (directory / runinfo.OUTPUT_MARKER).write_text(kind + "\n")
+    empty.mkdir()
+    with runinfo.atomic_out(out):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", running.name, other_kind.name, no_pid.name])
