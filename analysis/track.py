@@ -17,8 +17,10 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -40,6 +42,8 @@ TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +178,19 @@ def load_scores(path: Path) -> dict[str, roles.TaskScores]:
         }
 
 
+def cached(path: Path) -> bool:
+    """Whether the cache holds a readable entry at `path`. One that cannot be read whole (torn,
+    overwritten, holding pickled objects) is reported and scored again, which replaces it."""
+    if not path.is_file():
+        return False
+    try:
+        load_scores(path)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+        log.warning("scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e)
+        return False
+    return True
+
+
 def run(config: TrackConfig) -> pd.DataFrame:
     """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
     started = time.perf_counter()
@@ -201,7 +218,7 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
     parser = roles.make_parser(rc)
     settings = settings_key(rc, data_files, tokenizer, parser)
     paths = {s: cache_path(config.cache_dir, settings, checkpoint_identity(directory, s)) for s in steps}
-    todo = [s for s in steps if not paths[s].is_file()]
+    todo = [s for s in steps if not cached(paths[s])]
     timings["load_data"] = time.perf_counter() - clock
     print(f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse")
 
