@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
 import logging
@@ -42,6 +43,8 @@ TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
+# The figure kinds drawn per task, for `--figures`.
+FIGURES = ("role_fractions", "emergence", "mean_beta")
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,8 @@ def cached(path: Path) -> bool:
 def run(config: TrackConfig) -> pd.DataFrame:
     """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
     started = time.perf_counter()
+    plots.select_figures(config.roles.figures, FIGURES)
+    plots.select_formats(config.roles.figure_format)
     directory, steps = run_steps(config.roles.ckpt, config.steps)
     check_one_tokenizer(directory, steps)
     # Cut before encoding: the sequences are encoded once, before any model is loaded.
@@ -243,11 +248,15 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
 
     clock = time.perf_counter()
     figures = []
-    if rc.figures:
-        for task in pd.unique(track["task"]):
-            figures += plot_role_fractions(track, task, tmp, f"{task}_role_fractions")
-            figures += plot_emergence(track, task, tmp, f"{task}_emergence")
-            figures += plot_mean_beta(track, task, taus, tmp, f"{task}_mean_beta")
+    draw = {
+        "role_fractions": plot_role_fractions,
+        "emergence": plot_emergence,
+        "mean_beta": functools.partial(plot_mean_beta, taus=taus),
+    }
+    with plots.figure_formats(plots.select_formats(rc.figure_format)):
+        for kind in plots.select_figures(rc.figures, FIGURES):
+            for task in pd.unique(track["task"]):
+                figures += draw[kind](track, task, out_dir=tmp, stem=f"{task}_{kind}")
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
 
@@ -412,7 +421,7 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
     roles.add_data_arguments(p)
     roles.add_test_arguments(p)
-    roles.add_output_arguments(p, "track_out")
+    roles.add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
     return TrackConfig(roles=roles.config_from_args(a, ckpt=a.run), steps=parse_steps(a.steps), scores_cache=a.scores_cache)
 
