@@ -24,7 +24,7 @@ from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 
-from analysis import depheads, gradients, probes, surface
+from analysis import depheads, gradients, plots, probes, surface
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length
 from analysis.wordattn import iter_word_attention, make_word_attention_fn
@@ -64,6 +64,7 @@ class ClarkConfig:
     probe_learning_rate: float = 5e-3
     seed: int = 0
     overwrite: bool = False
+    figure_format: str = "png"
     analyses_explicit: bool = False
 
     def __post_init__(self) -> None:
@@ -137,11 +138,12 @@ def head_labels(layers: int, heads: int) -> list[str]:
 def run(config: ClarkConfig) -> dict:
     """The selected analyses; outputs under config.out (written to a temporary sibling first)."""
     out = Path(config.out).expanduser().resolve()
+    formats = plots.select_formats(config.figure_format)
     source = resolve(config.ckpt, config.step)
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    with runinfo.atomic_out(out, config.overwrite) as tmp:
+    with runinfo.atomic_out(out, config.overwrite) as tmp, plots.figure_formats(formats):
         return _run(config, source, gradients_ok, tmp)
 
 
@@ -371,6 +373,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--probe-learning-rate", type=float, default=5e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)
     explicit = a.analyses != "all"
     analyses = ANALYSES if not explicit else tuple(x.strip() for x in a.analyses.split(",") if x.strip())
@@ -380,6 +383,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         cluster_n=a.cluster_n, gradient_n=a.gradient_n, ewt_n=a.ewt_n, first_piece=a.first_piece,
         min_count=a.min_count, probe_train_n=a.probe_train_n, probe_epochs=a.probe_epochs,
         probe_learning_rate=a.probe_learning_rate, seed=a.seed, overwrite=a.overwrite, analyses_explicit=explicit,
+        figure_format=a.figure_format,
     )  # fmt: skip
 
 

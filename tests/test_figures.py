@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from test_plots import ALPHA, TAU, synthetic  # noqa: F401 — `synthetic` is a fixture
 
-from analysis import finetune_effect, plots, track
+from analysis import ablate, clark, finetune_effect, plots, prune, track
 from analysis import roles as roles_cli
 from bertjax.errors import UserError
 
@@ -78,6 +78,13 @@ def test_every_cli_refuses_an_unknown_kind_or_format_in_one_line_before_anything
 ):
     line = cli_error(main, [*argv, "--out", str(tmp_path / "out"), flag, spec])
     assert line.startswith(f"error: {flag}: unknown value")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("main", [ablate.main, prune.main, clark.main])
+def test_the_other_figure_clis_refuse_an_unknown_format_in_one_line_before_anything(main, cli_error, tmp_path):
+    line = cli_error(main, ["--ckpt", "unused", "--out", str(tmp_path / "out"), "--figure-format", "png,jpeg"])
+    assert line.startswith("error: --figure-format: unknown value 'jpeg'")
     assert not list(tmp_path.iterdir())
 
 
