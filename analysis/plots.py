@@ -175,9 +175,7 @@ def coarse_combinations(coarse_held: pd.DataFrame) -> dict[tuple[str, ...], int]
     always present even at zero. Ordered by count (most first), then by size, then column order.
     """
     names = list(coarse_held.columns)
-    counts = Counter(
-        tuple(n for n, h in zip(names, row, strict=True) if h) for row in coarse_held.to_numpy()
-    )
+    counts = Counter(tuple(n for n, h in zip(names, row, strict=True) if h) for row in coarse_held.to_numpy())
     counts.setdefault((), 0)
     return dict(
         sorted(
@@ -308,9 +306,7 @@ def plot_coarse_overlap(
 
     for i, combo in enumerate(combos):
         members = [names.index(c) for c in combo]
-        ax_dots.scatter(
-            np.full(len(names), i), y, s=45, color=NOT_HELD, edgecolor="#bbbbbb", zorder=1
-        )
+        ax_dots.scatter(np.full(len(names), i), y, s=45, color=NOT_HELD, edgecolor="#bbbbbb", zorder=1)
         if members:
             ax_dots.vlines(i, min(members), max(members), color="#202020", linewidth=2, zorder=2)
             ax_dots.scatter(np.full(len(members), i), members, s=45, color="#202020", zorder=3)
@@ -338,9 +334,7 @@ def plot_coarse_overlap(
     return save_figure(fig, out_dir, stem)
 
 
-def _sequence_score_panel(
-    ax: Axes, pooled: Mapping[str, np.ndarray], colours: Mapping[str, str], tau: float
-) -> None:
+def _sequence_score_panel(ax: Axes, pooled: Mapping[str, np.ndarray], colours: Mapping[str, str], tau: float) -> None:
     """Per-sequence β pooled over heads, one step histogram per role, each summing to 1."""
     ax.set_title("(c) per-sequence β, pooled over heads")
     if not pooled:
@@ -544,9 +538,7 @@ def _heatmap_grid(
     return fig, fig.colorbar(mesh, cax=cax, extend=extend)
 
 
-def plot_mean_heatmaps(
-    roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str
-) -> list[Path]:
+def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str) -> list[Path]:
     """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
     means = head_table(roles, task, "mean")
     finite = means.to_numpy(dtype=float)
@@ -572,9 +564,7 @@ def plot_mean_heatmaps(
     return save_figure(fig, out_dir, stem)
 
 
-def plot_p_heatmaps(
-    roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str
-) -> list[Path]:
+def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str) -> list[Path]:
     """−log10 p of every head, one panel per role, with the α threshold marked on the colour bar.
 
     Uses the adjusted p-values (the ones the assignment used) and says so when a correction
@@ -639,9 +629,7 @@ def plot_local_vs_syntactic(
         _log_scale(ax, "y")
     ax.set_xlabel("mean local β")
     ax.set_ylabel("mean syntactic β")
-    ax.set_title(
-        f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)"
-    )
+    ax.set_title(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)")
     return save_figure(fig, out_dir, stem), corr
 
 
@@ -664,7 +652,10 @@ def figure_jobs(
             jobs.append(
                 {
                     "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
-                    "coarse_overlap": (functools.partial(plot_coarse_overlap, coarse=dict(coarse)), (own, task, out_dir, stem)),
+                    "coarse_overlap": (
+                        functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
+                        (own, task, out_dir, stem),
+                    ),
                     "score_distributions": (
                         plot_score_distributions,
                         (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
@@ -842,4 +833,3 @@ def serve() -> None:
 
 def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
     return plot_local_vs_syntactic(roles, task, out_dir, stem)[0]
-

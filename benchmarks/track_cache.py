@@ -42,7 +42,9 @@ def random_run(workdir: Path, vocab: Path) -> Path:
     BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
     manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
     for seed, step in enumerate(STEPS):
-        model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), bertjax.BertForPreTraining, seed=seed)
+        model = bertjax.init_model(
+            bertjax.preset("tiny", max_position_embeddings=128), bertjax.BertForPreTraining, seed=seed
+        )
         params = ckpt.flatten_params(nnx.state(model, nnx.Param))
         manager.save(step, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, "tokenizer", {}))))
     manager.wait_until_finished()
@@ -83,9 +85,19 @@ def run(args) -> list[dict]:
                 "extra": args.extra}  # fmt: skip
     first_stats, again_stats = common.summary(first), common.summary(again)
     return [
-        common.emit("track_cache", side="first_run", **settings, **first_stats, times_s=first, stages_s=stages["first"]),
-        common.emit("track_cache", side="cached_rerun", **settings, **again_stats, times_s=again, stages_s=stages["cached"]),
-        common.emit("track_cache", side="ratio", **settings, speedup=first_stats["median_s"] / again_stats["median_s"], target=3.0),
+        common.emit(
+            "track_cache", side="first_run", **settings, **first_stats, times_s=first, stages_s=stages["first"]
+        ),
+        common.emit(
+            "track_cache", side="cached_rerun", **settings, **again_stats, times_s=again, stages_s=stages["cached"]
+        ),
+        common.emit(
+            "track_cache",
+            side="ratio",
+            **settings,
+            speedup=first_stats["median_s"] / again_stats["median_s"],
+            target=3.0,
+        ),
     ]
 
 
