@@ -742,8 +742,8 @@ class FigurePool:
     def __enter__(self) -> FigurePool:
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(now=exc_type is not None)
 
     def submit(self, jobs: Sequence[tuple]) -> None:
         """Queues `jobs`, (function, arguments) each, drawn in the `figure_formats` in force now."""
@@ -765,12 +765,16 @@ class FigurePool:
             raise RuntimeError(f"a figure process failed:\n{self._failures[0]}")
         return [path for _, paths in sorted(self._drawn, key=lambda item: item[0]) for path in paths]
 
-    def close(self) -> None:
-        """Stops the workers (at once if jobs are left: only after an error or an interrupt)."""
+    def close(self, now: bool = False) -> None:
+        """Stops the workers: after their current figure, or `now` (after an error or an interrupt,
+        when the run's output is discarded anyway)."""
         for _ in self._processes:
             self._jobs.put(None)
         for process in self._processes:
-            process.stdin.close()
+            if now:
+                process.kill()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
             try:
                 process.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -794,7 +798,7 @@ class FigurePool:
                     self._failures.append(reply[1])
                 else:
                     self._drawn.append((i, reply[1]))
-            except (OSError, pickle.PicklingError) as e:
+            except (OSError, ValueError, pickle.PicklingError) as e:
                 self._failures.append(f"{type(e).__name__}: {e}")
             finally:
                 self._jobs.task_done()

@@ -160,3 +160,13 @@ def test_figure_workers_die_with_a_killed_parent_and_leave_no_temporaries(synthe
         os.kill(pid, signal.SIGKILL)
     assert not alive, "figure workers outlived their parent"
     assert not list(system_tmp.iterdir())
+
+
+def test_a_failing_run_stops_its_workers_at_once():
+    clock = time.monotonic()
+    with pytest.raises(KeyError), plots.FigurePool(2) as pool:
+        workers = list(pool._processes)
+        raise KeyError("the run failed while the workers were importing")
+    assert all(p.poll() is not None for p in workers)
+    # not after their imports, which take seconds: they are killed
+    assert time.monotonic() - clock < 2
