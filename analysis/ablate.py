@@ -39,6 +39,7 @@ from matplotlib.colors import CenteredNorm
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from analysis import plots
 from analysis.ablation import (
     MaskedEvaluator,
     Scored,
@@ -214,6 +215,7 @@ class KovalevaConfig:
     cache_dir: str = str(cli.CACHE_ROOT)
     out: str = "ablate_out"
     overwrite: bool = False
+    figure_format: str = "png"
 
     def __post_init__(self) -> None:
         if self.n is not None and self.n < 1:
@@ -489,7 +491,8 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
     """The whole analysis; returns per task what run.json records about it."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+    formats = plots.select_formats(config.figure_format)
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp, plots.figure_formats(formats):
         return _run(config, tasks, tmp, started)
 
 
@@ -683,12 +686,13 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
     p.add_argument("--cache-dir", default=KovalevaConfig.cache_dir, help="where parses are cached")
     p.add_argument("--out", default="ablate_out")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)
     return KovalevaConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
         max_length=a.max_length, batch_size=a.batch_size, analyses=tuple(x for x in a.analyses.split(",") if x),
         alpha=a.alpha, compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
-        out=a.out, overwrite=a.overwrite,
+        out=a.out, overwrite=a.overwrite, figure_format=a.figure_format,
     )  # fmt: skip
 
 

@@ -24,7 +24,7 @@ from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
 
-from analysis import depheads, gradients, probes, surface
+from analysis import depheads, gradients, plots, probes, surface
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length
 from analysis.wordattn import iter_word_attention, make_word_attention_fn
@@ -70,6 +70,7 @@ class ClarkConfig:
     all_relations_include_root: bool = False
     word_text: str = "original"
     overwrite: bool = False
+    figure_format: str = "png"
     analyses_explicit: bool = False
 
     def __post_init__(self) -> None:
@@ -165,11 +166,12 @@ def head_labels(layers: int, heads: int) -> list[str]:
 def run(config: ClarkConfig) -> dict:
     """The selected analyses; outputs under config.out (written to a temporary sibling first)."""
     out = Path(config.out).expanduser().resolve()
+    formats = plots.select_formats(config.figure_format)
     source = resolve(config.ckpt, config.step)
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    with runinfo.atomic_out(out, config.overwrite) as tmp:
+    with runinfo.atomic_out(out, config.overwrite) as tmp, plots.figure_formats(formats):
         return _run(config, source, gradients_ok, tmp)
 
 
@@ -412,6 +414,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--word-text", choices=WORD_TEXTS, default="original",
                    help="EWT text the model reads: original (the sentence's # text) or joined (\" \".join(words), the authors' code)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)
     explicit = a.analyses != "all"
     analyses = ANALYSES if not explicit else tuple(x.strip() for x in a.analyses.split(",") if x.strip())
@@ -422,7 +425,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         min_count=a.min_count, probe_train_n=a.probe_train_n, probe_epochs=a.probe_epochs,
         probe_learning_rate=a.probe_learning_rate, seed=a.seed, surface_weighting=a.surface_weighting,
         baseline_offsets=a.baseline_offsets, all_relations_include_root=a.all_relations_include_root,
-        word_text=a.word_text, overwrite=a.overwrite, analyses_explicit=explicit,
+        word_text=a.word_text, overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
     )  # fmt: skip
 
 

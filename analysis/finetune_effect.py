@@ -45,6 +45,8 @@ BARS: tuple[tuple[str, str], ...] = (
     ("cls", "fine"), ("sep", "fine"),
 )  # fmt: skip
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
+# The figure kinds, for `--figures`.
+FIGURES = ("beta_change", "attention_similarity")
 _COMPARERS: dict[tuple, object] = {}
 
 
@@ -174,6 +176,8 @@ def check_same_vocabulary(pre_tokenizer, post: str) -> None:
 def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     """Both comparisons for every post checkpoint; returns the tables (also written under --out)."""
     started = time.perf_counter()
+    plots.select_figures(config.data.figures, FIGURES)
+    plots.select_formats(config.data.figure_format)
     for post in config.posts:
         check_same_shape(config.data.ckpt, post.ckpt)
     # Cut before encoding: the sequences are encoded once, before any model is loaded.
@@ -234,9 +238,10 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
 
     clock = time.perf_counter()
     figures = []
-    if rc.figures:
-        figures += plot_beta_change(tables["beta_change"], tmp, "beta_change")
-        figures += plot_similarity(tables["attention_similarity"], tmp, "attention_similarity")
+    draw = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}
+    with plots.figure_formats(plots.select_formats(rc.figure_format)):
+        for kind in plots.select_figures(rc.figures, FIGURES):
+            figures += draw[kind](tables[kind], tmp, kind)
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
     runinfo.write_run_json(
@@ -362,7 +367,7 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
     roles.add_data_arguments(p)
-    roles.add_output_arguments(p, "finetune_effect_out")
+    roles.add_output_arguments(p, "finetune_effect_out", FIGURES)
     a = p.parse_args(argv)
     if a.parser == "conllu" or a.conllu:
         # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.

@@ -111,7 +111,9 @@ def _first_step(held_counts: pd.Series) -> int | None:
     return int(steps[0]) if len(steps) else None
 
 
-def plot_onset(track: pd.DataFrame, heldout: pd.DataFrame | None, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_onset(
+    track: pd.DataFrame, task: str, out_dir: Path, stem: str, heldout: pd.DataFrame | None = None
+) -> list[Path]:
     """Per role, the number of heads holding it against step; the held-out MLM accuracy of the
     run (when it recorded one) on a second axis."""
     counts = heads_holding(track, task)

@@ -1,22 +1,31 @@
 """Figures of the heads-hypothesis analysis (Pande et al. 2021, Figs. 3–5), one function each.
 
 Every figure is a bare `matplotlib.figure.Figure`, never pyplot state, so plotting is thread-safe
-and leaks no open figures. Each function saves `<stem>.png` and `<stem>.svg` and returns both paths.
+and leaks no open figures. Each function saves `<stem>.<format>` in the formats of the
+`figure_formats` in force (PNG unless a CLI's `--figure-format` asks for SVG or PDF too) and returns
+the paths. The CLIs choose which figures to draw with `--figures all|none|KIND,...`
+(`add_figure_arguments`).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import contextvars
 import dataclasses
 import functools
 import itertools
 import math
 import os
 import pickle
+import queue
+import struct
 import subprocess
 import sys
-import tempfile
+import threading
+import traceback
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
@@ -40,8 +49,18 @@ from analysis.summary import (
     local_syntactic_spearman,
     task_rows,
 )
+from bertjax.errors import UserError
 
 PNG_DPI = 150
+# PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
+# most runs' figures are looked at, not edited. Vector formats on request.
+FIGURE_FORMATS = ("png", "svg", "pdf")
+DEFAULT_FORMATS = ("png",)
+# The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
+# workers' shares); `--figures` names a subset.
+ROLES_FIGURES = (
+    "mean_heatmaps", "p_heatmaps", "score_distributions", "role_grid", "coarse_overlap", "local_vs_syntactic",
+)  # fmt: skip
 NOT_HELD = "#eeeeee"
 NO_DATA = "#bdbdbd"
 # Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens
@@ -77,19 +96,67 @@ def role_colours(names: Sequence[str]) -> dict[str, str]:
     return {r: ROLE_COLOURS[r] if r in ROLE_COLOURS else next(extra) for r in names}
 
 
+_formats: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("figure_formats", default=DEFAULT_FORMATS)
+
+
+@contextlib.contextmanager
+def figure_formats(formats: Sequence[str]) -> Iterator[None]:
+    """The formats `save_figure` writes within the block (a context variable, not a parameter:
+    every figure function of every analysis saves through `save_figure`)."""
+    token = _formats.set(tuple(formats))
+    try:
+        yield
+    finally:
+        _formats.reset(token)
+
+
 def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
-    """Write `fig` as `<stem>.png` and `<stem>.svg` under `out_dir` (created if needed)."""
+    """Write `fig` as `<stem>.<format>` under `out_dir` (created if needed), in each format of
+    the `figure_formats` in force."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = [out_dir / f"{stem}.png", out_dir / f"{stem}.svg"]
     # The layout engine would run again inside each savefig; it is the dearest part of drawing
-    # these many-panel figures, and its result (in figure fractions) is the same for both files.
+    # these many-panel figures, and its result (in figure fractions) is the same for every file.
     engine = fig.get_layout_engine()
     if engine is not None:
         engine.execute(fig)
         fig.set_layout_engine("none")
-    fig.savefig(paths[0], dpi=PNG_DPI)
-    fig.savefig(paths[1])
+    paths = []
+    for fmt in _formats.get():
+        paths.append(out_dir / f"{stem}.{fmt}")
+        fig.savefig(paths[-1], **({"dpi": PNG_DPI} if fmt == "png" else {}))
     return paths
+
+
+def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
+    asked = [part.strip() for part in spec.split(",") if part.strip()]
+    unknown = [a for a in asked if a not in choices]
+    if unknown or not asked:
+        what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
+        raise UserError(f"{flag}: {what}; give {', '.join(words)} or a comma-separated list of {', '.join(choices)}")
+    return tuple(c for c in choices if c in asked)
+
+
+def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
+    """The kinds `--figures SPEC` asks for, in `kinds`' order: `all`, `none` or a list of kinds."""
+    if spec.strip() == "all":
+        return tuple(kinds)
+    if spec.strip() == "none":
+        return ()
+    return _choice("--figures", spec, kinds, ["all", "none"])
+
+
+def select_formats(spec: str) -> tuple[str, ...]:
+    """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
+    return _choice("--figure-format", spec, FIGURE_FORMATS, [])
+
+
+def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str]) -> None:
+    """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
+    p.add_argument("--figures", default="all", help=f"all, none, or a comma-separated subset of {','.join(kinds)}")
+    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default="all",
+                   help="the same as --figures none")  # fmt: skip
+    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
+                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
 
 
 def head_order(held: np.ndarray) -> np.ndarray:
@@ -108,9 +175,7 @@ def coarse_combinations(coarse_held: pd.DataFrame) -> dict[tuple[str, ...], int]
     always present even at zero. Ordered by count (most first), then by size, then column order.
     """
     names = list(coarse_held.columns)
-    counts = Counter(
-        tuple(n for n, h in zip(names, row, strict=True) if h) for row in coarse_held.to_numpy()
-    )
+    counts = Counter(tuple(n for n, h in zip(names, row, strict=True) if h) for row in coarse_held.to_numpy())
     counts.setdefault((), 0)
     return dict(
         sorted(
@@ -241,9 +306,7 @@ def plot_coarse_overlap(
 
     for i, combo in enumerate(combos):
         members = [names.index(c) for c in combo]
-        ax_dots.scatter(
-            np.full(len(names), i), y, s=45, color=NOT_HELD, edgecolor="#bbbbbb", zorder=1
-        )
+        ax_dots.scatter(np.full(len(names), i), y, s=45, color=NOT_HELD, edgecolor="#bbbbbb", zorder=1)
         if members:
             ax_dots.vlines(i, min(members), max(members), color="#202020", linewidth=2, zorder=2)
             ax_dots.scatter(np.full(len(members), i), members, s=45, color="#202020", zorder=3)
@@ -271,9 +334,7 @@ def plot_coarse_overlap(
     return save_figure(fig, out_dir, stem)
 
 
-def _sequence_score_panel(
-    ax: Axes, pooled: Mapping[str, np.ndarray], colours: Mapping[str, str], tau: float
-) -> None:
+def _sequence_score_panel(ax: Axes, pooled: Mapping[str, np.ndarray], colours: Mapping[str, str], tau: float) -> None:
     """Per-sequence β pooled over heads, one step histogram per role, each summing to 1."""
     ax.set_title("(c) per-sequence β, pooled over heads")
     if not pooled:
@@ -477,9 +538,7 @@ def _heatmap_grid(
     return fig, fig.colorbar(mesh, cax=cax, extend=extend)
 
 
-def plot_mean_heatmaps(
-    roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str
-) -> list[Path]:
+def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str) -> list[Path]:
     """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
     means = head_table(roles, task, "mean")
     finite = means.to_numpy(dtype=float)
@@ -505,9 +564,7 @@ def plot_mean_heatmaps(
     return save_figure(fig, out_dir, stem)
 
 
-def plot_p_heatmaps(
-    roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str
-) -> list[Path]:
+def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str) -> list[Path]:
     """−log10 p of every head, one panel per role, with the α threshold marked on the colour bar.
 
     Uses the adjusted p-values (the ones the assignment used) and says so when a correction
@@ -572,10 +629,43 @@ def plot_local_vs_syntactic(
         _log_scale(ax, "y")
     ax.set_xlabel("mean local β")
     ax.set_ylabel("mean syntactic β")
-    ax.set_title(
-        f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)"
-    )
+    ax.set_title(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)")
     return save_figure(fig, out_dir, stem), corr
+
+
+def figure_jobs(
+    roles: pd.DataFrame,
+    scores: Mapping[tuple[str, str], np.ndarray],
+    out_dir: Path,
+    tau: float,
+    alpha: float,
+    coarse: Mapping[str, str] = DEFAULT_COARSE,
+    kinds: Sequence[str] = ROLES_FIGURES,
+) -> list[tuple]:
+    """(function, arguments) of each figure of `kinds` for every task in `roles`, kind-major (the
+    heaviest kinds first), stems prefixed with the task name."""
+    jobs = []
+    for kind in kinds:
+        for task in pd.unique(roles["task"]):
+            own = roles[roles["task"] == task]
+            stem = f"{task}_{kind}"
+            jobs.append(
+                {
+                    "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
+                    "coarse_overlap": (
+                        functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
+                        (own, task, out_dir, stem),
+                    ),
+                    "score_distributions": (
+                        plot_score_distributions,
+                        (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
+                    ),
+                    "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
+                    "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
+                    "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
+                }[kind]
+            )
+    return jobs
 
 
 def plot_all(
@@ -586,34 +676,23 @@ def plot_all(
     alpha: float,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
     workers: int | None = None,
+    kinds: Sequence[str] = ROLES_FIGURES,
 ) -> list[Path]:
-    """Every figure for every task in `roles`, stems prefixed with the task name.
-
-    Figures are drawn by `workers` processes (default: one per usable core, each with at least
-    FIGURES_PER_PROCESS figures to draw); matplotlib is single-threaded, and drawing is most of
-    an analysis' cost beyond the forward passes."""
-    jobs = []
-    for task in pd.unique(roles["task"]):
-        own = roles[roles["task"] == task]
-        jobs += [
-            (plot_role_grid, (own, task, out_dir, f"{task}_role_grid")),
-            (functools.partial(plot_coarse_overlap, coarse=dict(coarse)), (own, task, out_dir, f"{task}_coarse_overlap")),
-            (
-                plot_score_distributions,
-                (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir,
-                 f"{task}_score_distributions"),
-            ),
-            (plot_mean_heatmaps, (own, task, tau, out_dir, f"{task}_mean_heatmaps")),
-            (plot_p_heatmaps, (own, task, alpha, out_dir, f"{task}_p_heatmaps")),
-            (_local_vs_syntactic_paths, (own, task, out_dir, f"{task}_local_vs_syntactic")),
-        ]
+    """Every figure of `kinds` for every task in `roles`, stems prefixed with the task name, in the
+    `figure_formats` in force, drawn by a `FigurePool` of `workers` processes (default:
+    `pool_size` of the jobs)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if workers is None:
-        workers = min(_usable_cores(), len(jobs) // FIGURES_PER_PROCESS)
-    workers = min(workers, len(jobs))
-    if workers <= 1:
-        return _draw(jobs)
-    return _draw_in_processes(jobs, workers)
+    jobs = figure_jobs(roles, scores, out_dir, tau, alpha, coarse, kinds)
+    with FigurePool(pool_size(len(jobs)) if workers is None else workers) as pool:
+        pool.submit(jobs)
+        return pool.results()
+
+
+def pool_size(n_jobs: int) -> int:
+    """Worker processes for `n_jobs` figures: one per usable core, each with at least
+    FIGURES_PER_PROCESS to draw; 0 (draw in the caller) when fewer than two would be started."""
+    workers = min(_usable_cores(), n_jobs // FIGURES_PER_PROCESS)
+    return workers if workers > 1 else 0
 
 
 def _usable_cores() -> int:
@@ -624,43 +703,137 @@ def _usable_cores() -> int:
     return os.cpu_count() or 1
 
 
-def _draw(jobs: Sequence[tuple]) -> list[Path]:
-    return [path for fn, args in jobs for path in fn(*args)]
+class FigurePool:
+    """Figure worker processes, started once and fed (function, arguments) jobs.
 
+    Start it early: a worker spends its first ~2 s importing matplotlib and pandas, which then
+    overlaps the caller's own loading. Workers are fresh `python -m analysis.figure_worker` interpreters,
+    not multiprocessing: they import only the plotting modules (not the caller's JAX), never
+    inherit JAX's threads as a fork would, and need no `__main__` guard in the caller's script.
+    Jobs and results travel over the workers' stdin and stdout, so nothing is written outside the
+    figures' own directory. A worker ends with its caller: on Linux the kernel kills it when the
+    caller dies (`PR_SET_PDEATHSIG`, asked before its imports), elsewhere it stops at the end of
+    its figure, when it reads end-of-file. The pool must be started on the thread that lives as long as it (the kernel signal
+    follows the thread that started the worker). With 0 workers, jobs are drawn in the caller.
+    """
 
-def _draw_in_processes(jobs: Sequence[tuple], workers: int) -> list[Path]:
-    """`jobs` split over `workers` fresh `python -m analysis.plots` processes.
-
-    Fresh interpreters rather than multiprocessing: they import only matplotlib and pandas (not
-    the caller's JAX), never inherit JAX's threads as a fork would, and need no `__main__` guard
-    in the caller's script, as spawn and forkserver do."""
-    with tempfile.TemporaryDirectory(prefix="bertjax-figures-") as scratch:
-        shares = [(Path(scratch) / f"jobs{i}.pkl", Path(scratch) / f"paths{i}.pkl") for i in range(workers)]
-        for i, (jobs_file, _) in enumerate(shares):
-            jobs_file.write_bytes(pickle.dumps(jobs[i::workers]))
+    def __init__(self, workers: int):
+        self._jobs: queue.Queue = queue.Queue()
+        self._drawn: list[tuple[int, list[Path]]] = []
+        self._failures: list[str] = []
+        self._submitted = 0
+        self._processes: list[subprocess.Popen] = []
+        self._threads: list[threading.Thread] = []
         # The package's own root first: the caller may have found `analysis` through its sys.path.
         root = str(Path(__file__).resolve().parents[1])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        running = [
-            subprocess.Popen([sys.executable, "-m", "analysis.plots", str(jobs_file), str(paths_file)], env=env)
-            for jobs_file, paths_file in shares
-        ]
+        for _ in range(workers):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "analysis.figure_worker", str(os.getpid())],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
+            self._processes.append(process)
+            thread = threading.Thread(target=self._feed, args=(process,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def __enter__(self) -> FigurePool:
+        return self
+
+    def __exit__(self, exc_type, *_) -> None:
+        self.close(now=exc_type is not None)
+
+    def submit(self, jobs: Sequence[tuple]) -> None:
+        """Queues `jobs`, (function, arguments) each, drawn in the `figure_formats` in force now."""
+        formats = _formats.get()
+        for fn, args in jobs:
+            self._jobs.put((self._submitted, fn, args, formats))
+            self._submitted += 1
+
+    def results(self) -> list[Path]:
+        """The paths of every job submitted, in submission order, once all are drawn."""
+        if not self._processes:
+            while not self._jobs.empty():
+                i, fn, args, formats = self._jobs.get()
+                with figure_formats(formats):
+                    self._drawn.append((i, fn(*args)))
+        else:
+            self._jobs.join()
+        if self._failures:
+            raise RuntimeError(f"a figure process failed:\n{self._failures[0]}")
+        return [path for _, paths in sorted(self._drawn, key=lambda item: item[0]) for path in paths]
+
+    def close(self, now: bool = False) -> None:
+        """Stops the workers: after their current figure, or `now` (after an error or an interrupt,
+        when the run's output is discarded anyway)."""
+        for _ in self._processes:
+            self._jobs.put(None)
+        for process in self._processes:
+            if now:
+                process.kill()
+            with contextlib.suppress(OSError):
+                process.stdin.close()
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            process.stdout.close()
+        self._processes = []
+
+    def _feed(self, process: subprocess.Popen) -> None:
+        """One worker's thread: sends it a job, waits for its reply, until the queue says stop."""
+        while (job := self._jobs.get()) is not None:
+            i, *work = job
+            try:
+                if self._failures:
+                    continue  # the run fails anyway; drain the queue
+                _write_frame(process.stdin, work)
+                reply = _read_frame(process.stdout)
+                if reply is None:
+                    self._failures.append(f"the worker exited (status {process.wait()}); see its error above")
+                elif reply[0] == "error":
+                    self._failures.append(reply[1])
+                else:
+                    self._drawn.append((i, reply[1]))
+            except (OSError, ValueError, pickle.PicklingError) as e:
+                self._failures.append(f"{type(e).__name__}: {e}")
+            finally:
+                self._jobs.task_done()
+        self._jobs.task_done()
+
+
+def _write_frame(stream, payload) -> None:
+    data = pickle.dumps(payload)
+    stream.write(struct.pack("<Q", len(data)) + data)
+    stream.flush()
+
+
+def _read_frame(stream):
+    """The next pickled payload on `stream`, or None at its end."""
+    header = stream.read(8)
+    if len(header) < 8:
+        return None
+    return pickle.loads(stream.read(struct.unpack("<Q", header)[0]))
+
+
+def serve() -> None:
+    """A worker of `FigurePool` (`python -m analysis.figure_worker`): draws each job read on
+    stdin, replies on stdout, until end-of-file."""
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    # Anything a library prints goes to stderr, not into the replies.
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    while (job := _read_frame(sys.stdin.buffer)) is not None:
+        fn, args, formats = job
         try:
-            failed = [p.returncode for p in running if p.wait() != 0]
-        finally:
-            for process in running:  # only on an interrupt: the others go with it
-                if process.poll() is None:
-                    process.kill()
-                    process.wait()
-        if failed:
-            raise RuntimeError(f"a figure process failed (exit {failed[0]}); see its error above")
-        drawn = [pickle.loads(paths_file.read_bytes()) for _, paths_file in shares]
-    return [path for share in drawn for path in share]
+            with figure_formats(formats):
+                reply = ("ok", fn(*args))
+        except Exception:  # noqa: BLE001 — the caller reports it, with this traceback
+            reply = ("error", traceback.format_exc())
+        _write_frame(replies, reply)
 
 
 def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
     return plot_local_vs_syntactic(roles, task, out_dir, stem)[0]
-
-
-if __name__ == "__main__":  # a figure process of `_draw_in_processes`: JOBS_FILE PATHS_FILE
-    Path(sys.argv[2]).write_bytes(pickle.dumps(_draw(pickle.loads(Path(sys.argv[1]).read_bytes()))))

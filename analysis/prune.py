@@ -26,6 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from analysis import plots
 from analysis.ablation import ONE_POINT, MaskedEvaluator, check_classifier, full_mask, head_heatmap, load_eval_set
 from analysis.plots import save_figure
 from analysis.roles import fit_max_length
@@ -57,6 +58,7 @@ class MichelConfig:
     random_seeds: int = 3
     out: str = "prune_out"
     overwrite: bool = False
+    figure_format: str = "png"
 
     def __post_init__(self) -> None:
         spec = glue.task_spec(self.task)
@@ -197,7 +199,8 @@ def plot_pruning(
 def run(config: MichelConfig) -> dict:
     """The whole analysis; returns what run.json records about the task."""
     started = time.perf_counter()
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+    formats = plots.select_formats(config.figure_format)
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp, plots.figure_formats(formats):
         return _run(config, tmp, started)
 
 
@@ -340,12 +343,14 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
     p.add_argument("--random-seeds", type=int, default=3, help="random pruning orders to average")
     p.add_argument("--out", default="prune_out")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)
     return MichelConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
         importance_split=a.importance_split, importance_n=a.importance_n, max_length=a.max_length,
         batch_size=a.batch_size, metric=a.metric, prune_step=a.prune_step, reestimate=a.reestimate,
         random_seeds=a.random_seeds, out=a.out, overwrite=a.overwrite,
+        figure_format=a.figure_format,
     )  # fmt: skip
 
 

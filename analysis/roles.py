@@ -73,7 +73,9 @@ class RolesConfig:
     cache_dir: str = str(cli.CACHE_ROOT)
     out: str = "roles_out"
     overwrite: bool = False
-    figures: bool = True
+    # `--figures` and `--figure-format` as given; each analysis checks them against its own kinds.
+    figures: str = "all"
+    figure_format: str = "png"
     html: bool = False
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
     block_score: str = "paper"
@@ -329,8 +331,15 @@ def run(config: RolesConfig, parser=None) -> pd.DataFrame:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tasks = config_tasks(config)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
-        return _run(config, tasks, tmp, timings, started, parser)
+    kinds = plots.select_figures(config.figures, plots.ROLES_FIGURES)
+    formats = plots.select_formats(config.figure_format)
+    with (
+        runinfo.atomic_out(config.out, config.overwrite) as tmp,
+        # Started before the model loads, so that the workers' imports overlap the loading.
+        plots.FigurePool(plots.pool_size(len(tasks) * len(kinds))) as pool,
+        plots.figure_formats(formats),
+    ):
+        return _run(config, tasks, tmp, timings, started, parser, pool, kinds)
 
 
 @dataclasses.dataclass
@@ -407,7 +416,14 @@ def fit_max_length(config: C, positions: int) -> C:
 
 
 def _run(
-    config: RolesConfig, tasks: list[str], tmp: Path, timings: dict[str, float], started: float, parser
+    config: RolesConfig,
+    tasks: list[str],
+    tmp: Path,
+    timings: dict[str, float],
+    started: float,
+    parser,
+    pool: plots.FigurePool,
+    kinds: tuple[str, ...],
 ) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
@@ -439,10 +455,9 @@ def _run(
 
     clock = time.perf_counter()
     coarse = {name: role.coarse for name, role in ROLES.items()}
-    figures = []
-    if config.figures:
-        scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
-        figures = plots.plot_all(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse)
+    scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
+    pool.submit(plots.figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds))
+    figures = pool.results()
     timings["figures"] = time.perf_counter() - clock
     digest = summary.summarize(table, coarse=coarse)
     digest.to_csv(tmp / "summary.csv", index=False)
@@ -496,10 +511,10 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
 
 
-def add_output_arguments(p: argparse.ArgumentParser, default_out: str) -> None:
+def add_output_arguments(p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str]) -> None:
     p.add_argument("--out", default=default_out)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    p.add_argument("--no-figures", action="store_true")
+    plots.add_figure_arguments(p, figure_kinds)
     p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 
 
@@ -520,15 +535,13 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     given = vars(a)
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
-            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "html", "block_score",
-            "syntactic_average")  # fmt: skip
+            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
+            "figure_format", "html", "block_score", "syntactic_average")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
     if "no_special_rows" in given:
         settings["special_rows"] = not a.no_special_rows
-    if "no_figures" in given:
-        settings["figures"] = not a.no_figures
     return RolesConfig(**(settings | fields))
 
 
@@ -539,7 +552,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
     add_data_arguments(p)
     add_test_arguments(p)
     add_variant_arguments(p)
-    add_output_arguments(p, "roles_out")
+    add_output_arguments(p, "roles_out", plots.ROLES_FIGURES)
     a = p.parse_args(argv)
     return config_from_args(a, ckpt=a.ckpt, step=a.step)
 

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import hashlib
 import json
+import logging
 import os
 import time
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,6 +44,10 @@ TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
+# The figure kinds drawn per task, for `--figures`.
+FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +182,24 @@ def load_scores(path: Path) -> dict[str, roles.TaskScores]:
         }
 
 
+def cached(path: Path) -> bool:
+    """Whether the cache holds a readable entry at `path`. One that cannot be read whole (torn,
+    overwritten, holding pickled objects) is reported and scored again, which replaces it."""
+    if not path.is_file():
+        return False
+    try:
+        load_scores(path)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+        log.warning("scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e)
+        return False
+    return True
+
+
 def run(config: TrackConfig) -> pd.DataFrame:
     """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
     started = time.perf_counter()
+    plots.select_figures(config.roles.figures, FIGURES)
+    plots.select_formats(config.roles.figure_format)
     directory, steps = run_steps(config.roles.ckpt, config.steps)
     check_one_tokenizer(directory, steps)
     # Cut before encoding: the sequences are encoded once, before any model is loaded.
@@ -202,7 +224,7 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
     parser = roles.make_parser(rc)
     settings = settings_key(rc, data_files, tokenizer, parser)
     paths = {s: cache_path(config.cache_dir, settings, checkpoint_identity(directory, s)) for s in steps}
-    todo = [s for s in steps if not paths[s].is_file()]
+    todo = [s for s in steps if not cached(paths[s])]
     timings["load_data"] = time.perf_counter() - clock
     print(f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse")
 
@@ -230,12 +252,16 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
 
     clock = time.perf_counter()
     figures = []
-    if rc.figures:
-        for task in pd.unique(track["task"]):
-            figures += plot_role_fractions(track, task, tmp, f"{task}_role_fractions")
-            figures += plot_emergence(track, task, tmp, f"{task}_emergence")
-            figures += plot_mean_beta(track, task, taus, tmp, f"{task}_mean_beta")
-            figures += onset.plot_onset(track, heldout, task, tmp, f"{task}_onset")
+    draw = {
+        "role_fractions": plot_role_fractions,
+        "emergence": plot_emergence,
+        "mean_beta": functools.partial(plot_mean_beta, taus=taus),
+        "onset": functools.partial(onset.plot_onset, heldout=heldout),
+    }
+    with plots.figure_formats(plots.select_formats(rc.figure_format)):
+        for kind in plots.select_figures(rc.figures, FIGURES):
+            for task in pd.unique(track["task"]):
+                figures += draw[kind](track, task, out_dir=tmp, stem=f"{task}_{kind}")
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
 
@@ -402,7 +428,7 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
     roles.add_data_arguments(p)
     roles.add_test_arguments(p)
-    roles.add_output_arguments(p, "track_out")
+    roles.add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
     return TrackConfig(roles=roles.config_from_args(a, ckpt=a.run), steps=parse_steps(a.steps), scores_cache=a.scores_cache)
 

@@ -27,7 +27,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from analysis import roles
+from analysis import plots, roles
 from benchmarks import common
 from bertjax import cli
 from bertjax.config import preset
@@ -105,7 +105,8 @@ def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[roles.Role
         configs.append(
             roles.RolesConfig(
                 ckpt=ckpt, task=task, split=split, glue_dir=args.glue_dir, n=args.n, batch_size=args.batch_size,
-                cache_dir=cache_dir, out=str(out / f"roles{i}"), overwrite=True, figures=not args.no_figures,
+                cache_dir=cache_dir, out=str(out / f"roles{i}"), overwrite=True, figures=args.figures,
+                figure_format=args.figure_format,
             )
         )  # fmt: skip
     return configs
@@ -167,7 +168,8 @@ def run(args) -> list[dict]:
         "sequences": {k: len(v) for k, v in sequences.items()},
         "n_sequences": n_sequences,
         "batch_size": args.batch_size,
-        "figures": not args.no_figures,
+        "figures": args.figures,
+        "figure_format": args.figure_format,
     }
     forward_stats, e2e_stats = common.summary(forward_times), common.summary(e2e_times)
     return [
@@ -193,7 +195,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--no-figures", action="store_true")
+    plots.add_figure_arguments(p, plots.ROLES_FIGURES)
     p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the untimed run)")
     p.add_argument("--parses", help="JSON of parses from --export-parses: no spaCy needed")
     p.add_argument("--export-parses", help="only write the parses these runs need to this JSON file, then stop")

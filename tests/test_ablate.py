@@ -161,7 +161,7 @@ TEST_COLUMNS = "correct_to_wrong,wrong_to_correct,mcnemar_p_accuracy,mcnemar_p_a
 def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path, cli_error):
     out = tmp_path / "out"
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12",
-            "--batch-size", "8", "--analyses", "disable,mask", "--out", str(out)]  # fmt: skip
+            "--batch-size", "8", "--analyses", "disable,mask", "--out", str(out), "--figure-format", "png,svg"]  # fmt: skip
     ablate.main(argv)
     metric_columns = "accuracy,f1,loss,accuracy_change,f1_change,loss_change"
     for name, rows in (("disable_heads", N_LAYERS * N_HEADS), ("mask_one_head", N_LAYERS * N_HEADS), ("best_head_only", N_LAYERS)):
@@ -613,7 +613,7 @@ def test_cli_patterns_and_features_against_a_second_checkpoint(tiny_ckpt, tokeni
     ablate.main([
         "--ckpt", str(tiny_ckpt), "--compare-ckpt", str(other), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
         "--n", "6", "--batch-size", "8", "--analyses", "patterns,features", "--cache-dir", str(tmp_path / "cache"),
-        "--out", str(out),
+        "--out", str(out), "--figure-format", "png,svg",
     ])  # fmt: skip
     shares = pd.read_csv(out / "pattern_shares.csv")
     assert shares["pattern"].tolist() == list(ablate.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS

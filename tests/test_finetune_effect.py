@@ -52,7 +52,7 @@ def compared(pre_ckpt, post_run, flags, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("outputs") / "effect"
     # the pre checkpoint against itself (the null case) on MRPC, and a different model on both tasks
     effect.main(["--pre", str(pre_ckpt), "--post", f"{pre_ckpt}:mrpc", "--post", str(post_run),
-                 "--task", "mrpc,sst2", "--out", str(out), *flags])  # fmt: skip
+                 "--task", "mrpc,sst2", "--out", str(out), "--figure-format", "png,svg", *flags])  # fmt: skip
     return out
 
 

@@ -81,7 +81,7 @@ def test_the_onset_figure_counts_heads_and_draws_heldout_accuracy(monkeypatch, t
     figures = []
     monkeypatch.setattr(onset.plots, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
     heldout = pd.DataFrame({"heldout_mlm_accuracy": [0.05, 0.1, 0.2, 0.3]}, index=pd.Index([1, 3, 7, 10], name="step"))
-    onset.plot_onset(track, heldout, "mrpc", tmp_path, "mrpc_onset")
+    onset.plot_onset(track, "mrpc", tmp_path, "mrpc_onset", heldout=heldout)
     counts_axis, accuracy_axis = figures[0].axes
     drawn = {line.get_label(): line.get_ydata().tolist() for line in counts_axis.lines}
     assert drawn == {"prev": [0, 1, 2], "sep": [1, 1, 0]}
@@ -89,5 +89,5 @@ def test_the_onset_figure_counts_heads_and_draws_heldout_accuracy(monkeypatch, t
     # only the analysed steps: step 7 has no checkpoint in the track
     assert accuracy.get_xdata().tolist() == [1, 3, 10] and accuracy.get_ydata().tolist() == [0.05, 0.1, 0.3]
     figures.clear()
-    onset.plot_onset(track, None, "mrpc", tmp_path, "mrpc_onset")
+    onset.plot_onset(track, "mrpc", tmp_path, "mrpc_onset")
     assert len(figures[0].axes) == 1

@@ -180,7 +180,8 @@ def test_a_role_without_any_p_value_counts_as_untested_not_as_zero_percent(synth
 
 def test_local_vs_syntactic_returns_rho_or_skips(synthetic, tmp_path: Path) -> None:
     roles, _ = synthetic
-    paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
+    with plots.figure_formats(("png", "svg")):
+        paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
     assert [p.name for p in paths] == ["mrpc_lvs.png", "mrpc_lvs.svg"]
     assert corr.rho == pytest.approx(summarize(roles).set_index("task").loc["mrpc", "spearman_rho"])
     no_syntactic = roles[roles["role"] != "syntactic"]
@@ -195,7 +196,8 @@ def test_unknown_roles_get_distinct_colours() -> None:
 
 def test_plot_all_writes_every_figure_as_png_and_svg(synthetic, tmp_path: Path) -> None:
     roles, scores = synthetic
-    paths = plot_all(roles, scores, tmp_path / "figures", TAU, ALPHA)
+    with plots.figure_formats(("png", "svg")):
+        paths = plot_all(roles, scores, tmp_path / "figures", TAU, ALPHA)
     figures = [
         "role_grid",
         "coarse_overlap",
@@ -232,8 +234,7 @@ def test_figure_processes_without_sched_getaffinity(synthetic, tmp_path: Path, m
     roles, scores = synthetic
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(plots, "_draw_in_processes", lambda jobs, workers: [workers])
-    assert plot_all(roles, scores, tmp_path, TAU, ALPHA) == [2]
+    assert plots.pool_size(len(plots.figure_jobs(roles, scores, tmp_path, TAU, ALPHA))) == 2
 
 
 def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None:

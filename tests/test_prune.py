@@ -287,6 +287,7 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     prune.main([
         "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(glue_dir), "--n", "8",
         "--batch-size", "8", "--prune-step", "0.25", "--random-seeds", "2", "--reestimate", "--out", str(out),
+        "--figure-format", "png,svg",
     ])  # fmt: skip
     curve = pd.read_csv(out / "pruning.csv")
     assert list(curve.columns) == ["fraction_pruned", "heads_pruned", "metric", "order"]

@@ -168,7 +168,7 @@ def tiny_run(tiny_ckpt, shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
     cache = tmp_path_factory.mktemp("cache")
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc,sst2", "--glue-dir", str(shared_data / "glue"),
-            "--n", "24", "--batch-size", "8", "--out", str(out), "--cache-dir", str(cache)]  # fmt: skip
+            "--n", "24", "--batch-size", "8", "--out", str(out), "--cache-dir", str(cache), "--figure-format", "png,svg"]  # fmt: skip
     roles_cli.main(argv)
     return out, argv, cache
 

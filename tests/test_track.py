@@ -120,7 +120,7 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     encoded = []
     monkeypatch.setattr(roles_cli, "encode_tasks", lambda *a: encoded.append(a) or {})
     # the same --out, replaced without --overwrite as it holds a track output; figures this time
-    track.main([*argv[:-1]])
+    track.main([*argv[:-1], "--figure-format", "png,svg"])
     assert loaded == [] and encoded == []
     run = json.loads((tmp_path / "first" / "run.json").read_text())
     assert run["analysed_steps"] == [] and run["cached_steps"] == list(STEPS)
