@@ -42,9 +42,11 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     fig = Figure(figsize=(11, 3.8), layout="constrained")
     beta, cosine = fig.subplots(1, 2)
     for role, style in zip(ROLES, ("-", "--"), strict=True):
-        for column in [c for c in table.columns if c.startswith(f"{role}_beta_")]:
-            beta.plot(table["step"], table[column], style, marker="o", markersize=3,
+        columns = [c for c in table.columns if c.startswith(f"{role}_beta_")]
+        for colour, column in enumerate(columns):
+            beta.plot(table["step"], table[column], style, color=f"C{colour}", marker="o", markersize=3,
                       label=f"{role} β, {column.rsplit('_', 1)[1]} layers")  # fmt: skip
+    beta.set_yscale("log")
     beta.set_ylabel("mean β over the group's heads")
     beta.set_title("[CLS] and syntactic β during fine-tuning (step 0: pre-trained)", fontsize=9)
     for column in [c for c in table.columns if c.startswith("cosine_")]:
@@ -55,6 +57,7 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     for ax in (beta, cosine):
         # symlog keeps step 0 (the pre-trained model) on the otherwise logarithmic axis.
         ax.set_xscale("symlog", linthresh=1)
+        ax.set_xlim(left=0)
         ax.set_xlabel("fine-tuning step")
         ax.legend(fontsize=7)
     fig.savefig(path, dpi=150)

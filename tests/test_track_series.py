@@ -323,3 +323,10 @@ def test_with_init_needs_a_finetuning_run(shared_data, flags, tmp_path, cli_erro
     write_orbax(workdir, 3, seed=0, tokenizer="tokenizer", run_config={"train": {"steps": 3}})
     message = cli_error(track.main, ["--run", str(workdir), "--with-init", "--out", str(tmp_path / "out"), *flags])
     assert message == f"error: --with-init: {workdir} is not a fine-tuning run (its config names no init checkpoint)"
+
+
+def test_a_negative_log_spaced_count_is_one_line(hf_dirs, shared_data, tmp_path, cli_error):
+    argv = ["--task", "mrpc", "--init", str(hf_dirs[0]), "--workdir", str(tmp_path / "run"),
+            "--glue-dir", str(shared_data / "glue"), "checkpoint.log_spaced=-1"]  # fmt: skip
+    assert cli_error(finetune.main, argv) == "error: checkpoint.log_spaced must be at least 0, got -1"
+    assert not (tmp_path / "run").exists()
