@@ -402,6 +402,8 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
         tmp,
         {
             "config": dataclasses.asdict(config),
+            # --run's checkpoints directory, as before the series (null for a --ckpt series).
+            "checkpoints": None if config.series else str(members[-1].source.path),
             "series": [m.describe() for m in members],
             "steps": steps,
             "analysed_steps": todo,

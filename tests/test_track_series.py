@@ -309,6 +309,7 @@ def test_a_finetuning_workdir_is_tracked_from_its_init(finetuned, hf_dirs, flags
     steps = ckpt.available_steps(finetuned / ckpt.CHECKPOINTS)
     series = _run_json(out)["series"]
     assert [m["step"] for m in series] == [0, *steps]
+    assert _run_json(out)["checkpoints"] == str((finetuned / ckpt.CHECKPOINTS).resolve())
     assert (series[0]["label"], series[0]["kind"], series[0]["given"]) == ("init", "hf", str(hf_dirs[0]))
     assert [s for _, s in loads] == [None, *steps]
     expected = _roles(["--ckpt", str(hf_dirs[0]), *flags], tmp_path / "init")
