@@ -1,15 +1,26 @@
-"""`python -m analysis.track --run WORKDIR`: head roles at every checkpoint of a training run.
+"""`python -m analysis.track --run WORKDIR | --ckpt SRC[@LABEL] ...`: head roles along a series of checkpoints.
+
+The series is the checkpoints of a bertjax training run (pre-training or fine-tuning; `--with-init`
+adds the checkpoint a fine-tuning run started from as step 0), or any ordered list of checkpoints
+that `from_pretrained` loads: `--ckpt` repeated, each `SOURCE[@LABEL]`, or one `--ckpt` pattern with
+a `{step}` placeholder filled from `--steps` (e.g. a hub series of intermediate checkpoints). The x
+axis is the step: a run's step, an integer label, the placeholder's value, or, when some member has
+no integer step, its position in the order given (0, 1, ...). The members must share the numbers
+of layers and heads and the tokenizer vocabulary; a mismatch stops the run before any scoring.
 
 The sequences (examples → parses → encodings) are prepared once and scored by each checkpoint
 with `analysis.roles`' jitted forward + sieve kernel. The per-sequence scores of each step are
-cached on disk under a key of every setting that changes them, so a re-run after more checkpoints
+cached on disk under a key of every setting that changes them and of the checkpoint's identity (an
+orbax step's params files; a HF directory's files, whose resolved hub-cache blobs name their
+content hashes and whose snapshot path names the hub revision), so a re-run after more checkpoints
 appear analyses only the new ones; the hypothesis tests are recomputed from the cached scores, so τ,
 α, the test and the correction can change without re-scoring.
 
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
 `roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.onset`),
 per task the figures `role_fractions`, `emergence`, `mean_beta` and `onset` (heads holding each
-role against step, with the run's held-out MLM accuracy when it recorded one), and `run.json`.
+role against step, with the run's held-out MLM accuracy when it recorded one), and `run.json`
+(with the series: each member's step, label, source and resolved path).
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import argparse
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -38,9 +50,11 @@ from analysis.summary import ordered_roles
 from bertjax import checkpoint as ckpt
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
+from bertjax.pretrained import Source, from_pretrained, load_config, load_tokenizer, resolve
 
 TRACK_CSV = "track.csv"
+STEP_PLACEHOLDER = "{step}"
+INIT_LABEL = "init"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
@@ -52,11 +66,15 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class TrackConfig:
-    """`roles.ckpt` is the run's workdir; `steps` None means every checkpoint of the run."""
+    """`roles.ckpt` is the run's workdir (`--run`), empty for a `--ckpt` series; `series` the
+    `--ckpt` texts as given; `steps` the run's steps to analyse (None: every checkpoint) or the
+    values of a `{step}` pattern."""
 
     roles: roles.RolesConfig
     steps: tuple[int, ...] | None = None
     scores_cache: str | None = None
+    series: tuple[str, ...] = ()
+    with_init: bool = False
 
     @property
     def cache_dir(self) -> Path:
@@ -94,6 +112,124 @@ def run_steps(run: str, wanted: Sequence[int] | None) -> tuple[Path, list[int]]:
     return directory, sorted(set(wanted))
 
 
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """One checkpoint of the tracked series: `step` places it on the x axis, `label` names it,
+    `given` is the text it came from (a `--ckpt` source or the `--run` workdir)."""
+
+    step: int
+    label: str
+    given: str
+    source: Source
+
+    def describe(self) -> dict:
+        source = self.source
+        return {"step": self.step, "label": self.label, "given": self.given, "kind": source.kind,
+                "path": str(source.path), "checkpoint_step": source.step}  # fmt: skip
+
+
+def run_members(run: str, wanted: Sequence[int] | None, with_init: bool) -> list[Member]:
+    """The checkpoints of a training run's workdir, led by its init at step 0 with `with_init`."""
+    directory, steps = run_steps(run, wanted)
+    check_one_tokenizer(directory, steps)
+    members = [Member(s, str(s), run, Source("orbax", directory, s)) for s in steps]
+    if not with_init:
+        return members
+    run_config = ckpt.read_meta(directory, steps[-1]).get("run_config") or {}
+    if not run_config.get("init") or "task" not in run_config:
+        raise UserError(f"--with-init: {run} is not a fine-tuning run (its config names no init checkpoint)")
+    if steps[0] == 0:
+        raise UserError(f"--with-init: {run} has a checkpoint at step 0 already")
+    init = Member(0, INIT_LABEL, run_config["init"], resolve(run_config["init"], run_config.get("init_step")))
+    return [init, *members]
+
+
+def split_label(text: str) -> tuple[str, str | None]:
+    """`SOURCE@LABEL` → (SOURCE, LABEL); an `@` followed by a path separator belongs to the path."""
+    source, at, label = text.rpartition("@")
+    if not at or not source or not label or "/" in label:
+        return text, None
+    return source, label
+
+
+def _integer(text: str | None) -> int | None:
+    try:
+        return int(text) if text is not None else None
+    except ValueError:
+        return None
+
+
+def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Member]:
+    """The members of a `--ckpt` series, ordered by step (resolving, hence downloading, hub ids)."""
+    patterns = [s for s in specs if STEP_PLACEHOLDER in s]
+    if patterns:
+        if len(specs) > 1:
+            raise UserError(f"--ckpt {patterns[0]}: a {STEP_PLACEHOLDER} pattern is the only --ckpt of its series")
+        if steps is None:
+            raise UserError(f"--ckpt {patterns[0]}: a {STEP_PLACEHOLDER} pattern needs --steps (comma-separated)")
+        if not steps:
+            raise UserError("--steps names no step; give comma-separated steps")
+        pattern = specs[0]
+        if split_label(pattern)[1] is not None:
+            raise UserError(f"--ckpt {pattern}: a {STEP_PLACEHOLDER} pattern takes no @LABEL (steps label it)")
+        filled = [(s, pattern.replace(STEP_PLACEHOLDER, str(s))) for s in sorted(set(steps))]
+        return [Member(s, str(s), text, resolve(text)) for s, text in filled]
+    if steps is not None:
+        raise UserError(f"--steps goes with --run or a --ckpt pattern holding {STEP_PLACEHOLDER}, not a --ckpt list")
+    parts = [split_label(s) for s in specs]
+    sources = [resolve(text) for text, _ in parts]
+    # An integer label is the step; an unlabelled bertjax checkpoint brings its own.
+    numeric = [_integer(label) if label is not None else (src.step if src.kind == "orbax" else None)
+               for (_, label), src in zip(parts, sources, strict=True)]  # fmt: skip
+    if all(n is not None for n in numeric):
+        members = [Member(n, label if label is not None else str(n), text, src)
+                   for n, (text, label), src in zip(numeric, parts, sources, strict=True)]  # fmt: skip
+        members.sort(key=lambda m: m.step)
+    else:
+        members = [Member(i, label if label is not None else text, text, src)
+                   for i, ((text, label), src) in enumerate(zip(parts, sources, strict=True))]  # fmt: skip
+    for a, b in itertools.pairwise(members):
+        if a.step == b.step or a.label == b.label:
+            what = f"step {a.step}" if a.step == b.step else f"label {a.label!r}"
+            raise UserError(f"--ckpt {a.given} and {b.given} are both at {what}; give each a distinct @LABEL")
+    return members
+
+
+def check_series(members: Sequence[Member]) -> list:
+    """The members' model configs, after checking that they share layers, heads and the tokenizer
+    vocabulary: the sequences are encoded once, and the tables and figures index heads by
+    (layer, head). The first mismatch with the first member is one line."""
+    configs = [load_config(m.source) for m in members]
+    first, shape = members[0], (configs[0].num_hidden_layers, configs[0].num_attention_heads)
+    for member, config in zip(members[1:], configs[1:], strict=True):
+        other = (config.num_hidden_layers, config.num_attention_heads)
+        if other != shape:
+            raise UserError(
+                f"the series mixes model shapes: {first.given} ({first.label}) has {shape[0]} layers × {shape[1]} heads, "
+                f"{member.given} ({member.label}) has {other[0]} layers × {other[1]} heads; track them separately"
+            )
+    vocabularies: dict = {}
+    for member in members:
+        key = tokenizer_location(member.source)
+        if key not in vocabularies:
+            vocabularies[key] = (member, load_tokenizer(member.source.path, step=member.source.step).get_vocab())
+    (first, vocabulary), *others = vocabularies.values()
+    for member, other in others:
+        if other != vocabulary:
+            raise UserError(
+                f"the series mixes tokenizers: {member.given} ({member.label}) has another tokenizer vocabulary "
+                f"({len(other)} tokens) than {first.given} ({first.label}, {len(vocabulary)} tokens); track them separately"
+            )
+    return configs
+
+
+def tokenizer_location(source: Source) -> tuple:
+    """Where a checkpoint's tokenizer is stored: members sharing one are compared once."""
+    if source.kind == "hf":
+        return ("hf", str(source.path.resolve()))
+    return ("orbax", str(source.path.resolve()), ckpt.read_meta(source.path, source.step)["tokenizer"])
+
+
 def check_one_tokenizer(directory: Path, steps: Sequence[int]) -> None:
     """Sequences are encoded once for all steps, so every step must name the same tokenizer."""
     tokenizers = {step: ckpt.read_meta(directory, step)["tokenizer"] for step in steps}
@@ -111,6 +247,26 @@ def checkpoint_identity(directory: Path, step: int) -> dict:
         "step": step,
         "params": [[str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns] for p in files],
     }
+
+
+def hf_identity(path: Path, step: int) -> dict:
+    """A HF directory's resolved path and its files' resolved names, sizes and mtimes. In the hub
+    cache the path names the revision and each file resolves to a blob named by its content hash."""
+    folder = path.resolve()
+    files = sorted(p for p in folder.iterdir() if p.is_file())
+    return {
+        "path": str(folder),
+        "step": step,
+        "files": [[p.name, str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns] for p in files],
+    }
+
+
+def member_identity(member: Member) -> dict:
+    if member.source.kind == "hf":
+        return hf_identity(member.source.path, member.step)
+    # The path names the checkpoint's own step; "step" is its place in the series (and the cache
+    # file's name), the same for a run's members.
+    return {**checkpoint_identity(member.source.path, member.source.step), "step": member.step}
 
 
 def settings_key(config: roles.RolesConfig, data_files: dict, tokenizer, parser) -> dict:
@@ -196,14 +352,19 @@ def cached(path: Path) -> bool:
 
 
 def run(config: TrackConfig) -> pd.DataFrame:
-    """Analyses the run's checkpoints (cached ones from the cache); returns the track table."""
+    """Analyses the series' checkpoints (cached ones from the cache); returns the track table."""
     started = time.perf_counter()
     plots.select_figures(config.roles.figures, FIGURES)
     plots.select_formats(config.roles.figure_format)
-    directory, steps = run_steps(config.roles.ckpt, config.steps)
-    check_one_tokenizer(directory, steps)
-    # Cut before encoding: the sequences are encoded once, before any model is loaded.
-    positions = load_config(resolve(directory, steps[0])).max_position_embeddings
+    if config.series:
+        if config.with_init:
+            raise UserError("--with-init goes with --run (a fine-tuning workdir); in a --ckpt series, list the init")
+        members = series_members(config.series, config.steps)
+    else:
+        members = run_members(config.roles.ckpt, config.steps, config.with_init)
+    # Before anything is encoded or scored; the cut too: the sequences are encoded once, before
+    # any model is loaded.
+    positions = min(c.max_position_embeddings for c in check_series(members))
     config = dataclasses.replace(config, roles=roles.fit_max_length(config.roles, positions))
     rc = config.roles
     tasks = roles.config_tasks(rc)
@@ -211,19 +372,22 @@ def run(config: TrackConfig) -> pd.DataFrame:
     prepare_cache(config.cache_dir, out)
     # Re-running into the same --out is the point of the cache: a previous track output may go.
     with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
-        return _run(config, directory, steps, tasks, tmp, started)
+        return _run(config, members, tasks, tmp, started)
 
 
-def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
+def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
     rc = config.roles
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    tokenizer = load_tokenizer(directory, step=steps[0])
+    steps = [m.step for m in members]
+    by_step = {m.step: m for m in members}
+    tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
     data = roles.load_tasks(rc, tasks)
     data_files = roles.data_file_hashes(data)
     parser = roles.make_parser(rc)
     settings = settings_key(rc, data_files, tokenizer, parser)
-    paths = {s: cache_path(config.cache_dir, settings, checkpoint_identity(directory, s)) for s in steps}
+    identities = {m.step: member_identity(m) for m in members}
+    paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
     todo = [s for s in steps if not cached(paths[s])]
     timings["load_data"] = time.perf_counter() - clock
     print(f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse")
@@ -232,10 +396,11 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
         sequences = roles.encode_tasks(rc, data, tokenizer, parser, timings)
         for step in tqdm(todo, desc="checkpoints", unit="ckpt"):
             clock = time.perf_counter()
-            model = from_pretrained(directory, step=step)
+            source = by_step[step].source
+            model = from_pretrained(source.path, step=source.step)
             step_timings: dict[str, float] = {}
             results = roles.score_sequences(roles.make_scorer(model), sequences, rc, step_timings)
-            save_scores(paths[step], results, settings, checkpoint_identity(directory, step))
+            save_scores(paths[step], results, settings, identities[step])
             timings[f"step {step}"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -247,7 +412,8 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
     track.to_csv(tmp / TRACK_CSV, index=False)
     onsets = onset.role_onsets(track)
     onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
-    heldout = onset.read_heldout(Path(rc.ckpt).expanduser())
+    # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
+    heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
     timings["tests"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -269,7 +435,9 @@ def _run(config: TrackConfig, directory: Path, steps: list[int], tasks: list[str
         tmp,
         {
             "config": dataclasses.asdict(config),
-            "checkpoints": str(directory),
+            # --run's checkpoints directory, as before the series (null for a --ckpt series).
+            "checkpoints": None if config.series else str(members[-1].source.path),
+            "series": [m.describe() for m in members],
             "steps": steps,
             "analysed_steps": todo,
             "cached_steps": [s for s in steps if s not in todo],
@@ -423,14 +591,26 @@ def parse_steps(text: str | None) -> tuple[int, ...] | None:
 
 def parse_args(argv: list[str] | None) -> TrackConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
-    p.add_argument("--run", required=True, help="a bertjax training run's workdir (checkpoints/<step>/)")
-    p.add_argument("--steps", help="comma-separated steps to analyse (default: every checkpoint)")
+    series = p.add_mutually_exclusive_group(required=True)
+    series.add_argument("--run", help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/)")
+    series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",
+                        help="a member of the series (HF directory, hub id, bertjax workdir or step folder), repeated; "
+                             "an integer LABEL is its step; or one pattern with {step}, filled from --steps")  # fmt: skip
+    p.add_argument("--steps", help="comma-separated steps of --run (default: every checkpoint) or of a {step} pattern")
+    p.add_argument("--with-init", action="store_true",
+                   help="with --run of a fine-tuning workdir: also track the checkpoint it started from, as step 0")  # fmt: skip
     p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
     roles.add_data_arguments(p)
     roles.add_test_arguments(p)
     roles.add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
-    return TrackConfig(roles=roles.config_from_args(a, ckpt=a.run), steps=parse_steps(a.steps), scores_cache=a.scores_cache)
+    return TrackConfig(
+        roles=roles.config_from_args(a, ckpt=a.run or ""),
+        steps=parse_steps(a.steps),
+        scores_cache=a.scores_cache,
+        series=tuple(a.ckpt or ()),
+        with_init=a.with_init,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -3,8 +3,10 @@
 Fine-tunes BERT with a classifier on the pooled output on a GLUE task (QNLI, QQP, MRPC, SST-2),
 starting from a bertjax pre-training run or a HF-format directory, with the pre-training `Trainer`.
 Every epoch ends with an evaluation on the dev split (accuracy; F1 too for MRPC and QQP). The run
-keeps the last checkpoint and the best by `best_metric`, in the orbax layout of pre-training, so
-`analysis.roles --ckpt DIR --step S` reads either. Re-running the same command resumes.
+keeps the last checkpoint, the best by `best_metric` and, with `checkpoint.log_spaced=K`, K
+log-spaced steps (as pre-training does), in the orbax layout of pre-training, so
+`analysis.roles --ckpt DIR --step S` reads any of them and `analysis.track --run DIR` tracks them.
+Re-running the same command resumes.
 
 Outputs in the workdir: `checkpoints/`, `tokenizer/`, `metrics.jsonl` and `tensorboard/` (training
 and `eval_*` curves), `eval.jsonl` (one row per evaluation), `eval.json` (the last evaluation, with
@@ -74,6 +76,13 @@ class FinetuneLoop:
 
 
 @dataclasses.dataclass
+class FinetuneCheckpoints:
+    # Also keep this many log-spaced steps in [1, last step] (`train.checkpoints.log_spaced_steps`,
+    # as pre-training's `checkpoint.log_spaced`), for `analysis.track --run WORKDIR`.
+    log_spaced: int = 0
+
+
+@dataclasses.dataclass
 class FinetuneConfig:
     task: str = "mrpc"  # --task
     init: str = ""  # --init: a bertjax run workdir or a HF-format directory (or hub id)
@@ -87,6 +96,7 @@ class FinetuneConfig:
         default_factory=lambda: OptimizerConfig(name="adamw", learning_rate=2e-5)
     )
     mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
+    checkpoint: FinetuneCheckpoints = dataclasses.field(default_factory=FinetuneCheckpoints)
 
 
 def task_spec(task: str) -> TaskSpec:
@@ -183,6 +193,8 @@ def prepare(config: FinetuneConfig) -> Prepared:
     if not config.init:
         raise UserError("init: no checkpoint to fine-tune (--init CKPT)")
     positive = (("train.epochs", config.train.epochs), ("seeds", config.seeds), ("data.pad_multiple", config.data.pad_multiple))
+    if config.checkpoint.log_spaced < 0:
+        raise UserError(f"checkpoint.log_spaced must be at least 0, got {config.checkpoint.log_spaced}")
     for name, value in positive:
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
@@ -261,8 +273,14 @@ def finetune(
             init_from=config.init,
             init_step=config.init_step,
         ),
-        # Saved at each epoch's end, right after its evaluation; kept: the last and the best.
-        checkpoint=CheckpointConfig(every=data.batches_per_epoch, keep=1, best_metric=f"eval_{prepared.metric}"),
+        # Saved at each epoch's end, right after its evaluation; kept: the last, the best and the
+        # log-spaced steps.
+        checkpoint=CheckpointConfig(
+            every=data.batches_per_epoch,
+            keep=1,
+            log_spaced=config.checkpoint.log_spaced,
+            best_metric=f"eval_{prepared.metric}",
+        ),
         mesh=mesh,
         run_config=run_config,
         tokenizer=TOKENIZER_DIR,
