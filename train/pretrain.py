@@ -219,9 +219,11 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
 
         evaluator = None
         if config.heldout.corpora:
-            # The training data's own vocabulary, trained or copied, so both tokenise alike.
+            # The training data's own vocabulary, trained or copied, so both tokenise alike; by its
+            # absolute path, so a resume from another working directory finds the same settings.
+            vocab = str((data_dir / "vocab.txt").resolve())
             heldout_data = dataclasses.replace(
-                data_config, corpora=config.heldout.corpora, vocab_file=str(data_dir / "vocab.txt"), train_vocab=False
+                data_config, corpora=config.heldout.corpora, vocab_file=vocab, train_vocab=False
             )
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
             evaluator = HeldOutEvaluator(config.heldout, heldout_dir, trainer)
