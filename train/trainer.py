@@ -258,7 +258,7 @@ class Trainer:
         """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints.
 
         `evaluate(step, params)` runs every `eval_every` steps and at the end, and with
-        `eval_at_saves` at every step a checkpoint is saved; its metrics are logged and stored
+        `eval_at_saves` at every scheduled checkpoint; its metrics are logged and stored
         with a checkpoint saved at the same step (for `best_metric`). Tokens
         and FLOPs are counted from each batch's shape, which may vary (length-grouped batches)."""
         started = time.perf_counter()
@@ -305,9 +305,11 @@ class Trainer:
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
                 evaluated = None
-                saving = self.checkpointer.should_save(step) or self._preempted
+                scheduled_save = self.checkpointer.should_save(step)
+                saving = scheduled_save or self._preempted
                 periodic = eval_every and (step % eval_every == 0 or step == self.end)
-                if evaluate is not None and (periodic or (eval_at_saves and saving)):
+                # Not at a preemption's save: the grace period goes to saving, not to evaluating.
+                if evaluate is not None and (periodic or (eval_at_saves and scheduled_save)):
                     evaluated = evaluate(step, state["params"])
                     writer.write(step, evaluated)
                 if saving:
