@@ -174,11 +174,20 @@ def test_a_truncated_orbax_checkpoint_is_one_line_naming_step_and_array(tmp_path
     result = subprocess.run([sys.executable, "-c", TRUNCATE_AND_LOAD, str(tmp_path / "run")], capture_output=True,
                             text=True, timeout=300, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode == 2
-    errors = [line for line in result.stderr.splitlines() if " INFO " not in line and " WARNING " not in line]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, result.stderr[-3000:]
     assert errors[0].startswith(f"error: {tmp_path / 'run' / 'checkpoints' / '3'}: checkpoint step 3 is unreadable: ")
     assert "array embeddings/word_embeddings/embedding (" in errors[0]  # the largest array
-    assert "Traceback" not in result.stderr and "meta_path" not in result.stderr
+    assert "meta_path" not in result.stderr
+    # Reads of the other arrays, still in flight when TensorStore fails one, may complete on the
+    # event loop orbax has already closed and print `RuntimeError: Event loop is closed` from
+    # TensorStore's threads (some runs, not all; docs/errors.md). Nothing else may follow the error:
+    # no traceback through bertjax or orbax.
+    others = [line for line in result.stderr.splitlines()
+              if " INFO " not in line and " WARNING " not in line and not line.startswith("error:")]  # fmt: skip
+    # Two threads may print at once, so their lines interleave: each line is checked on its own.
+    closed_loop = ("Traceback (most recent call last):", "asyncio", "_check_closed", "RuntimeError", "Event loop is closed")
+    assert all(not line.strip() or any(mark in line for mark in closed_loop) for line in others), "\n".join(others)
 
 
 # -- CoNLL-U token lines with too few columns (defect 6) --------------------------------------
