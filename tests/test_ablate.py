@@ -100,7 +100,10 @@ def test_metrics_under_masks_equal_a_direct_forward_of_each_example(evaluator, m
     forward = jax.jit(lambda m, *a: m(*a, head_mask=head_mask, disable_heads=disable).logits)
     direct = np.asarray(forward(model, *inputs))[order]
     ours = evaluator.logits(head_mask, disable)
+    # The same float32 forward in other batches and paddings: L = 2 layers of ≤ 128-term contractions
+    # on logits ≲ 1, about L·√128·u ≈ 1.3e-6 (but see _check_row for this model's sharp attention).
     np.testing.assert_allclose(ours, direct, atol=1e-5)
+    # Accuracy and F1 are counts over 20 examples (exact unless a logit ties); the atol is float64's.
     expected = glue.classification_metrics(direct, mrpc_arrays["labels"][order], ("accuracy", "f1"))
     assert evaluator.metrics(head_mask, disable) == pytest.approx(expected, abs=1e-6)
 
@@ -131,8 +134,9 @@ def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
     one = np.zeros((N_LAYERS, N_HEADS), bool)
     one[1, 2] = True
     row = heads[(heads["layer"] == 1) & (heads["head"] == 2)].iloc[0]
-    assert row["loss"] == pytest.approx(evaluator.metrics(disable=one)["loss"], rel=1e-6)
-    assert row["loss_change"] == pytest.approx(row["loss"] - baseline["loss"], abs=1e-9)
+    # The same compiled float32 computation on the same batches (a mean of 20 losses: 20·u ≈ 1.2e-6).
+    assert row["loss"] == pytest.approx(evaluator.metrics(disable=one)["loss"], rel=2e-6)
+    assert row["loss_change"] == pytest.approx(row["loss"] - baseline["loss"], abs=1e-9)  # float64 difference
     whole = np.zeros((N_LAYERS, N_HEADS), bool)
     whole[0] = True
     assert layers.iloc[0]["accuracy"] == evaluator.metrics(disable=whole)["accuracy"]
@@ -143,6 +147,7 @@ def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
     assert (row["correct_to_wrong"], row["wrong_to_correct"], row["mcnemar_p_accuracy"]) == expected
     for table in (heads, layers):
         holm = _slow_holm(table["mcnemar_p_accuracy"].tolist())
+        # float64 products of ≤ 12 p-values by integers, then running maxima: a few 2⁻⁵³ (rtol 1e-7).
         np.testing.assert_allclose(table["mcnemar_p_accuracy_holm"], holm)
         assert table["significant_holm"].tolist() == [p < 0.05 for p in holm]
 
@@ -164,11 +169,19 @@ def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path
             "--batch-size", "8", "--analyses", "disable,mask", "--out", str(out), "--figure-format", "png,svg"]  # fmt: skip
     ablate.main(argv)
     metric_columns = "accuracy,f1,loss,accuracy_change,f1_change,loss_change"
-    for name, rows in (("disable_heads", N_LAYERS * N_HEADS), ("mask_one_head", N_LAYERS * N_HEADS), ("best_head_only", N_LAYERS)):
+    for name, rows in (
+        ("disable_heads", N_LAYERS * N_HEADS),
+        ("mask_one_head", N_LAYERS * N_HEADS),
+        ("best_head_only", N_LAYERS),
+    ):
         lines = (out / f"mrpc_{name}.csv").read_text().splitlines()
         assert lines[0] == f"layer,head,{metric_columns},{TEST_COLUMNS}" and len(lines) == 1 + rows
-    assert (out / "mrpc_disable_heads_f1_change.png").is_file() and (out / "mrpc_disable_layers_accuracy_change.svg").is_file()
-    assert (out / "mrpc_mask_one_head_accuracy_change.png").is_file() and (out / "mrpc_mask_one_head_f1_change.svg").is_file()
+    assert (out / "mrpc_disable_heads_f1_change.png").is_file() and (
+        out / "mrpc_disable_layers_accuracy_change.svg"
+    ).is_file()
+    assert (out / "mrpc_mask_one_head_accuracy_change.png").is_file() and (
+        out / "mrpc_mask_one_head_f1_change.svg"
+    ).is_file()
     info = json.loads((out / "run.json").read_text())
     task = info["tasks"]["mrpc"]
     assert task["split"] == "dev" and task["examples"] == 12
@@ -176,7 +189,10 @@ def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path
     # One baseline pass shared by both analyses; disable: L·H heads + L layers; mask: L·H + L·H.
     assert evaluation["forward_passes"] == 1 + N_LAYERS * N_HEADS + N_LAYERS + 2 * N_LAYERS * N_HEADS
     assert evaluation["compiled_executables"] == len(evaluation["batch_shapes"])
-    assert set(evaluation["disable"]) == {"heads", "layers"} and set(evaluation["mask"]) == {"one_head_masked", "best_head_only"}
+    assert set(evaluation["disable"]) == {"heads", "layers"} and set(evaluation["mask"]) == {
+        "one_head_masked",
+        "best_head_only",
+    }
     assert not list(tmp_path.glob(".out.tmp-*"))
     # A second run into the same non-empty directory is a one-line user error.
     assert "--overwrite" in cli_error(ablate.main, argv)
@@ -234,6 +250,7 @@ def test_mcnemar_counts_discordant_pairs_and_matches_scipy_and_a_hand_count():
         b, c, p = ablation.mcnemar(baseline, ablated)
         assert b == sum(1 for x, y in zip(baseline, ablated, strict=True) if x and not y)
         assert c == sum(1 for x, y in zip(baseline, ablated, strict=True) if y and not x)
+        # float64 binomial tails of ≤ 2¹² terms either side: ≤ 2¹²·2⁻⁵³ ≈ 5e-13, so 1e-12.
         assert p == pytest.approx(_slow_mcnemar_p(b, c), rel=1e-12)
         if b + c:
             assert p == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
@@ -462,7 +479,10 @@ def test_synthetic_maps_are_classified_as_built(kind):
     assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == kind
     # The jitted path gives the same quantities.
     on_device = ablate.pattern_quantities(jax.numpy.asarray(attn), real[None], special[None], segment[None])
-    np.testing.assert_allclose(np.stack(on_device), np.stack([v, d, b]), atol=1e-6)
+    # float32 on the device against NumPy float64: row sums of T = 23 weights ≤ 1, a mean over ≤ 23
+    # rows and two divisions, the last by 1 − chance ≈ 0.48 (the block share): (2T + 2)·u / 0.48 ≈
+    # 6e-6 at worst (measured 3.1e-8); a share without the chance correction is ≥ 1e-2 off.
+    np.testing.assert_allclose(np.stack(on_device), np.stack([v, d, b]), atol=(2 * LENGTH + 2) * 2.0**-24 / 0.48)
     if kind == "block":  # block is defined for two-segment inputs only
         assert ablate.classify_patterns(v, d, b, False)[0, 0] == ablate.PATTERNS.index("heterogeneous")
 
@@ -482,7 +502,10 @@ def test_pattern_quantities_match_a_loop_over_rows_and_keys():
         on_words = np.mean([sum(a[t, s] for s in rows) for t in rows])
         chance = np.mean([sum(segment[s] == segment[t] for s in rows) / len(rows) for t in rows])
         slow_b = (same / on_words - chance) / (1 - chance)
+        # float64 both ways, sums of ≤ 24 terms: ≤ 24·2⁻⁵³, so approx's default rel 1e-6 is loose
+        # yet a block share without the chance correction is ≥ 1e-2 off (the planted case below).
         assert (v[batch, head], d[batch, head], b[batch, head]) == pytest.approx((slow_v, slow_d, slow_b))
+        assert b[batch, head] != pytest.approx(same / on_words)
 
 
 def test_a_head_attending_to_itself_is_diagonal_and_uniform_attention_is_not_block():
@@ -574,7 +597,7 @@ def test_feature_scores_are_the_max_over_occurrences_of_length_normalised_column
             a = attn[layer, 0, head]
             slow = max(sum(a[t, s] for t in range(n) for s in pieces) / n for pieces in where) if where else None
             if slow is not None:
-                assert scores[feature][layer, head] == pytest.approx(slow)
+                assert scores[feature][layer, head] == pytest.approx(slow)  # float64, ≤ n² terms: ~2⁻⁴⁰
 
 
 def test_streamed_summaries_equal_per_sequence_attention(model, tokenizer):
@@ -591,17 +614,26 @@ def test_streamed_summaries_equal_per_sequence_attention(model, tokenizer):
     counts = np.zeros((N_LAYERS, N_HEADS, len(ablate.PATTERNS)), int)
     sums = {}
     for seq in seqs:
-        attn = np.stack(model(seq.input_ids[None], output_attentions=True, token_type_ids=seq.token_type_ids[None]).attentions)
+        attn = np.stack(
+            model(seq.input_ids[None], output_attentions=True, token_type_ids=seq.token_type_ids[None]).attentions
+        )
         real = np.ones((1, seq.length), bool)
         v, d, b = ablate.pattern_quantities(attn, real, seq.special[None], seq.token_type_ids[None])
         for layer, head in np.ndindex(N_LAYERS, N_HEADS):
             counts[layer, head, ablate.classify_patterns(v, d, b, True)[layer, 0, head]] += 1
-        scores = ablate.feature_scores(ablate.column_mass(attn, real)[:, 0], ablate.feature_occurrences(seq, word_texts[seq.index]))
+        scores = ablate.feature_scores(
+            ablate.column_mass(attn, real)[:, 0], ablate.feature_occurrences(seq, word_texts[seq.index])
+        )
         for feature, score in scores.items():
             sums[feature] = sums.get(feature, 0) + score
     np.testing.assert_array_equal(summary.pattern_counts, counts)
-    assert summary.feature_sequences == {f: 2 if f in ("noun", "verb", "pronoun", "subject", "negation", "[CLS]", "[SEP]") else 1 if f == "object" else 0 for f in ablate.FEATURES}
+    assert summary.feature_sequences == {
+        f: 2 if f in ("noun", "verb", "pronoun", "subject", "negation", "[CLS]", "[SEP]") else 1 if f == "object" else 0
+        for f in ablate.FEATURES
+    }
     for feature, total in sums.items():
+        # float32 attentions (another batch and padding: the model bound, ~L·√128·u ≈ 1.3e-6) summed
+        # over ≤ T² cells per sequence then 2 sequences, √(T²)·u·(sum) with T ≲ 20: rtol 1e-5.
         np.testing.assert_allclose(summary.feature_sums[feature], total, rtol=1e-5, atol=1e-7)
 
 
@@ -617,8 +649,7 @@ def test_cli_patterns_and_features_against_a_second_checkpoint(tiny_ckpt, tokeni
     ])  # fmt: skip
     shares = pd.read_csv(out / "pattern_shares.csv")
     assert shares["pattern"].tolist() == list(ablate.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS
-    assert shares["share"].sum() == pytest.approx(1.0)
-    assert shares["share"].sum() == pytest.approx(1.0)
+    assert shares["share"].sum() == pytest.approx(1.0)  # 5 float64 shares: ~5·2⁻⁵³, inside rel 1e-6
     per_head = pd.read_csv(out / "mrpc_patterns.csv")
     assert (per_head[list(ablate.PATTERNS)].sum(axis=1) == 6).all()
     features = pd.read_csv(out / "mrpc_features.csv")

@@ -43,11 +43,10 @@ def test_word_attention_matches_a_hand_worked_example():
             [0.1, 0.3 + 0.3, 0.1],
         ]
     )
-    np.testing.assert_allclose(word_attention(attention, from_words, to_words), expected, atol=1e-7)
+    # float64 matrix products of ≤ 6 terms each way: ~12·2⁻⁵³ ≈ 1.3e-15, so 1e-12.
+    np.testing.assert_allclose(word_attention(attention, from_words, to_words), expected, atol=1e-12)
     first_from, _ = pooling_matrices(word_ids, 3, first_piece=True)
-    np.testing.assert_allclose(
-        word_attention(attention, first_from, to_words)[1], [0.4, 0.2 + 0.2, 0.1], atol=1e-7
-    )
+    np.testing.assert_allclose(word_attention(attention, first_from, to_words)[1], [0.4, 0.2 + 0.2, 0.1], atol=1e-12)
 
 
 def test_a_word_without_pieces_gets_zero_rows_and_columns():
@@ -242,6 +241,9 @@ def test_surface_sums_match_a_slow_loop():
                 if values[name] is not None:
                     slow[..., s] += values[name]
                     rows[s] += 1
+    # float32 on the device against float64: per row ≤ 7 terms (with a float32 log, ~2u each), then
+    # sums over ≤ 15 rows: (2·7 + 15)·u ≈ 1.7e-6 relative at worst; entropies in bits (×1/ln 2) or a
+    # row left out are ≥ 1e-2 off.
     np.testing.assert_allclose(np.asarray(sums), slow, rtol=1e-5)
     np.testing.assert_array_equal(np.asarray(counts), rows)
 
@@ -253,8 +255,13 @@ def test_js_divergence_is_scipys_jensenshannon_squared():
     q /= q.sum()
     attention = np.stack([p, q])[None, None, :, None, :]  # one layer, one sequence, two heads, one row
     js = np.asarray(surface.js_sums(jnp.asarray(attention, jnp.float32), jnp.ones((1, 1))))
+    # float32: 2·9 terms p·log(p/m) with a float32 log (~2u each) and their sum, (2·2·9 + 18)·u ≈
+    # 3.2e-6 relative, on a JS ≈ 0.1 here (no cancellation to amplify it); so 1e-5.
     np.testing.assert_allclose(js[0, 1], jensenshannon(p, q) ** 2, rtol=1e-5)
-    np.testing.assert_allclose(np.diag(js), 0.0, atol=1e-6)
+    # Planted bug: JS in bits (log₂, a wrong scale by 1/ln 2) fails the same bound.
+    assert not np.allclose(js[0, 1], jensenshannon(p, q, base=2) ** 2, rtol=1e-5)
+    # A head against itself: 9 terms ≤ log 9 in size, each 0 up to its rounding: 9·u·log 9 ≈ 1.2e-6.
+    np.testing.assert_allclose(np.diag(js), 0.0, atol=9 * 2.0**-24 * np.log(9))
 
 
 def test_js_matrix_matches_scipy_pair_by_pair():
@@ -268,6 +275,7 @@ def test_js_matrix_matches_scipy_pair_by_pair():
             for b, n in enumerate([5, 3]):
                 for t in range(n):
                     expected[i, j] += jensenshannon(attention[li, b, hi, t], attention[lj, b, hj, t]) ** 2
+    # 8 rows' float32 JS (each ≤ ln 2, 10 terms with logs: ~30·u·ln 2) summed: 8·30·u·ln 2 ≈ 1e-5.
     np.testing.assert_allclose(js, expected, atol=1e-5)
 
 
@@ -276,6 +284,8 @@ def test_classical_mds_recovers_planar_distances():
     points = rng.normal(size=(10, 2))
     distance = np.linalg.norm(points[:, None] - points[None], axis=-1)
     coords = surface.classical_mds(distance)
+    # float64 eigendecomposition of a 10 × 10 Gram matrix of points |x| ≲ 3: ~10·2⁻⁵³·10 ≈ 1e-14;
+    # 1e-9 leaves room for the small eigenvalues LAPACK returns as ±1e-15 instead of 0.
     np.testing.assert_allclose(np.linalg.norm(coords[:, None] - coords[None], axis=-1), distance, atol=1e-9)
 
 
@@ -314,6 +324,8 @@ def test_zero_attention_offsets_change_nothing(small_pretraining_model):
     plain = model(ids, mask, types)
     offsets = jnp.zeros((2, 2, 2, 8, 8))
     shifted = model(ids, mask, types, attention_offsets=offsets, output_attentions=True)
+    # The same float32 model in another compiled program (the explicit attention path): L = 2
+    # layers, ≤ 64-term contractions, |h| ≲ 4: L·√64·u·4 ≈ 4e-6 (test_model's bound), so 1e-5.
     np.testing.assert_allclose(shifted.prediction_logits, plain.prediction_logits, atol=1e-5)
     reference = model(ids, mask, types, output_attentions=True)
     for a, b in zip(shifted.attentions, reference.attentions, strict=True):
@@ -395,6 +407,8 @@ def test_gradient_importance_is_the_mean_over_heads_real_rows_and_keys_of_each_k
                     for query in range(n):
                         totals[layer, gradients.KEY_KINDS.index(kind)] += abs(grad[layer, head, query, key])
                         cells[layer, gradients.KEY_KINDS.index(kind)] += 1
+    # The same float32 gradients, their |·| averaged over the cells of a kind in float32 (random-walk
+    # √N·u over ≤ 2·8·8·8 = 1,024 cells ≈ 2e-6) against a float64 mean.
     np.testing.assert_allclose(importance, totals / cells, rtol=1e-5)
 
 
@@ -461,12 +475,14 @@ def test_cli_writes_every_output(tiny_ckpt, shared_data, tmp_path, capsys, ud_en
     assert list(table.columns) == list(depheads.TABLE_COLUMNS)
     assert table["dev_accuracy"].between(0, 1).all() and table["test_accuracy"].between(0, 1).all()
     js = pd.read_csv(out / "head_js_divergence.csv", index_col=0).to_numpy()
+    # Sums of float32 JS over 8 sequences: 0 and symmetric up to their rounding (as in the tests above).
     assert js.shape == (4, 4) and np.allclose(np.diag(js), 0, atol=1e-6) and np.allclose(js, js.T, atol=1e-6)
     grads = pd.read_csv(out / "gradient_importance.csv")
     assert list(grads.columns) == ["layer", *gradients.KEY_KINDS] and (grads[list(gradients.KEY_KINDS)] > 0).all().all()
     assert len(pd.read_csv(out / "probes.csv")) == 3
     surface_table = pd.read_csv(out / "surface.csv")
-    assert np.allclose(surface_table[["cls", "sep"]].sum(axis=1) <= 1 + 1e-6, True)
+    # Two float32 means of weights that sum to ≤ 1 per row: ≤ 1 up to a few u·(T ≤ 128) ≈ 1e-6.
+    assert (surface_table[["cls", "sep"]].sum(axis=1) <= 1 + 1e-6).all()
     info = json.loads((out / "run.json").read_text())
     assert info["results"]["skipped"] == {}
     assert "all" in capsys.readouterr().out

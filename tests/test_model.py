@@ -43,22 +43,60 @@ def torch_minilm_out(minilm_path, minilm_batch):
         return model(**{k: torch.tensor(v) for k, v in minilm_batch.items()}, output_attentions=True)
 
 
+@pytest.fixture(scope="module")
+def torch_minilm_out64(minilm_path, minilm_batch):
+    """The float64 reference: its own rounding (~2⁻⁵³) is negligible next to ours (2⁻²⁴)."""
+    model = transformers.BertModel.from_pretrained(str(minilm_path), attn_implementation="eager").eval().double()
+    with torch.no_grad():
+        return model(**{k: torch.tensor(v) for k, v in minilm_batch.items()}, output_attentions=True)
+
+
+# float32 rounding (u = 2⁻²⁴) through L = 6 layers whose longest contraction is K = 1536 terms
+# (the FFN), on hidden values |h| ≤ 6.1: rounding errors add as a random walk, √K·u per
+# contraction, so L·√K·u·|h| ≈ 8.4e-5 ≤ 1e-4 (measured 2.6e-6 on AVX-512, AVX2 and SSE4.2).
+HIDDEN_BOUND = 1e-4
+# A weight p = softmax(z) moves by ≤ 2p·|δz|, and z is a 32-term dot product (/√32) of projections
+# of inputs within the previous layer's bound: ~10× smaller than the hidden bound (measured 2.4e-6).
+ATTENTION_BOUND = 1e-5
+
+
+def _parity_errors(out, reference, real):
+    """The largest |ours − reference| over real-query × real-key attention cells, and over the real
+    tokens' hidden states (rows of padding queries are not part of any analysis)."""
+    cells = real[:, None, :, None] & real[:, None, None, :]
+    attention = max(
+        np.abs(np.asarray(ours) - theirs.numpy())[np.broadcast_to(cells, ours.shape)].max()
+        for ours, theirs in zip(out.attentions, reference.attentions, strict=True)
+    )
+    hidden = np.abs(np.asarray(out.last_hidden_state) - reference.last_hidden_state.numpy())[real].max()
+    return attention, hidden
+
+
 def _forward(model, batch, **kwargs):
     return jax.jit(lambda m, b: m(**b, **kwargs))(model, batch)
 
 
-def test_minilm_matches_transformers_on_real_pairs(minilm, minilm_batch, torch_minilm_out):
+def test_minilm_matches_transformers_on_real_pairs(minilm, minilm_batch, torch_minilm_out64):
     out = _forward(minilm, minilm_batch, output_attentions=True)
     real = minilm_batch["attention_mask"].astype(bool)
-    # Rows of padding queries are not part of any analysis; compare real query × real key cells.
-    cells = real[:, None, :, None] & real[:, None, None, :]
     assert len(out.attentions) == 6 and out.attentions[0].shape == (8, 12) + real.shape[1:] * 2
-    for ours, theirs in zip(out.attentions, torch_minilm_out.attentions, strict=True):
-        diff = np.abs(np.asarray(ours) - theirs.numpy())
-        assert diff[np.broadcast_to(cells, diff.shape)].max() <= 1e-5
-    hidden = np.abs(np.asarray(out.last_hidden_state) - torch_minilm_out.last_hidden_state.numpy())
-    assert hidden[real].max() <= 1e-4
-    assert np.abs(np.asarray(out.pooler_output) - torch_minilm_out.pooler_output.numpy()).max() <= 1e-4
+    attention, hidden = _parity_errors(out, torch_minilm_out64, real)
+    assert attention <= ATTENTION_BOUND and hidden <= HIDDEN_BOUND
+    # The pooler is one 384-term contraction and a tanh (|f'| ≤ 1) on top of the hidden bound.
+    assert np.abs(np.asarray(out.pooler_output) - torch_minilm_out64.pooler_output.numpy()).max() <= HIDDEN_BOUND
+
+
+def test_the_parity_bounds_catch_attention_scaled_by_one_over_d(minilm, minilm_batch, torch_minilm_out64):
+    """Planted bug: scores q·k/d instead of q·k/√d (the query shrunk by √d) fail both bounds above."""
+    wrong = nnx.clone(minilm)
+    root_d = minilm.config.head_dim**0.5
+    for layer in wrong.encoder.layer:
+        query = layer.attention.self.query
+        query.kernel.set_value(query.kernel[...] / root_d)
+        query.bias.set_value(query.bias[...] / root_d)
+    out = _forward(wrong, minilm_batch, output_attentions=True)
+    attention, hidden = _parity_errors(out, torch_minilm_out64, minilm_batch["attention_mask"].astype(bool))
+    assert attention > ATTENTION_BOUND and hidden > HIDDEN_BOUND  # measured 0.93 and 2.1
 
 
 def test_fused_attention_path_equals_explicit_path(minilm, minilm_batch):
@@ -67,7 +105,8 @@ def test_fused_attention_path_equals_explicit_path(minilm, minilm_batch):
     assert fused.attentions is None
     real = minilm_batch["attention_mask"].astype(bool)
     diff = np.abs(np.asarray(fused.last_hidden_state) - np.asarray(explicit.last_hidden_state))
-    assert diff[real].max() <= 1e-5
+    # Two float32 orders of the same sums: within the parity bound's random walk (measured 1.9e-6).
+    assert diff[real].max() <= HIDDEN_BOUND
 
 
 def test_save_pretrained_opens_in_transformers(minilm, minilm_batch, torch_minilm_out, tmp_path):
@@ -88,6 +127,11 @@ def test_import_export_import_is_bit_identical(minilm, tmp_path):
         np.testing.assert_array_equal(np.asarray(first[key]), np.asarray(second[key]), err_msg=key)
 
 
+# The tiny model's hidden states: L = 2 layers, K ≤ 512 terms, |h| ≤ 4.2, so L·√K·u·|h| ≈ 1.1e-5,
+# and the heads (two 128-term contractions and a LayerNorm) end in logits ≤ 1.1 (measured 2.8e-7).
+TINY_BOUND = 2e-5
+
+
 @pytest.fixture(scope="module")
 def tiny_pretraining():
     config = bertjax.preset("tiny", vocab_size=211, max_position_embeddings=64)
@@ -106,15 +150,18 @@ def _random_batch(vocab_size: int, seed: int = 0):
 def test_pretraining_heads_match_transformers(tiny_pretraining, tmp_path):
     bertjax.save_pretrained(tiny_pretraining, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
-    theirs = transformers.BertForPreTraining.from_pretrained(str(tmp_path), attn_implementation="eager").eval()
+    theirs = transformers.BertForPreTraining.from_pretrained(str(tmp_path), attn_implementation="eager")
+    theirs = theirs.eval().double()  # the float64 reference
     batch = _random_batch(211)
     ours = _forward(tiny_pretraining, batch)
     with torch.no_grad():
         ref = theirs(**{k: torch.tensor(v) for k, v in batch.items()})
     real = batch["attention_mask"].astype(bool)
     mlm = np.abs(np.asarray(ours.prediction_logits) - ref.prediction_logits.numpy())
-    assert mlm[real].max() <= 1e-5
-    np.testing.assert_allclose(ours.seq_relationship_logits, ref.seq_relationship_logits.numpy(), atol=1e-5, rtol=0)
+    assert mlm[real].max() <= TINY_BOUND
+    np.testing.assert_allclose(
+        ours.seq_relationship_logits, ref.seq_relationship_logits.numpy(), atol=TINY_BOUND, rtol=0
+    )
 
 
 def test_mlm_logits_only_at_masked_positions(tiny_pretraining):
@@ -124,7 +171,9 @@ def test_mlm_logits_only_at_masked_positions(tiny_pretraining):
     gathered = _forward(tiny_pretraining, {**batch, "masked_positions": positions})
     assert gathered.prediction_logits.shape == (3, 3, 211)
     expected = np.take_along_axis(np.asarray(full.prediction_logits), positions[..., None], axis=1)
-    np.testing.assert_allclose(gathered.prediction_logits, expected, atol=1e-6, rtol=0)
+    # The same rows through the same head in another fusion: three contractions of ≤ 128 terms on
+    # logits ≤ 1.1, 3·√128·u·1.1 ≈ 2.2e-6 (measured 1.2e-7); a wrong row is O(1) away.
+    np.testing.assert_allclose(gathered.prediction_logits, expected, atol=3e-6, rtol=0)
 
 
 def test_head_mask_zeroes_the_heads_contribution(tiny_pretraining):
@@ -142,10 +191,12 @@ def test_head_mask_zeroes_the_heads_contribution(tiny_pretraining):
     real = batch["attention_mask"].astype(bool)
     for output_attentions in (False, True):  # the fused and the explicit attention path
         out = _forward(encoder, batch, head_mask=head_mask, output_attentions=output_attentions)
-        np.testing.assert_allclose(np.asarray(out.last_hidden_state)[real], np.asarray(reference)[real], atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(out.last_hidden_state)[real], np.asarray(reference)[real], atol=TINY_BOUND
+        )
     assert float(jnp.abs(out.attentions[layer][:, head]).max()) == 0.0
     unmasked = _forward(encoder, batch).last_hidden_state
-    assert np.abs(np.asarray(unmasked) - np.asarray(reference))[real].max() > 1e-3
+    assert np.abs(np.asarray(unmasked) - np.asarray(reference))[real].max() > 100 * TINY_BOUND
 
 
 def test_disabled_head_attends_uniformly_over_real_tokens(tiny_pretraining):
@@ -190,7 +241,10 @@ def test_new_task_head_is_initialised_and_encoder_kept(minilm_path, minilm):
     np.testing.assert_array_equal(
         classifier.bert.encoder.layer[5].output.dense.kernel[...], minilm.encoder.layer[5].output.dense.kernel[...]
     )
-    with pytest.raises(bertjax.UserError, match=r"tensor classifier\.(weight|bias) is missing: this analysis needs a fine-tuned task head"):
+    with pytest.raises(
+        bertjax.UserError,
+        match=r"tensor classifier\.(weight|bias) is missing: this analysis needs a fine-tuned task head",
+    ):
         bertjax.from_pretrained(minilm_path, "BertForSequenceClassification", trained_heads=True)
 
 
@@ -218,7 +272,10 @@ def test_loads_of_one_architecture_share_its_traced_shapes_and_keep_their_own_we
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda t: t.pop("encoder.layer.1.output.dense.weight"), r"tensor encoder\.layer\.1\.output\.dense\.weight is missing"),
+        (
+            lambda t: t.pop("encoder.layer.1.output.dense.weight"),
+            r"tensor encoder\.layer\.1\.output\.dense\.weight is missing",
+        ),
         (
             lambda t: t.update({"embeddings.word_embeddings.weight": np.zeros((49, 128), np.float32)}),
             r"tensor embeddings\.word_embeddings\.weight has shape \[49, 128\], the config needs \[50, 128\]",
@@ -301,7 +358,12 @@ def test_entry_points_keep_compiled_programs_in_the_bertjax_cache_unless_told_ot
 
 def test_presets_and_hf_config(minilm_path):
     assert [(c.num_hidden_layers, c.hidden_size, c.num_attention_heads) for c in bertjax.PRESETS.values()] == [
-        (2, 128, 2), (4, 256, 4), (4, 512, 8), (8, 512, 8), (12, 768, 12), (24, 1024, 16)
+        (2, 128, 2),
+        (4, 256, 4),
+        (4, 512, 8),
+        (8, 512, 8),
+        (12, 768, 12),
+        (24, 1024, 16),
     ]
     config = bertjax.BertConfig.from_json_file(minilm_path / "config.json")
     assert (config.num_hidden_layers, config.hidden_size, config.intermediate_size) == (6, 384, 1536)
@@ -312,7 +374,6 @@ def test_presets_and_hf_config(minilm_path):
         bertjax.BertConfig.from_hf_dict({**config.to_hf_dict(), "num_attention_heads": 5}, source="c.json")
     with pytest.raises(bertjax.UserError, match="unknown model preset 'huge'"):
         bertjax.preset("huge")
-
 
 
 @pytest.mark.parametrize("classifier_dropout", [None, 0.0, 0.5])
@@ -329,6 +390,7 @@ def test_the_classifier_drops_at_hf_classifier_dropout_else_hidden_dropout(class
     ids = jnp.arange(1, 17).reshape(2, 8)
     dropped = model(ids, dropout_rng=jax.random.key(1)).logits
     assert np.array_equal(model(ids).logits, dropped) == (classifier_dropout != 0.5)
+
 
 def test_bf16_compute_keeps_fp32_params(minilm_path, minilm_batch, torch_minilm_out):
     model = bertjax.from_pretrained(minilm_path, dtype="bfloat16")
@@ -363,8 +425,12 @@ def test_embeddings_by_slice_and_select_equal_the_lookups(dtype):
     loss = lambda f: lambda e: (f(e).astype(jnp.float32) ** 2).sum()
     fast_grad = nnx.grad(loss(lambda e: e(input_ids, token_type_ids)))(embeddings)
     slow_grad = nnx.grad(loss(lambda e: e.LayerNorm(by_lookup(e))))(embeddings)
+    # The same float32 sums in another order: LayerNorm's backward over H = 128 terms and the
+    # positions' sum over 3 rows, (128 + 3)·u ≈ 7.8e-6 relative; the atol covers entries near 0.
     for (path, a), (_, b) in zip(nnx.to_flat_state(fast_grad), nnx.to_flat_state(slow_grad), strict=True):
-        np.testing.assert_allclose(np.asarray(a[...], np.float32), np.asarray(b[...], np.float32), rtol=1e-5, atol=1e-6, err_msg=str(path))
+        np.testing.assert_allclose(
+            np.asarray(a[...], np.float32), np.asarray(b[...], np.float32), rtol=1e-5, atol=1e-6, err_msg=str(path)
+        )
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -387,11 +453,15 @@ def test_word_lookup_sums_its_gradient_in_float32_on_every_platform_path(dtype):
         np.testing.assert_array_equal(np.asarray(rows), np.asarray(table.astype(dtype))[np.asarray(ids)])
         (gradients[path.__name__],) = vjp(cotangent)
         assert gradients[path.__name__].dtype == jnp.float32
+        # float64 reference; id 7's 2,048 float32 adds with partial sums ≲ 45 err by √2048·u·45 ≈
+        # 1.2e-4, within atol + rtol·45 = 5.5e-4; the bf16 sum below is > 100× further off.
         np.testing.assert_allclose(gradients[path.__name__], reference, rtol=1e-5, atol=1e-4, err_msg=path.__name__)
     if dtype == jnp.bfloat16:
         # What the lookup replaces: nnx.Embed casts the table first, and its gradient sums in bf16.
         (bf16_sum,) = jax.vjp(lambda t: jnp.take(t.astype(dtype), ids, axis=0), table)[1](cotangent)
-        assert np.abs(np.asarray(bf16_sum) - reference)[7].max() > 100 * np.abs(gradients["lookup"] - reference)[7].max()
+        assert (
+            np.abs(np.asarray(bf16_sum) - reference)[7].max() > 100 * np.abs(gradients["lookup"] - reference)[7].max()
+        )
 
 
 def test_a_sequence_longer_than_the_positions_is_an_error(tiny_pretraining):

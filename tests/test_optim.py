@@ -26,7 +26,7 @@ def test_decay_mask_skips_layernorm_and_biases_of_the_trainers_flat_params():
     assert decay_mask(nested) == {"layer": {"dense": {"kernel": True, "bias": False}, "LayerNorm": {"scale": False}}}
 
 
-def reference_lamb(params, grads_per_step, config: OptimizerConfig, lr: float):
+def reference_lamb(params, grads_per_step, config: OptimizerConfig, lr: float, bias_correction: bool = True):
     """LAMB as in BERT's reference optimizer, one leaf at a time, in float64: Adam moments with
     bias correction, decoupled weight decay and the trust ratio ‖w‖/‖u‖ only where decay applies."""
     params = {k: np.asarray(v, np.float64) for k, v in params.items()}
@@ -37,7 +37,8 @@ def reference_lamb(params, grads_per_step, config: OptimizerConfig, lr: float):
             g = np.asarray(grads[k], np.float64)
             m[k] = config.b1 * m[k] + (1 - config.b1) * g
             v[k] = config.b2 * v[k] + (1 - config.b2) * g * g
-            update = (m[k] / (1 - config.b1**step)) / (np.sqrt(v[k] / (1 - config.b2**step)) + config.eps)
+            c1, c2 = (1 - config.b1**step, 1 - config.b2**step) if bias_correction else (1.0, 1.0)
+            update = (m[k] / c1) / (np.sqrt(v[k] / c2) + config.eps)
             decays = not (k.endswith("bias") or "LayerNorm" in k)
             ratio = 1.0
             if decays:
@@ -63,8 +64,14 @@ def test_lamb_matches_the_reference_and_exempts_biases_from_the_trust_ratio():
         updates, state = tx.update(g, state, current)
         current = optax.apply_updates(current, updates)
     expected = reference_lamb(params, grads, config, lr=1e-2)
+    # float64 reference. Each float32 step rounds ~10 times per entry (moments, corrections, root,
+    # division, update) and takes norms of ≤ 24 terms: 5 steps·(10 + 24)·u ≈ 1e-5 relative; the
+    # atol covers the zero-started bias's first digits. A bias step without the Adam bias correction
+    # is 0.32× the right one at step 1 and fails the same bound (planted below).
     for k in params:
         np.testing.assert_allclose(np.asarray(current[k]), expected[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    wrong = reference_lamb(params, grads, config, lr=1e-2, bias_correction=False)
+    assert not np.allclose(np.asarray(current["layer/dense/bias"]), wrong["layer/dense/bias"], rtol=2e-5, atol=1e-7)
 
 
 def test_a_zero_bias_under_a_steady_gradient_moves_like_adam():
@@ -78,4 +85,6 @@ def test_a_zero_bias_under_a_steady_gradient_moves_like_adam():
     for _ in range(10):
         updates, state = step(params, state)
         params = optax.apply_updates(params, updates)
-    assert np.asarray(params["dense/bias"]) == pytest.approx(np.full(3, -10 * 1e-3), rel=1e-3)
+    # 10 Adam steps of g/(√g² + ε) = 1 − 1e-6 each, the linear decay's lr(1 − k/10⁶) (mean 4.5e-6
+    # below peak) and 10 float32 adds (10·u): ≤ 6e-6 relative. optax.lamb alone is ~10× off.
+    assert np.asarray(params["dense/bias"]) == pytest.approx(np.full(3, -10 * 1e-3), rel=2e-5)

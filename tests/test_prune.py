@@ -77,8 +77,12 @@ def test_mask_gradient_equals_sum_over_tokens_of_output_gradient_times_output(mo
     mask_gradient = np.asarray(jax.jit(jax.grad(loss_of_mask))(ones))
     for layer in range(N_LAYERS):
         heads_out, loss = _loss_through_head_outputs(model, ids, token_types, label, layer)
+        # The same float32 forward pass split in two: contractions of ≤ 64 terms, ≤ 2·64·u ≈ 7.6e-6.
         assert float(loss(heads_out)) == pytest.approx(float(loss_of_mask(ones)), rel=1e-5)
         identity = np.asarray((jax.jit(jax.grad(loss))(heads_out) * heads_out).sum(axis=(0, 1, 3)))
+        # Two float32 routes to one gradient: backward through ≤ 2 layers of ≤ 64-term contractions,
+        # then T·d = 11·8 signed products, (2·64 + 88)·u ≈ 1.3e-5 before their cancellation (≤ 10×
+        # here), so 1e-4; the atol is for a gradient near 0. A wrong head slice is O(1) off.
         np.testing.assert_allclose(mask_gradient[layer], identity, rtol=1e-4, atol=1e-7)
     assert np.abs(mask_gradient).min() > 0  # every head matters a little: the identity is not 0 = 0
 
@@ -103,6 +107,7 @@ def eval_set():
 def test_importance_is_the_mean_absolute_per_example_gradient(model, eval_set):
     arrays, batches = eval_set
     evaluator = ablation.MaskedEvaluator(model, batches)
+
     # One example at a time, in file order, padded as given: no sorting, buckets or vmap.
     @jax.jit
     def gradient(mask, ids, attention_mask, label):
@@ -116,16 +121,28 @@ def test_importance_is_the_mean_absolute_per_example_gradient(model, eval_set):
     pruned = unpruned.copy()
     pruned[1, [0, 3]] = 0.0
     for head_mask in (unpruned, pruned):
-        slow = np.zeros((N_LAYERS, N_HEADS))
+        slow, signed = np.zeros((N_LAYERS, N_HEADS)), np.zeros((N_LAYERS, N_HEADS))
         for i in range(len(arrays["labels"])):
             one = slice(i, i + 1)
-            slow += np.abs(np.asarray(gradient(head_mask, arrays["input_ids"][one], arrays["attention_mask"][one], arrays["labels"][one])))
-        np.testing.assert_allclose(evaluator.mask_gradients(head_mask), slow / len(arrays["labels"]), rtol=1e-4, atol=1e-8)
+            g = np.asarray(
+                gradient(head_mask, arrays["input_ids"][one], arrays["attention_mask"][one], arrays["labels"][one])
+            )
+            slow, signed = slow + np.abs(g), signed + g
+        # The same per-example float32 gradients (bound as above), batched: the mean of 7 |g| adds 7·u.
+        np.testing.assert_allclose(
+            evaluator.mask_gradients(head_mask), slow / len(arrays["labels"]), rtol=1e-4, atol=1e-8
+        )
+    # Planted bug: the absolute value of the mean gradient (signs cancel across examples), not the
+    # mean of the absolute values, fails the same bound.
+    assert not np.allclose(
+        evaluator.mask_gradients(head_mask), np.abs(signed) / len(arrays["labels"]), rtol=1e-4, atol=1e-8
+    )
 
 
 def test_normalise_per_layer_gives_unit_l2_rows():
     importance = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     expected = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 0.0], [1 / math.sqrt(3)] * 3])
+    # float64, 3 squares, a root and a division: a few 2⁻⁵³, far inside the default rtol 1e-7.
     np.testing.assert_allclose(prune.normalise_per_layer(importance), expected)
 
 
@@ -156,6 +173,7 @@ def test_normalise_per_layer_scales_each_layer_to_the_unit_sphere(importance):
         if not row.any():
             np.testing.assert_array_equal(out, 0.0)
             continue
+        # float64 over ≤ 6 entries: a norm and a division err by ≤ ~10·2⁻⁵³ ≈ 1e-15, so 1e-12.
         np.testing.assert_allclose(np.linalg.norm(out), 1.0, rtol=1e-12)
         scale = np.linalg.norm(row)
         assert scale > 0
@@ -182,7 +200,9 @@ def test_pruning_counts_are_the_documented_schedule(n_total, step):
 def test_pruning_by_importance_masks_the_least_important_remaining_heads():
     importance = np.array([[0.5, 0.1, 0.9], [0.3, 0.2, 0.8]])
     seen = []
-    steps, estimates = prune.prune_by_importance(importance, [0, 2, 4, 6], lambda m: seen.append(m.copy()) or float(m.sum()))
+    steps, estimates = prune.prune_by_importance(
+        importance, [0, 2, 4, 6], lambda m: seen.append(m.copy()) or float(m.sum())
+    )
     assert [s.heads_pruned for s in steps] == [0, 2, 4, 6] and [s.metric for s in steps] == [6, 4, 2, 0]
     assert len(estimates) == 1
     np.testing.assert_array_equal(seen[1], [[1, 0, 1], [1, 0, 1]])  # 0.1 and 0.2 go first
@@ -294,16 +314,21 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     assert curve["order"].tolist() == ["importance"] * 5 + ["random"] * 5
     assert curve["heads_pruned"].tolist()[:5] == [0, 2, 4, 6, 8]
     seeds = pd.read_csv(out / "mrpc_pruning_random_seeds.csv")
+    # Means of 2 seeds' metrics, written as CSV text: only the float64 round trip (~2⁻⁵³) differs.
     np.testing.assert_allclose(curve["metric"][5:], seeds.groupby("heads_pruned")["metric"].mean())
     # Nothing pruned: every order starts from the unpruned metric; all pruned: one value for all.
     assert curve["metric"][0] == curve["metric"][5] and curve["metric"][4] == curve["metric"][9]
     importance = pd.read_csv(out / "mrpc_importance.csv")
     norms = importance.groupby("layer")["importance"].apply(lambda x: np.sqrt((x**2).sum()))
+    # float32 importances normalised per layer of ≤ 12 heads: (12 squares + root + division)·u ≈ 8e-7.
     np.testing.assert_allclose(norms, 1.0, rtol=1e-6)
     # Without --importance-n the importance is estimated on the same 8 examples, not the whole split.
     model = bertjax.from_pretrained(tiny_ckpt, "BertForSequenceClassification")
     first_8, _ = ablation.load_eval_set(bertjax.load_tokenizer(tiny_ckpt), "mrpc", "dev", glue_dir, 8, 128, 8)
-    np.testing.assert_allclose(importance["importance_raw"], ablation.MaskedEvaluator(model, first_8).mask_gradients().ravel(), rtol=1e-5)
+    # The same float32 computation run again (another compilation), written as CSV: a few u.
+    np.testing.assert_allclose(
+        importance["importance_raw"], ablation.MaskedEvaluator(model, first_8).mask_gradients().ravel(), rtol=1e-5
+    )
     assert (out / "mrpc_pruning.png").is_file() and (out / "mrpc_importance.svg").is_file()
     order = pd.read_csv(out / "mrpc_pruning_order.csv")
     assert sorted(zip(order["layer"], order["head"], strict=True)) == list(itertools.product(range(2), range(4)))
@@ -312,7 +337,9 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     result = info["result"]
     assert result["split"] == "dev" and result["examples"] == 8
     assert result["importance_set"] == {"split": "dev", "examples": 8}
-    assert result["importance_estimates"] == result["importance_passes"] == 4  # at ξ = 1, then after each of 3 partial steps
+    assert (
+        result["importance_estimates"] == result["importance_passes"] == 4
+    )  # at ξ = 1, then after each of 3 partial steps
     assert result["forward_passes"] == 1 + 5 * 3  # the baseline metrics, then 5 points of 3 curves
     within = result["heads_prunable_within_one_point"]
     per_seed = [prune.heads_within(runs) for _, runs in seeds.groupby("seed")]

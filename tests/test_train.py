@@ -97,7 +97,15 @@ def test_pretraining_writes_checkpoints_metrics_and_run_info(smoke_run):
 
     records = [json.loads(line) for line in lines]
     assert records[-1]["step"] == 12
-    for key in ("loss", "mlm_accuracy", "nsp_accuracy", "learning_rate", "grad_norm", "tokens_per_s", "sequences_per_s"):
+    for key in (
+        "loss",
+        "mlm_accuracy",
+        "nsp_accuracy",
+        "learning_rate",
+        "grad_norm",
+        "tokens_per_s",
+        "sequences_per_s",
+    ):
         assert np.isfinite(records[-1][key]), key
     assert (smoke_run / "config.yaml").is_file() and (smoke_run / "run.json").is_file()
     assert list((smoke_run / "tensorboard").iterdir())
@@ -183,8 +191,14 @@ def test_non_finite_loss_names_the_step(corpus, prepared, tmp_path, cli_error):
         ("unknown_key", "unknown config key 'train.stepz'"),
         ("missing_vocab", "does-not-exist.txt: vocab_file does not exist"),
         ("empty_corpus", "has no text"),
-        ("other_shape", "step 12 was trained with other settings (model.preset: 'tiny' vs 'mini'; train.steps: 12 vs 2)"),
-        ("other_optimizer", "step 12 was trained with other settings (train.steps: 12 vs 2; optimizer.name: 'lamb' vs 'adamw')"),
+        (
+            "other_shape",
+            "step 12 was trained with other settings (model.preset: 'tiny' vs 'mini'; train.steps: 12 vs 2)",
+        ),
+        (
+            "other_optimizer",
+            "step 12 was trained with other settings (train.steps: 12 vs 2; optimizer.name: 'lamb' vs 'adamw')",
+        ),
         ("empty_batch", "train.global_batch_size 0 must be a positive multiple of the 1 devices"),
     ],
 )
@@ -223,7 +237,9 @@ def test_shards_prepared_with_other_data_settings_are_refused(corpus, prepared):
     assert pretrain.prepared_data(dataclasses.replace(config, segment_workers=2), prepared, None) == prepared
     with pytest.raises(UserError, match=r"prepared with other data settings \(max_predictions_per_seq: 10 vs 12; "
                                         r"whole_word_mask: False vs True\)"):  # fmt: skip
-        pretrain.prepared_data(dataclasses.replace(config, whole_word_mask=True, max_predictions_per_seq=12), prepared, None)
+        pretrain.prepared_data(
+            dataclasses.replace(config, whole_word_mask=True, max_predictions_per_seq=12), prepared, None
+        )
 
 
 def test_a_checkpoint_without_recorded_settings_is_still_checked_for_shape_and_optimizer(tmp_path):
@@ -350,6 +366,7 @@ def test_flops_and_mfu_follow_the_design_convention():
     assert count(tiny) == hf.num_parameters()
     assert flops_per_token(base, 110_106_428, 128) == 6 * 110_106_428 + 12 * 12 * 128 * 768
     rates = throughput(10, 2.0, 256, tokens=10 * 256 * 128, flops=4e15, peak=989e12, devices=2)
+    # float64 products and quotients of a few exact inputs: approx's rel 1e-6 is ~10⁹ ulps.
     assert rates == pytest.approx(
         {"steps_per_s": 5.0, "sequences_per_s": 1280.0, "tokens_per_s": 163_840.0, "mfu": 4e15 / 2.0 / (2 * 989e12)}
     )
