@@ -338,17 +338,16 @@ def load_scores(path: Path) -> dict[str, roles.TaskScores]:
         }
 
 
-def cached(path: Path) -> bool:
-    """Whether the cache holds a readable entry at `path`. One that cannot be read whole (torn,
-    overwritten, holding pickled objects) is reported and scored again, which replaces it."""
+def read_cached(path: Path) -> dict[str, roles.TaskScores] | None:
+    """The cache entry at `path`, or None when there is none or it cannot be read whole (torn,
+    overwritten, holding pickled objects): that one is reported and scored again, which replaces it."""
     if not path.is_file():
-        return False
+        return None
     try:
-        load_scores(path)
+        return load_scores(path)
     except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
         log.warning("scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e)
-        return False
-    return True
+        return None
 
 
 def run(config: TrackConfig) -> pd.DataFrame:
@@ -388,7 +387,13 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
     settings = settings_key(rc, data_files, tokenizer, parser)
     identities = {m.step: member_identity(m) for m in members}
     paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
-    todo = [s for s in steps if not cached(paths[s])]
+    # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
+    # scores are read once and only one step's are held at a time.
+    tested: dict[int, tuple[pd.DataFrame, float]] = {}
+    for step in steps:
+        if (cached_scores := read_cached(paths[step])) is not None:
+            tested[step] = roles.test_roles(cached_scores, rc)
+    todo = [s for s in steps if s not in tested]
     timings["load_data"] = time.perf_counter() - clock
     print(f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse")
 
@@ -401,13 +406,12 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
             step_timings: dict[str, float] = {}
             results = roles.score_sequences(roles.make_scorer(model), sequences, rc, step_timings)
             save_scores(paths[step], results, settings, identities[step])
+            tested[step] = roles.test_roles(results, rc)
             timings[f"step {step}"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    tables, taus = [], {}
-    for step in steps:
-        table, taus[step] = roles.test_roles(load_scores(paths[step]), rc)
-        tables.append(table.assign(step=step)[["step", *table.columns]])
+    taus = {step: tested[step][1] for step in steps}
+    tables = [tested[step][0].assign(step=step)[["step", *tested[step][0].columns]] for step in steps]
     track = pd.concat(tables, ignore_index=True)
     track.to_csv(tmp / TRACK_CSV, index=False)
     onsets = onset.role_onsets(track)
