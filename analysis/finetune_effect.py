@@ -31,7 +31,7 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from analysis import plots, roles
-from analysis.track import layer_groups
+from analysis.summary import layer_groups
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve

@@ -123,9 +123,7 @@ def plot_onset(
     ax = fig.add_subplot()
     for role in counts.columns:
         ax.plot(steps, counts[role], marker="o", markersize=3, color=colours[role], label=role)
-    if steps.size > 1 and (steps > 0).all():
-        plots._log_scale(ax, "x")
-    ax.set_xlabel("step")
+    plots.step_axis(ax, steps)
     ax.set_ylabel(f"heads holding the role (of {track_heads(track, task)})")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.3, max(1, int(counts.to_numpy().max())) + 0.3)

@@ -205,6 +205,14 @@ def _log_scale(ax: Axes, which: Literal["x", "y"]) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def step_axis(ax: Axes, steps: np.ndarray) -> None:
+    """A training-step x axis: log scale when every step is positive (a series led by its init at
+    step 0 stays linear)."""
+    if steps.size > 1 and (steps > 0).all():
+        _log_scale(ax, "x")
+    ax.set_xlabel("step")
+
+
 def _all_positive(values: np.ndarray) -> bool:
     return bool(values.size) and bool((values > 0).all())
 

@@ -180,3 +180,13 @@ def format_summary(df: pd.DataFrame) -> str:
         lines.append(f"  Spearman rho(local, syntactic mean beta): {corr}")
         blocks.append("\n".join(lines))
     return "\n".join(blocks)
+
+
+GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
+
+
+def layer_groups(n_layers: int) -> list[tuple[str, np.ndarray]]:
+    """The initial, middle and final third of the layers (`np.array_split`: earlier groups take
+    the remainder, e.g. 2/1/1 for 4 layers); 2 layers make an initial and a final group, 1 one."""
+    parts = np.array_split(np.arange(n_layers), min(3, n_layers))
+    return list(zip(GROUP_NAMES[len(parts)], parts, strict=True))

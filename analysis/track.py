@@ -46,7 +46,7 @@ from matplotlib.figure import Figure
 from tqdm import tqdm
 
 from analysis import onset, plots, roles
-from analysis.summary import ordered_roles
+from analysis.summary import layer_groups, ordered_roles
 from bertjax import checkpoint as ckpt
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
@@ -57,7 +57,6 @@ STEP_PLACEHOLDER = "{step}"
 INIT_LABEL = "init"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
-GROUP_NAMES = {3: ("initial", "middle", "final"), 2: ("initial", "final"), 1: ("all",)}
 # The figure kinds drawn per task, for `--figures`.
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
 
@@ -82,13 +81,6 @@ class TrackConfig:
             return Path(self.scores_cache).expanduser().resolve()
         out = Path(self.roles.out).expanduser().resolve()
         return out.parent / f"{out.name}.cache"
-
-
-def layer_groups(n_layers: int) -> list[tuple[str, np.ndarray]]:
-    """The initial, middle and final third of the layers (`np.array_split`: earlier groups take
-    the remainder, e.g. 2/1/1 for 4 layers); 2 layers make an initial and a final group, 1 one."""
-    parts = np.array_split(np.arange(n_layers), min(3, n_layers))
-    return list(zip(GROUP_NAMES[len(parts)], parts, strict=True))
 
 
 def run_steps(run: str, wanted: Sequence[int] | None) -> tuple[Path, list[int]]:
@@ -488,12 +480,6 @@ def format_fractions(track: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def _step_axis(ax, steps: np.ndarray) -> None:
-    if steps.size > 1 and (steps > 0).all():
-        plots._log_scale(ax, "x")
-    ax.set_xlabel("step")
-
-
 def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
     """Fraction of heads holding each role against step: all layers, then each layer group."""
     fractions = held_fractions(track, task)
@@ -508,7 +494,7 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
         steps = part.index.to_numpy()
         for role in part.columns:
             ax.plot(steps, part[role], marker="o", markersize=3, color=colours[role], label=role)
-        _step_axis(ax, steps)
+        plots.step_axis(ax, steps)
         layers = spans[group]
         ax.set_title(f"{group} (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else f"{group} (layer {layers[0]})", fontsize=9)
         ax.set_ylim(-0.02, 1.02)
@@ -571,7 +557,7 @@ def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_d
     for role in means.columns:
         ax.plot(steps, means[role], marker="o", markersize=3, color=colours[role], label=role)
     ax.plot(steps, [taus[s] for s in steps], color="black", linestyle="--", linewidth=1, label="τ")
-    _step_axis(ax, steps)
+    plots.step_axis(ax, steps)
     values = means.to_numpy(dtype=float)
     if plots._all_positive(values[np.isfinite(values)]):
         plots._log_scale(ax, "y")

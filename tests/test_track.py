@@ -15,7 +15,7 @@ from matplotlib.colors import to_rgba
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import onset, plots, track
+from analysis import onset, plots, summary, track
 from analysis import roles as roles_cli
 from bertjax import checkpoint as ckpt
 
@@ -142,10 +142,10 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
 
 
 def test_layer_groups_are_thirds():
-    sizes = {n: [len(layers) for _, layers in track.layer_groups(n)] for n in (12, 6, 4, 2, 1)}
+    sizes = {n: [len(layers) for _, layers in summary.layer_groups(n)] for n in (12, 6, 4, 2, 1)}
     assert sizes == {12: [4, 4, 4], 6: [2, 2, 2], 4: [2, 1, 1], 2: [1, 1], 1: [1]}
-    assert [name for name, _ in track.layer_groups(12)] == ["initial", "middle", "final"]
-    assert [list(layers) for _, layers in track.layer_groups(12)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    assert [name for name, _ in summary.layer_groups(12)] == ["initial", "middle", "final"]
+    assert [list(layers) for _, layers in summary.layer_groups(12)] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
 
 
 def test_held_fractions_count_heads():
