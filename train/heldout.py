@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 import jax
-import jax.numpy as jnp
-import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax.errors import UserError
 from train import sharding
 from train.corpora import CorpusConfig
 from train.data import PretrainingData
+from train.losses import pretraining_sums
 
 
 @dataclasses.dataclass
@@ -47,24 +46,6 @@ def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) ->
                 raise UserError(f"heldout.corpora.{i}: {corpus.path} overlaps the training corpus {other}")
 
 
-def _sums(model, batch):
-    """Sums (not means) over one batch, so batches of unequal masked counts weigh right."""
-    out = model(
-        batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], masked_positions=batch["masked_positions"]
-    )
-    weights = batch["masked_weights"]
-    mlm = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits, batch["masked_ids"])
-    nsp = optax.softmax_cross_entropy_with_integer_labels(out.seq_relationship_logits, batch["nsp_labels"])
-    return {
-        "mlm_loss": (mlm * weights).sum(),
-        "mlm_hits": ((out.prediction_logits.argmax(-1) == batch["masked_ids"]) * weights).sum(),
-        "masked": weights.sum(),
-        "nsp_loss": nsp.sum(),
-        "nsp_hits": (out.seq_relationship_logits.argmax(-1) == batch["nsp_labels"]).sum().astype(jnp.float32),
-        "sequences": jnp.asarray(nsp.shape[0], jnp.float32),
-    }
-
-
 class HeldOutEvaluator:
     """The Trainer's `evaluate` hook: `heldout_{mlm,nsp}_{loss,accuracy}` of the params."""
 
@@ -83,7 +64,7 @@ class HeldOutEvaluator:
         self.batches = [next(data) for _ in range(config.sequences // config.batch_size)]
         self.trainer = trainer
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
-        self.forward = jax.jit(lambda params, batch: _sums(trainer.model(params), batch), out_shardings=replicated)
+        self.forward = jax.jit(lambda params, batch: pretraining_sums(trainer.model(params), batch), out_shardings=replicated)
         self.seconds = 0.0
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:

@@ -8,8 +8,10 @@ import optax
 from flax import nnx
 
 
-def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None):
-    """MLM cross-entropy at the masked positions (weighted; padding predictions weigh 0) + NSP."""
+def pretraining_sums(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None = None):
+    """Sums over one batch (not means) of the MLM cross-entropy and hits at the masked positions
+    (padding predictions weigh 0) and of the NSP cross-entropy and hits, with the counts they
+    divide by: batches of unequal masked counts then add up right (held-out evaluation)."""
     out = model(
         batch["input_ids"],
         batch["attention_mask"],
@@ -18,19 +20,30 @@ def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Ar
         dropout_rng=key,
     )
     weights = batch["masked_weights"]
-    total = jnp.maximum(weights.sum(), 1.0)
     mlm = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits, batch["masked_ids"])
-    mlm_loss = (mlm * weights).sum() / total
-    mlm_hits = (out.prediction_logits.argmax(-1) == batch["masked_ids"]) * weights
     nsp_logits = out.seq_relationship_logits
-    nsp_loss = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, batch["nsp_labels"]).mean()
-    metrics = {
-        "mlm_loss": mlm_loss,
-        "nsp_loss": nsp_loss,
-        "mlm_accuracy": mlm_hits.sum() / total,
-        "nsp_accuracy": (nsp_logits.argmax(-1) == batch["nsp_labels"]).mean(),
+    nsp = optax.softmax_cross_entropy_with_integer_labels(nsp_logits, batch["nsp_labels"])
+    return {
+        "mlm_loss": (mlm * weights).sum(),
+        "mlm_hits": ((out.prediction_logits.argmax(-1) == batch["masked_ids"]) * weights).sum(),
+        "masked": weights.sum(),
+        "nsp_loss": nsp.sum(),
+        "nsp_hits": (nsp_logits.argmax(-1) == batch["nsp_labels"]).sum().astype(jnp.float32),
+        "sequences": jnp.asarray(nsp.shape[0], jnp.float32),
     }
-    return mlm_loss + nsp_loss, metrics
+
+
+def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None):
+    """MLM cross-entropy at the masked positions (weighted; padding predictions weigh 0) + NSP."""
+    sums = pretraining_sums(model, batch, key)
+    total = jnp.maximum(sums["masked"], 1.0)
+    metrics = {
+        "mlm_loss": sums["mlm_loss"] / total,
+        "nsp_loss": sums["nsp_loss"] / sums["sequences"],
+        "mlm_accuracy": sums["mlm_hits"] / total,
+        "nsp_accuracy": sums["nsp_hits"] / sums["sequences"],
+    }
+    return metrics["mlm_loss"] + metrics["nsp_loss"], metrics
 
 
 def classification_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None):
