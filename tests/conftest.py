@@ -71,6 +71,21 @@ def minilm_tokenizer(minilm_path):
     return AutoTokenizer.from_pretrained(minilm_path)
 
 
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory, shared_data) -> Path:
+    """A random tiny BERT (seed 1, 128 positions) with the uncased BERT vocabulary, as a HF-format
+    directory; read only, shared by the test modules that run the analyses end to end."""
+    from transformers import BertTokenizerFast
+
+    import bertjax
+
+    directory = tmp_path_factory.mktemp("tiny_hf")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture
 def cli_error(capsys):
     """`cli_error(main, argv)` runs an entry point as `python -m` would (through `bertjax.cli.run`),

@@ -9,9 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.stats import entropy as scipy_entropy
-from transformers import BertTokenizerFast
 
-import bertjax
 from analysis import roles as roles_cli
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
@@ -155,15 +153,6 @@ def test_variant_flags_are_checked_and_recorded():
     assert not any(roles_cli.entropy_roles(default))
     with pytest.raises(UserError, match="--block-score"):
         roles_cli.RolesConfig(ckpt="x", block_score="notebook")
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
-    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
-    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
-    return directory
 
 
 @pytest.mark.slow

@@ -10,20 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-from transformers import BertTokenizerFast
-
-import bertjax
-
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
-    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")).save_pretrained(directory)
-    return directory
 
 
 def _roles(ckpt: Path, shared_data: Path, tmp_path: Path) -> list[str]:
@@ -32,13 +19,13 @@ def _roles(ckpt: Path, shared_data: Path, tmp_path: Path) -> list[str]:
             "--cache-dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out")]  # fmt: skip
 
 
-def test_a_full_disk_is_one_line_and_leaves_nothing(tiny_ckpt, shared_data, tmp_path):
+def test_a_full_disk_is_one_line_and_leaves_nothing(tiny_hf, shared_data, tmp_path):
     # RLIMIT_FSIZE stands in for a full disk: the output's files (run.json is ~2.7 kB) pass it,
     # while Python ignores SIGXFSZ, so the write fails with EFBIG as it would with ENOSPC.
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (1500, 1500))
 
-    result = subprocess.run(_roles(tiny_ckpt, shared_data, tmp_path), preexec_fn=limit, capture_output=True,
+    result = subprocess.run(_roles(tiny_hf, shared_data, tmp_path), preexec_fn=limit, capture_output=True,
                             text=True, timeout=300, check=False, cwd=ROOT)  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (
@@ -47,20 +34,20 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(tiny_ckpt, shared_data, tmp_
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_checkpoint_path_that_is_a_file_is_one_line(tiny_ckpt, shared_data, tmp_path, cli_error):
+def test_a_checkpoint_path_that_is_a_file_is_one_line(tiny_hf, shared_data, tmp_path, cli_error):
     from analysis import roles
 
-    argv = _roles(tiny_ckpt / "config.json", shared_data, tmp_path)[3:]
+    argv = _roles(tiny_hf / "config.json", shared_data, tmp_path)[3:]
     assert (
         cli_error(roles.main, argv)
-        == f"error: {tiny_ckpt / 'config.json'}: no bertjax checkpoints found (expected checkpoints/<step>/)"
+        == f"error: {tiny_hf / 'config.json'}: no bertjax checkpoints found (expected checkpoints/<step>/)"
     )
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_cleans_up_and_exits_130(tiny_ckpt, shared_data, tmp_path):
+def test_ctrl_c_cleans_up_and_exits_130(tiny_hf, shared_data, tmp_path):
     # A shell's background job starts with SIGINT ignored, which Python keeps: restore Ctrl-C first.
-    command = _roles(tiny_ckpt, shared_data, tmp_path)
+    command = _roles(tiny_hf, shared_data, tmp_path)
     command[1:3] = ["-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
                           "sys.argv[0] = 'roles'; runpy.run_module('analysis.roles', run_name='__main__')"]  # fmt: skip
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)

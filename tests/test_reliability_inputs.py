@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from transformers import BertTokenizerFast
 
 import bertjax
 from bertjax.config import BertConfig
@@ -19,14 +18,6 @@ from bertjax.errors import UserError
 from sieves.parse import read_conllu
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
-    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")).save_pretrained(directory)
-    return directory
 
 
 def _with_config(tiny_hf: Path, tmp_path: Path, edit) -> Path:

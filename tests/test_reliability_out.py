@@ -13,25 +13,15 @@ import time
 from pathlib import Path
 
 import pytest
-from transformers import BertTokenizerFast
 
-import bertjax
 from bertjax import runinfo
 from bertjax.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1), directory)
-    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt")).save_pretrained(directory)
-    return directory
-
-
-def _roles(tiny_ckpt, shared_data, out: Path, n: int = 4) -> list[str]:
-    return [sys.executable, "-m", "analysis.roles", "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--roles", "local,cls",
+def _roles(tiny_hf, shared_data, out: Path, n: int = 4) -> list[str]:
+    return [sys.executable, "-m", "analysis.roles", "--ckpt", str(tiny_hf), "--task", "mrpc", "--roles", "local,cls",
             "--glue-dir", str(shared_data / "glue"), "--n", str(n), "--batch-size", "4", "--no-figures",
             "--out", str(out)]  # fmt: skip
 
@@ -60,9 +50,9 @@ def _finish(process: subprocess.Popen) -> tuple[int, str]:
     return process.returncode, err
 
 
-def test_a_directory_made_at_out_during_the_run_survives(tiny_ckpt, shared_data, tmp_path):
+def test_a_directory_made_at_out_during_the_run_survives(tiny_hf, shared_data, tmp_path):
     out = tmp_path / "out"
-    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    process = _start_and_pause(_roles(tiny_hf, shared_data, out), out)
     out.mkdir()
     (out / "precious.txt").write_text("data\n")
     code, err = _finish(process)
@@ -76,11 +66,11 @@ def test_a_directory_made_at_out_during_the_run_survives(tiny_ckpt, shared_data,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary, no lock
 
 
-def test_of_two_runs_on_one_out_the_second_refuses(tiny_ckpt, shared_data, tmp_path):
+def test_of_two_runs_on_one_out_the_second_refuses(tiny_hf, shared_data, tmp_path):
     out = tmp_path / "out"
-    first = _start_and_pause(_roles(tiny_ckpt, shared_data, out, n=4), out)
+    first = _start_and_pause(_roles(tiny_hf, shared_data, out, n=4), out)
     second = subprocess.run(
-        _roles(tiny_ckpt, shared_data, out, n=6), check=False, cwd=ROOT, capture_output=True, text=True, timeout=300
+        _roles(tiny_hf, shared_data, out, n=6), check=False, cwd=ROOT, capture_output=True, text=True, timeout=300
     )
     assert second.returncode == 2
     assert second.stderr.strip().splitlines()[-1] == (
@@ -95,9 +85,9 @@ def test_of_two_runs_on_one_out_the_second_refuses(tiny_ckpt, shared_data, tmp_p
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
-def test_sigterm_cleans_up_and_exits_143(tiny_ckpt, shared_data, tmp_path):
+def test_sigterm_cleans_up_and_exits_143(tiny_hf, shared_data, tmp_path):
     out = tmp_path / "out"
-    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    process = _start_and_pause(_roles(tiny_hf, shared_data, out), out)
     process.send_signal(signal.SIGTERM)  # delivered when it continues
     code, err = _finish(process)
     assert code == 143
@@ -105,13 +95,13 @@ def test_sigterm_cleans_up_and_exits_143(tiny_ckpt, shared_data, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_killed_runs_temporary_is_removed_by_the_next_run(tiny_ckpt, shared_data, tmp_path):
+def test_a_killed_runs_temporary_is_removed_by_the_next_run(tiny_hf, shared_data, tmp_path):
     out = tmp_path / "out"
-    process = _start_and_pause(_roles(tiny_ckpt, shared_data, out), out)
+    process = _start_and_pause(_roles(tiny_hf, shared_data, out), out)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert len(_temporaries(out)) == 1
-    subprocess.run(_roles(tiny_ckpt, shared_data, out), cwd=ROOT, check=True, capture_output=True, timeout=300)
+    subprocess.run(_roles(tiny_hf, shared_data, out), cwd=ROOT, check=True, capture_output=True, timeout=300)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert (out / "run.json").is_file()
 

@@ -9,7 +9,6 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
-from transformers import BertTokenizerFast
 
 import bertjax
 from analysis import roles as roles_cli
@@ -154,20 +153,10 @@ def test_a_uniform_head_scores_one_everywhere(planted_scores):
 
 
 @pytest.fixture(scope="module")
-def tiny_ckpt(tmp_path_factory, shared_data):
-    directory = tmp_path_factory.mktemp("tiny_hf")
-    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1)
-    bertjax.save_pretrained(model, directory)
-    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
-    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def tiny_run(tiny_ckpt, shared_data, tmp_path_factory):
+def tiny_run(tiny_hf, shared_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
     cache = tmp_path_factory.mktemp("cache")
-    argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc,sst2", "--glue-dir", str(shared_data / "glue"),
+    argv = ["--ckpt", str(tiny_hf), "--task", "mrpc,sst2", "--glue-dir", str(shared_data / "glue"),
             "--n", "24", "--batch-size", "8", "--out", str(out), "--cache-dir", str(cache), "--figure-format", "png,svg"]  # fmt: skip
     roles_cli.main(argv)
     return out, argv, cache
@@ -218,17 +207,17 @@ def _reference_sequence_scores(attention: np.ndarray, seq: EncodedSequence, role
     return (in_sieve / overall)[:, :, rows].mean(-1)
 
 
-def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny_ckpt, shared_data):
+def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny_hf, shared_data):
     """The CLI scores length-sorted, bucket-padded batches; here every MRPC example is scored in
     file order in one unsorted batch and compared row by row with `scores.npz` through its
     index. Also pins n: exactly the examples where a role has a scored row."""
     out, _, cache = tiny_run
     config = roles_cli.RolesConfig(
-        ckpt=str(tiny_ckpt), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
+        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
     )
     data = roles_cli.load_tasks(config, ["mrpc"])
     seqs = roles_cli.encode_tasks(
-        config, data, bertjax.load_tokenizer(str(tiny_ckpt)), roles_cli.make_parser(config), {}
+        config, data, bertjax.load_tokenizer(str(tiny_hf)), roles_cli.make_parser(config), {}
     )
     seqs = seqs["mrpc"]
     length = max(s.length for s in seqs)
@@ -237,7 +226,7 @@ def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny
         arrays["input_ids"][b, : seq.length] = seq.input_ids
         arrays["attention_mask"][b, : seq.length] = 1
         arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
-    model = bertjax.from_pretrained(str(tiny_ckpt))
+    model = bertjax.from_pretrained(str(tiny_hf))
     attention = np.stack(model(**arrays, output_attentions=True).attentions, axis=1)  # [B, L, H, T, T]
 
     saved = np.load(out / "scores.npz")
@@ -275,11 +264,11 @@ def test_a_correction_spans_every_test_of_the_run():
     assert roles_cli.parse_args(["--ckpt", "x", "--correction", "bh"]).correction == "bh"
 
 
-def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_ckpt, shared_data, tmp_path):
+def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_data, tmp_path):
     config = roles_cli.RolesConfig(
-        ckpt=str(tiny_ckpt), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8
+        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8
     )
-    tokenizer = bertjax.load_tokenizer(str(tiny_ckpt))
+    tokenizer = bertjax.load_tokenizer(str(tiny_hf))
     parser = roles_cli.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
     shapes = []
 
@@ -334,11 +323,11 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
     ],
 )
-def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_ckpt, shared_data, tmp_path, cli_error):
+def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_hf, shared_data, tmp_path, cli_error):
     out = tmp_path / "out"
     argv = [
         "--ckpt",
-        str(tiny_ckpt),
+        str(tiny_hf),
         "--task",
         "mrpc",
         "--glue-dir",
