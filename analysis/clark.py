@@ -6,381 +6,18 @@ neighbours and entropies per head, on two-paragraph WikiText segments or a GLUE 
 needs a checkpoint with a trained MLM head), `depheads` (dependency heads on UD English-EWT, chosen
 on dev, reported on test) and `probes` (attention-only, attention + embedding and distance +
 embedding dependency probes, trained on EWT train, UAS on EWT test). Definitions are in the
-docstrings of `analysis.surface`, `analysis.gradients`, `analysis.depheads`, `analysis.probes` and
-`analysis.wordattn`. Everything streams batch by batch; no analysis holds the attention of a whole
+docstrings of `analysis.attention.surface`, `.gradients`, `.depheads`, `.probes` and
+`.wordattn`. Everything streams batch by batch; no analysis holds the attention of a whole
 dataset.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
-from pathlib import Path
 
-import numpy as np
-import pandas as pd
-from matplotlib import colormaps
-from matplotlib.colors import BoundaryNorm
-from matplotlib.figure import Figure
-
-from analysis import depheads, gradients, plots, probes, surface
-from analysis.plots import save_figure
-from analysis.roles import fit_max_length
-from analysis.wordattn import iter_word_attention, make_word_attention_fn
-from bertjax import cli, glue, runinfo, wikitext
-from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
-from sieves.align import encode_batch
-from sieves.parse import Parse, Word, read_conllu
-
-ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes")
-EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
-PUNCT_TOKENS = (".", ",")
-WORD_TEXTS = ("original", "joined")
-
-
-@dataclasses.dataclass(frozen=True)
-class ClarkConfig:
-    """Everything that decides the numbers of a run; saved in run.json."""
-
-    ckpt: str
-    out: str
-    step: int | None = None
-    analyses: tuple[str, ...] = ANALYSES
-    data_dir: str = "../shared/data"
-    inputs: str = "wikitext"  # or a GLUE task name (its --split)
-    glue_dir: str | None = None
-    split: str = "dev"
-    n: int = 1000
-    max_length: int = 128
-    batch_size: int = 32
-    cluster_n: int = 300
-    gradient_n: int = 256
-    ewt_n: int | None = None
-    first_piece: bool = False
-    min_count: int = 100
-    probe_train_n: int = 2000
-    probe_epochs: int = 10
-    probe_learning_rate: float = 5e-3
-    seed: int = 0
-    # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
-    surface_weighting: str = "tokens"
-    baseline_offsets: str = "paper"
-    all_relations_include_root: bool = False
-    word_text: str = "original"
-    overwrite: bool = False
-    figure_format: str = "png"
-    analyses_explicit: bool = False
-
-    def __post_init__(self) -> None:
-        for name in self.analyses:
-            if name not in ANALYSES:
-                raise UserError(f"--analyses: unknown analysis {name!r}; choose from {', '.join(ANALYSES)}")
-        for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length"):
-            if getattr(self, flag) < 1:
-                raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
-        if self.inputs != "wikitext":
-            glue.resolve_tasks(self.inputs)
-        for flag, value, choices in (
-            ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
-            ("baseline-offsets", self.baseline_offsets, tuple(depheads.BASELINE_OFFSETS)),
-            ("word-text", self.word_text, WORD_TEXTS),
-        ):
-            if value not in choices:
-                raise UserError(f"--{flag} must be one of {', '.join(choices)}, got {value!r}")
-
-    @property
-    def ewt_dir(self) -> Path:
-        return Path(self.data_dir).expanduser() / "ud_english_ewt"
-
-    @property
-    def wikitext_file(self) -> Path:
-        return Path(self.data_dir).expanduser() / "wikitext" / "wikitext-2-raw" / "wiki.valid.raw"
-
-
-def wikitext_segment_pairs(text: str, n: int) -> list[tuple[str, str]]:
-    """The first n pairs of consecutive paragraphs of one article (paragraphs 1+2, 3+4, ...).
-
-    Articles start at level-1 headings (` = T = `); section headings and blank lines are not
-    paragraphs. WikiText's number escapes (`1 @,@ 000`) are undone, as real text has no `@`.
-    """
-    pairs: list[tuple[str, str]] = []
-    for article in wikitext.articles(text):
-        for first in range(0, len(article) - 1, 2):
-            pairs.append((article[first], article[first + 1]))
-            if len(pairs) == n:
-                return pairs
-    return pairs
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"{path}: cannot read ({error})") from None
-
-
-def input_sequences(config: ClarkConfig, tokenizer) -> tuple[list, list[Path]]:
-    """Encoded inputs of the surface, cluster and gradient analyses, and the files they came from."""
-    if config.inputs == "wikitext":
-        pairs = wikitext_segment_pairs(_read(config.wikitext_file), config.n)
-        if not pairs:
-            raise UserError(f"{config.wikitext_file}: no pair of paragraphs found")
-        return encode_batch(tokenizer, pairs, None, config.max_length), [config.wikitext_file]
-    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
-    examples = glue.load_glue(config.inputs, config.split, glue_dir, config.n)
-    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-    files = glue.glue_files(config.inputs, config.split, glue_dir) if glue_dir else []
-    return encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples]), files
-
-
-def joined_words(text: str, words: Parse) -> tuple[str, Parse]:
-    """The sentence as the authors' `extract_attention.py` feeds it, `" ".join(words)` (so "don't"
-    becomes "do n't"), with each word's span in that text. A word's form is its span of the
-    original text (multiword tokens that spell their words, as English ones do, give each word
-    its own part)."""
-    forms = [text[word.start : word.end] for word in words]
-    joined, start, spans = " ".join(forms), 0, []
-    for form in forms:
-        spans.append((start, start + len(form)))
-        start += len(form) + 1
-    return joined, tuple(Word(a, b, w.dep, w.head, w.pos) for (a, b), w in zip(spans, words, strict=True))
-
-
-def ewt_sequences(config: ClarkConfig, tokenizer, split: str, limit: int | None) -> list:
-    path = config.ewt_dir / EWT_FILES[split]
-    if not path.is_file():
-        raise UserError(f"{path}: no such file (UD English-EWT is expected under --data-dir)")
-    sentences = read_conllu(path, limit=limit)
-    if config.word_text == "joined":
-        sentences = [joined_words(text, words) for text, words in sentences]
-    texts = [(text,) for text, _ in sentences]
-    return encode_batch(tokenizer, texts, [(words,) for _, words in sentences], config.max_length)
-
-
-def head_labels(layers: int, heads: int) -> list[str]:
-    return [f"{layer}-{head}" for layer in range(layers) for head in range(heads)]
-
-
-def run(config: ClarkConfig) -> dict:
-    """The selected analyses; outputs under config.out (written to a temporary sibling first)."""
-    out = Path(config.out).expanduser().resolve()
-    formats = plots.select_formats(config.figure_format)
-    source = resolve(config.ckpt, config.step)
-    gradients_ok = gradients.has_mlm_head(source)
-    if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
-        gradients.require_mlm_head(source)
-    with runinfo.atomic_out(out, config.overwrite) as tmp, plots.figure_formats(formats):
-        return _run(config, source, gradients_ok, tmp)
-
-
-def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    results: dict = {"skipped": {}}
-    figures: list[Path] = []
-    wanted = set(config.analyses)
-    if "gradients" in wanted and not gradients_ok:
-        wanted.discard("gradients")
-        results["skipped"]["gradients"] = "the checkpoint has no trained MLM head"
-        print(f"gradients: skipped, {source.path} has no trained MLM head ({gradients.MLM_TENSOR})")
-
-    clock = time.perf_counter()
-    model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
-    model = from_pretrained(config.ckpt, model_class, step=config.step)
-    encoder = model.bert if "gradients" in wanted else model
-    tokenizer = load_tokenizer(config.ckpt, step=config.step)
-    config = fit_max_length(config, encoder.config.max_position_embeddings)
-    layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
-    punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))
-    timings["load_model"] = time.perf_counter() - clock
-    data_files: list[Path] = []
-
-    if wanted & {"surface", "cluster", "gradients"}:
-        seqs, files = input_sequences(config, tokenizer)
-        data_files += files
-        if "surface" in wanted:
-            clock = time.perf_counter()
-            means = surface.surface_statistics(
-                encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting
-            )
-            table = surface_table(means)
-            table.to_csv(tmp / "surface.csv", index=False)
-            figures += plot_surface(table, tmp, config.inputs)
-            figures += plot_entropy(table, tmp, config.inputs)
-            results["surface_sequences"] = len(seqs)
-            timings["surface"] = time.perf_counter() - clock
-        if "cluster" in wanted:
-            clock = time.perf_counter()
-            chosen = seqs[: config.cluster_n]
-            js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length)
-            labels = head_labels(layers, heads)
-            pd.DataFrame(js, index=labels, columns=labels).rename_axis("head").to_csv(tmp / "head_js_divergence.csv")
-            # MDS needs a metric; the square root of the JS divergence is one.
-            coords = surface.classical_mds(np.sqrt(np.clip(js, 0.0, None)))
-            mds = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
-                                "x": coords[:, 0], "y": coords[:, 1]})  # fmt: skip
-            mds.to_csv(tmp / "head_mds.csv", index=False)
-            figures += plot_mds(mds, tmp, len(chosen))
-            results["cluster_sequences"] = len(chosen)
-            timings["cluster"] = time.perf_counter() - clock
-        if "gradients" in wanted:
-            clock = time.perf_counter()
-            chosen = seqs[: config.gradient_n]
-            importance = gradients.gradient_importance(
-                model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed
-            )
-            table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
-            table.to_csv(tmp / "gradient_importance.csv", index=False)
-            figures += plot_gradients(table, tmp, len(chosen))
-            results["gradient_sequences"] = len(chosen)
-            timings["gradients"] = time.perf_counter() - clock
-
-    if wanted & {"depheads", "probes"}:
-        clock = time.perf_counter()
-        run_words = make_word_attention_fn(encoder)
-        words = lambda seqs, desc: iter_word_attention(
-            run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc
-        )
-        data_files += [config.ewt_dir / EWT_FILES[s] for s in ("dev", "test")]
-        counts = {}
-        test_probe: list[probes.ProbeSentence] = []
-        for split in ("dev", "test"):
-            counts[split] = depheads.DependencyCounts(
-                layers, heads, config.baseline_offsets, config.all_relations_include_root
-            )
-            for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):
-                counts[split].update(word)
-                if split == "test" and "probes" in wanted:
-                    test_probe.append(probes.probe_sentence(word))
-        timings["ewt_dev_test"] = time.perf_counter() - clock
-        if "depheads" in wanted:
-            table = depheads.dependency_table(counts["dev"], counts["test"])
-            table.to_csv(tmp / "dependency_heads.csv", index=False)
-            best = depheads.best_per_relation(table)
-            beating = (best["test_accuracy"] > best["baseline_accuracy"]) & (best["count"] >= config.min_count)
-            results["relations_beating_baseline"] = sorted(best.loc[beating, "relation"])
-            print(depheads.format_summary(table, config.min_count))
-        if "probes" in wanted:
-            clock = time.perf_counter()
-            data_files.append(config.ewt_dir / EWT_FILES["train"])
-            train_seqs = ewt_sequences(config, tokenizer, "train", config.probe_train_n)
-            train_probe = [probes.probe_sentence(w) for w in words(train_seqs, "EWT train")]
-            rows = []
-            for name, kind, with_embeddings in (
-                ("attention-only", "attention", False),
-                ("attention + embeddings", "attention", True),
-                ("distance + embeddings", "distance", True),
-            ):
-                params = probes.train_probe(
-                    train_probe, kind, with_embeddings, epochs=config.probe_epochs, batch_size=config.batch_size,
-                    learning_rate=config.probe_learning_rate, seed=config.seed, desc=name,
-                )  # fmt: skip
-                score, counted = probes.uas(params, test_probe, kind, config.batch_size)
-                rows.append(
-                    {"probe": name, "test_uas": score, "test_words": counted, "train_sentences": len(train_probe)}
-                )
-            table = pd.DataFrame(rows)
-            table.to_csv(tmp / "probes.csv", index=False)
-            print(table.to_string(index=False, float_format=lambda x: f"{100 * x:.1f}%"))
-            timings["probes"] = time.perf_counter() - clock
-
-    timings["total"] = time.perf_counter() - started
-    run_info = {
-        "config": dataclasses.asdict(config),
-        "checkpoint": source.describe(),
-        "model_config": encoder.config.to_hf_dict(),
-        "results": results,
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(data_files)],
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(tmp, run_info)
-    return results
-
-
-def surface_table(means: np.ndarray) -> pd.DataFrame:
-    layers, heads, _ = means.shape
-    table = pd.DataFrame(means.reshape(layers * heads, -1), columns=list(surface.STATISTICS))
-    table.insert(0, "head", np.tile(np.arange(heads), layers))
-    table.insert(0, "layer", np.repeat(np.arange(layers), heads))
-    return table
-
-
-def _layer_strip(ax, table: pd.DataFrame, column: str, title: str, rng: np.random.Generator) -> None:
-    """Paper-style strip: one dot per head at its layer (jittered), the layer mean as a bar."""
-    layers = table["layer"].to_numpy()
-    ax.scatter(layers + rng.uniform(-0.2, 0.2, layers.size), table[column], s=10, alpha=0.7, color="#1f77b4")
-    means = table.groupby("layer")[column].mean()
-    ax.hlines(means.to_numpy(), means.index - 0.3, means.index + 0.3, color="black", linewidth=1.5)
-    ax.set_title(title, fontsize=9)
-    ax.set_xticks(sorted(set(layers)))
-    ax.set_xlabel("layer")
-
-
-def plot_surface(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
-    """Paper Figs. 1–2: per head, mean attention to special tokens, punctuation and neighbours."""
-    panels = (
-        ("cls", "to [CLS]"), ("sep", "to [SEP]"), ("punct", 'to "." and ","'),
-        ("prev", "to the previous token"), ("self", "to the token itself"), ("next", "to the next token"),
-    )  # fmt: skip
-    fig = Figure(figsize=(13, 6), layout="constrained")
-    axes = fig.subplots(2, 3, sharey=True).ravel()
-    rng = np.random.default_rng(0)
-    for ax, (column, title) in zip(axes, panels, strict=True):
-        _layer_strip(ax, table, column, title, rng)
-    for ax in axes[::3]:
-        ax.set_ylabel("mean attention")
-    fig.suptitle(f"{inputs}: average attention per head (dot), layer mean (bar)")
-    return save_figure(fig, out_dir, "surface_by_layer")
-
-
-def plot_entropy(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
-    """Paper Fig. 4: per-head attention entropy by layer against uniform attention's entropy."""
-    fig = Figure(figsize=(11, 4), layout="constrained")
-    axes = fig.subplots(1, 2, sharey=True)
-    rng = np.random.default_rng(0)
-    panels = (("entropy", "uniform_entropy", "all rows"), ("entropy_cls", "uniform_entropy_cls", "[CLS] row"))
-    for ax, (column, uniform, title) in zip(axes, panels, strict=True):
-        _layer_strip(ax, table, column, title, rng)
-        ax.axhline(table[uniform].iloc[0], color="#d62728", linestyle="--", label="uniform attention")
-        ax.legend(fontsize=8)
-    axes[0].set_ylabel("mean entropy (nats)")
-    fig.suptitle(f"{inputs}: attention entropy per head")
-    return save_figure(fig, out_dir, "entropy_by_layer")
-
-
-def plot_mds(mds: pd.DataFrame, out_dir: Path, sequences: int) -> list[Path]:
-    """Paper Fig. 6: heads embedded in 2-D by MDS of √JS, coloured by layer."""
-    layers = int(mds["layer"].max()) + 1
-    fig = Figure(figsize=(6.5, 5.5), layout="constrained")
-    ax = fig.add_subplot()
-    points = ax.scatter(
-        mds["x"], mds["y"], c=mds["layer"], cmap=colormaps["viridis"].resampled(layers),
-        norm=BoundaryNorm(np.arange(layers + 1) - 0.5, layers), s=30, edgecolor="black", linewidth=0.3,
-    )  # fmt: skip
-    for row in mds.itertuples():
-        ax.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=5, xytext=(2, 2), textcoords="offset points")
-    fig.colorbar(points, ax=ax, ticks=range(layers), label="layer")
-    ax.set_xlabel("MDS dimension 1")
-    ax.set_ylabel("MDS dimension 2")
-    ax.set_title(f"classical MDS of √(Jensen–Shannon divergence) between heads ({sequences} sequences)", fontsize=9)
-    return save_figure(fig, out_dir, "head_mds")
-
-
-def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int) -> list[Path]:
-    """Paper Fig. 3: mean |∂MLM loss/∂α| per layer for attention to each kind of key."""
-    fig = Figure(figsize=(6.5, 4), layout="constrained")
-    ax = fig.add_subplot()
-    for kind in gradients.KEY_KINDS:
-        ax.plot(table["layer"], table[kind], marker="o", label=kind)
-    ax.set_xticks(table["layer"])
-    ax.set_xlabel("layer")
-    ax.set_ylabel("mean |∂ MLM loss / ∂ attention|")
-    ax.legend()
-    ax.set_title(f"gradient-based importance of attention ({sequences} masked sequences)", fontsize=9)
-    return save_figure(fig, out_dir, "gradient_importance")
+from analysis.attention import depheads, surface
+from analysis.attention.pipeline import ANALYSES, WORD_TEXTS, ClarkConfig, run
+from bertjax import cli
 
 
 def parse_args(argv: list[str] | None) -> ClarkConfig:
@@ -405,14 +42,29 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--probe-epochs", type=int, default=10)
     p.add_argument("--probe-learning-rate", type=float, default=5e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--surface-weighting", choices=surface.WEIGHTINGS, default="tokens",
-                   help="tokens: every row counts once; sequences: every sequence counts once (the authors' notebook)")
-    p.add_argument("--baseline-offsets", choices=list(depheads.BASELINE_OFFSETS), default="paper",
-                   help="paper: ±1…3, unclipped; authors: −3…+2, clipped into the sentence (the authors' notebook)")
-    p.add_argument("--all-relations-include-root", action="store_true",
-                   help="count root arcs in the 'all' row of the dependency heads (the authors' notebook)")
-    p.add_argument("--word-text", choices=WORD_TEXTS, default="original",
-                   help="EWT text the model reads: original (the sentence's # text) or joined (\" \".join(words), the authors' code)")
+    p.add_argument(
+        "--surface-weighting",
+        choices=surface.WEIGHTINGS,
+        default="tokens",
+        help="tokens: every row counts once; sequences: every sequence counts once (the authors' notebook)",
+    )
+    p.add_argument(
+        "--baseline-offsets",
+        choices=list(depheads.BASELINE_OFFSETS),
+        default="paper",
+        help="paper: ±1…3, unclipped; authors: −3…+2, clipped into the sentence (the authors' notebook)",
+    )
+    p.add_argument(
+        "--all-relations-include-root",
+        action="store_true",
+        help="count root arcs in the 'all' row of the dependency heads (the authors' notebook)",
+    )
+    p.add_argument(
+        "--word-text",
+        choices=WORD_TEXTS,
+        default="original",
+        help="EWT text the model reads: original (the sentence's # text) or joined (\" \".join(words), the authors' code)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)

@@ -1,4 +1,4 @@
-"""`python -m analysis.figure_worker PARENT_PID`: one worker of `analysis.plots.FigurePool`.
+"""`python -m analysis.figure_worker PARENT_PID`: one worker of `analysis.common.figures.FigurePool`.
 
 Its own module, so that it is tied to its parent before the seconds of importing matplotlib and
 pandas: a parent killed meanwhile takes the worker with it.
@@ -21,6 +21,6 @@ def die_with(parent: int) -> None:
 
 if __name__ == "__main__":
     die_with(int(sys.argv[1]))
-    from analysis import plots
+    from analysis.common.figures import serve
 
-    plots.serve()
+    serve()

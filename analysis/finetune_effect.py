@@ -16,323 +16,15 @@ Outputs (written into a temporary sibling of `--out` and renamed when complete):
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import math
-import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import pandas as pd
-from flax import nnx
-from matplotlib import colormaps
-from matplotlib.figure import Figure
-
-from analysis import plots, roles
-from analysis.summary import layer_groups
-from bertjax import cli, glue, runinfo
+from analysis.common.examples import resolve_tasks
+from analysis.heads.config import add_data_arguments, add_output_arguments, config_from_args
+from analysis.heads.finetuning import FIGURES, EffectConfig, Post, run
+from analysis.heads.pipeline import write_html
+from bertjax import cli, glue
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
-from sieves.align import EncodedSequence
-from sieves.builders import ROLES
-from sieves.kernel import sieve_scores
-
-# Fig. 6's bars: the four coarse roles, then the delimiter's two halves on their own.
-BARS: tuple[tuple[str, str], ...] = (
-    ("local", "coarse"), ("syntactic", "coarse"), ("block", "coarse"), ("delimiter", "coarse"),
-    ("cls", "fine"), ("sep", "fine"),
-)  # fmt: skip
-SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
-# The figure kinds, for `--figures`.
-FIGURES = ("beta_change", "attention_similarity")
-_COMPARERS: dict[tuple, object] = {}
-
-
-@dataclasses.dataclass(frozen=True)
-class Post:
-    """A fine-tuned checkpoint, the tasks to compare it on, and its name in tables and figures."""
-
-    ckpt: str
-    tasks: tuple[str, ...]
-    label: str
-
-
-@dataclasses.dataclass(frozen=True)
-class EffectConfig:
-    """`data.ckpt` is the pre-trained checkpoint; `data` also holds the data and output settings."""
-
-    data: roles.RolesConfig
-    posts: tuple[Post, ...]
-
-
-# -- the math ------------------------------------------------------------------------------------
-
-
-def role_bars(role: str) -> list[str]:
-    """The Fig. 6 bars a fine role counts towards: its coarse role, and [CLS] / [SEP] themselves."""
-    return [bar for bar, kind in BARS if (bar == ROLES[role].coarse if kind == "coarse" else bar == role)]
-
-
-def group_means(head_means: Mapping[str, np.ndarray], n_layers: int) -> pd.DataFrame:
-    """Mean β of each Fig. 6 bar in each layer group.
-
-    `head_means[role]` is [L, H], each head's mean per-sequence score. A bar's value in a group is
-    the mean over the group's heads and the bar's fine roles (all have the same number of heads,
-    so this is also the mean of the per-role means). A role no sequence scored (all NaN: a small
-    --n or a short --max-length can leave `advmod` none) is left out of its bar, and a bar without
-    a scored role is left out.
-    """
-    scored = {role: means for role, means in head_means.items() if not np.isnan(means).all()}
-    rows = []
-    for group, layers in layer_groups(n_layers):
-        for bar, _ in BARS:
-            members = [scored[r][layers] for r in scored if bar in role_bars(r)]
-            if members:
-                span = f"{layers[0]}-{layers[-1]}" if len(layers) > 1 else f"{layers[0]}"
-                rows.append({"group": group, "layers": span, "bar": bar, "mean": float(np.mean(members))})
-    return pd.DataFrame(rows)
-
-
-def mean_per_head(scores: np.ndarray) -> np.ndarray:
-    """[L, H] mean over the sequences of [n, L, H] scores; NaN where no sequence has a scored row
-    (a short --max-length can leave a role none)."""
-    return scores.mean(axis=0) if len(scores) else np.full(scores.shape[1:], np.nan)
-
-
-def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Array:
-    """Cosine similarity of each head's attention map, flattened over real × real tokens.
-
-    pre, post: float[L, B, H, T, T]; real: bool[B, T]. Returns float[L, B, H].
-    """
-    mask = (real[:, :, None] & real[:, None, :])[None, :, None]
-    dtype = jnp.promote_types(pre.dtype, jnp.float32)
-    a = jnp.where(mask, pre.astype(dtype), 0)
-    b = jnp.where(mask, post.astype(dtype), 0)
-    dot = (a * b).sum((-2, -1))
-    return dot / jnp.sqrt((a * a).sum((-2, -1)) * (b * b).sum((-2, -1)))
-
-
-def make_comparer(pre: nnx.Module, post: nnx.Module):
-    """One jitted function, one forward pass of each model: β of every role, layer and head for
-    both, the rows' counts, and the per-example cosine of every head's attention maps."""
-    pre_graph, pre_state = nnx.split(pre)
-    post_graph, post_state = nnx.split(post)
-    key = (type(pre), pre.config, type(post), post.config)
-    if key not in _COMPARERS:
-
-        @jax.jit
-        def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
-            real = attention_mask.astype(bool)
-            attend = lambda graph, state: jnp.stack(
-                nnx.merge(graph, state)(input_ids, attention_mask, token_type_ids, output_attentions=True).attentions
-            )
-            a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
-            pre_scores, counts = sieve_scores(a, real, rows, sieves)
-            post_scores, _ = sieve_scores(b, real, rows, sieves)
-            return pre_scores, post_scores, counts, attention_cosine(a, b, real)
-
-        _COMPARERS[key] = compare
-    compare = _COMPARERS[key]
-    return lambda *arrays: compare(pre_state, post_state, *arrays)
-
-
-def compare_task(
-    comparer, seqs: Sequence[EncodedSequence], config: roles.RolesConfig, desc: str
-) -> tuple[roles.TaskScores, roles.TaskScores, np.ndarray]:
-    """Pre and post β of the task's sequences and the [L, H] cosine similarity averaged over them,
-    streamed batch by batch."""
-    present, absent = roles.present_roles((seq.num_segments for seq in seqs), config.roles)
-    before, after = roles.ScoreCollector(config.roles, present), roles.ScoreCollector(config.roles, present)
-    total = 0.0
-    for chunk, (pre_scores, post_scores, counts, cosine) in roles.scored_batches(comparer, seqs, present, config, desc):
-        before.add(chunk, pre_scores, counts)
-        after.add(chunk, post_scores, counts)
-        total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
-    return before.result(absent, len(seqs)), after.result(absent, len(seqs)), total / len(seqs)
-
-
-# -- checks ----------------------------------------------------------------------------------------
-
-
-def check_same_shape(pre: str, post: str) -> None:
-    pre_config, post_config = load_config(resolve(pre)), load_config(resolve(post))
-    differ = [f"{f} {getattr(pre_config, f)} vs {getattr(post_config, f)}" for f in SHAPE_FIELDS
-              if getattr(pre_config, f) != getattr(post_config, f)]  # fmt: skip
-    if differ:
-        raise UserError(f"--pre {pre} and --post {post} have different shapes ({', '.join(differ)}); compare a model with its own fine-tuned copy")
-
-
-def check_same_vocabulary(pre_tokenizer, post: str) -> None:
-    """The sequences are encoded once with the pre tokenizer, so the post one must agree."""
-    if load_tokenizer(post).get_vocab() != pre_tokenizer.get_vocab():
-        raise UserError(f"--post {post}: its tokenizer's vocabulary differs from the pre-trained checkpoint's")
-
-
-# -- the run ---------------------------------------------------------------------------------------
-
-
-def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
-    """Both comparisons for every post checkpoint; returns the tables (also written under --out)."""
-    started = time.perf_counter()
-    plots.select_figures(config.data.figures, FIGURES)
-    plots.select_formats(config.data.figure_format)
-    for post in config.posts:
-        check_same_shape(config.data.ckpt, post.ckpt)
-    # Cut before encoding: the sequences are encoded once, before any model is loaded.
-    positions = load_config(resolve(config.data.ckpt)).max_position_embeddings
-    config = dataclasses.replace(config, data=roles.fit_max_length(config.data, positions))
-    rc = config.data
-    with runinfo.atomic_out(rc.out, rc.overwrite) as tmp:
-        return _run(config, tmp, started)
-
-
-def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFrame]:
-    rc = config.data
-    timings: dict[str, float] = {}
-    tokenizer = load_tokenizer(rc.ckpt)
-    for post in config.posts:
-        check_same_vocabulary(tokenizer, post.ckpt)
-    tasks = list(dict.fromkeys(t for post in config.posts for t in post.tasks))
-    data = roles.load_tasks(rc, tasks)
-    sequences = roles.encode_tasks(rc, data, tokenizer, roles.make_parser(rc), timings)
-
-    clock = time.perf_counter()
-    pre = from_pretrained(rc.ckpt)
-    timings["load_pre"] = time.perf_counter() - clock
-    n_layers = pre.config.num_hidden_layers
-
-    changes, means, similarity = [], [], []
-    for post in config.posts:
-        clock = time.perf_counter()
-        comparer = make_comparer(pre, from_pretrained(post.ckpt))
-        for task in post.tasks:
-            before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
-            head_before = {r: mean_per_head(s) for r, s in before.scores.items()}
-            head_after = {r: mean_per_head(s) for r, s in after.scores.items()}
-            bars = group_means(head_before, n_layers).merge(
-                group_means(head_after, n_layers), on=["group", "layers", "bar"], suffixes=("_pre", "_post")
-            ).rename(columns={"mean_pre": "pre", "mean_post": "post"})
-            bars["change"] = bars["post"] - bars["pre"]
-            changes.append(bars.assign(post_ckpt=post.label, task=task))
-            for role in before.scores:
-                layers, heads = np.meshgrid(np.arange(n_layers), np.arange(head_before[role].shape[1]), indexing="ij")
-                means.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
-                                           "role": role, "n": len(before.scores[role]), "pre": head_before[role].ravel(),
-                                           "post": head_after[role].ravel()}))  # fmt: skip
-            layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
-            similarity.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
-                                            "n": len(sequences[task]), "cosine": cosine.ravel()}))  # fmt: skip
-        timings[post.label] = time.perf_counter() - clock
-
-    keys = ["post_ckpt", "task"]
-    tables = {
-        "beta_change": pd.concat(changes, ignore_index=True)[[*keys, "group", "layers", "bar", "pre", "post", "change"]],
-        "head_means": pd.concat(means, ignore_index=True),
-        "attention_similarity": pd.concat(similarity, ignore_index=True),
-    }
-    tables["head_means"]["change"] = tables["head_means"]["post"] - tables["head_means"]["pre"]
-    for name, table in tables.items():
-        table.to_csv(tmp / f"{name}.csv", index=False)
-
-    clock = time.perf_counter()
-    figures = []
-    draw = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}
-    with plots.figure_formats(plots.select_formats(rc.figure_format)):
-        for kind in plots.select_figures(rc.figures, FIGURES):
-            figures += draw[kind](tables[kind], tmp, kind)
-    timings["figures"] = time.perf_counter() - clock
-    timings["total"] = time.perf_counter() - started
-    runinfo.write_run_json(
-        tmp,
-        {
-            "config": dataclasses.asdict(config),
-            "pre": resolve(rc.ckpt).describe(),
-            "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
-            "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
-            "data_files": roles.data_file_hashes(data),
-            "sequences": {t: len(s) for t, s in sequences.items()},
-            "figures": sorted(p.name for p in figures),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        },
-    )
-    print(format_changes(tables["beta_change"], tables["attention_similarity"]))
-    return tables
-
-
-def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:
-    lines = []
-    for (label, task), part in changes.groupby(["post_ckpt", "task"], sort=False):
-        lines.append(f"{label} on {task}: change in mean β (post − pre)")
-        lines.append(part.pivot(index="bar", columns="group", values="change").reindex(
-            [b for b, _ in BARS if b in set(part["bar"])])[list(dict.fromkeys(part["group"]))].round(3).to_string())  # fmt: skip
-        cos = similarity[(similarity["post_ckpt"] == label) & (similarity["task"] == task)]
-        by_layer = cos.groupby("layer")["cosine"].mean().round(3).to_dict()
-        lines.append(f"attention cosine similarity, mean per layer: {by_layer}")
-    return "\n".join(lines)
-
-
-def _panels(count: int, width: float, height: float) -> tuple[Figure, list]:
-    ncols = min(2, count)
-    nrows = math.ceil(count / ncols)
-    fig = Figure(figsize=(width * ncols + 1.0, height * nrows + 0.6), layout="constrained")
-    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
-    for spare in axes[count:]:
-        fig.delaxes(spare)
-    return fig, list(axes[:count])
-
-
-def plot_beta_change(changes: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
-    """Paper Fig. 6: per (post, task) grouped bars, one bar per layer group for each role."""
-    pairs = list(dict.fromkeys(zip(changes["post_ckpt"], changes["task"], strict=True)))
-    fig, axes = _panels(len(pairs), 5.2, 3.4)
-    cmap = colormaps["viridis"]
-    for ax, (label, task) in zip(axes, pairs, strict=True):
-        part = changes[(changes["post_ckpt"] == label) & (changes["task"] == task)]
-        bars = [b for b, _ in BARS if b in set(part["bar"])]
-        groups = list(dict.fromkeys(part["group"]))
-        width = 0.8 / len(groups)
-        for g, group in enumerate(groups):
-            values = part[part["group"] == group].set_index("bar")["change"].reindex(bars)
-            layers = part.loc[part["group"] == group, "layers"].iloc[0]
-            ax.bar(np.arange(len(bars)) + (g - (len(groups) - 1) / 2) * width, values, width,
-                   color=cmap((g + 0.5) / len(groups)), label=f"{group} ({layers})")  # fmt: skip
-        ax.axhline(0, color="black", linewidth=0.6)
-        ax.set_xticks(range(len(bars)), ["[CLS]" if b == "cls" else "[SEP]" if b == "sep" else b for b in bars])
-        ax.set_ylabel("Δ mean β (post − pre)")
-        ax.set_title(f"{label} on {task}", fontsize=9)
-        ax.legend(fontsize=7, title="layers", title_fontsize=7)
-    fig.suptitle("Change in mean sieve bias score after fine-tuning, per layer group")
-    return plots.save_figure(fig, out_dir, stem)
-
-
-def plot_similarity(similarity: pd.DataFrame, out_dir: Path, stem: str) -> list[Path]:
-    """Kovaleva et al.: layers × heads cosine similarity of pre and post attention, per (post, task)."""
-    pairs = list(dict.fromkeys(zip(similarity["post_ckpt"], similarity["task"], strict=True)))
-    n_layers, n_heads = int(similarity["layer"].max()) + 1, int(similarity["head"].max()) + 1
-    fig, axes = _panels(len(pairs), max(3.6, 1.2 + 0.42 * n_heads), max(2.6, 0.8 + 0.42 * n_layers))
-    low = min(0.0, float(similarity["cosine"].min()))
-    for ax, (label, task) in zip(axes, pairs, strict=True):
-        part = similarity[(similarity["post_ckpt"] == label) & (similarity["task"] == task)]
-        grid = part.set_index(["layer", "head"])["cosine"].unstack("head").to_numpy()
-        mesh = ax.pcolormesh(np.arange(n_heads + 1) - 0.5, np.arange(n_layers + 1) - 0.5, grid,
-                             cmap=colormaps["viridis"], vmin=low, vmax=1.0)  # fmt: skip
-        for (layer, head), value in np.ndenumerate(grid):
-            ax.text(head, layer, f"{value:.3f}", ha="center", va="center", fontsize=6,
-                    color="black" if value > low + 0.6 * (1 - low) else "white")  # fmt: skip
-        ax.set_ylim(n_layers - 0.5, -0.5)
-        ax.set_xticks(range(n_heads))
-        ax.set_yticks(range(n_layers))
-        ax.set_xlabel("head")
-        ax.set_ylabel("layer")
-        ax.set_title(f"{label} on {task}", fontsize=9)
-    fig.colorbar(mesh, ax=axes, shrink=0.8, label="cosine similarity")
-    fig.suptitle("Attention before vs after fine-tuning, per head")
-    return plots.save_figure(fig, out_dir, stem)
-
-
-# -- command line ----------------------------------------------------------------------------------
 
 
 def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
@@ -341,14 +33,14 @@ def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
     path, sep, suffix = spec.rpartition(":")
     if sep and path:
         try:
-            return path, tuple(roles.resolve_tasks(suffix))
+            return path, tuple(resolve_tasks(suffix))
         except UserError:
             if not Path(spec).expanduser().exists():
                 raise UserError(
                     f"--post {spec}: {suffix!r} after the last ':' is not a task (choose from {', '.join(glue.TASKS)}, "
                     f"all, or a comma-separated list) and {spec} is not an existing path"
                 ) from None
-    return spec, tuple(roles.resolve_tasks(default_tasks))
+    return spec, tuple(resolve_tasks(default_tasks))
 
 
 def post_labels(paths: Sequence[str]) -> list[str]:
@@ -366,8 +58,8 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
     p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
-    roles.add_data_arguments(p)
-    roles.add_output_arguments(p, "finetune_effect_out", FIGURES)
+    add_data_arguments(p)
+    add_output_arguments(p, "finetune_effect_out", FIGURES)
     a = p.parse_args(argv)
     if a.parser == "conllu" or a.conllu:
         # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.
@@ -376,7 +68,7 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
     specs = [parse_post(spec, a.task) for spec in a.post]
     labels = post_labels([path for path, _ in specs])
     posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))
-    data = roles.config_from_args(a, ckpt=a.pre, task=",".join(dict.fromkeys(t for p in posts for t in p.tasks)))
+    data = config_from_args(a, ckpt=a.pre, task=",".join(dict.fromkeys(t for p in posts for t in p.tasks)))
     return EffectConfig(data=data, posts=posts)
 
 
@@ -384,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     config = parse_args(argv)
     run(config)
     if config.data.html:
-        roles.write_html(config.data.out)
+        write_html(config.data.out)
 
 
 if __name__ == "__main__":

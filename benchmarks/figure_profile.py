@@ -1,5 +1,5 @@
 """The figure stage of `analysis.roles`, profiled: per figure kind, seconds to build the figure,
-run its layout engine and write each format; and the import of `analysis.plots` (a worker's
+run its layout engine and write each format; and the import of `analysis.heads.figures` (a worker's
 start-up). Reads an `analysis.roles` output (`roles.csv`, `scores.npz`); draws in this process.
 
     python -m analysis.roles --ckpt "$MINILM" --glue-dir ../shared/data/glue --out roles_out
@@ -23,18 +23,19 @@ from benchmarks import common
 
 
 def import_seconds() -> float:
-    """Wall seconds of a fresh interpreter importing `analysis.plots`, less one importing nothing."""
+    """Wall seconds of a fresh interpreter importing `analysis.heads.figures`, less one importing nothing."""
 
     def wall(code: str) -> float:
         clock = time.perf_counter()
         subprocess.run([sys.executable, "-c", code], check=True)
         return time.perf_counter() - clock
 
-    return wall("import analysis.plots") - wall("pass")
+    return wall("import analysis.heads.figures") - wall("pass")
 
 
 def run(args) -> list[dict]:
-    plots = importlib.import_module("analysis.plots")
+    plots = importlib.import_module("analysis.heads.figures")
+    common = importlib.import_module("analysis.common.figures")
     from sieves.builders import ROLES
 
     table = pd.read_csv(Path(args.roles_out) / "roles.csv")
@@ -52,9 +53,9 @@ def run(args) -> list[dict]:
             engine.execute(fig)
             fig.set_layout_engine("none")
         spent["layout"] = time.perf_counter() - clock
-        for fmt in plots.FIGURE_FORMATS:
+        for fmt in common.FIGURE_FORMATS:
             clock = time.perf_counter()
-            fig.savefig(Path(out_dir) / f"{stem}.{fmt}", **({"dpi": plots.PNG_DPI} if fmt == "png" else {}))
+            fig.savefig(Path(out_dir) / f"{stem}.{fmt}", **({"dpi": common.PNG_DPI} if fmt == "png" else {}))
             spent[fmt] = time.perf_counter() - clock
         return []
 

@@ -3,7 +3,7 @@
 Both sides see the same encoded sequences in the same length-sorted, bucket-padded batches. The
 forward side is the model's jitted forward pass with attention probabilities (the form the analysis
 needs), every batch dispatched and the last one waited for: the floor of any analysis. The end-to-end
-side is `analysis.roles.run` exactly as the CLI runs it (load the checkpoint, read the data, encode
+side is `analysis.heads.pipeline.run` exactly as the CLI runs it (load the checkpoint, read the data, encode
 with cached parses, β for every role/layer/head, the tests, CSV/NPZ, figures, run.json). One
 untimed run first fills the parse cache and compiles; the timed runs then alternate the two sides,
 so a noisy stretch of the machine hits both.
@@ -27,7 +27,12 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from analysis import plots, roles
+from analysis.common.examples import encode_tasks, fit_max_length, load_tasks, make_parser
+from analysis.common.figures import add_figure_arguments
+from analysis.common.forward import padded_batches
+from analysis.heads import pipeline
+from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.figures import ROLES_FIGURES
 from benchmarks import common
 from bertjax import cli
 from bertjax.config import preset
@@ -48,12 +53,12 @@ class PreparsedParser:
         return [self.parses[text] for text in texts]
 
 
-def export_parses(configs: list[roles.RolesConfig], path: Path) -> None:
+def export_parses(configs: list[RolesConfig], path: Path) -> None:
     """The parses of every text the runs of `configs` analyse, as JSON for `PreparsedParser`."""
-    parser = roles.make_parser(configs[0])
+    parser = make_parser(configs[0])
     texts = []
     for config in configs:
-        for data in roles.load_tasks(config, roles.config_tasks(config)).values():
+        for data in load_tasks(config, config_tasks(config)).values():
             texts += [text for segments in data.segments for text in segments]
     texts = list(dict.fromkeys(texts))
     parses = {text: parse_to_json(words) for text, words in zip(texts, parser.parse(texts), strict=True)}
@@ -85,25 +90,25 @@ def time_forward(forward, sequences, batch_size: int, max_length: int) -> float:
     clock = time.perf_counter()
     last = None
     for task, seqs in sequences.items():
-        for _, arrays in roles.padded_batches(seqs, batch_size, max_length, f"{task} forward"):
+        for _, arrays in padded_batches(seqs, batch_size, max_length, f"{task} forward"):
             last = forward(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"])
     jax.block_until_ready(last)
     return time.perf_counter() - clock
 
 
-def analyse(configs: list[roles.RolesConfig], parser) -> None:
+def analyse(configs: list[RolesConfig], parser) -> None:
     """The roles runs, their printed summaries sent to stderr: stdout carries only JSON lines."""
     with contextlib.redirect_stdout(sys.stderr):
         for config in configs:
-            roles.run(config, parser)
+            pipeline.run(config, parser)
 
 
-def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[roles.RolesConfig]:
+def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[RolesConfig]:
     configs = []
     for i, spec in enumerate(args.tasks):
         task, _, split = spec.rpartition(":") if ":" in spec else (spec, "", "dev")
         configs.append(
-            roles.RolesConfig(
+            RolesConfig(
                 ckpt=ckpt, task=task, split=split, glue_dir=args.glue_dir, n=args.n, batch_size=args.batch_size,
                 cache_dir=cache_dir, out=str(out / f"roles{i}"), overwrite=True, figures=args.figures,
                 figure_format=args.figure_format,
@@ -112,7 +117,7 @@ def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[roles.Role
     return configs
 
 
-def stages(configs: list[roles.RolesConfig]) -> dict[str, float]:
+def stages(configs: list[RolesConfig]) -> dict[str, float]:
     """Seconds by stage (scoring, figures, …) of the last analysis run, summed over its configs."""
     breakdown: dict[str, float] = {}
     for config in configs:
@@ -134,7 +139,7 @@ def run(args) -> list[dict]:
         if args.export_parses:
             export_parses(configs, args.export_parses)
             return []
-        parser = PreparsedParser(args.parses) if args.parses else roles.make_parser(configs[0])
+        parser = PreparsedParser(args.parses) if args.parses else make_parser(configs[0])
 
         common.log("untimed first run: parses into the cache, compiles")
         clock = time.perf_counter()
@@ -147,11 +152,11 @@ def run(args) -> list[dict]:
         forward = forward_only(model)
         sequences = {}
         for config in configs:
-            data = roles.load_tasks(config, roles.config_tasks(config))
-            for task, seqs in roles.encode_tasks(config, data, tokenizer, parser, {}).items():
+            data = load_tasks(config, config_tasks(config))
+            for task, seqs in encode_tasks(config, data, tokenizer, parser, {}).items():
                 sequences[f"{task}:{config.split}"] = seqs
         n_sequences = sum(len(s) for s in sequences.values())
-        max_length = roles.fit_max_length(configs[0], model.config.max_position_embeddings).max_length
+        max_length = fit_max_length(configs[0], model.config.max_position_embeddings).max_length
         time_forward(forward, sequences, args.batch_size, max_length)  # compiles the forward's shapes
 
         forward_times, e2e_times, breakdown = [], [], {}
@@ -174,8 +179,15 @@ def run(args) -> list[dict]:
     forward_stats, e2e_stats = common.summary(forward_times), common.summary(e2e_times)
     return [
         common.emit("roles_overhead", side="forward_only", **settings, **forward_stats),
-        common.emit("roles_overhead", side="roles_end_to_end", **settings, **e2e_stats, first_run_s=first_run_s,
-                    first_run_stages_s=first_run_stages, stages_s=breakdown),
+        common.emit(
+            "roles_overhead",
+            side="roles_end_to_end",
+            **settings,
+            **e2e_stats,
+            first_run_s=first_run_s,
+            first_run_stages_s=first_run_stages,
+            stages_s=breakdown,
+        ),
         common.emit(
             "roles_overhead",
             side="ratio",
@@ -195,7 +207,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
-    plots.add_figure_arguments(p, plots.ROLES_FIGURES)
+    add_figure_arguments(p, ROLES_FIGURES)
     p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the untimed run)")
     p.add_argument("--parses", help="JSON of parses from --export-parses: no spaCy needed")
     p.add_argument("--export-parses", help="only write the parses these runs need to this JSON file, then stop")

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  {name:18s} {us / 1000:6.1f} ms  {us / total:5.1%}")
     print("costliest kernels (ms per call, launches per call):")
     for r in sorted(rows, key=lambda r: -r["total_duration_us"])[: a.top]:
-        print(f"  {r['total_duration_us'] / a.calls / 1000:6.2f}  x{r['occurrences'] / a.calls:<4.0f} {r['kernel_name'][:80]}")
+        print(
+            f"  {r['total_duration_us'] / a.calls / 1000:6.2f}  x{r['occurrences'] / a.calls:<4.0f} {r['kernel_name'][:80]}"
+        )
 
 
 if __name__ == "__main__":

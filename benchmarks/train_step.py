@@ -302,12 +302,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--batch-size", type=int, default=None, help="sequences per step (default: 32; base 8, large 4)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--backends", default="bertjax,torch", help="comma list of bertjax, torch")
-    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="bertjax compute dtype over fp32 params; bfloat16 is bertjax only")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bertjax compute dtype over fp32 params; bfloat16 is bertjax only",
+    )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per backend (after bertjax's compile)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch")
-    p.add_argument("--reuse-freed-memory", action="store_true",
-                   help="glibc: keep freed memory for reuse (no per-step page faults); see reuse_freed_memory")
+    p.add_argument(
+        "--reuse-freed-memory",
+        action="store_true",
+        help="glibc: keep freed memory for reuse (no per-step page faults); see reuse_freed_memory",
+    )
     args = p.parse_args(argv)
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's checkpoint-manager chatter
     if args.tiny:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from analysis.summary import layer_groups
+from analysis.heads.summary import layer_groups
 
 ROLES = ("cls", "syntactic")
 

@@ -22,10 +22,7 @@ def pytest_unconfigure(config) -> None:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The staged public data directory (`shared/data`), or a skip (a failure on CI) without it."""
-    root = Path(
-        os.environ.get("BERTJAX_SHARED_DATA")
-        or Path(__file__).resolve().parents[1].parent / "shared" / "data"
-    )
+    root = Path(os.environ.get("BERTJAX_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
     if not root.is_dir():
         _require(f"staged data not found at {root}; set BERTJAX_SHARED_DATA to shared/data")
     return root

@@ -19,7 +19,10 @@ from scipy import stats
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import ablate, ablation, roles
+from analysis import ablate
+from analysis.ablation import disabling, evaluation, features, kovaleva, patterns
+from analysis.ablation import figures as ablation_figures
+from analysis.common import forward
 from bertjax import checkpoint as ckpt
 from bertjax import glue
 from bertjax.pretrained import resolve, trained_task
@@ -56,7 +59,7 @@ def mrpc_arrays(tokenizer, shared_data):
 
 @pytest.fixture(scope="module")
 def evaluator(model, mrpc_arrays):
-    return ablation.MaskedEvaluator(model, ablation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
+    return evaluation.MaskedEvaluator(model, evaluation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
 
 
 def test_a_disabled_head_attends_exactly_uniformly_over_real_tokens(model):
@@ -78,14 +81,14 @@ def test_a_disabled_head_attends_exactly_uniformly_over_real_tokens(model):
 
 
 def test_eval_set_sorts_by_length_pads_to_buckets_and_marks_dummy_rows(mrpc_arrays):
-    eval_set = ablation.make_eval_set(mrpc_arrays, 8, ("accuracy",))
+    eval_set = evaluation.make_eval_set(mrpc_arrays, 8, ("accuracy",))
     lengths = mrpc_arrays["attention_mask"].sum(1)
     assert eval_set.size == 20 and [b["valid"].sum() for b in eval_set.batches] == [8, 8, 4]
     assert np.array_equal(eval_set.labels, mrpc_arrays["labels"][np.argsort(lengths, kind="stable")])
     for batch in eval_set.batches:
         width = batch["input_ids"].shape[1]
         real = batch["attention_mask"][batch["valid"]].sum(1)
-        assert width % roles.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + roles.LENGTH_BUCKET
+        assert width % forward.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + forward.LENGTH_BUCKET
         assert (batch["attention_mask"][~batch["valid"]].sum(1) == 1).all()
 
 
@@ -120,7 +123,7 @@ def test_masks_are_inputs_so_new_masks_never_recompile(evaluator):
 
 def test_one_shape_eval_set_compiles_exactly_once(model, mrpc_arrays):
     short = {k: v[:6] for k, v in mrpc_arrays.items()}
-    one = ablation.MaskedEvaluator(model, ablation.make_eval_set(short, 8, ("accuracy",)))
+    one = evaluation.MaskedEvaluator(model, evaluation.make_eval_set(short, 8, ("accuracy",)))
     masks = [np.eye(N_LAYERS, N_HEADS, k=k, dtype=bool) for k in range(3)]
     for disable in masks:
         one.metrics(disable=disable)
@@ -128,7 +131,7 @@ def test_one_shape_eval_set_compiles_exactly_once(model, mrpc_arrays):
 
 
 def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
-    baseline, heads, layers = ablate.disable_sweep(evaluator)
+    baseline, heads, layers = disabling.disable_sweep(evaluator)
     assert baseline == evaluator.metrics()
     assert len(heads) == N_LAYERS * N_HEADS and len(layers) == N_LAYERS
     one = np.zeros((N_LAYERS, N_HEADS), bool)
@@ -140,10 +143,10 @@ def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
     whole = np.zeros((N_LAYERS, N_HEADS), bool)
     whole[0] = True
     assert layers.iloc[0]["accuracy"] == evaluator.metrics(disable=whole)["accuracy"]
-    grid = ablate.head_grid(heads, "f1", N_LAYERS, N_HEADS)
+    grid = ablation_figures.head_grid(heads, "f1", N_LAYERS, N_HEADS)
     assert grid[1, 2] == row["f1"]
     # Every row carries the paired test of accuracy against the baseline, Holm over its own table.
-    expected = ablation.mcnemar(evaluator.score().correct, evaluator.score(disable=one).correct)
+    expected = evaluation.mcnemar(evaluator.score().correct, evaluator.score(disable=one).correct)
     assert (row["correct_to_wrong"], row["wrong_to_correct"], row["mcnemar_p_accuracy"]) == expected
     for table in (heads, layers):
         holm = _slow_holm(table["mcnemar_p_accuracy"].tolist())
@@ -205,7 +208,7 @@ def test_unknown_analysis_and_bad_alpha_are_user_errors(tiny_ckpt):
         ablate.parse_args(["--ckpt", str(tiny_ckpt), "--alpha", "1"])
 
 
-@pytest.mark.parametrize("analysis", ablate.CLASSIFIER_ANALYSES)
+@pytest.mark.parametrize("analysis", kovaleva.CLASSIFIER_ANALYSES)
 def test_a_classifier_for_another_label_count_is_one_user_error(analysis, tokenizer, shared_data, tmp_path, cli_error):
     ckpt = tmp_path / "three_labels"
     bertjax.save_pretrained(tiny_classifier(num_labels=3), ckpt)
@@ -247,28 +250,28 @@ def test_mcnemar_counts_discordant_pairs_and_matches_scipy_and_a_hand_count():
         (np.zeros(9, bool), np.r_[np.ones(6), np.zeros(3)].astype(bool)),  # b = 0, c = 6: p = 2 / 2^6
     ]
     for baseline, ablated in cases:
-        b, c, p = ablation.mcnemar(baseline, ablated)
+        b, c, p = evaluation.mcnemar(baseline, ablated)
         assert b == sum(1 for x, y in zip(baseline, ablated, strict=True) if x and not y)
         assert c == sum(1 for x, y in zip(baseline, ablated, strict=True) if y and not x)
         # float64 binomial tails of ≤ 2¹² terms either side: ≤ 2¹²·2⁻⁵³ ≈ 5e-13, so 1e-12.
         assert p == pytest.approx(_slow_mcnemar_p(b, c), rel=1e-12)
         if b + c:
             assert p == pytest.approx(stats.binomtest(b, b + c, 0.5).pvalue, rel=1e-12)
-    assert ablation.mcnemar(*cases[-3])[2] == 1.0 and ablation.mcnemar(*cases[-2])[2] == 1.0
-    assert ablation.mcnemar(*cases[-1]) == (0, 6, pytest.approx(1 / 32))
+    assert evaluation.mcnemar(*cases[-3])[2] == 1.0 and evaluation.mcnemar(*cases[-2])[2] == 1.0
+    assert evaluation.mcnemar(*cases[-1]) == (0, 6, pytest.approx(1 / 32))
 
 
 def test_holm_over_a_table_and_the_counts_of_raised_and_lowered_accuracy():
     rng = np.random.default_rng(8)
     p = np.r_[rng.uniform(0, 0.002, 4), rng.uniform(0, 1, 8), 1.0]
     changes = np.r_[0.03, -0.02, -0.01, 0.0, rng.uniform(-0.05, 0.05, 9)]
-    table = ablation.add_holm(pd.DataFrame({"accuracy_change": changes, "mcnemar_p_accuracy": p}), alpha=0.05)
+    table = evaluation.add_holm(pd.DataFrame({"accuracy_change": changes, "mcnemar_p_accuracy": p}), alpha=0.05)
     holm = _slow_holm(p.tolist())
     np.testing.assert_allclose(table["mcnemar_p_accuracy_holm"], holm, rtol=1e-12)
     significant = [x < 0.05 for x in holm]
     assert table["significant_holm"].tolist() == significant and 0 < sum(significant) < len(p)
     up, down = changes > 0, changes <= -0.01 + 1e-12  # a change of exactly one point counts as one point
-    assert ablation.change_counts(table) == {
+    assert evaluation.change_counts(table) == {
         "raise_accuracy": up.sum(), "raise_accuracy_significant": (up & significant).sum(),
         "lower_accuracy_by_one_point": down.sum(), "lower_accuracy_by_one_point_significant": (down & significant).sum(),
         "significant": sum(significant),
@@ -314,7 +317,7 @@ def sensitive_model():
 
 @pytest.fixture(scope="module")
 def sensitive_evaluator(sensitive_model, mrpc_arrays):
-    return ablation.MaskedEvaluator(sensitive_model, ablation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
+    return evaluation.MaskedEvaluator(sensitive_model, evaluation.make_eval_set(mrpc_arrays, 8, ("accuracy", "f1")))
 
 
 @pytest.fixture(scope="module")
@@ -368,7 +371,7 @@ def _check_holm(table: pd.DataFrame, p: list[float], alpha: float) -> None:
 
 def test_mask_one_head_equals_masking_each_head_by_hand(sensitive_evaluator, by_hand):
     baseline_metrics, baseline_correct = by_hand(np.ones((N_LAYERS, N_HEADS), np.float32))
-    table = ablate.mask_one_head(sensitive_evaluator, sensitive_evaluator.score(), alpha=0.5)
+    table = disabling.mask_one_head(sensitive_evaluator, sensitive_evaluator.score(), alpha=0.5)
     assert list(zip(table["layer"], table["head"], strict=True)) == list(np.ndindex(N_LAYERS, N_HEADS))
     p = []
     for (layer, head), (_, row) in zip(np.ndindex(N_LAYERS, N_HEADS), table.iterrows(), strict=True):
@@ -381,7 +384,7 @@ def test_mask_one_head_equals_masking_each_head_by_hand(sensitive_evaluator, by_
 
 def test_best_head_only_keeps_each_layers_best_single_head_by_hand(sensitive_evaluator, by_hand):
     baseline_metrics, baseline_correct = by_hand(np.ones((N_LAYERS, N_HEADS), np.float32))
-    table = ablate.best_head_only(sensitive_evaluator, sensitive_evaluator.score(), "accuracy", alpha=0.5)
+    table = disabling.best_head_only(sensitive_evaluator, sensitive_evaluator.score(), "accuracy", alpha=0.5)
     assert table["layer"].tolist() == list(range(N_LAYERS))
     p = []
     for layer in range(N_LAYERS):
@@ -400,9 +403,9 @@ def test_best_head_only_keeps_each_layers_best_single_head_by_hand(sensitive_eva
 
 
 def _titles(monkeypatch) -> list[str]:
-    """Replaces `ablate.head_heatmap` with a recorder of the titles it is given."""
+    """Replaces `ablation.figures.head_heatmap` with a recorder of the titles it is given."""
     titles: list[str] = []
-    monkeypatch.setattr(ablate, "head_heatmap", lambda values, title, *args, **kwargs: titles.append(title) or [])
+    monkeypatch.setattr(ablation_figures, "head_heatmap", lambda values, title, *args, **kwargs: titles.append(title) or [])
     return titles
 
 
@@ -412,18 +415,18 @@ def test_figures_name_the_split_they_were_measured_on(monkeypatch, tmp_path):
                           "significant_holm": False})  # fmt: skip
     per_layer = pd.DataFrame({"layer": range(N_LAYERS), "accuracy": 0.5, "accuracy_change": 0.0})
     titles = _titles(monkeypatch)
-    ablate.plot_disabling({"accuracy": 0.5}, table, per_layer, ("accuracy",), "mrpc", "train", tmp_path)
-    ablate.plot_mask_one_head({"accuracy": 0.5}, table, ("accuracy",), "mrpc", "train", tmp_path, 0.05)
+    ablation_figures.plot_disabling({"accuracy": 0.5}, table, per_layer, ("accuracy",), "mrpc", "train", tmp_path)
+    ablation_figures.plot_mask_one_head({"accuracy": 0.5}, table, ("accuracy",), "mrpc", "train", tmp_path, 0.05)
     assert len(titles) == 4 and not any("dev" in t for t in titles)
     assert all("train accuracy" in t for t in titles if "layer disabled" not in t)
 
 
 def test_heatmap_boxes_exactly_the_marked_cells(monkeypatch, tmp_path):
     figures = []
-    monkeypatch.setattr(ablation, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    monkeypatch.setattr(ablation_figures, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
     marked = np.zeros((N_LAYERS, N_HEADS), bool)
     marked[[0, 1], [3, 1]] = True
-    ablation.head_heatmap(np.zeros((N_LAYERS, N_HEADS)), "t", "l", tmp_path, "x", diverging=True, marked=marked)
+    ablation_figures.head_heatmap(np.zeros((N_LAYERS, N_HEADS)), "t", "l", tmp_path, "x", diverging=True, marked=marked)
     boxes = [p for p in figures[0].axes[0].patches if isinstance(p, Rectangle)]
     assert sorted((int(r.get_y() + 0.5), int(r.get_x() + 0.5)) for r in boxes) == [(0, 3), (1, 1)]
 
@@ -471,20 +474,20 @@ def _synthetic_map(kind: str, rng: np.random.Generator) -> np.ndarray:
     return attn
 
 
-@pytest.mark.parametrize("kind", ablate.PATTERNS)
+@pytest.mark.parametrize("kind", patterns.PATTERNS)
 def test_synthetic_maps_are_classified_as_built(kind):
     real, special, segment = _pair_layout()
     attn = _synthetic_map(kind, np.random.default_rng(7))[None, None]  # [B=1, H=1, T, T]
-    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
-    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == kind
+    v, d, b = patterns.pattern_quantities(attn, real[None], special[None], segment[None])
+    assert patterns.PATTERNS[patterns.classify_patterns(v, d, b, True)[0, 0]] == kind
     # The jitted path gives the same quantities.
-    on_device = ablate.pattern_quantities(jax.numpy.asarray(attn), real[None], special[None], segment[None])
+    on_device = patterns.pattern_quantities(jax.numpy.asarray(attn), real[None], special[None], segment[None])
     # float32 on the device against NumPy float64: row sums of T = 23 weights ≤ 1, a mean over ≤ 23
     # rows and two divisions, the last by 1 − chance ≈ 0.48 (the block share): (2T + 2)·u / 0.48 ≈
     # 6e-6 at worst (measured 3.1e-8); a share without the chance correction is ≥ 1e-2 off.
     np.testing.assert_allclose(np.stack(on_device), np.stack([v, d, b]), atol=(2 * LENGTH + 2) * 2.0**-24 / 0.48)
     if kind == "block":  # block is defined for two-segment inputs only
-        assert ablate.classify_patterns(v, d, b, False)[0, 0] == ablate.PATTERNS.index("heterogeneous")
+        assert patterns.classify_patterns(v, d, b, False)[0, 0] == patterns.PATTERNS.index("heterogeneous")
 
 
 def test_pattern_quantities_match_a_loop_over_rows_and_keys():
@@ -492,7 +495,7 @@ def test_pattern_quantities_match_a_loop_over_rows_and_keys():
     real, special, segment = _pair_layout()
     attn = np.zeros((2, 3, PADDED, PADDED))
     attn[..., :LENGTH] = rng.dirichlet(np.ones(LENGTH) * 0.3, size=(2, 3, PADDED))
-    v, d, b = ablate.pattern_quantities(attn, np.stack([real] * 2), np.stack([special] * 2), np.stack([segment] * 2))
+    v, d, b = patterns.pattern_quantities(attn, np.stack([real] * 2), np.stack([special] * 2), np.stack([segment] * 2))
     rows = [t for t in range(LENGTH) if not special[t]]
     for batch, head in np.ndindex(2, 3):
         a = attn[batch, head]
@@ -511,26 +514,26 @@ def test_pattern_quantities_match_a_loop_over_rows_and_keys():
 def test_a_head_attending_to_itself_is_diagonal_and_uniform_attention_is_not_block():
     real, special, segment = _pair_layout()
     attn = np.diag(real.astype(float))[None, None]
-    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
-    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == "diagonal"
+    v, d, b = patterns.pattern_quantities(attn, real[None], special[None], segment[None])
+    assert patterns.PATTERNS[patterns.classify_patterns(v, d, b, True)[0, 0]] == "diagonal"
     real, special, segment = _pair_layout(first_words=2)  # 2 and 18 words: uniform keeps 0.82 in-segment
     attn = np.broadcast_to(real / real.sum(), (PADDED, PADDED))[None, None]
-    v, d, b = ablate.pattern_quantities(attn, real[None], special[None], segment[None])
+    v, d, b = patterns.pattern_quantities(attn, real[None], special[None], segment[None])
     assert b[0, 0] == pytest.approx(0.0, abs=1e-12)
-    assert ablate.PATTERNS[ablate.classify_patterns(v, d, b, True)[0, 0]] == "heterogeneous"
+    assert patterns.PATTERNS[patterns.classify_patterns(v, d, b, True)[0, 0]] == "heterogeneous"
 
 
 def test_block_share_is_undefined_for_single_sentence_tasks():
-    counts = np.zeros((2, 2, len(ablate.PATTERNS)), np.int64)
-    counts[..., ablate.PATTERNS.index("heterogeneous")] = 3
-    counts[..., ablate.PATTERNS.index("vertical")] = 1
-    shares = ablate.pattern_shares({"sst2": counts, "mrpc": counts}).set_index(["task", "pattern"])["share"]
+    counts = np.zeros((2, 2, len(patterns.PATTERNS)), np.int64)
+    counts[..., patterns.PATTERNS.index("heterogeneous")] = 3
+    counts[..., patterns.PATTERNS.index("vertical")] = 1
+    shares = patterns.pattern_shares({"sst2": counts, "mrpc": counts}).set_index(["task", "pattern"])["share"]
     assert np.isnan(shares[("sst2", "block")]) and shares[("mrpc", "block")] == 0.0
     assert shares[("sst2", "vertical")] == shares[("mrpc", "vertical")] == 0.25
 
 
 def test_pattern_thresholds_at_their_boundaries():
-    classify = lambda v, d, b, paired=True: ablate.PATTERNS[int(ablate.classify_patterns(v, d, b, paired))]
+    classify = lambda v, d, b, paired=True: patterns.PATTERNS[int(patterns.classify_patterns(v, d, b, paired))]
     assert classify(0.45, 0.05, 0.9) == "vertical"  # v + d = 0.5 exactly: structured
     assert classify(0.375, 0.125, 0.9) == "vertical+diagonal"  # d is exactly a quarter: not minor
     assert classify(0.12, 0.38, 0.9) == "diagonal"
@@ -567,16 +570,16 @@ WORDS = [("Note", "NOUN", "root"), (":", "PUNCT", "punct"), ("nobody", "PRON", "
 
 def test_feature_occurrences_match_whole_words_only(tokenizer):
     seq, texts = _parsed(tokenizer, SENTENCE, WORDS)
-    found = ablate.feature_occurrences(seq, texts)
+    found = features.feature_occurrences(seq, texts)
     words_of = lambda feature: [texts[int(seq.word_ids[pieces[0]])] for pieces in found[feature]]
     assert words_of("negation") == ["nobody", "n't"]  # "Note" holds "not" but is not the word "not"
     assert words_of("noun") == ["Note", "cat", "fish"] and words_of("verb") == ["saw", "eat"]
     assert words_of("pronoun") == ["nobody", "it"] and words_of("subject") == ["nobody", "it"]
     assert words_of("object") == ["cat", "fish"]
     assert [p.tolist() for p in found["[CLS]"]] == [[0]] and [p.tolist() for p in found["[SEP]"]] == [[seq.length - 1]]
-    assert ablate.word_features("NOT", "PART", "neg") == {"negation"}
-    assert ablate.word_features("can\u2019t", "AUX", "aux") == set()  # the whole word is not a negation word
-    assert ablate.word_features("n\u2019t", "PART", "neg") == {"negation"}
+    assert features.word_features("NOT", "PART", "neg") == {"negation"}
+    assert features.word_features("can\u2019t", "AUX", "aux") == set()  # the whole word is not a negation word
+    assert features.word_features("n\u2019t", "PART", "neg") == {"negation"}
 
 
 def test_feature_scores_are_the_max_over_occurrences_of_length_normalised_column_sums(tokenizer):
@@ -586,12 +589,12 @@ def test_feature_scores_are_the_max_over_occurrences_of_length_normalised_column
     attn = np.zeros((2, 1, 3, padded, padded))  # [L, B, H, T, T]
     attn[..., :n] = rng.dirichlet(np.ones(n), size=(2, 1, 3, padded))
     real = (np.arange(padded) < n)[None]
-    columns = ablate.column_mass(attn, real)[:, 0]
-    occurrences = ablate.feature_occurrences(seq, texts)
-    scores = ablate.feature_scores(columns, occurrences)
+    columns = patterns.column_mass(attn, real)[:, 0]
+    occurrences = features.feature_occurrences(seq, texts)
+    scores = features.feature_scores(columns, occurrences)
     assert "negation" in scores and "object" in scores and set(scores) == {f for f, o in occurrences.items() if o}
     no_verbs = {**occurrences, "verb": []}
-    assert "verb" not in ablate.feature_scores(columns, no_verbs)  # sequences without the feature are skipped
+    assert "verb" not in features.feature_scores(columns, no_verbs)  # sequences without the feature are skipped
     for feature, where in occurrences.items():
         for layer, head in np.ndindex(2, 3):
             a = attn[layer, 0, head]
@@ -610,26 +613,28 @@ def test_streamed_summaries_equal_per_sequence_attention(model, tokenizer):
         for i, pair in enumerate(texts)
     }
     seqs = encode_batch(tokenizer, texts, parses)
-    summary = ablate.summarise_sequences(ablate.make_summariser(model), seqs, word_texts, 4, 128, (N_LAYERS, N_HEADS))
-    counts = np.zeros((N_LAYERS, N_HEADS, len(ablate.PATTERNS)), int)
+    summary = kovaleva.summarise_sequences(
+        kovaleva.make_summariser(model), seqs, word_texts, 4, 128, (N_LAYERS, N_HEADS)
+    )
+    counts = np.zeros((N_LAYERS, N_HEADS, len(patterns.PATTERNS)), int)
     sums = {}
     for seq in seqs:
         attn = np.stack(
             model(seq.input_ids[None], output_attentions=True, token_type_ids=seq.token_type_ids[None]).attentions
         )
         real = np.ones((1, seq.length), bool)
-        v, d, b = ablate.pattern_quantities(attn, real, seq.special[None], seq.token_type_ids[None])
+        v, d, b = patterns.pattern_quantities(attn, real, seq.special[None], seq.token_type_ids[None])
         for layer, head in np.ndindex(N_LAYERS, N_HEADS):
-            counts[layer, head, ablate.classify_patterns(v, d, b, True)[layer, 0, head]] += 1
-        scores = ablate.feature_scores(
-            ablate.column_mass(attn, real)[:, 0], ablate.feature_occurrences(seq, word_texts[seq.index])
+            counts[layer, head, patterns.classify_patterns(v, d, b, True)[layer, 0, head]] += 1
+        scores = features.feature_scores(
+            patterns.column_mass(attn, real)[:, 0], features.feature_occurrences(seq, word_texts[seq.index])
         )
         for feature, score in scores.items():
             sums[feature] = sums.get(feature, 0) + score
     np.testing.assert_array_equal(summary.pattern_counts, counts)
     assert summary.feature_sequences == {
         f: 2 if f in ("noun", "verb", "pronoun", "subject", "negation", "[CLS]", "[SEP]") else 1 if f == "object" else 0
-        for f in ablate.FEATURES
+        for f in features.FEATURES
     }
     for feature, total in sums.items():
         # float32 attentions (another batch and padding: the model bound, ~L·√128·u ≈ 1.3e-6) summed
@@ -648,10 +653,10 @@ def test_cli_patterns_and_features_against_a_second_checkpoint(tiny_ckpt, tokeni
         "--out", str(out), "--figure-format", "png,svg",
     ])  # fmt: skip
     shares = pd.read_csv(out / "pattern_shares.csv")
-    assert shares["pattern"].tolist() == list(ablate.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS
+    assert shares["pattern"].tolist() == list(patterns.PATTERNS) and shares["maps"].sum() == 6 * N_LAYERS * N_HEADS
     assert shares["share"].sum() == pytest.approx(1.0)  # 5 float64 shares: ~5·2⁻⁵³, inside rel 1e-6
     per_head = pd.read_csv(out / "mrpc_patterns.csv")
-    assert (per_head[list(ablate.PATTERNS)].sum(axis=1) == 6).all()
+    assert (per_head[list(patterns.PATTERNS)].sum(axis=1) == 6).all()
     features = pd.read_csv(out / "mrpc_features.csv")
     assert set(features["checkpoint"]) == {"fine-tuned", "pre-trained"}
     assert (features[features["feature"] == "[CLS]"]["sequences"] == 6).all()

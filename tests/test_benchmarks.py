@@ -41,7 +41,9 @@ def test_train_step_runs_on_a_tiny_shape(capsys):
 def test_sieve_kernel_runs_on_a_tiny_shape(capsys):
     from benchmarks import sieve_kernel
 
-    sieve_kernel.main(["--layers", "2", "--heads", "2", "--batch", "3", "--length", "16", "--roles", "2", "--repeat", "2"])
+    sieve_kernel.main(
+        ["--layers", "2", "--heads", "2", "--batch", "3", "--length", "16", "--roles", "2", "--repeat", "2"]
+    )
     kernel, loop, ratio = json_lines(capsys.readouterr().out)
     assert (kernel["implementation"], loop["implementation"]) == ("jax_kernel", "numpy_per_token_loop")
     assert (kernel["runs"], loop["runs"]) == (2, 1)
@@ -100,7 +102,9 @@ def test_input_pipeline_runs_on_a_tiny_shape(shared_data, capsys):
     from benchmarks import input_pipeline
 
     cores = os.sched_getaffinity(0)
-    input_pipeline.main(["--data", str(shared_data), "--max-documents", "3", "--batch-size", "8", "--batches", "4", "--repeat", "1"])
+    input_pipeline.main(
+        ["--data", str(shared_data), "--max-documents", "3", "--batch-size", "8", "--batches", "4", "--repeat", "1"]
+    )
     assert os.sched_getaffinity(0) == cores  # pinned to one core only while it measures
     prepared, delivered = json_lines(capsys.readouterr().out)
     assert prepared["documents"] == 3 and prepared["instances"] > 8

@@ -12,8 +12,10 @@ from scipy.spatial.distance import jensenshannon
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import clark, depheads, gradients, probes, surface
-from analysis.wordattn import WordAttention, pooling_matrices, word_attention
+from analysis import clark
+from analysis.attention import depheads, gradients, probes, surface
+from analysis.attention import pipeline as attention_pipeline
+from analysis.attention.wordattn import WordAttention, pooling_matrices, word_attention
 from bertjax.config import BertConfig
 from sieves.align import EncodedSequence
 
@@ -292,8 +294,8 @@ def test_classical_mds_recovers_planar_distances():
 def test_wikitext_pairs_are_consecutive_paragraphs_of_one_article():
     text = "\n = A = \n\n p1 \n p2 \n = = S = = \n p3 @-@ x \n\n = B = \n\n q1 \n q2 \n"
     # p3-x has no partner in its article, and pairs never cross articles.
-    assert clark.wikitext_segment_pairs(text, 10) == [("p1", "p2"), ("q1", "q2")]
-    assert clark.wikitext_segment_pairs(text, 1) == [("p1", "p2")]
+    assert attention_pipeline.wikitext_segment_pairs(text, 10) == [("p1", "p2"), ("q1", "q2")]
+    assert attention_pipeline.wikitext_segment_pairs(text, 1) == [("p1", "p2")]
 
 
 # ---------------------------------------------------------------------------------------------

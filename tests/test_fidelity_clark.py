@@ -9,8 +9,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from analysis import clark, depheads, surface
-from analysis.wordattn import WordAttention
+from analysis import clark
+from analysis.attention import depheads, surface
+from analysis.attention import pipeline as attention_pipeline
+from analysis.attention.wordattn import WordAttention
 from bertjax.errors import UserError
 from sieves.align import encode_batch
 from sieves.parse import Word
@@ -128,7 +130,7 @@ def test_joined_word_text_gives_the_authors_tokenisation_of_a_contraction(minilm
     text = "I don't know."
     words = (Word(0, 1, "nsubj", 3), Word(2, 4, "aux", 3), Word(4, 7, "advmod", 3),
              Word(8, 12, "root", 3), Word(12, 13, "punct", 3))  # fmt: skip
-    joined, respanned = clark.joined_words(text, words)
+    joined, respanned = attention_pipeline.joined_words(text, words)
     assert joined == "I do n't know ."
     assert [joined[w.start : w.end] for w in respanned] == ["I", "do", "n't", "know", "."]
 
@@ -154,4 +156,4 @@ def test_clark_variant_flags_are_checked_and_recorded():
     assert (default.surface_weighting, default.baseline_offsets, default.word_text) == ("tokens", "paper", "original")
     assert not default.all_relations_include_root
     with pytest.raises(UserError, match="--word-text"):
-        clark.ClarkConfig(ckpt="x", out="o", word_text="spaced")
+        attention_pipeline.ClarkConfig(ckpt="x", out="o", word_text="spaced")

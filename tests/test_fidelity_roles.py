@@ -11,6 +11,8 @@ import pytest
 from scipy.stats import entropy as scipy_entropy
 
 from analysis import roles as roles_cli
+from analysis.heads import config as roles_config
+from analysis.heads import scoring
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch
@@ -147,12 +149,12 @@ def test_arc_average_counts_each_dependent_word_once_by_hand():
 def test_variant_flags_are_checked_and_recorded():
     config = roles_cli.parse_args(["--ckpt", "x", "--block-score", "entropy", "--syntactic-average", "arcs"])
     assert (config.block_score, config.syntactic_average) == ("entropy", "arcs")
-    assert roles_cli.entropy_roles(config) == tuple(r == "block" for r in config.roles)
+    assert scoring.entropy_roles(config) == tuple(r == "block" for r in config.roles)
     default = roles_cli.parse_args(["--ckpt", "x"])
     assert (default.block_score, default.syntactic_average) == ("paper", "rows")
-    assert not any(roles_cli.entropy_roles(default))
+    assert not any(scoring.entropy_roles(default))
     with pytest.raises(UserError, match="--block-score"):
-        roles_cli.RolesConfig(ckpt="x", block_score="notebook")
+        roles_config.RolesConfig(ckpt="x", block_score="notebook")
 
 
 @pytest.mark.slow

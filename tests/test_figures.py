@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 from test_plots import ALPHA, TAU, synthetic  # noqa: F401 — `synthetic` is a fixture
 
-from analysis import ablate, clark, finetune_effect, plots, prune, track
+from analysis import ablate, clark, finetune_effect, prune, track
 from analysis import roles as roles_cli
+from analysis.common import figures as common_figures
+from analysis.heads import figures as heads_figures
 from bertjax.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,18 +30,18 @@ def _names(paths) -> set[str]:
 
 def test_only_the_asked_kinds_and_formats_are_written(synthetic, tmp_path):  # noqa: F811
     roles, scores = synthetic
-    kinds = plots.select_figures("p_heatmaps,role_grid", plots.ROLES_FIGURES)
-    with plots.figure_formats(plots.select_formats("svg,pdf")):
-        paths = plots.plot_all(roles, scores, tmp_path, TAU, ALPHA, kinds=kinds)
+    kinds = common_figures.select_figures("p_heatmaps,role_grid", heads_figures.ROLES_FIGURES)
+    with common_figures.figure_formats(common_figures.select_formats("svg,pdf")):
+        paths = heads_figures.plot_all(roles, scores, tmp_path, TAU, ALPHA, kinds=kinds)
     expected = {f"{t}_{k}.{f}" for t in ("mrpc", "sst2") for k in ("p_heatmaps", "role_grid") for f in ("svg", "pdf")}
     assert _names(paths) == expected == {p.name for p in tmp_path.iterdir()}
-    assert plots.plot_all(roles, scores, tmp_path / "none", TAU, ALPHA, kinds=()) == []
+    assert heads_figures.plot_all(roles, scores, tmp_path / "none", TAU, ALPHA, kinds=()) == []
 
 
 def test_the_default_is_every_kind_as_png(synthetic, tmp_path):  # noqa: F811
     roles, scores = synthetic
-    paths = plots.plot_all(roles, scores, tmp_path, TAU, ALPHA)
-    assert _names(paths) == {f"{t}_{k}.png" for t in ("mrpc", "sst2") for k in plots.ROLES_FIGURES}
+    paths = heads_figures.plot_all(roles, scores, tmp_path, TAU, ALPHA)
+    assert _names(paths) == {f"{t}_{k}.png" for t in ("mrpc", "sst2") for k in heads_figures.ROLES_FIGURES}
 
 
 def test_a_figure_drawn_alone_or_in_another_format_set_is_the_same_picture(synthetic, tmp_path):  # noqa: F811
@@ -47,20 +49,20 @@ def test_a_figure_drawn_alone_or_in_another_format_set_is_the_same_picture(synth
     beside it, gives the PNG of the full default run byte for byte (PNG pixels are deterministic;
     SVGs carry random clip-path ids)."""
     roles, scores = synthetic
-    every = plots.plot_all(roles, scores, tmp_path / "all", TAU, ALPHA, workers=2)
-    for kind in plots.ROLES_FIGURES:
-        with plots.figure_formats(("png", "svg")):
-            alone = plots.plot_all(roles, scores, tmp_path / kind, TAU, ALPHA, kinds=(kind,), workers=0)
+    every = heads_figures.plot_all(roles, scores, tmp_path / "all", TAU, ALPHA, workers=2)
+    for kind in heads_figures.ROLES_FIGURES:
+        with common_figures.figure_formats(("png", "svg")):
+            alone = heads_figures.plot_all(roles, scores, tmp_path / kind, TAU, ALPHA, kinds=(kind,), workers=0)
         for path in alone:
             if path.suffix == ".png":
                 assert path.read_bytes() == (tmp_path / "all" / path.name).read_bytes(), path.name
-    assert len(every) == 2 * len(plots.ROLES_FIGURES)
+    assert len(every) == 2 * len(heads_figures.ROLES_FIGURES)
 
 
 @pytest.mark.parametrize("spec", ["heatmaps", "role_grid,bogus", "", ","])
 def test_an_unknown_kind_is_one_line(spec):
     with pytest.raises(UserError, match=r"^--figures: ") as e:
-        plots.select_figures(spec, plots.ROLES_FIGURES)
+        common_figures.select_figures(spec, heads_figures.ROLES_FIGURES)
     assert "\n" not in str(e.value)
 
 
@@ -137,9 +139,9 @@ def test_figure_workers_die_with_a_killed_parent_and_leave_no_temporaries(synthe
     system_tmp = tmp_path / "system-tmp"
     system_tmp.mkdir()
     script = (
-        "import pickle, sys; from pathlib import Path; from analysis import plots\n"
+        "import pickle, sys; from pathlib import Path; from analysis.heads import figures as heads_figures\n"
         "roles, scores = pickle.loads(Path(sys.argv[1]).read_bytes())\n"
-        f"plots.plot_all(roles, scores, Path(sys.argv[2]), {TAU}, {ALPHA}, workers=2)\n"
+        f"heads_figures.plot_all(roles, scores, Path(sys.argv[2]), {TAU}, {ALPHA}, workers=2)\n"
     )
     env = {**os.environ, "TMPDIR": str(system_tmp), "PYTHONPATH": str(ROOT)}
     parent = subprocess.Popen([sys.executable, "-c", script, str(inputs), str(tmp_path / "out")], env=env)
@@ -164,7 +166,7 @@ def test_figure_workers_die_with_a_killed_parent_and_leave_no_temporaries(synthe
 
 def test_a_failing_run_stops_its_workers_at_once():
     clock = time.monotonic()
-    with pytest.raises(KeyError), plots.FigurePool(2) as pool:
+    with pytest.raises(KeyError), common_figures.FigurePool(2) as pool:
         workers = list(pool._processes)
         raise KeyError("the run failed while the workers were importing")
     assert all(p.poll() is not None for p in workers)

@@ -13,6 +13,7 @@ from test_track import write_checkpoint
 from transformers import BertTokenizerFast
 
 from analysis import track
+from analysis.heads import tracking
 
 STEPS = (2, 7)
 
@@ -34,7 +35,7 @@ def sound(run_dir, shared_data, tmp_path_factory):
     argv = ["--run", str(run_dir), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "8",
             "--batch-size", "8", "--max-length", "32", "--cache-dir", str(root / "parses"), "--no-figures"]  # fmt: skip
     track.main([*argv, "--out", str(root / "out"), "--scores-cache", str(root / "cache")])
-    return argv, root / "cache", pd.read_csv(root / "out" / track.TRACK_CSV)
+    return argv, root / "cache", pd.read_csv(root / "out" / tracking.TRACK_CSV)
 
 
 def _truncated(path):
@@ -83,13 +84,13 @@ def test_an_unreadable_cache_entry_is_scored_again_with_a_warning(sound, tmp_pat
 
     track.main([*argv, "--out", str(tmp_path / "out"), "--scores-cache", str(copy)])
 
-    (warning,) = [r.getMessage() for r in caplog.records if r.name == "analysis.track"]
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == "analysis.heads.tracking"]
     assert str(broken[0]) in warning and "scored again" in warning
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["analysed_steps"] == [STEPS[1]] and run["cached_steps"] == [STEPS[0]]
-    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "out" / track.TRACK_CSV), expected, check_exact=True)
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "out" / tracking.TRACK_CSV), expected, check_exact=True)
     # the entry was replaced by a sound one: the next run reads every step from the cache
     caplog.clear()
     track.main([*argv, "--out", str(tmp_path / "out"), "--scores-cache", str(copy)])
-    assert not [r for r in caplog.records if r.name == "analysis.track"]
+    assert not [r for r in caplog.records if r.name == "analysis.heads.tracking"]
     assert json.loads((tmp_path / "out" / "run.json").read_text())["analysed_steps"] == []

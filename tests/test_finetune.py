@@ -211,7 +211,9 @@ def test_run_writes_eval_json_and_best_and_last_checkpoints(mrpc_run):
     assert run["steps"] == 12 and run["warmup_steps"] == 1 and run["eval"] == summary
 
 
-def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(mrpc_run, tiny_ckpt, shared_data, tmp_path, cli_error):
+def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(
+    mrpc_run, tiny_ckpt, shared_data, tmp_path, cli_error
+):
     """Another seed would have gone on from the finished run's last step under a new schedule."""
     workdir = tmp_path / "copy"
     shutil.copytree(mrpc_run, workdir)

@@ -17,6 +17,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import finetune_effect as effect
 from analysis import roles as roles_cli
+from analysis.heads import finetuning
 from bertjax.errors import UserError
 
 
@@ -117,7 +118,7 @@ def test_attention_cosine_matches_scipy():
     lengths = [9, 5, 2]
     real = np.arange(length)[None, :] < np.array(lengths)[:, None]
     pre, post = (rng.random((n_layers, batch, n_heads, length, length)).astype(np.float32) for _ in range(2))
-    got = np.asarray(effect.attention_cosine(pre, post, real))
+    got = np.asarray(finetuning.attention_cosine(pre, post, real))
     for layer in range(n_layers):
         for b, n in enumerate(lengths):
             for h in range(n_heads):
@@ -137,7 +138,7 @@ def test_group_means_average_heads_and_fine_roles():
         r: rng.random((12, 4)) for r in ("local", "prev", "next", "cls", "sep", "delimiter", "nsubj", "syntactic")
     }
     head_means["advmod"] = np.full((12, 4), np.nan)  # no sequence scored it: not part of its bar
-    table = effect.group_means(head_means, 12).set_index(["group", "bar"])["mean"]
+    table = finetuning.group_means(head_means, 12).set_index(["group", "bar"])["mean"]
     members = {"local": ["local", "prev", "next"], "syntactic": ["nsubj", "syntactic"],
                "delimiter": ["cls", "sep", "delimiter"], "cls": ["cls"], "sep": ["sep"]}  # fmt: skip
     for group, layers in (("initial", range(4)), ("middle", range(4, 8)), ("final", range(8, 12))):

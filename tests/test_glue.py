@@ -81,9 +81,7 @@ def test_qqp_stand_in_file(glue_dir: Path, caplog: pytest.LogCaptureFixture) -> 
     with caplog.at_level(logging.WARNING, logger="bertjax.glue"):
         examples = load_glue("qqp", "dev", glue_dir)
     assert "dev.head9.tsv" in caplog.text
-    assert examples[0] == Example(
-        0, "Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", 0
-    )
+    assert examples[0] == Example(0, "Why are African-Americans so beautiful?", "Why are hispanics so beautiful?", 0)
     assert glue_files("qqp", "dev", glue_dir) == [glue_dir / "QQP" / "dev.head9.tsv"]
     assert glue_files("mrpc", "dev", glue_dir) == [glue_dir / "MRPC" / "dev.tsv"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from analysis import onset
+from analysis.heads import onset
 from bertjax.errors import UserError
 
 
@@ -79,7 +79,7 @@ def test_the_onset_figure_counts_heads_and_draws_heldout_accuracy(monkeypatch, t
                     (0, 0, "sep"): [True, True, False]}, steps)  # fmt: skip
     assert onset.heads_holding(track, "mrpc").to_dict("list") == {"prev": [0, 1, 2], "sep": [1, 1, 0]}
     figures = []
-    monkeypatch.setattr(onset.plots, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    monkeypatch.setattr(onset, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
     heldout = pd.DataFrame({"heldout_mlm_accuracy": [0.05, 0.1, 0.2, 0.3]}, index=pd.Index([1, 3, 7, 10], name="step"))
     onset.plot_onset(track, "mrpc", tmp_path, "mrpc_onset", heldout=heldout)
     counts_axis, accuracy_axis = figures[0].axes

@@ -12,25 +12,18 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm
 from scipy import stats
 
-from analysis import plots
-from analysis.plots import (
+from analysis.common import figures as common_figures
+from analysis.common.figures import log_scale, panel_grid
+from analysis.heads import figures as heads_figures
+from analysis.heads.figures import (
     _heatmap_grid,
-    _log_scale,
     coarse_combinations,
     head_order,
-    panel_grid,
     plot_all,
     plot_local_vs_syntactic,
     role_colours,
 )
-from analysis.summary import (
-    DEFAULT_COARSE,
-    FINE_ROLES,
-    coarse_held_table,
-    format_summary,
-    held_table,
-    summarize,
-)
+from analysis.heads.summary import DEFAULT_COARSE, FINE_ROLES, coarse_held_table, format_summary, held_table, summarize
 
 LAYERS, HEADS = 3, 4
 # Which fine roles each (layer, head) holds; every other (head, role) pair is tested and fails.
@@ -180,7 +173,7 @@ def test_a_role_without_any_p_value_counts_as_untested_not_as_zero_percent(synth
 
 def test_local_vs_syntactic_returns_rho_or_skips(synthetic, tmp_path: Path) -> None:
     roles, _ = synthetic
-    with plots.figure_formats(("png", "svg")):
+    with common_figures.figure_formats(("png", "svg")):
         paths, corr = plot_local_vs_syntactic(roles, "mrpc", tmp_path, "mrpc_lvs")
     assert [p.name for p in paths] == ["mrpc_lvs.png", "mrpc_lvs.svg"]
     assert corr.rho == pytest.approx(summarize(roles).set_index("task").loc["mrpc", "spearman_rho"])
@@ -196,7 +189,7 @@ def test_unknown_roles_get_distinct_colours() -> None:
 
 def test_plot_all_writes_every_figure_as_png_and_svg(synthetic, tmp_path: Path) -> None:
     roles, scores = synthetic
-    with plots.figure_formats(("png", "svg")):
+    with common_figures.figure_formats(("png", "svg")):
         paths = plot_all(roles, scores, tmp_path / "figures", TAU, ALPHA)
     figures = [
         "role_grid",
@@ -206,9 +199,7 @@ def test_plot_all_writes_every_figure_as_png_and_svg(synthetic, tmp_path: Path) 
         "p_heatmaps",
         "local_vs_syntactic",
     ]
-    expected = {
-        f"{task}_{figure}.{ext}" for task in HELD for figure in figures for ext in ("png", "svg")
-    }
+    expected = {f"{task}_{figure}.{ext}" for task in HELD for figure in figures for ext in ("png", "svg")}
     assert sorted(p.name for p in paths) == sorted(expected)
     assert {p.name for p in (tmp_path / "figures").iterdir()} == expected
     for path in paths:
@@ -234,7 +225,7 @@ def test_figure_processes_without_sched_getaffinity(synthetic, tmp_path: Path, m
     roles, scores = synthetic
     monkeypatch.delattr(os, "sched_getaffinity", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
-    assert plots.pool_size(len(plots.figure_jobs(roles, scores, tmp_path, TAU, ALPHA))) == 2
+    assert common_figures.pool_size(len(heads_figures.figure_jobs(roles, scores, tmp_path, TAU, ALPHA))) == 2
 
 
 def test_a_failing_figure_process_is_an_error(synthetic, tmp_path: Path) -> None:
@@ -264,7 +255,7 @@ def test_heatmap_grids_draw_nothing_outside_the_canvas(layers: int, heads: int, 
     held = values > 2
     for title in ("mrpc: mean sieve bias score per head\n(dot: role held; grey: no score)", "t"):
         fig, colorbar = _heatmap_grid(values, held, LogNorm(1e-4, 10), colormaps["viridis"], "neither", title)
-        _log_scale(colorbar.ax, "y")  # plain-number labels, the widest ones: "0.0001"
+        log_scale(colorbar.ax, "y")  # plain-number labels, the widest ones: "0.0001"
         colorbar.set_label("mean β (log scale)\nred line: τ = 3", fontsize=9)
         drawn = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
         assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, drawn

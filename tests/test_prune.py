@@ -19,7 +19,9 @@ from hypothesis import strategies as st
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import ablation, prune
+from analysis import prune
+from analysis.ablation import evaluation, michel
+from analysis.ablation import figures as ablation_figures
 
 N_LAYERS, N_HEADS, VOCAB = 2, 4, 50
 
@@ -101,12 +103,12 @@ def eval_set():
         "token_type_ids": np.zeros_like(ids),
         "labels": rng.integers(0, 3, size=7).astype(np.int32),
     }
-    return arrays, ablation.make_eval_set(arrays, 4, ("accuracy",))
+    return arrays, evaluation.make_eval_set(arrays, 4, ("accuracy",))
 
 
 def test_importance_is_the_mean_absolute_per_example_gradient(model, eval_set):
     arrays, batches = eval_set
-    evaluator = ablation.MaskedEvaluator(model, batches)
+    evaluator = evaluation.MaskedEvaluator(model, batches)
 
     # One example at a time, in file order, padded as given: no sorting, buckets or vmap.
     @jax.jit
@@ -143,14 +145,14 @@ def test_normalise_per_layer_gives_unit_l2_rows():
     importance = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     expected = np.array([[0.6, 0.8, 0.0], [0.0, 0.0, 0.0], [1 / math.sqrt(3)] * 3])
     # float64, 3 squares, a root and a division: a few 2⁻⁵³, far inside the default rtol 1e-7.
-    np.testing.assert_allclose(prune.normalise_per_layer(importance), expected)
+    np.testing.assert_allclose(michel.normalise_per_layer(importance), expected)
 
 
 def test_pruning_counts_step_by_a_fraction_of_all_heads():
-    assert prune.pruning_counts(72, 0.1) == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65, 72]
-    assert prune.pruning_counts(144, 0.05)[:4] == [0, 7, 14, 22] and prune.pruning_counts(144, 0.05)[-1] == 144
-    assert len(prune.pruning_counts(144, 0.05)) == 21
-    assert prune.pruning_counts(8, 0.3) == [0, 2, 5, 7, 8]
+    assert michel.pruning_counts(72, 0.1) == [0, 7, 14, 22, 29, 36, 43, 50, 58, 65, 72]
+    assert michel.pruning_counts(144, 0.05)[:4] == [0, 7, 14, 22] and michel.pruning_counts(144, 0.05)[-1] == 144
+    assert len(michel.pruning_counts(144, 0.05)) == 21
+    assert michel.pruning_counts(8, 0.3) == [0, 2, 5, 7, 8]
 
 
 # Magnitudes a float32 gradient can take, whose squares neither underflow nor overflow in float64.
@@ -167,7 +169,7 @@ def test_normalise_per_layer_scales_each_layer_to_the_unit_sphere(importance):
     """Importances of layers with very different gradient scales become comparable only if each
     layer is a positive rescaling of itself with L2 norm 1; an all-zero layer must stay a finite zero
     rather than 0/0 NaN, which would poison the pruning order."""
-    normalised = prune.normalise_per_layer(importance)
+    normalised = michel.normalise_per_layer(importance)
     assert normalised.shape == importance.shape and np.isfinite(normalised).all()
     for row, out in zip(importance, normalised, strict=True):
         if not row.any():
@@ -186,7 +188,7 @@ def test_normalise_per_layer_scales_each_layer_to_the_unit_sphere(importance):
 def test_pruning_counts_are_the_documented_schedule(n_total, step):
     """The curve starts unpruned, ends with every head pruned, measures each count once, and its
     counts are exactly round(k · step · n_total) for every k with k · step ≤ 1, nothing else."""
-    counts = prune.pruning_counts(n_total, step)
+    counts = michel.pruning_counts(n_total, step)
     assert all(isinstance(c, int) for c in counts)
     assert counts[0] == 0 and counts[-1] == n_total
     assert all(a < b for a, b in itertools.pairwise(counts))
@@ -200,7 +202,7 @@ def test_pruning_counts_are_the_documented_schedule(n_total, step):
 def test_pruning_by_importance_masks_the_least_important_remaining_heads():
     importance = np.array([[0.5, 0.1, 0.9], [0.3, 0.2, 0.8]])
     seen = []
-    steps, estimates = prune.prune_by_importance(
+    steps, estimates = michel.prune_by_importance(
         importance, [0, 2, 4, 6], lambda m: seen.append(m.copy()) or float(m.sum())
     )
     assert [s.heads_pruned for s in steps] == [0, 2, 4, 6] and [s.metric for s in steps] == [6, 4, 2, 0]
@@ -218,23 +220,23 @@ def test_reestimation_uses_the_current_mask_and_only_ranks_remaining_heads():
         return np.array([[0.0, 0.7, 0.6], [0.8, 0.9, 0.05]])
 
     importance = np.array([[0.1, 0.5, 0.6], [0.7, 0.8, 0.9]])
-    steps, estimates = prune.prune_by_importance(importance, [0, 1, 2, 3], lambda m: 0.0, reestimate)
+    steps, estimates = michel.prune_by_importance(importance, [0, 1, 2, 3], lambda m: 0.0, reestimate)
     assert len(estimates) == 3 and len(masks_given) == 2
     np.testing.assert_array_equal(masks_given[0], [[0, 1, 1], [1, 1, 1]])
     np.testing.assert_array_equal(steps[2].mask, [[0, 1, 1], [1, 1, 0]])
     np.testing.assert_array_equal(steps[3].mask, [[0, 1, 0], [1, 1, 0]])
     # The order written to <task>_pruning_order.csv: no single estimate ranks (0, 0) < (1, 2) < (0, 2).
-    order = prune.pruning_order(steps, (2, 3))
+    order = michel.pruning_order(steps, (2, 3))
     assert order.columns.tolist() == ["rank", "layer", "head", "heads_pruned"]
     assert order.to_numpy().tolist() == [[0, 0, 0, 1], [1, 1, 2, 2], [2, 0, 2, 3]]
 
 
 def test_pruning_order_rebuilds_every_steps_mask():
     importance = np.array([[0.5, 0.1, 0.9, 0.4], [0.3, 0.2, 0.8, 0.6]])
-    steps, _ = prune.prune_by_importance(importance, [0, 3, 5, 8], lambda m: 0.0)
-    random_steps = prune.prune_in_order([5, 0, 7, 3, 1, 2, 6, 4], [0, 3, 5, 8], lambda m: 0.0, (2, 4))
+    steps, _ = michel.prune_by_importance(importance, [0, 3, 5, 8], lambda m: 0.0)
+    random_steps = michel.prune_in_order([5, 0, 7, 3, 1, 2, 6, 4], [0, 3, 5, 8], lambda m: 0.0, (2, 4))
     for run in (steps, random_steps):
-        order = prune.pruning_order(run, (2, 4))
+        order = michel.pruning_order(run, (2, 4))
         for step in run:
             mask = np.ones((2, 4))
             done = order[order["heads_pruned"] <= step.heads_pruned]
@@ -243,39 +245,39 @@ def test_pruning_order_rebuilds_every_steps_mask():
 
 
 def test_prune_in_order_follows_the_given_order():
-    steps = prune.prune_in_order([5, 0, 3, 1, 2, 4], [0, 1, 3, 6], lambda m: float(m.sum()), (2, 3))
+    steps = michel.prune_in_order([5, 0, 3, 1, 2, 4], [0, 1, 3, 6], lambda m: float(m.sum()), (2, 3))
     assert [s.metric for s in steps] == [6, 5, 3, 0]
     np.testing.assert_array_equal(steps[2].mask, [[0, 1, 1], [0, 1, 0]])
 
 
 def test_heads_within_one_point_stops_at_the_first_drop():
     curve = pd.DataFrame({"heads_pruned": [0, 7, 14, 22, 29], "metric": [0.80, 0.805, 0.79, 0.78, 0.795]})
-    assert prune.heads_within(curve) == 14  # 22 drops 2 points; the later recovery does not count
-    assert prune.heads_within(curve, tolerance=0.0) == 7
+    assert michel.heads_within(curve) == 14  # 22 drops 2 points; the later recovery does not count
+    assert michel.heads_within(curve, tolerance=0.0) == 7
 
 
 def test_random_orders_are_judged_one_seed_at_a_time():
     # The mean of the two curves, 0.80, 0.7925, 0.7925, never drops a point; each seed does.
     runs = pd.DataFrame({"seed": [0, 0, 0, 1, 1, 1], "heads_pruned": [0, 7, 14] * 2,
                          "metric": [0.80, 0.785, 0.80, 0.80, 0.80, 0.785]})  # fmt: skip
-    assert prune.heads_within(runs.groupby("heads_pruned", as_index=False)["metric"].mean()) == 14
-    assert prune.heads_within_per_seed(runs) == {"median": 3.5, "min": 0, "max": 7, "per_seed": [0, 7]}
+    assert michel.heads_within(runs.groupby("heads_pruned", as_index=False)["metric"].mean()) == 14
+    assert michel.heads_within_per_seed(runs) == {"median": 3.5, "min": 0, "max": 7, "per_seed": [0, 7]}
 
 
 def test_pruning_figure_names_the_split(monkeypatch, tmp_path):
     figures = []
-    monkeypatch.setattr(prune, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    monkeypatch.setattr(ablation_figures, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
     curve = pd.DataFrame({"fraction_pruned": [0.0, 1.0], "heads_pruned": [0, 8], "metric": [0.8, 0.5],
                           "order": "importance"})  # fmt: skip
-    prune.plot_pruning(curve, pd.DataFrame(), "accuracy", "mrpc", "train", tmp_path)
+    ablation_figures.plot_pruning(curve, pd.DataFrame(), "accuracy", "mrpc", "train", tmp_path)
     assert figures[0].axes[0].get_ylabel() == "train accuracy"
 
 
 def test_bad_flags_are_user_errors():
     with pytest.raises(bertjax.UserError, match="--metric"):
-        prune.MichelConfig(ckpt="x", task="sst2", metric="f1")
+        michel.MichelConfig(ckpt="x", task="sst2", metric="f1")
     with pytest.raises(bertjax.UserError, match="--prune-step"):
-        prune.MichelConfig(ckpt="x", prune_step=0.0)
+        michel.MichelConfig(ckpt="x", prune_step=0.0)
 
 
 def test_the_importance_set_defaults_to_the_metrics_examples():
@@ -324,10 +326,10 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     np.testing.assert_allclose(norms, 1.0, rtol=1e-6)
     # Without --importance-n the importance is estimated on the same 8 examples, not the whole split.
     model = bertjax.from_pretrained(tiny_ckpt, "BertForSequenceClassification")
-    first_8, _ = ablation.load_eval_set(bertjax.load_tokenizer(tiny_ckpt), "mrpc", "dev", glue_dir, 8, 128, 8)
+    first_8, _ = evaluation.load_eval_set(bertjax.load_tokenizer(tiny_ckpt), "mrpc", "dev", glue_dir, 8, 128, 8)
     # The same float32 computation run again (another compilation), written as CSV: a few u.
     np.testing.assert_allclose(
-        importance["importance_raw"], ablation.MaskedEvaluator(model, first_8).mask_gradients().ravel(), rtol=1e-5
+        importance["importance_raw"], evaluation.MaskedEvaluator(model, first_8).mask_gradients().ravel(), rtol=1e-5
     )
     assert (out / "mrpc_pruning.png").is_file() and (out / "mrpc_importance.svg").is_file()
     order = pd.read_csv(out / "mrpc_pruning_order.csv")
@@ -342,8 +344,8 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
     )  # at ξ = 1, then after each of 3 partial steps
     assert result["forward_passes"] == 1 + 5 * 3  # the baseline metrics, then 5 points of 3 curves
     within = result["heads_prunable_within_one_point"]
-    per_seed = [prune.heads_within(runs) for _, runs in seeds.groupby("seed")]
-    assert within["random"]["per_seed"] == per_seed and within["importance"] == prune.heads_within(curve[:5])
+    per_seed = [michel.heads_within(runs) for _, runs in seeds.groupby("seed")]
+    assert within["random"]["per_seed"] == per_seed and within["importance"] == michel.heads_within(curve[:5])
     assert [f["path"] for f in result["data_files"]] == [str(glue_dir / "MRPC" / "dev.tsv")]
 
 
@@ -357,7 +359,7 @@ def test_cli_with_its_own_importance_set_counts_both_sets_compiles(tiny_ckpt, sh
     assert result["importance_set"] == {"split": "dev", "examples": 5}
     # One forward executable per batch shape of the 8, one gradient executable per shape of the 5.
     tokenizer = bertjax.load_tokenizer(tiny_ckpt)
-    shapes = [ablation.load_eval_set(tokenizer, "mrpc", "dev", glue_dir, n, 128, 8)[0].shapes for n in (8, 5)]
+    shapes = [evaluation.load_eval_set(tokenizer, "mrpc", "dev", glue_dir, n, 128, 8)[0].shapes for n in (8, 5)]
     assert result["compiled_executables"] == len(shapes[0]) + len(shapes[1])
     assert [f["path"] for f in result["data_files"]] == [str(glue_dir / "MRPC" / "dev.tsv")]  # read twice, listed once
 

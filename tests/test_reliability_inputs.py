@@ -177,7 +177,13 @@ def test_a_truncated_orbax_checkpoint_is_one_line_naming_step_and_array(tmp_path
     others = [line for line in result.stderr.splitlines()
               if " INFO " not in line and " WARNING " not in line and not line.startswith("error:")]  # fmt: skip
     # Two threads may print at once, so their lines interleave: each line is checked on its own.
-    closed_loop = ("Traceback (most recent call last):", "asyncio", "_check_closed", "RuntimeError", "Event loop is closed")
+    closed_loop = (
+        "Traceback (most recent call last):",
+        "asyncio",
+        "_check_closed",
+        "RuntimeError",
+        "Event loop is closed",
+    )
     assert all(not line.strip() or any(mark in line for mark in closed_loop) for line in others), "\n".join(others)
 
 

@@ -18,6 +18,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import finetune_effect, report, report_screenshot, track
 from analysis import roles as roles_cli
+from analysis.heads import report as heads_report
 from bertjax import checkpoint as ckpt
 
 STEPS = (1, 4, 9)
@@ -125,7 +126,7 @@ def test_effect_report_shows_pre_and_post(work, roles_run, shared_data):
     finetune_effect.main(
         ["--pre", str(pre), "--post", str(post), "--out", str(out), *_data_flags(shared_data, work / "parses")]
     )
-    page = report.write_report(report.ReportConfig(str(out), examples=2))
+    page = heads_report.write_report(heads_report.ReportConfig(str(out), examples=2))
     data = _page_data(page)
     means = _csv_rows(out / "head_means.csv")
     row = next(r for r in means if r["role"] == "local" and r["layer"] == "1" and r["head"] == "0")
@@ -141,7 +142,7 @@ def test_a_gone_checkpoint_still_gives_a_report_that_says_so(roles_run, tmp_path
     info = json.loads((copy / "run.json").read_text())
     info["config"]["ckpt"] = str(tmp_path / "deleted_checkpoint")
     (copy / "run.json").write_text(json.dumps(info))
-    data = _page_data(report.write_report(report.ReportConfig(str(copy))))
+    data = _page_data(heads_report.write_report(heads_report.ReportConfig(str(copy))))
     assert data["examples"] == {} and "checkpoint cannot be loaded" in data["examples_missing"]
     assert data["stats"]["mrpc"]["local"]["mean"][0][0] is not None
 
@@ -153,7 +154,7 @@ def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
     info = json.loads((copy / "run.json").read_text())
     info["data_files"]["mrpc"][0]["sha256"] = "0" * 64
     (copy / "run.json").write_text(json.dumps(info))
-    data = _page_data(report.write_report(report.ReportConfig(str(copy))))
+    data = _page_data(heads_report.write_report(heads_report.ReportConfig(str(copy))))
     assert data["examples"] == {} and "is gone or differs from the one the run read" in data["examples_missing"]
 
 

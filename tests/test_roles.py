@@ -12,7 +12,9 @@ import pytest
 
 import bertjax
 from analysis import roles as roles_cli
-from analysis import stats
+from analysis.common import examples, forward, stats
+from analysis.heads import config as roles_config
+from analysis.heads import scoring
 from sieves.align import EncodedSequence
 from sieves.builders import DEFAULT_ROLES, RELATIONS, ROLES, SieveOptions, build_batch
 from sieves.kernel import sieve_scores
@@ -212,13 +214,11 @@ def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny
     file order in one unsorted batch and compared row by row with `scores.npz` through its
     index. Also pins n: exactly the examples where a role has a scored row."""
     out, _, cache = tiny_run
-    config = roles_cli.RolesConfig(
+    config = roles_config.RolesConfig(
         ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
     )
-    data = roles_cli.load_tasks(config, ["mrpc"])
-    seqs = roles_cli.encode_tasks(
-        config, data, bertjax.load_tokenizer(str(tiny_hf)), roles_cli.make_parser(config), {}
-    )
+    data = examples.load_tasks(config, ["mrpc"])
+    seqs = examples.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_hf)), examples.make_parser(config), {})
     seqs = seqs["mrpc"]
     length = max(s.length for s in seqs)
     arrays = {k: np.zeros((len(seqs), length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
@@ -250,13 +250,13 @@ def test_a_correction_spans_every_test_of_the_run():
     role is assigned on the adjusted p-value."""
     rng = np.random.default_rng(3)
 
-    def task(shift: float) -> roles_cli.TaskScores:
+    def task(shift: float) -> scoring.TaskScores:
         scores = {role: 3.0 + shift + rng.normal(0, 1, (30, 2, 3)) for role in ("local", "cls")}
-        return roles_cli.TaskScores(scores, {r: np.arange(30) for r in scores}, [], 30)
+        return scoring.TaskScores(scores, {r: np.arange(30) for r in scores}, [], 30)
 
     results = {"mrpc": task(0.45), "sst2": task(0.3)}
-    raw, _ = roles_cli.test_roles(results, roles_cli.RolesConfig(ckpt="x", correction="none"))
-    holm, _ = roles_cli.test_roles(results, roles_cli.RolesConfig(ckpt="x", correction="holm"))
+    raw, _ = scoring.test_roles(results, roles_config.RolesConfig(ckpt="x", correction="none"))
+    holm, _ = scoring.test_roles(results, roles_config.RolesConfig(ckpt="x", correction="holm"))
     np.testing.assert_array_equal(holm.p_value, raw.p_value)
     np.testing.assert_allclose(holm.p_adjusted, stats.adjust_pvalues(raw.p_value.to_numpy(), "holm"))
     assert (holm.assigned == (holm.p_adjusted < 0.05)).all() and (raw.assigned == (raw.p_value < 0.05)).all()
@@ -265,11 +265,11 @@ def test_a_correction_spans_every_test_of_the_run():
 
 
 def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_data, tmp_path):
-    config = roles_cli.RolesConfig(
+    config = roles_config.RolesConfig(
         ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8
     )
     tokenizer = bertjax.load_tokenizer(str(tiny_hf))
-    parser = roles_cli.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
+    parser = examples.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
     shapes = []
 
     def scorer(input_ids, attention_mask, token_type_ids, rows, sieves):
@@ -278,9 +278,9 @@ def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_dat
 
     results = {}
     for task in ("mrpc", "sst2"):
-        data = roles_cli.load_tasks(dataclasses.replace(config, task=task), [task])
-        seqs = roles_cli.encode_tasks(config, data, tokenizer, parser, {})[task]
-        results[task] = roles_cli.score_task(scorer, seqs, config, desc=task)
+        data = examples.load_tasks(dataclasses.replace(config, task=task), [task])
+        seqs = examples.encode_tasks(config, data, tokenizer, parser, {})[task]
+        results[task] = scoring.score_task(scorer, seqs, config, desc=task)
     assert {shape[0] for shape in shapes} == {len(DEFAULT_ROLES)}  # SST-2 has no `block`, same count
     assert "block" not in results["sst2"].scores and results["sst2"].absent == ["block"]
     assert set(results["mrpc"].scores) == set(DEFAULT_ROLES)
@@ -370,9 +370,9 @@ def test_batches_are_padded_to_a_bucket_but_never_past_max_length():
     rng = np.random.default_rng(0)
     seqs = [_synthetic_sequence(rng, i) for i in range(3)]  # 27 to 51 tokens
     longest = max(s.length for s in seqs)
-    ((_, arrays),) = roles_cli.padded_batches(seqs, 4, 128, "test")
-    assert arrays["input_ids"].shape == (4, roles_cli.bucketed(longest)) and roles_cli.bucketed(longest) > longest
-    ((_, arrays),) = roles_cli.padded_batches(seqs, 4, longest, "test")  # a model with `longest` positions
+    ((_, arrays),) = forward.padded_batches(seqs, 4, 128, "test")
+    assert arrays["input_ids"].shape == (4, forward.bucketed(longest)) and forward.bucketed(longest) > longest
+    ((_, arrays),) = forward.padded_batches(seqs, 4, longest, "test")  # a model with `longest` positions
     assert arrays["input_ids"].shape == (4, longest)
 
 
@@ -397,9 +397,9 @@ def test_overwrite_replaces_only_an_earlier_output(tiny_run, tmp_path, cli_error
 
 
 def test_max_length_is_cut_to_the_model_positions():
-    from analysis.prune import MichelConfig
+    from analysis.ablation.michel import MichelConfig
 
-    config = roles_cli.RolesConfig(ckpt="x", max_length=128)
-    assert roles_cli.fit_max_length(config, 512) is config
-    assert roles_cli.fit_max_length(config, 64).max_length == 64
-    assert roles_cli.fit_max_length(MichelConfig(ckpt="x"), 64) == MichelConfig(ckpt="x", max_length=64)
+    config = roles_config.RolesConfig(ckpt="x", max_length=128)
+    assert examples.fit_max_length(config, 512) is config
+    assert examples.fit_max_length(config, 64).max_length == 64
+    assert examples.fit_max_length(MichelConfig(ckpt="x"), 64) == MichelConfig(ckpt="x", max_length=64)

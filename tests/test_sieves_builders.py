@@ -222,9 +222,7 @@ def test_relations_need_both_words_and_a_distinct_head() -> None:
 
 def test_pair_relations_stay_within_their_words() -> None:
     # [CLS] dogs bark [SEP] cats [SEP]: global words 0 dogs(nsubj→1) 1 bark 2 cats(nsubj→2: root)
-    seq = make_seq(
-        [0, 0, 0, 0, 1, 1], word_ids=[-1, 0, 1, -1, 2, -1], deps=("nsubj", "root", "nsubj"), heads=(1, 1, 2)
-    )
+    seq = make_seq([0, 0, 0, 0, 1, 1], word_ids=[-1, 0, 1, -1, 2, -1], deps=("nsubj", "root", "nsubj"), heads=(1, 1, 2))
     assert masks_as_sets("nsubj", seq) == {1: {2}}
 
 

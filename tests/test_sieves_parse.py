@@ -154,7 +154,7 @@ def spacy_parser() -> SpacyParser:
 
 
 def test_spacy_words(spacy_parser: SpacyParser) -> None:
-    texts = ["Hello   world.\n\nThe cat ate the red apple quickly. ", "  ", "She said \"no\"."]
+    texts = ["Hello   world.\n\nThe cat ate the red apple quickly. ", "  ", 'She said "no".']
     parses = spacy_parser.parse(texts)
     assert len(parses) == 3
     assert parses[1] == ()
@@ -217,10 +217,14 @@ def test_cache_entries_from_before_part_of_speech_are_not_reused(tmp_path: Path)
 
     parser = SpacyParser(cache_dir=tmp_path)
     # An entry written the old way: keyed without the cache schema, words without `pos`.
-    old_key = hashlib.sha256(json.dumps([parser.name, parser.version, "Dogs bark."], ensure_ascii=False).encode()).hexdigest()
+    old_key = hashlib.sha256(
+        json.dumps([parser.name, parser.version, "Dogs bark."], ensure_ascii=False).encode()
+    ).hexdigest()
     with sqlite3.connect(tmp_path / "spacy_parses.sqlite3") as connection:
         connection.execute("CREATE TABLE parses (key TEXT PRIMARY KEY, words TEXT)")
-        connection.execute("INSERT INTO parses VALUES (?, ?)", (old_key, '[[0,4,"nsubj",1],[5,9,"root",1],[9,10,"punct",1]]'))
+        connection.execute(
+            "INSERT INTO parses VALUES (?, ?)", (old_key, '[[0,4,"nsubj",1],[5,9,"root",1],[9,10,"punct",1]]')
+        )
     (words,) = parser.parse(["Dogs bark."])
     assert all(w.pos for w in words) and [words] == SpacyParser().parse(["Dogs bark."])
     assert SpacyParser(cache_dir=tmp_path).parse(["Dogs bark."]) == [words]  # stored with pos, read back equal

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from analysis.stats import adjust_pvalues, assign, one_sided_test, tau_auto
+from analysis.common.stats import adjust_pvalues, assign, one_sided_test, tau_auto
 from bertjax.errors import UserError
 
 ALPHA = 0.05

@@ -15,15 +15,22 @@ from matplotlib.colors import to_rgba
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import onset, plots, summary, track
 from analysis import roles as roles_cli
+from analysis import track
+from analysis.heads import figures as heads_figures
+from analysis.heads import onset, summary, tracking
 from bertjax import checkpoint as ckpt
 
 STEPS = (1, 3, 10, 31, 96)
 
 
 def write_checkpoint(
-    workdir: Path, step: int, seed: int, tokenizer: str = "tokenizer", cls=bertjax.BertForPreTraining, positions: int = 128
+    workdir: Path,
+    step: int,
+    seed: int,
+    tokenizer: str = "tokenizer",
+    cls=bertjax.BertForPreTraining,
+    positions: int = 128,
 ) -> None:
     """A random tiny model saved as a training step (params + meta), as the trainer does."""
     model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=positions), cls, seed=seed)
@@ -65,7 +72,7 @@ def tracked(run_dir, shared_data, parse_cache, tmp_path_factory):
 
 def test_outputs_cover_every_step_and_role(tracked):
     out, _ = tracked
-    table = pd.read_csv(out / track.TRACK_CSV)
+    table = pd.read_csv(out / tracking.TRACK_CSV)
     assert list(table.columns) == ["step", "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high",
                                    "t", "p_value", "p_adjusted", "assigned"]  # fmt: skip
     assert sorted(pd.unique(table["step"])) == list(STEPS)
@@ -77,7 +84,7 @@ def test_outputs_cover_every_step_and_role(tracked):
 
 def test_onset_csv_holds_the_onsets_of_the_track(tracked):
     out, _ = tracked
-    table = pd.read_csv(out / track.TRACK_CSV)
+    table = pd.read_csv(out / tracking.TRACK_CSV)
     written = pd.read_csv(out / onset.ONSET_CSV)
     assert list(written.columns) == onset.ONSET_COLUMNS
     assert len(written) == len(table[["task", "layer", "head", "role"]].drop_duplicates())
@@ -88,11 +95,13 @@ def test_onset_csv_holds_the_onsets_of_the_track(tracked):
 @pytest.mark.parametrize("tau", ["3", "auto"])
 def test_rows_of_a_step_equal_what_roles_writes_for_it(tracked, run_dir, shared_data, parse_cache, tmp_path, tau):
     out, argv = tracked
-    table = pd.read_csv(out / track.TRACK_CSV) if tau == "3" else None
+    table = pd.read_csv(out / tracking.TRACK_CSV) if tau == "3" else None
     if tau == "auto":  # tests come from the cached scores: no checkpoint is scored again
         cache = out.parent / f"{out.name}.cache"
-        track.main([*argv, "--tau", "auto", "--out", str(tmp_path / "auto"), "--scores-cache", str(cache), "--no-figures"])
-        table = pd.read_csv(tmp_path / "auto" / track.TRACK_CSV)
+        track.main(
+            [*argv, "--tau", "auto", "--out", str(tmp_path / "auto"), "--scores-cache", str(cache), "--no-figures"]
+        )
+        table = pd.read_csv(tmp_path / "auto" / tracking.TRACK_CSV)
     step = STEPS[2]
     roles_cli.main(["--ckpt", str(run_dir), "--step", str(step), "--tau", tau, "--out", str(tmp_path / "roles"),
                     "--no-figures", *_flags(shared_data, parse_cache)])  # fmt: skip
@@ -104,13 +113,13 @@ def test_rows_of_a_step_equal_what_roles_writes_for_it(tracked, run_dir, shared_
 def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data, parse_cache, monkeypatch, tmp_path):
     _, argv = tracked
     loaded = []
-    real_load = track.from_pretrained
+    real_load = tracking.from_pretrained
 
     def counting_load(path, step=None):
         loaded.append(step)
         return real_load(path, step=step)
 
-    monkeypatch.setattr(track, "from_pretrained", counting_load)
+    monkeypatch.setattr(tracking, "from_pretrained", counting_load)
     cache = tmp_path / "cache"
     argv = [*argv, "--scores-cache", str(cache), "--out", str(tmp_path / "first"), "--no-figures"]
     track.main(argv)
@@ -118,7 +127,7 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
 
     loaded.clear()
     encoded = []
-    monkeypatch.setattr(roles_cli, "encode_tasks", lambda *a: encoded.append(a) or {})
+    monkeypatch.setattr(tracking, "encode_tasks", lambda *a: encoded.append(a) or {})
     # the same --out, replaced without --overwrite as it holds a track output; figures this time
     track.main([*argv[:-1], "--figure-format", "png,svg"])
     assert loaded == [] and encoded == []
@@ -130,12 +139,12 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
             assert {f"{task}_{kind}.png", f"{task}_{kind}.svg"} <= figures
 
     monkeypatch.undo()
-    monkeypatch.setattr(track, "from_pretrained", counting_load)
+    monkeypatch.setattr(tracking, "from_pretrained", counting_load)
     write_checkpoint(run_dir, 300, seed=9)
     try:
         track.main(argv)
         assert loaded == [300]
-        table = pd.read_csv(tmp_path / "first" / track.TRACK_CSV)
+        table = pd.read_csv(tmp_path / "first" / tracking.TRACK_CSV)
         assert sorted(pd.unique(table["step"])) == [*STEPS, 300]
     finally:
         (run_dir / ckpt.CHECKPOINTS / "300").rename(tmp_path / "step300")  # other tests expect STEPS
@@ -157,7 +166,7 @@ def test_held_fractions_count_heads():
             frames.append(pd.DataFrame({"step": step, "task": "mrpc", "layer": layers.ravel(), "head": heads.ravel(),
                                         "role": role, "assigned": rng.random(18) < 0.5}))  # fmt: skip
     table = pd.concat(frames, ignore_index=True)
-    fractions = track.held_fractions(table, "mrpc")
+    fractions = tracking.held_fractions(table, "mrpc")
     for step in (1, 10):
         for role in ("local", "cls"):
             rows = table[(table.step == step) & (table.role == role)]
@@ -172,12 +181,12 @@ def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
     table = pd.DataFrame({"step": [1, 1, 10, 10], "task": "sst2", "layer": 0, "head": [0, 1, 0, 1], "role": "local",
                           "p_value": [0.5, np.nan, 0.01, 0.5], "assigned": [False, False, True, False]})  # fmt: skip
     figures = []
-    monkeypatch.setattr(track.plots, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
-    track.plot_emergence(table, "sst2", tmp_path, "emergence")
+    monkeypatch.setattr(tracking, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    tracking.plot_emergence(table, "sst2", tmp_path, "emergence")
     (mesh,) = figures[0].axes[0].collections
     colours = mesh.to_rgba(mesh.get_array()).reshape(2, 2, 4)  # heads × steps
-    held = plots.role_colours(["local"])["local"]
-    expected = [[plots.NOT_HELD, held], [plots.NO_DATA, plots.NOT_HELD]]
+    held = heads_figures.role_colours(["local"])["local"]
+    expected = [[heads_figures.NOT_HELD, held], [heads_figures.NO_DATA, heads_figures.NOT_HELD]]
     np.testing.assert_allclose(colours, [[to_rgba(c) for c in steps] for steps in expected])
 
 
@@ -195,7 +204,16 @@ def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
     ],
 )
 def test_bad_input_gives_one_line(case, expected, run_dir, shared_data, tmp_path, cli_error):
-    argv = ["--run", str(run_dir), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--out", str(tmp_path / "out")]
+    argv = [
+        "--run",
+        str(run_dir),
+        "--task",
+        "mrpc",
+        "--glue-dir",
+        str(shared_data / "glue"),
+        "--out",
+        str(tmp_path / "out"),
+    ]
     if case == "no_checkpoints":
         (tmp_path / "empty").mkdir()
         argv[1] = str(tmp_path / "empty")
@@ -229,11 +247,11 @@ def test_max_length_is_cut_to_the_checkpoints_positions(shared_data, parse_cache
     """Sequences are encoded before any model loads; --max-length 32 on a 16-position run must be
     cut to 16 (and recorded), not fail on the first batch."""
     workdir = tmp_path / "short"
-    BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True).save_pretrained(
-        workdir / "tokenizer"
-    )
+    BertTokenizerFast(
+        vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True
+    ).save_pretrained(workdir / "tokenizer")
     write_checkpoint(workdir, 5, seed=0, positions=16)
     out = tmp_path / "track"
     track.main(["--run", str(workdir), "--out", str(out), "--no-figures", *_flags(shared_data, parse_cache)])
     assert json.loads((out / "run.json").read_text())["config"]["roles"]["max_length"] == 16
-    assert set(pd.read_csv(out / track.TRACK_CSV)["step"]) == {5}
+    assert set(pd.read_csv(out / tracking.TRACK_CSV)["step"]) == {5}

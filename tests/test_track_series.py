@@ -18,6 +18,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import roles as roles_cli
 from analysis import track
+from analysis.heads import series, tracking
 from bertjax import checkpoint as ckpt
 from bertjax import pretrained
 from train import finetune
@@ -92,13 +93,13 @@ def flags(shared_data, parse_cache) -> list[str]:
 def loads(monkeypatch) -> list:
     """The (path, step) of every checkpoint `analysis.track` scores."""
     loaded = []
-    real = track.from_pretrained
+    real = tracking.from_pretrained
 
     def counting(path, step=None):
         loaded.append((Path(path), step))
         return real(path, step=step)
 
-    monkeypatch.setattr(track, "from_pretrained", counting)
+    monkeypatch.setattr(tracking, "from_pretrained", counting)
     return loaded
 
 
@@ -107,7 +108,7 @@ def _run_json(out: Path) -> dict:
 
 
 def _rows(out: Path, step: int) -> pd.DataFrame:
-    table = pd.read_csv(out / track.TRACK_CSV)
+    table = pd.read_csv(out / tracking.TRACK_CSV)
     return table[table["step"] == step].drop(columns="step").reset_index(drop=True)
 
 
@@ -128,7 +129,7 @@ def test_integer_labels_are_steps_and_order_the_series(hf_dirs, flags, loads, tm
     assert [m["label"] for m in series] == ["1", "10", "100"]
     assert [m["given"] for m in series] == [str(hf_dirs[1]), str(hf_dirs[0]), str(hf_dirs[2])]
     assert all(m["kind"] == "hf" and m["checkpoint_step"] is None for m in series)
-    assert sorted(pd.unique(pd.read_csv(out / track.TRACK_CSV)["step"])) == [1, 10, 100]
+    assert sorted(pd.unique(pd.read_csv(out / tracking.TRACK_CSV)["step"])) == [1, 10, 100]
     assert [p for p, _ in loads] == [hf_dirs[1], hf_dirs[0], hf_dirs[2]]
     # A member's rows are what analysis.roles writes for that checkpoint alone.
     expected = _roles(["--ckpt", str(hf_dirs[0]), *flags], tmp_path / "roles")
@@ -145,9 +146,9 @@ def test_other_labels_keep_the_order_given(hf_dirs, flags, tmp_path):
 
 
 def test_an_at_sign_inside_a_path_is_not_a_label():
-    assert track.split_label("runs/a@b/model") == ("runs/a@b/model", None)
-    assert track.split_label("org/name@7") == ("org/name", "7")
-    assert track.split_label("model@") == ("model@", None)
+    assert series.split_label("runs/a@b/model") == ("runs/a@b/model", None)
+    assert series.split_label("org/name@7") == ("org/name", "7")
+    assert series.split_label("model@") == ("model@", None)
 
 
 def test_bertjax_checkpoints_bring_their_own_steps(hf_dirs, flags, tmp_path):
@@ -219,16 +220,16 @@ def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, t
 def test_cache_keys_tell_checkpoints_apart(hf_dirs, tmp_path):
     """The key of a HF member names its files' resolved targets (hub blobs are content hashes) and
     the snapshot's path (the revision); the same files at another path or step are another key."""
-    member = track.Member(3, "3", "x", pretrained.resolve(hf_dirs[0]))
-    identity = track.member_identity(member)
+    member = series.Member(3, "3", "x", pretrained.resolve(hf_dirs[0]))
+    identity = series.member_identity(member)
     assert identity["path"] == str(hf_dirs[0].resolve()) and identity["step"] == 3
     assert {f[0] for f in identity["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
-    other = track.member_identity(track.Member(3, "3", "y", pretrained.resolve(hf_dirs[1])))
-    moved = track.member_identity(track.Member(4, "4", "x", pretrained.resolve(hf_dirs[0])))
+    other = series.member_identity(series.Member(3, "3", "y", pretrained.resolve(hf_dirs[1])))
+    moved = series.member_identity(series.Member(4, "4", "x", pretrained.resolve(hf_dirs[0])))
     settings = {"any": "settings"}
-    keys = {track.cache_path(tmp_path, settings, i) for i in (identity, other, moved)}
+    keys = {tracking.cache_path(tmp_path, settings, i) for i in (identity, other, moved)}
     assert len(keys) == 3
-    assert track.cache_path(tmp_path, settings, track.member_identity(member)) in keys
+    assert tracking.cache_path(tmp_path, settings, series.member_identity(member)) in keys
 
 
 # -- one-line errors ---------------------------------------------------------------------------------

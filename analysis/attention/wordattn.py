@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from analysis.roles import bucketed, padded_batches
+from analysis.common.forward import bucketed, padded_batches
 from sieves.align import EncodedSequence
 
 

@@ -19,7 +19,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from analysis.surface import key_flag_batches
+from analysis.attention.surface import key_flag_batches
 from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
 from bertjax.pretrained import SAFETENSORS, SAFETENSORS_INDEX, Source
@@ -77,9 +77,7 @@ def mask_batch(
 
 def mlm_loss(model: nnx.Module, offsets, input_ids, attention_mask, token_type_ids, positions, labels, weights):
     """Σ over sequences of the mean cross-entropy at that sequence's masked positions."""
-    out = model(
-        input_ids, attention_mask, token_type_ids, masked_positions=positions, attention_offsets=offsets
-    )
+    out = model(input_ids, attention_mask, token_type_ids, masked_positions=positions, attention_offsets=offsets)
     losses = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits, labels)
     per_sequence = jnp.sum(losses * weights, axis=-1) / jnp.maximum(weights.sum(axis=-1), 1.0)
     return jnp.sum(per_sequence)
@@ -106,8 +104,13 @@ def make_gradient_fn(model: nnx.Module):
 
 
 def gradient_importance(
-    model: nnx.Module, seqs: Sequence[EncodedSequence], punct_ids: Sequence[int], mask_id: int,
-    batch_size: int, max_length: int, seed: int = 0,
+    model: nnx.Module,
+    seqs: Sequence[EncodedSequence],
+    punct_ids: Sequence[int],
+    mask_id: int,
+    batch_size: int,
+    max_length: int,
+    seed: int = 0,
 ) -> np.ndarray:
     """Mean |∂loss/∂α| per layer and key kind, [L, len(KEY_KINDS)], streamed by batch."""
     run = make_gradient_fn(model)

@@ -1,6 +1,6 @@
 """Per-task head tables and the end-of-run summary: how many heads hold each coarse role.
 
-The tables here (heads × roles, one task at a time) are shared with `analysis.plots`, so every
+The tables here (heads × roles, one task at a time) are shared with `analysis.heads.figures`, so every
 figure and the printed summary count heads the same way.
 """
 
@@ -131,9 +131,7 @@ def summarize(roles: pd.DataFrame, coarse: Mapping[str, str] = DEFAULT_COARSE) -
         by_coarse = coarse_held_table(held, coarse)
         record: dict[str, object] = {"task": task, "n_heads": len(held)}
         for name in ordered_coarse(coarse):
-            record[f"pct_{name}"] = (
-                100.0 * by_coarse[name].mean() if name in by_coarse.columns else math.nan
-            )
+            record[f"pct_{name}"] = 100.0 * by_coarse[name].mean() if name in by_coarse.columns else math.nan
         record["pct_unskilled"] = 100.0 * (~held.any(axis=1)).mean() if held.columns.size else math.nan
         if {"syntactic", "local"} <= set(by_coarse.columns) and by_coarse["syntactic"].any():
             syntactic = by_coarse["syntactic"]
@@ -155,9 +153,7 @@ def _pct(value: float) -> str:
 def format_summary(df: pd.DataFrame) -> str:
     """A few lines per task of `summarize`'s table, for the end of a CLI run."""
     coarse_cols = [
-        c
-        for c in df.columns
-        if c.startswith("pct_") and c not in ("pct_unskilled", "pct_syntactic_also_local")
+        c for c in df.columns if c.startswith("pct_") and c not in ("pct_unskilled", "pct_syntactic_also_local")
     ]
     blocks = []
     for _, row in df.iterrows():

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from analysis.roles import padded_batches
+from analysis.common.forward import padded_batches
 from sieves.align import EncodedSequence
 
 WEIGHTINGS = ("tokens", "sequences")

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 import numpy as np
 import pandas as pd
 
-from analysis.wordattn import WordAttention
+from analysis.attention.wordattn import WordAttention
 
 DIRECTIONS = ("dep2head", "head2dep")
 BASELINE_OFFSETS = {"paper": (-3, -2, -1, 1, 2, 3), "authors": (-3, -2, -1, 0, 1, 2)}

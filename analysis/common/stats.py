@@ -38,9 +38,7 @@ class TestResult:
     p_value: np.ndarray
 
 
-def one_sided_test(
-    x: np.ndarray, tau: float, axis: int = 0, test: Literal["t", "z"] = "t"
-) -> TestResult:
+def one_sided_test(x: np.ndarray, tau: float, axis: int = 0, test: Literal["t", "z"] = "t") -> TestResult:
     """Test H0: mean ≤ τ against H1: mean > τ along `axis` of `x` (NaN-free samples).
 
     The t-test equals `scipy.stats.ttest_1samp(x, tau, alternative="greater")`; the z-test uses the

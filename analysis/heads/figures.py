@@ -9,23 +9,11 @@ the paths. The CLIs choose which figures to draw with `--figures all|none|KIND,.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import contextvars
-import dataclasses
 import functools
 import itertools
 import math
-import os
-import pickle
-import queue
-import struct
-import subprocess
-import sys
-import threading
-import traceback
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
@@ -38,9 +26,10 @@ from matplotlib.colorbar import Colorbar
 from matplotlib.colors import BoundaryNorm, Colormap, ListedColormap, LogNorm, Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+from matplotlib.ticker import MaxNLocator
 
-from analysis.summary import (
+from analysis.common.figures import FigurePool, Margins, log_scale, panel_grid, pool_size, save_figure
+from analysis.heads.summary import (
     DEFAULT_COARSE,
     Correlation,
     coarse_held_table,
@@ -49,13 +38,7 @@ from analysis.summary import (
     local_syntactic_spearman,
     task_rows,
 )
-from bertjax.errors import UserError
 
-PNG_DPI = 150
-# PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
-# most runs' figures are looked at, not edited. Vector formats on request.
-FIGURE_FORMATS = ("png", "svg", "pdf")
-DEFAULT_FORMATS = ("png",)
 # The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
 # workers' shares); `--figures` names a subset.
 ROLES_FIGURES = (
@@ -78,14 +61,8 @@ ROLE_COLOURS: Mapping[str, str] = MappingProxyType(
 EXTRA_COLOURS: tuple[str, ...] = (
     "#e6ab02", "#a6761d", "#e7298a", "#666666", "#1b9e77", "#d95f02", "#17becf", "#bcbd22",
 )  # fmt: skip
-# Starting a figure process (importing matplotlib and pandas, ~2 s) costs what drawing two to
-# three figures does, so a process is worth starting only for about four.
-FIGURES_PER_PROCESS = 4
 # Panels a row in the heat-map grids.
 HEATMAP_COLUMNS = 4
-# A figure title's character width and line height at the default title size (12 pt), inches.
-TITLE_INCH_PER_CHAR = 0.1
-TITLE_INCH_PER_LINE = 0.22
 # −log10 p above this is one colour: p-values of 1e-300 would otherwise wash out the α threshold.
 NEG_LOG10_P_CAP = 10.0
 
@@ -94,69 +71,6 @@ def role_colours(names: Sequence[str]) -> dict[str, str]:
     """A colour per role: fixed for the known roles, cycled from `EXTRA_COLOURS` for the rest."""
     extra = itertools.cycle(EXTRA_COLOURS)
     return {r: ROLE_COLOURS[r] if r in ROLE_COLOURS else next(extra) for r in names}
-
-
-_formats: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("figure_formats", default=DEFAULT_FORMATS)
-
-
-@contextlib.contextmanager
-def figure_formats(formats: Sequence[str]) -> Iterator[None]:
-    """The formats `save_figure` writes within the block (a context variable, not a parameter:
-    every figure function of every analysis saves through `save_figure`)."""
-    token = _formats.set(tuple(formats))
-    try:
-        yield
-    finally:
-        _formats.reset(token)
-
-
-def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
-    """Write `fig` as `<stem>.<format>` under `out_dir` (created if needed), in each format of
-    the `figure_formats` in force."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # The layout engine would run again inside each savefig; it is the dearest part of drawing
-    # these many-panel figures, and its result (in figure fractions) is the same for every file.
-    engine = fig.get_layout_engine()
-    if engine is not None:
-        engine.execute(fig)
-        fig.set_layout_engine("none")
-    paths = []
-    for fmt in _formats.get():
-        paths.append(out_dir / f"{stem}.{fmt}")
-        fig.savefig(paths[-1], **({"dpi": PNG_DPI} if fmt == "png" else {}))
-    return paths
-
-
-def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
-    asked = [part.strip() for part in spec.split(",") if part.strip()]
-    unknown = [a for a in asked if a not in choices]
-    if unknown or not asked:
-        what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
-        raise UserError(f"{flag}: {what}; give {', '.join(words)} or a comma-separated list of {', '.join(choices)}")
-    return tuple(c for c in choices if c in asked)
-
-
-def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
-    """The kinds `--figures SPEC` asks for, in `kinds`' order: `all`, `none` or a list of kinds."""
-    if spec.strip() == "all":
-        return tuple(kinds)
-    if spec.strip() == "none":
-        return ()
-    return _choice("--figures", spec, kinds, ["all", "none"])
-
-
-def select_formats(spec: str) -> tuple[str, ...]:
-    """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
-    return _choice("--figure-format", spec, FIGURE_FORMATS, [])
-
-
-def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str]) -> None:
-    """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
-    p.add_argument("--figures", default="all", help=f"all, none, or a comma-separated subset of {','.join(kinds)}")
-    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default="all",
-                   help="the same as --figures none")  # fmt: skip
-    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
-                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
 
 
 def head_order(held: np.ndarray) -> np.ndarray:
@@ -190,30 +104,7 @@ def _grid(table: pd.DataFrame, role: str) -> np.ndarray:
     return table[role].to_numpy(dtype=float).reshape(table.index.levshape)
 
 
-def _log_scale(ax: Axes, which: Literal["x", "y"]) -> None:
-    """Switch an axis, after its data are drawn, to log scale with plain-number labels.
-
-    Under 2 decades few or no powers of ten fall inside the view, so 2× and 5× are labelled too;
-    minor ticks stay unlabelled, which keeps labels from colliding.
-    """
-    ax.set(**{f"{which}scale": "log"})
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    low, high = axis.get_view_interval()
-    if math.log10(high / low) < 2:
-        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
-    axis.set_minor_formatter(NullFormatter())
-
-
-def step_axis(ax: Axes, steps: np.ndarray) -> None:
-    """A training-step x axis: log scale when every step is positive (a series led by its init at
-    step 0 stays linear)."""
-    if steps.size > 1 and (steps > 0).all():
-        _log_scale(ax, "x")
-    ax.set_xlabel("step")
-
-
-def _all_positive(values: np.ndarray) -> bool:
+def all_positive(values: np.ndarray) -> bool:
     return bool(values.size) and bool((values > 0).all())
 
 
@@ -371,7 +262,7 @@ def _sequence_score_panel(ax: Axes, pooled: Mapping[str, np.ndarray], colours: M
     grand_mean = everything.mean()
     ax.axvline(grand_mean, color="black", linestyle=":", label=f"grand mean {grand_mean:.2f}")
     if log:
-        _log_scale(ax, "x")
+        log_scale(ax, "x")
     ax.set_xlabel("sieve bias score β of one sequence")
     ax.set_ylabel("fraction of (sequence, head) scores")
     ax.legend(fontsize=7, ncols=2)
@@ -408,8 +299,8 @@ def plot_score_distributions(
         if values.size:
             ax_cdf.ecdf(values, color=colours[role], label=role)
     ax_cdf.axvline(tau, color="black", linestyle="--", label=f"τ = {tau:g}")
-    if _all_positive(every_mean[np.isfinite(every_mean)]):
-        _log_scale(ax_cdf, "x")
+    if all_positive(every_mean[np.isfinite(every_mean)]):
+        log_scale(ax_cdf, "x")
     ax_cdf.set_xlabel("mean β of a head")
     ax_cdf.set_ylabel("fraction of heads")
     ax_cdf.set_title("(a) ECDF of per-head mean β")
@@ -434,68 +325,6 @@ def plot_score_distributions(
     _sequence_score_panel(ax_seq, pooled, colours, tau)
     fig.suptitle(f"{task}: sieve bias scores and p-values")
     return save_figure(fig, out_dir, stem)
-
-
-@dataclasses.dataclass(frozen=True)
-class Margins:
-    """Inches around a panel grid: `left`/`bottom` hold the outer tick labels and axis labels,
-    `top` the figure title and the first row's panel titles, `right` a colour bar or nothing;
-    `gap` is (between columns, between rows), the latter holding a panel title."""
-
-    left: float = 0.6
-    bottom: float = 0.55
-    top: float = 0.65
-    right: float = 0.2
-    gap: tuple[float, float] = (0.15, 0.35)
-
-
-def panel_grid(
-    count: int,
-    panel_size: tuple[float, float],
-    title: str,
-    xlabel: str,
-    ylabel: str | None = None,
-    max_cols: int = 4,
-    margins: Margins = Margins(),
-) -> tuple[Figure, list[Axes]]:
-    """`count` panels with plot areas of `panel_size` inches, at most `max_cols` a row, on shared
-    axes (tick labels on the outer panels only).
-
-    Placed in fixed inches, not by a layout engine: constrained layout measures every tick label
-    of every panel and was two thirds of the time to draw a 12-panel grid."""
-    ncols = min(max_cols, count)
-    nrows = math.ceil(count / ncols)
-    (width, height), (gap_x, gap_y) = panel_size, margins.gap
-    fig_width = margins.left + ncols * width + (ncols - 1) * gap_x + margins.right
-    # A narrow grid widens to fit its title, the panels centred; a title's every line after the
-    # first takes room from the top.
-    lines = title.splitlines()
-    slack = max(0.0, TITLE_INCH_PER_CHAR * max(map(len, lines)) - fig_width)
-    fig_width += slack
-    top = margins.top + TITLE_INCH_PER_LINE * (len(lines) - 1)
-    fig_height = top + nrows * height + (nrows - 1) * gap_y + margins.bottom
-    fig = Figure(figsize=(fig_width, fig_height))
-    axes: list[Axes] = []
-    for i in range(count):
-        row, col = divmod(i, ncols)
-        left = slack / 2 + margins.left + col * (width + gap_x)
-        bottom = fig_height - top - (row + 1) * height - row * gap_y
-        rect = (left / fig_width, bottom / fig_height, width / fig_width, height / fig_height)
-        ax = fig.add_axes(rect, sharex=axes[0] if axes else None, sharey=axes[0] if axes else None)
-        # The lowest panel of its column has the x axis: nothing below it, a full row or not.
-        # Inner panels have no axes at all; drawing their ticks was half the cost of a grid.
-        if i + ncols >= count:
-            ax.set_xlabel(xlabel, fontsize=8)
-        else:
-            ax.xaxis.set_visible(False)
-        if col == 0:
-            if ylabel is not None:
-                ax.set_ylabel(ylabel, fontsize=8)
-        else:
-            ax.yaxis.set_visible(False)
-        axes.append(ax)
-    fig.suptitle(title, y=1 - 0.12 / fig_height, va="top")
-    return fig, axes
 
 
 def _heatmap_grid(
@@ -564,7 +393,7 @@ def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path
     label = "mean β"
     if isinstance(norm, LogNorm):
         label += " (log scale)"
-        _log_scale(colorbar.ax, "y")
+        log_scale(colorbar.ax, "y")
         if norm.vmin <= tau <= norm.vmax:
             colorbar.ax.axhline(tau, color="#d62728", linewidth=2)
             label += f"\nred line: τ = {tau:g}"
@@ -632,9 +461,9 @@ def plot_local_vs_syntactic(
     )
     fig.colorbar(points, ax=ax, ticks=range(n_layers), label="layer")
     shown = np.concatenate([local, syntactic])
-    if _all_positive(shown[np.isfinite(shown)]):
-        _log_scale(ax, "x")
-        _log_scale(ax, "y")
+    if all_positive(shown[np.isfinite(shown)]):
+        log_scale(ax, "x")
+        log_scale(ax, "y")
     ax.set_xlabel("mean local β")
     ax.set_ylabel("mean syntactic β")
     ax.set_title(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)")
@@ -694,153 +523,6 @@ def plot_all(
     with FigurePool(pool_size(len(jobs)) if workers is None else workers) as pool:
         pool.submit(jobs)
         return pool.results()
-
-
-def pool_size(n_jobs: int) -> int:
-    """Worker processes for `n_jobs` figures: one per usable core, each with at least
-    FIGURES_PER_PROCESS to draw; 0 (draw in the caller) when fewer than two would be started."""
-    workers = min(_usable_cores(), n_jobs // FIGURES_PER_PROCESS)
-    return workers if workers > 1 else 0
-
-
-def _usable_cores() -> int:
-    """The cores this process may run on; macOS and Windows lack sched_getaffinity, so there
-    every core counts."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-class FigurePool:
-    """Figure worker processes, started once and fed (function, arguments) jobs.
-
-    Start it early: a worker spends its first ~2 s importing matplotlib and pandas, which then
-    overlaps the caller's own loading. Workers are fresh `python -m analysis.figure_worker` interpreters,
-    not multiprocessing: they import only the plotting modules (not the caller's JAX), never
-    inherit JAX's threads as a fork would, and need no `__main__` guard in the caller's script.
-    Jobs and results travel over the workers' stdin and stdout, so nothing is written outside the
-    figures' own directory. A worker ends with its caller: on Linux the kernel kills it when the
-    caller dies (`PR_SET_PDEATHSIG`, asked before its imports), elsewhere it stops at the end of
-    its figure, when it reads end-of-file. The pool must be started on the thread that lives as long as it (the kernel signal
-    follows the thread that started the worker). With 0 workers, jobs are drawn in the caller.
-    """
-
-    def __init__(self, workers: int):
-        self._jobs: queue.Queue = queue.Queue()
-        self._drawn: list[tuple[int, list[Path]]] = []
-        self._failures: list[str] = []
-        self._submitted = 0
-        self._processes: list[subprocess.Popen] = []
-        self._threads: list[threading.Thread] = []
-        # The package's own root first: the caller may have found `analysis` through its sys.path.
-        root = str(Path(__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        for _ in range(workers):
-            process = subprocess.Popen(
-                [sys.executable, "-m", "analysis.figure_worker", str(os.getpid())],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                env=env,
-            )
-            self._processes.append(process)
-            thread = threading.Thread(target=self._feed, args=(process,), daemon=True)
-            thread.start()
-            self._threads.append(thread)
-
-    def __enter__(self) -> FigurePool:
-        return self
-
-    def __exit__(self, exc_type, *_) -> None:
-        self.close(now=exc_type is not None)
-
-    def submit(self, jobs: Sequence[tuple]) -> None:
-        """Queues `jobs`, (function, arguments) each, drawn in the `figure_formats` in force now."""
-        formats = _formats.get()
-        for fn, args in jobs:
-            self._jobs.put((self._submitted, fn, args, formats))
-            self._submitted += 1
-
-    def results(self) -> list[Path]:
-        """The paths of every job submitted, in submission order, once all are drawn."""
-        if not self._processes:
-            while not self._jobs.empty():
-                i, fn, args, formats = self._jobs.get()
-                with figure_formats(formats):
-                    self._drawn.append((i, fn(*args)))
-        else:
-            self._jobs.join()
-        if self._failures:
-            raise RuntimeError(f"a figure process failed:\n{self._failures[0]}")
-        return [path for _, paths in sorted(self._drawn, key=lambda item: item[0]) for path in paths]
-
-    def close(self, now: bool = False) -> None:
-        """Stops the workers: after their current figure, or `now` (after an error or an interrupt,
-        when the run's output is discarded anyway)."""
-        for _ in self._processes:
-            self._jobs.put(None)
-        for process in self._processes:
-            if now:
-                process.kill()
-            with contextlib.suppress(OSError):
-                process.stdin.close()
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-            process.stdout.close()
-        self._processes = []
-
-    def _feed(self, process: subprocess.Popen) -> None:
-        """One worker's thread: sends it a job, waits for its reply, until the queue says stop."""
-        while (job := self._jobs.get()) is not None:
-            i, *work = job
-            try:
-                if self._failures:
-                    continue  # the run fails anyway; drain the queue
-                _write_frame(process.stdin, work)
-                reply = _read_frame(process.stdout)
-                if reply is None:
-                    self._failures.append(f"the worker exited (status {process.wait()}); see its error above")
-                elif reply[0] == "error":
-                    self._failures.append(reply[1])
-                else:
-                    self._drawn.append((i, reply[1]))
-            except (OSError, ValueError, pickle.PicklingError) as e:
-                self._failures.append(f"{type(e).__name__}: {e}")
-            finally:
-                self._jobs.task_done()
-        self._jobs.task_done()
-
-
-def _write_frame(stream, payload) -> None:
-    data = pickle.dumps(payload)
-    stream.write(struct.pack("<Q", len(data)) + data)
-    stream.flush()
-
-
-def _read_frame(stream):
-    """The next pickled payload on `stream`, or None at its end."""
-    header = stream.read(8)
-    if len(header) < 8:
-        return None
-    return pickle.loads(stream.read(struct.unpack("<Q", header)[0]))
-
-
-def serve() -> None:
-    """A worker of `FigurePool` (`python -m analysis.figure_worker`): draws each job read on
-    stdin, replies on stdout, until end-of-file."""
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    # Anything a library prints goes to stderr, not into the replies.
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    while (job := _read_frame(sys.stdin.buffer)) is not None:
-        fn, args, formats = job
-        try:
-            with figure_formats(formats):
-                reply = ("ok", fn(*args))
-        except Exception:  # noqa: BLE001 — the caller reports it, with this traceback
-            reply = ("error", traceback.format_exc())
-        _write_frame(replies, reply)
 
 
 def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from analysis.wordattn import WordAttention
+from analysis.attention.wordattn import WordAttention
 
 MAX_DISTANCE = 10
 WIDTH_BUCKET = 16
@@ -46,9 +46,7 @@ def probe_sentence(word: WordAttention) -> ProbeSentence:
     backward = np.concatenate([np.swapaxes(word.maps, -1, -2), word.from_special[..., None]], axis=-1)
     width = len(word.word_dep)
     heads = forward.shape[0] * forward.shape[1]
-    features = np.concatenate(
-        [forward.reshape(heads, width, width + 1), backward.reshape(heads, width, width + 1)]
-    )
+    features = np.concatenate([forward.reshape(heads, width, width + 1), backward.reshape(heads, width, width + 1)])
     is_root = word.word_head == np.arange(width)
     gold = np.where(is_root, width, word.word_head).astype(np.int32)
     candidates = np.append(word.present, True)
@@ -126,8 +124,15 @@ def loss_fn(params, batch):
 
 
 def train_probe(
-    train: Sequence[ProbeSentence], kind: str, with_embeddings: bool, *, epochs: int, batch_size: int,
-    learning_rate: float, seed: int = 0, desc: str = "probe",
+    train: Sequence[ProbeSentence],
+    kind: str,
+    with_embeddings: bool,
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    seed: int = 0,
+    desc: str = "probe",
 ) -> dict[str, jax.Array]:
     """Adam on the mean cross-entropy of the gold heads; batches of similar-length sentences."""
     order = sorted(range(len(train)), key=lambda i: len(train[i].gold))

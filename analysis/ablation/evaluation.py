@@ -26,15 +26,10 @@ import numpy as np
 import optax
 import pandas as pd
 from flax import nnx
-from matplotlib import colormaps
-from matplotlib.colors import CenteredNorm
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from scipy import stats
 
-from analysis.plots import save_figure
-from analysis.roles import bucketed
-from analysis.stats import adjust_pvalues
+from analysis.common.forward import bucketed
+from analysis.common.stats import adjust_pvalues
 from bertjax import glue
 from bertjax.errors import UserError
 from bertjax.pretrained import resolve, trained_task
@@ -252,49 +247,3 @@ def change_counts(table: pd.DataFrame) -> dict[str, int]:
         "lower_accuracy_by_one_point_significant": int((down & significant).sum()),
         "significant": int(significant.sum()),
     }
-
-
-def head_heatmap(
-    values: np.ndarray,
-    title: str,
-    label: str,
-    out_dir: Path,
-    stem: str,
-    diverging: bool = False,
-    annotate: bool = True,
-    columns: str | None = "head",
-    marked: np.ndarray | None = None,
-) -> list[Path]:
-    """One L × H heatmap (layer rows, head columns), optionally centred on 0 with a diverging map.
-
-    `columns=None` is for a single column of per-layer values: no column axis is drawn. Cells
-    where `marked` (bool, the shape of `values`) is true get a black box."""
-    values = np.asarray(values, float)
-    n_layers, n_heads = values.shape
-    fig = Figure(figsize=(1.6 + 0.55 * n_heads, 1.2 + 0.45 * n_layers), layout="constrained")
-    ax = fig.add_subplot()
-    finite = values[np.isfinite(values)]
-    if diverging:
-        norm = CenteredNorm(0.0, max(np.abs(finite).max(initial=0.0), 1e-9))
-        mesh = ax.imshow(values, cmap=colormaps["RdBu"], norm=norm)
-    else:
-        mesh = ax.imshow(values, cmap=colormaps["viridis"])
-    if annotate:
-        # Changes of a few tenths of a point would all read 0.00 with two decimals.
-        digits = 3 if finite.size and np.abs(finite).max() < 0.1 else 2
-        for (layer, head), value in np.ndenumerate(values):
-            # Dark text on light cells, light text on dark ones.
-            shade = mesh.norm(value)
-            light = abs(shade - 0.5) < 0.3 if diverging else shade > 0.6
-            ax.text(head, layer, f"{value:.{digits}f}", ha="center", va="center", fontsize=6,
-                    color="black" if light else "white")  # fmt: skip
-    if marked is not None:
-        for layer, head in zip(*np.nonzero(marked), strict=True):
-            ax.add_patch(Rectangle((head - 0.5, layer - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=1.6))
-    ax.set_xticks(range(n_heads) if columns else [])
-    ax.set_yticks(range(n_layers))
-    ax.set_xlabel(columns or "")
-    ax.set_ylabel("layer")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(mesh, ax=ax, label=label, shrink=0.9)
-    return save_figure(fig, out_dir, stem)

@@ -16,8 +16,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from analysis import plots
-from analysis.summary import ordered_roles
+from analysis.common.figures import save_figure, step_axis
+from analysis.heads.figures import role_colours
+from analysis.heads.summary import ordered_roles
 from bertjax.errors import UserError
 
 ONSET_CSV = "onset.csv"
@@ -59,7 +60,9 @@ def read_heldout(workdir: Path) -> pd.DataFrame | None:
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
-            raise UserError(f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun") from None
+            raise UserError(
+                f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun"
+            ) from None
         if isinstance(row, dict) and "heldout_mlm_accuracy" in row:
             records[int(row["step"])] = {k: row.get(k, np.nan) for k in HELDOUT_METRICS}
     if not records:
@@ -118,12 +121,12 @@ def plot_onset(
     run (when it recorded one) on a second axis."""
     counts = heads_holding(track, task)
     steps = counts.index.to_numpy()
-    colours = plots.role_colours(list(counts.columns))
+    colours = role_colours(list(counts.columns))
     fig = Figure(figsize=(7.2, 4.2), layout="constrained")
     ax = fig.add_subplot()
     for role in counts.columns:
         ax.plot(steps, counts[role], marker="o", markersize=3, color=colours[role], label=role)
-    plots.step_axis(ax, steps)
+    step_axis(ax, steps)
     ax.set_ylabel(f"heads holding the role (of {track_heads(track, task)})")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylim(-0.3, max(1, int(counts.to_numpy().max())) + 0.3)
@@ -136,6 +139,8 @@ def plot_onset(
             twin.set_ylabel("held-out MLM accuracy")
             twin.set_ylim(0, max(0.05, 1.1 * float(shown.max())))
             handles, labels = [*handles, line], [*labels, "held-out MLM accuracy"]
-    ax.legend(handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.2 if heldout is not None else 1.02, 0.5))
+    ax.legend(
+        handles, labels, fontsize=7, loc="center left", bbox_to_anchor=(1.2 if heldout is not None else 1.02, 0.5)
+    )
     ax.set_title(f"{task}: heads holding each role during training")
-    return plots.save_figure(fig, out_dir, stem)
+    return save_figure(fig, out_dir, stem)

@@ -1,0 +1,342 @@
+"""The analyses of `python -m analysis.ablate` end to end (Kovaleva et al. 2019; Michel et al. §3):
+attention patterns and features streamed batch by batch, then the classifier under disabled and
+masked heads; tables, figures and run.json written atomically into `--out`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flax import nnx
+
+from analysis.ablation.disabling import best_head_only, disable_sweep, mask_one_head
+from analysis.ablation.evaluation import (
+    MaskedEvaluator,
+    change_counts,
+    check_classifier,
+    load_eval_set,
+)
+from analysis.ablation.features import FEATURES, feature_occurrences, feature_scores
+from analysis.ablation.figures import (
+    plot_disabling,
+    plot_features,
+    plot_mask_one_head,
+    plot_pattern_shares,
+)
+from analysis.ablation.patterns import (
+    DEFAULT_THRESHOLDS,
+    PATTERNS,
+    PatternThresholds,
+    classify_patterns,
+    column_mass,
+    pattern_quantities,
+    pattern_shares,
+)
+from analysis.common.examples import fit_max_length, resolve_tasks
+from analysis.common.figures import figure_formats, select_formats
+from analysis.common.forward import padded_batches
+from bertjax import cli, glue, runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from sieves.align import EncodedSequence, encode_batch
+from sieves.parse import SpacyParser
+
+ANALYSES = ("patterns", "features", "disable", "mask")
+
+
+# The analyses that read the classifier's predictions, so need one trained for the task.
+CLASSIFIER_ANALYSES = ("disable", "mask")
+
+
+@dataclasses.dataclass(frozen=True)
+class KovalevaConfig:
+    """Everything that decides the numbers of a run; saved in run.json."""
+
+    ckpt: str
+    task: str = "mrpc"
+    step: int | None = None
+    glue_dir: str | None = None
+    split: str = "dev"
+    n: int | None = None
+    max_length: int = 128
+    batch_size: int = 32
+    analyses: tuple[str, ...] = ANALYSES
+    alpha: float = 0.05
+    compare_ckpt: str | None = None
+    compare_step: int | None = None
+    spacy_model: str | None = None
+    cache_dir: str = str(cli.CACHE_ROOT)
+    out: str = "ablate_out"
+    overwrite: bool = False
+    figure_format: str = "png"
+
+    def __post_init__(self) -> None:
+        if self.n is not None and self.n < 1:
+            raise UserError(f"--n must be at least 1, got {self.n}")
+        if not 0.0 < self.alpha < 1.0:
+            raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
+        unknown = [a for a in self.analyses if a not in ANALYSES]
+        if unknown or not self.analyses:
+            raise UserError(
+                f"--analyses: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ANALYSES)}"
+            )
+
+
+def make_summariser(model: nnx.Module):
+    """One jitted function per batch: forward with attentions → pattern quantities and column mass,
+    so only [L, B, H] and [L, B, H, T] summaries leave the device."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def summarise(state, input_ids, attention_mask, token_type_ids, special):
+        out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        attn = jnp.stack(out.attentions)
+        real = attention_mask.astype(bool)
+        return pattern_quantities(attn, real, special, token_type_ids), column_mass(attn, real)
+
+    return lambda *arrays: summarise(state, *arrays)
+
+
+@dataclasses.dataclass
+class AttentionSummary:
+    """Pattern counts [L, H, len(PATTERNS)] over the maps, and per feature the sum [L, H] of the
+    per-sequence scores and the number of sequences having it."""
+
+    pattern_counts: np.ndarray
+    feature_sums: dict[str, np.ndarray]
+    feature_sequences: dict[str, int]
+
+    def feature_means(self) -> dict[str, np.ndarray]:
+        return {f: self.feature_sums[f] / n for f, n in self.feature_sequences.items() if n}
+
+
+def summarise_sequences(
+    summariser,
+    seqs: Sequence[EncodedSequence],
+    word_texts: dict[int, list[str]] | None,
+    batch_size: int,
+    max_length: int,
+    shape: tuple[int, int],
+    thresholds: PatternThresholds = DEFAULT_THRESHOLDS,
+    desc: str = "attention",
+) -> AttentionSummary:
+    """Streams the sequences through `summariser`; features only when `word_texts` (by example
+    index) are given."""
+    counts = np.zeros((*shape, len(PATTERNS)), np.int64)
+    sums = {f: np.zeros(shape) for f in FEATURES}
+    present = dict.fromkeys(FEATURES, 0)
+    for chunk, arrays in padded_batches(seqs, batch_size, max_length, desc):
+        length = arrays["input_ids"].shape[1]
+        special = np.zeros((batch_size, length), bool)
+        for row, seq in enumerate(chunk):
+            special[row, : seq.length] = seq.special
+        (v, d, b), columns = summariser(
+            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], special
+        )
+        used = slice(0, len(chunk))
+        paired = np.array([seq.num_segments == 2 for seq in chunk])[None, :, None]
+        v, d, b = (np.asarray(x)[:, used] for x in (v, d, b))
+        codes = classify_patterns(v, d, b, paired, thresholds)
+        counts += (codes[..., None] == np.arange(len(PATTERNS))).sum(axis=1)
+        if word_texts is not None:
+            columns = np.asarray(columns)
+            for row, seq in enumerate(chunk):
+                occurrences = feature_occurrences(seq, word_texts[seq.index])
+                for feature, score in feature_scores(columns[:, row], occurrences).items():
+                    sums[feature] += score
+                    present[feature] += 1
+    return AttentionSummary(counts, sums, present)
+
+
+def run(config: KovalevaConfig) -> dict[str, dict]:
+    """The whole analysis; returns per task what run.json records about it."""
+    started = time.perf_counter()
+    tasks = resolve_tasks(config.task)
+    formats = select_formats(config.figure_format)
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
+        return _run(config, tasks, tmp, started)
+
+
+def _load(ckpt: str, step: int | None, trained_heads: bool = False):
+    # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
+    # classifier is initialised and unused: patterns and features read attention only; disabling
+    # and masking read the classifier's accuracy, so they need a trained one).
+    model = from_pretrained(ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads)
+    return model, load_tokenizer(ckpt, step=step)
+
+
+def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
+    """One parse per segment, and each example's word texts (by example index) for the features."""
+    flat = iter(parser.parse([text for example in segments for text in example]))
+    parses = [tuple(next(flat) for _ in example) for example in segments]
+    word_texts = {
+        index: [text[w.start : w.end] for text, words in zip(example, parse, strict=True) for w in words]
+        for index, example, parse in zip(indices, segments, parses, strict=True)
+    }
+    return parses, word_texts
+
+
+def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints: dict, parser, tmp: Path) -> dict:
+    """Patterns of the first checkpoint and features of every checkpoint; writes their tables."""
+    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    indices = [e.index for e in examples]
+    parses, word_texts = _parse(parser, segments, indices) if parser else (None, None)
+    summaries = {}
+    for label, (model, tokenizer) in checkpoints.items():
+        seqs = encode_batch(tokenizer, segments, parses, config.max_length, indices)
+        shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
+        summaries[label] = summarise_sequences(
+            make_summariser(model),
+            seqs,
+            word_texts,
+            config.batch_size,
+            config.max_length,
+            shape,
+            desc=f"{task} attention ({label})",
+        )
+    result: dict = {"figures": []}
+    if "patterns" in config.analyses:
+        counts = next(iter(summaries.values())).pattern_counts
+        layers, heads = np.indices(counts.shape[:2])
+        table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel()})
+        for k, pattern in enumerate(PATTERNS):
+            table[pattern] = counts[..., k].ravel()
+        table.to_csv(tmp / f"{task}_patterns.csv", index=False)
+        result["pattern_counts"] = counts
+    if "features" in config.analyses:
+        means = {label: summary.feature_means() for label, summary in summaries.items()}
+        rows = [
+            {"checkpoint": label, "layer": layer, "head": head, "feature": feature,
+             "sequences": summaries[label].feature_sequences[feature], "mean": values[layer, head]}
+            for label, by_feature in means.items() for feature, values in by_feature.items()
+            for layer, head in np.ndindex(values.shape)
+        ]  # fmt: skip
+        pd.DataFrame(rows).to_csv(tmp / f"{task}_features.csv", index=False)
+        result["figures"] += plot_features(means, task, tmp)
+        result["feature_sequences"] = {label: summary.feature_sequences for label, summary in summaries.items()}
+    return result
+
+
+def _print_counts(task: str, what: str, counts: dict[str, int], alpha: float) -> None:
+    print(
+        f"{task}: {what}: {counts['raise_accuracy']} raise accuracy ({counts['raise_accuracy_significant']} "
+        f"significant), {counts['lower_accuracy_by_one_point']} lower it by ≥ 1 point "
+        f"({counts['lower_accuracy_by_one_point_significant']} significant; McNemar, Holm p < {alpha:g})"
+    )
+
+
+def _classifier_analyses(config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, tmp: Path) -> dict:
+    """`disable` and `mask` on one evaluator: one baseline pass, one compile per batch shape."""
+    eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
+    evaluator = MaskedEvaluator(model, eval_set)
+    baseline = evaluator.score()
+    split, alpha, names = config.split, config.alpha, eval_set.metric_names
+    result: dict = {"baseline": baseline.metrics, "figures": []}
+    if "disable" in config.analyses:
+        _, heads, layers = disable_sweep(evaluator, f"{task} disable", alpha, baseline)
+        heads.to_csv(tmp / f"{task}_disable_heads.csv", index=False)
+        layers.to_csv(tmp / f"{task}_disable_layers.csv", index=False)
+        for metric in names:
+            worst = heads.loc[heads[f"{metric}_change"].idxmin()]
+            print(
+                f"{task}: baseline {metric} {baseline.metrics[metric]:.4f}; one head disabled: {heads[metric].min():.4f} … "
+                f"{heads[metric].max():.4f} (worst L{int(worst['layer'])} H{int(worst['head'])}); "
+                f"one layer disabled: {layers[metric].min():.4f} … {layers[metric].max():.4f}"
+            )
+        result["disable"] = {"heads": change_counts(heads), "layers": change_counts(layers)}
+        _print_counts(task, "one head disabled", result["disable"]["heads"], alpha)
+        result["figures"] += plot_disabling(baseline.metrics, heads, layers, names, task, split, tmp, alpha)
+    if "mask" in config.analyses:
+        heads = mask_one_head(evaluator, baseline, alpha, desc=f"{task} mask one head")
+        heads.to_csv(tmp / f"{task}_mask_one_head.csv", index=False)
+        best = best_head_only(evaluator, baseline, names[0], alpha, desc=f"{task} keep one head")
+        best.to_csv(tmp / f"{task}_best_head_only.csv", index=False)
+        result["mask"] = {"one_head_masked": change_counts(heads), "best_head_only": change_counts(best)}
+        _print_counts(task, "one head masked", result["mask"]["one_head_masked"], alpha)
+        print(f"{task}: best head only, {names[0]} per layer: " + ", ".join(
+            f"L{r.layer} H{r.head} {getattr(r, names[0]):.4f}" for r in best.itertuples()
+        ))  # fmt: skip
+        result["figures"] += plot_mask_one_head(baseline.metrics, heads, names, task, split, tmp, alpha)
+    result.update(
+        forward_passes=evaluator.forward_passes,
+        compiled_executables=evaluator.compiled_shapes(),
+        batch_shapes=sorted(eval_set.shapes),
+    )
+    return result
+
+
+def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) -> dict[str, dict]:
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
+    model, tokenizer = _load(config.ckpt, config.step, trained_heads=bool(classifier))
+    if classifier:
+        check_classifier(model, config.ckpt, config.step, tasks)
+    # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
+    # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
+    checkpoints = {"checkpoint": (model, tokenizer)}
+    if "features" in config.analyses and config.compare_ckpt:
+        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step)}
+    timings["load_model"] = time.perf_counter() - clock
+    config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    parser = None
+    if "features" in config.analyses:
+        parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
+    results: dict[str, dict] = {}
+    figures: list[Path] = []
+    pattern_counts: dict[str, np.ndarray] = {}
+    for task in tasks:
+        examples = glue.load_glue(task, config.split, glue_dir, config.n)
+        files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
+        result: dict = {
+            "split": config.split,
+            "examples": len(examples),
+            "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+        }
+        if {"patterns", "features"} & set(config.analyses):
+            clock = time.perf_counter()
+            attention = _attention_analyses(config, task, examples, checkpoints, parser, tmp)
+            timings[f"{task}/attention"] = time.perf_counter() - clock
+            figures += attention.pop("figures")
+            if "pattern_counts" in attention:
+                pattern_counts[task] = attention.pop("pattern_counts")
+            result.update(attention)
+        if classifier:
+            clock = time.perf_counter()
+            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, tmp)
+            timings[f"{task}/{'+'.join(classifier)}"] = time.perf_counter() - clock
+            figures += result["masked_evaluation"].pop("figures")
+        results[task] = result
+    if pattern_counts:
+        shares = pattern_shares(pattern_counts)
+        shares.to_csv(tmp / "pattern_shares.csv", index=False)
+        figures += plot_pattern_shares(shares, tmp)
+        for task, rows in shares.groupby("task", sort=False):
+            print(f"{task}: " + ", ".join(
+                f"{r.pattern} {'not defined' if np.isnan(r.share) else f'{100 * r.share:.1f}%'}" for r in rows.itertuples()
+            ))  # fmt: skip
+    timings["total"] = time.perf_counter() - started
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            "checkpoint": resolve(config.ckpt, config.step).describe(),
+            "compare_checkpoint": (
+                resolve(config.compare_ckpt, config.compare_step).describe() if "pre-trained" in checkpoints else None
+            ),
+            "model_config": model.config.to_hf_dict(),
+            "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
+            "tasks": results,
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    return results

@@ -1,0 +1,140 @@
+"""The examples every analysis reads and how they become model inputs: tasks → GLUE or CoNLL-U
+examples → parses (cached on disk) → encoded sequences.
+
+Any analysis that scores sequences (roles, track, finetune_effect, report; Clark's and
+Kovaleva's analyses use parts) goes through here, so "which examples, parsed how, truncated where"
+has one answer. The functions take any settings object with the fields of `ExampleSettings`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from bertjax import glue, runinfo
+from bertjax.errors import UserError
+from sieves.align import EncodedSequence, encode_batch
+from sieves.builders import get_role
+from sieves.parse import SpacyParser, read_conllu
+
+log = logging.getLogger(__name__)
+C = TypeVar("C")
+
+CONLLU_TASK = "ud"
+MIN_LENGTH = 5
+
+
+class ExampleSettings(Protocol):
+    """The settings that choose and prepare the examples (a `heads.config.RolesConfig` has them)."""
+
+    n: int
+    glue_dir: str | None
+    split: str
+    conllu: str | None
+    max_length: int
+    roles: tuple[str, ...]
+    parser: str
+    spacy_model: str | None
+    cache_dir: str
+
+
+def resolve_tasks(spec: str) -> list[str]:
+    """`all`, one task, or a comma-separated list, in the order given."""
+    tasks = [t for part in spec.split(",") for t in glue.resolve_tasks(part.strip())]
+    return list(dict.fromkeys(tasks))
+
+
+def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
+    """(segments per example, example indices, files read) in file order."""
+    if task == CONLLU_TASK:
+        sentences = read_conllu(Path(config.conllu), limit=config.n)
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), [Path(config.conllu)]
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    examples = glue.load_glue(task, config.split, glue_dir, config.n)
+    files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
+    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    return segments, [e.index for e in examples], files
+
+
+def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
+    if task == CONLLU_TASK:
+        return [(words,) for _, words in read_conllu(Path(config.conllu), limit=config.n)]
+    flat = [text for example in segments for text in example]
+    parsed = iter(parser.parse(flat))
+    return [tuple(next(parsed) for _ in example) for example in segments]
+
+
+def present_roles(num_segments: Iterable[int], roles: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the roles inputs with these segment counts define, those they do not): pair roles need
+    two segments in every input."""
+    paired = all(n == 2 for n in num_segments)
+    present = [r for r in roles if paired or not get_role(r).needs_pair]
+    return present, [r for r in roles if r not in present]
+
+
+@dataclasses.dataclass
+class TaskData:
+    """One task's examples as read: segments per example, example indices, files read."""
+
+    segments: list[tuple[str, ...]]
+    indices: list[int]
+    files: list[Path]
+
+
+def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskData]:
+    """Every task's examples, or a UserError when a task defines none of `config.roles` (checked
+    here, before any parse or forward pass: such a task would leave nothing to test)."""
+    data = {task: TaskData(*examples_for(config, task)) for task in tasks}
+    for task, d in data.items():
+        present, absent = present_roles((len(segments) for segments in d.segments), config.roles)
+        if not present:
+            verb = "needs" if len(absent) == 1 else "need"
+            raise UserError(
+                f"--roles {','.join(config.roles)}: no requested role is defined for {task} ({', '.join(absent)} {verb} sentence pairs)"
+            )
+    return data
+
+
+def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:
+    return {t: [{"path": str(f), "sha256": runinfo.sha256(f)} for f in d.files] for t, d in data.items()}
+
+
+def make_parser(config: ExampleSettings) -> SpacyParser | None:
+    """The spaCy parser when a role needs parses (CoNLL-U trees come with the data)."""
+    if config.parser == "spacy" and any(get_role(r).needs_parse for r in config.roles):
+        return SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
+    return None
+
+
+def encode_tasks(
+    config: ExampleSettings, data: dict[str, TaskData], tokenizer, parser, timings: dict[str, float]
+) -> dict[str, list[EncodedSequence]]:
+    """Parses (cached on disk) and encodes every task once; any number of models can score them."""
+    sequences = {}
+    for task, d in data.items():
+        clock = time.perf_counter()
+        parses = parse_segments(config, task, d.segments, parser) if parser or task == CONLLU_TASK else None
+        sequences[task] = encode_batch(tokenizer, d.segments, parses, config.max_length, d.indices)
+        timings[f"{task}/prepare"] = time.perf_counter() - clock
+    return sequences
+
+
+def fit_max_length(config: C, positions: int) -> C:
+    """A run config (any dataclass with `max_length`) with `max_length` cut to the model's
+    positions; the CLIs save the config they ran with, so run.json records the cut value."""
+    if config.max_length < MIN_LENGTH:
+        # Below this the tokenizer stops truncating (its special tokens alone fill the budget)
+        # instead of failing, and the batches then overflow.
+        raise UserError(
+            f"--max-length must be at least {MIN_LENGTH} ([CLS] A [SEP] B [SEP] with a wordpiece in each segment), got {config.max_length}"
+        )
+    if config.max_length <= positions:
+        return config
+    log.warning(
+        "--max-length %d exceeds the model's %d positions; truncating to %d", config.max_length, positions, positions
+    )
+    return dataclasses.replace(config, max_length=positions)

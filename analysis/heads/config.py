@@ -1,0 +1,152 @@
+"""The settings of a heads-hypothesis run (`RolesConfig`) and the flags that set them, shared by
+`analysis.roles`, `analysis.track`, `analysis.finetune_effect` and the report (which re-reads a
+run's settings from its run.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+from collections.abc import Sequence
+
+from analysis.common.examples import CONLLU_TASK, resolve_tasks
+from analysis.common.figures import add_figure_arguments
+from bertjax import cli
+from bertjax.errors import UserError
+from sieves.builders import DEFAULT_ROLES, get_role
+
+log = logging.getLogger(__name__)
+
+BLOCK_SCORES = ("paper", "entropy")
+
+
+SYNTACTIC_AVERAGES = ("rows", "arcs")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolesConfig:
+    """Everything that decides the numbers of a run; saved in run.json."""
+
+    ckpt: str
+    task: str = "all"
+    step: int | None = None
+    glue_dir: str | None = None
+    split: str = "dev"
+    n: int = 1000
+    max_length: int = 128
+    batch_size: int = 32
+    roles: tuple[str, ...] = DEFAULT_ROLES
+    window: int = 2
+    special_rows: bool = True
+    tau: str = "3"
+    alpha: float = 0.05
+    test: str = "t"
+    correction: str = "none"
+    parser: str = "spacy"
+    spacy_model: str | None = None
+    conllu: str | None = None
+    cache_dir: str = str(cli.CACHE_ROOT)
+    out: str = "roles_out"
+    overwrite: bool = False
+    # `--figures` and `--figure-format` as given; each analysis checks them against its own kinds.
+    figures: str = "all"
+    figure_format: str = "png"
+    html: bool = False
+    # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
+    block_score: str = "paper"
+    syntactic_average: str = "rows"
+
+    def __post_init__(self) -> None:
+        if self.block_score not in BLOCK_SCORES:
+            raise UserError(f"--block-score must be one of {', '.join(BLOCK_SCORES)}, got {self.block_score!r}")
+        if self.syntactic_average not in SYNTACTIC_AVERAGES:
+            raise UserError(
+                f"--syntactic-average must be one of {', '.join(SYNTACTIC_AVERAGES)}, got {self.syntactic_average!r}"
+            )
+        if self.n < 1:
+            raise UserError(f"--n must be at least 1, got {self.n}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.window < 1:
+            raise UserError(f"--window must be at least 1, got {self.window}")
+        if not 0.0 < self.alpha < 1.0:
+            raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
+        if self.tau != "auto":
+            try:
+                finite = math.isfinite(float(self.tau))
+            except ValueError:
+                finite = False
+            if not finite:
+                raise UserError(f"--tau must be a finite number or 'auto', got {self.tau!r}")
+        for role in self.roles:
+            get_role(role)
+        if len(set(self.roles)) < len(self.roles):
+            raise UserError(f"--roles names a role twice: {','.join(self.roles)}")
+        if self.parser == "conllu" and not self.conllu:
+            raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
+
+
+def config_tasks(config: RolesConfig) -> list[str]:
+    return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
+
+
+def add_data_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags that choose the sequences and how they are scored (shared by the analyses that
+    score checkpoints: roles, track, finetune_effect)."""
+    p.add_argument("--task", default="all", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
+    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+    p.add_argument("--split", default="dev", choices=["train", "dev", "validation", "test"])
+    p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
+    p.add_argument("--window", type=int, default=2, help="local window k")
+    p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
+    p.add_argument("--parser", choices=["spacy", "conllu"], default="spacy")
+    p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
+    p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
+    p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
+
+
+def add_test_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of the hypothesis tests."""
+    p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
+    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--test", choices=["t", "z"], default="t")
+    p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
+
+
+def add_output_arguments(p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str]) -> None:
+    p.add_argument("--out", default=default_out)
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_figure_arguments(p, figure_kinds)
+    p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
+
+
+def add_variant_arguments(p: argparse.ArgumentParser) -> None:
+    """The authors' variants of the definitions (docs/fidelity.md); only `analysis.roles` offers
+    them, as track and finetune_effect score with the published definitions."""
+    p.add_argument("--block-score", choices=BLOCK_SCORES, default="paper",
+                   help="paper: mean β over the rows; entropy: each row's β times its attention entropy, "
+                        "as the authors' block_score notebook")  # fmt: skip
+    p.add_argument("--syntactic-average", choices=SYNTACTIC_AVERAGES, default="rows",
+                   help="rows: mean β over the wordpiece rows of the relation roles; arcs: mean over arcs "
+                        "(each dependent word once), as the authors' syntactic notebook")  # fmt: skip
+
+
+def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
+    """A RolesConfig from the flags above that `a` has (the others keep their defaults); `fields`
+    set the rest and take precedence."""
+    given = vars(a)
+    # Flags whose argparse dest is the RolesConfig field's name.
+    same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
+            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
+            "figure_format", "html", "block_score", "syntactic_average")  # fmt: skip
+    settings = {name: given[name] for name in same if name in given}
+    if "roles" in given:
+        settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
+    if "no_special_rows" in given:
+        settings["special_rows"] = not a.no_special_rows
+    return RolesConfig(**(settings | fields))

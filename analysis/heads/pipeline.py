@@ -1,0 +1,125 @@
+"""The roles analysis end to end (`python -m analysis.roles`): load the checkpoint and the examples,
+score, test, write `roles.csv`, `scores.npz`, `summary.csv`, the figures and `run.json` into a
+temporary sibling of `--out` renamed when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.common.examples import data_file_hashes, encode_tasks, fit_max_length, load_tasks, make_parser
+from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
+from analysis.heads import summary
+from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.figures import ROLES_FIGURES, figure_jobs
+from analysis.heads.report import ReportConfig, write_report
+from analysis.heads.scoring import entropy_roles, make_scorer, score_sequences, test_roles
+from bertjax import runinfo
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from sieves.builders import ROLES
+
+log = logging.getLogger(__name__)
+
+
+def run(config: RolesConfig, parser=None) -> pd.DataFrame:
+    """The whole analysis; returns the roles table (also written under config.out).
+
+    `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
+    as `config` says), e.g. parses made elsewhere and shipped with the job."""
+    started = time.perf_counter()
+    timings: dict[str, float] = {}
+    tasks = config_tasks(config)
+    kinds = select_figures(config.figures, ROLES_FIGURES)
+    formats = select_formats(config.figure_format)
+    with (
+        runinfo.atomic_out(config.out, config.overwrite) as tmp,
+        # Started before the model loads, so that the workers' imports overlap the loading.
+        FigurePool(pool_size(len(tasks) * len(kinds))) as pool,
+        figure_formats(formats),
+    ):
+        return _run(config, tasks, tmp, timings, started, parser, pool, kinds)
+
+
+def _run(
+    config: RolesConfig,
+    tasks: list[str],
+    tmp: Path,
+    timings: dict[str, float],
+    started: float,
+    parser,
+    pool: FigurePool,
+    kinds: tuple[str, ...],
+) -> pd.DataFrame:
+    clock = time.perf_counter()
+    source = resolve(config.ckpt, config.step)
+    model = from_pretrained(config.ckpt, step=config.step)
+    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    scorer = make_scorer(model, entropy_roles(config))
+    timings["load_model"] = time.perf_counter() - clock
+    config = fit_max_length(config, model.config.max_position_embeddings)
+
+    clock = time.perf_counter()
+    data = load_tasks(config, tasks)
+    data_files = data_file_hashes(data)
+    timings["load_data"] = time.perf_counter() - clock
+    if parser is None or config.parser != "spacy":
+        parser = make_parser(config)
+    sequences = encode_tasks(config, data, tokenizer, parser, timings)
+    results = score_sequences(scorer, sequences, config, timings)
+
+    clock = time.perf_counter()
+    table, tau = test_roles(results, config)
+    table.to_csv(tmp / "roles.csv", index=False)
+    arrays = {}
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            arrays[f"{task}/{role}"] = scores
+            arrays[f"{task}/{role}/index"] = result.indices[role]
+    np.savez(tmp / "scores.npz", **arrays)
+    timings["tests_and_tables"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    coarse = {name: role.coarse for name, role in ROLES.items()}
+    scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
+    pool.submit(figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds))
+    figures = pool.results()
+    timings["figures"] = time.perf_counter() - clock
+    digest = summary.summarize(table, coarse=coarse)
+    digest.to_csv(tmp / "summary.csv", index=False)
+    timings["total"] = time.perf_counter() - started
+
+    run_info = {
+        "config": dataclasses.asdict(config),
+        "tau": tau,
+        "checkpoint": source.describe(),
+        "model_config": model.config.to_hf_dict(),
+        "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+        "tasks": {
+            t: {
+                "sequences": r.n_sequences,
+                "n_by_role": {k: len(v) for k, v in r.scores.items()},
+                "absent_roles": r.absent,
+            }
+            for t, r in results.items()
+        },
+        "data_files": data_files,
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(tmp, run_info)
+    print(summary.format_summary(digest))
+    for task, result in results.items():
+        if result.absent:
+            print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
+    return table
+
+
+def write_html(out: str) -> None:
+    """`--html`: the report of the output just written."""
+    write_report(ReportConfig(out))

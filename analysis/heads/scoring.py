@@ -1,0 +1,178 @@
+"""Sieve bias scores (Pande et al. 2021) of every head for every role, and their tests.
+
+Per batch, one jitted function runs the model forward with attention *and* the sieve-bias kernel,
+so attention never leaves the device and memory does not grow with the number of sequences; the
+per-sequence scores are gathered in file order and tested one-sided against τ.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from flax import nnx
+
+from analysis.common import stats
+from analysis.common.examples import present_roles
+from analysis.common.forward import padded_batches
+from analysis.heads.config import RolesConfig
+from sieves.align import EncodedSequence
+from sieves.builders import SieveOptions, arc_row_weights, build_batch
+from sieves.kernel import sieve_scores
+
+log = logging.getLogger(__name__)
+
+_SCORERS: dict[tuple, object] = {}
+
+
+@dataclasses.dataclass
+class TaskScores:
+    """Per-sequence scores of one task: role → ([n_f, L, H] scores, [n_f] example indices)."""
+
+    scores: dict[str, np.ndarray]
+    indices: dict[str, np.ndarray]
+    absent: list[str]
+    n_sequences: int
+
+
+def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
+    """Per role of `config.roles`: scored as β · row entropy (`--block-score entropy`)."""
+    return tuple(role == "block" and config.block_score == "entropy" for role in config.roles)
+
+
+def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = ()):
+    """One jitted function: forward pass with attentions, then β for every role/layer/head
+    (times the row entropy for the roles `entropy` marks)."""
+    graphdef, state = nnx.split(model)
+    # Keyed by class and config, not by the graphdef (a new one per instance), so all checkpoints
+    # of one architecture share one compiled function: tracking a run compiles once.
+    key = (type(model), model.config)
+    if key not in _SCORERS:
+        _SCORERS[key] = _jit_scorer(graphdef)
+    score = _SCORERS[key]
+    return lambda *arrays: score(state, *arrays, entropy_roles=entropy)
+
+
+def _jit_scorer(graphdef):
+    @partial(jax.jit, static_argnames="entropy_roles")
+    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves, row_weights=None, entropy_roles=()):
+        out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        real = attention_mask.astype(bool)
+        return sieve_scores(jnp.stack(out.attentions), real, rows, sieves, row_weights, entropy_roles)
+
+    return score
+
+
+def scored_batches(
+    scorer, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
+) -> Iterator[tuple[list[EncodedSequence], tuple[np.ndarray, ...]]]:
+    """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
+    sieves)` returns for it (with the row weights appended under `--syntactic-average arcs`), on
+    the host. The masks hold every role of `config.roles`, in that order, and are empty for roles
+    not `present`."""
+    options = SieveOptions(window=config.window, special_rows=config.special_rows)
+    # The same role count for every task, so single-segment tasks (no `block`) reuse the pair
+    # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
+    # GPU, most of a cold run).
+    slots = [config.roles.index(role) for role in present]
+    for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc):
+        length = arrays["input_ids"].shape[1]
+        built_rows, built_sieves = build_batch(chunk, present, options, length)
+        rows = np.zeros((len(config.roles), config.batch_size, length), bool)
+        sieves = np.zeros((len(config.roles), config.batch_size, length, length), bool)
+        rows[slots, : len(chunk)], sieves[slots, : len(chunk)] = built_rows, built_sieves
+        extra = ()
+        if config.syntactic_average == "arcs":
+            weights = np.ones((len(config.roles), config.batch_size, length), np.float32)
+            weights[slots, : len(chunk)] = arc_row_weights(chunk, present, length)
+            extra = (weights,)
+        outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves, *extra)
+        yield chunk, tuple(np.asarray(x) for x in outputs)
+
+
+class ScoreCollector:
+    """Per-sequence scores gathered batch by batch, returned in file order as `TaskScores`."""
+
+    def __init__(self, roles: Sequence[str], present: Sequence[str]):
+        self.slots = {role: list(roles).index(role) for role in present}
+        self.present = list(present)
+        self.scores: dict[str, list[np.ndarray]] = {r: [] for r in present}
+        self.indices: dict[str, list[np.ndarray]] = {r: [] for r in present}
+
+    def add(self, chunk: Sequence[EncodedSequence], scores: np.ndarray, counts: np.ndarray) -> None:
+        """scores [R, B, L, H] and counts [R, B] of a padded batch whose first rows are `chunk`,
+        one slot per role of `roles`."""
+        index = np.array([s.index for s in chunk])
+        for role, r in self.slots.items():
+            kept = counts[r, : len(chunk)] > 0
+            self.scores[role].append(scores[r, : len(chunk)][kept])
+            self.indices[role].append(index[kept])
+
+    def result(self, absent: list[str], n_sequences: int) -> TaskScores:
+        merged, merged_index = {}, {}
+        for role in self.present:
+            index = np.concatenate(self.indices[role])
+            order = np.argsort(index, kind="stable")  # back to file order
+            merged[role] = np.concatenate(self.scores[role])[order]
+            merged_index[role] = index[order]
+        return TaskScores(merged, merged_index, absent, n_sequences)
+
+
+def score_task(scorer, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
+    present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
+    collector = ScoreCollector(config.roles, present)
+    for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
+        collector.add(chunk, scores, counts)
+    return collector.result(absent, len(seqs))
+
+
+def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.DataFrame, float]:
+    """One row per (task, layer, head, role) with the test of H0: mean β ≤ τ."""
+    if config.tau == "auto":
+        tau = float(stats.tau_auto(s for r in results.values() for s in r.scores.values()))
+    else:
+        tau = float(config.tau)
+    frames = []
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            test = stats.one_sided_test(scores, tau, axis=0, test=config.test)
+            layers, heads = np.meshgrid(np.arange(scores.shape[1]), np.arange(scores.shape[2]), indexing="ij")
+            frames.append(
+                pd.DataFrame(
+                    {
+                        "task": task,
+                        "layer": layers.ravel(),
+                        "head": heads.ravel(),
+                        "role": role,
+                        "n": test.n.ravel(),
+                        "mean": test.mean.ravel(),
+                        "std": test.std.ravel(),
+                        "ci_low": test.ci_low.ravel(),
+                        "ci_high": test.ci_high.ravel(),
+                        "t": test.statistic.ravel(),
+                        "p_value": test.p_value.ravel(),
+                    }
+                )
+            )
+    table = pd.concat(frames, ignore_index=True)
+    table["p_adjusted"] = stats.adjust_pvalues(table["p_value"].to_numpy(), config.correction)
+    table["assigned"] = stats.assign(table["p_adjusted"].to_numpy(), config.alpha)
+    return table, tau
+
+
+def score_sequences(
+    scorer, sequences: dict[str, list[EncodedSequence]], config: RolesConfig, timings: dict[str, float]
+) -> dict[str, TaskScores]:
+    results = {}
+    for task, seqs in sequences.items():
+        clock = time.perf_counter()
+        results[task] = score_task(scorer, seqs, config, desc=f"{task} β")
+        timings[f"{task}/score"] = time.perf_counter() - clock
+    return results

@@ -1,0 +1,394 @@
+"""Head roles along a series of checkpoints (`python -m analysis.track`).
+
+The sequences are prepared once and scored by each checkpoint; each step's per-sequence scores are
+cached on disk under a key of every setting that changes them and of the checkpoint's identity, so
+a re-run scores only new checkpoints and re-tests the cached ones. Writes `track.csv`, `onset.csv`,
+the figures per task and `run.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import os
+import time
+import zipfile
+from pathlib import Path
+
+import jax
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from tqdm import tqdm
+
+from analysis.common.examples import data_file_hashes, encode_tasks, fit_max_length, load_tasks, make_parser
+from analysis.common.figures import (
+    Margins,
+    figure_formats,
+    log_scale,
+    panel_grid,
+    save_figure,
+    select_figures,
+    select_formats,
+    step_axis,
+)
+from analysis.heads import onset
+from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours
+from analysis.heads.scoring import TaskScores, make_scorer, score_sequences, test_roles
+from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
+from analysis.heads.summary import layer_groups, ordered_roles
+from bertjax import runinfo
+from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer
+
+TRACK_CSV = "track.csv"
+
+
+# Bump when the cached arrays or the way they are computed change: old entries are then ignored.
+SCORES_FORMAT = 1
+
+
+# The figure kinds drawn per task, for `--figures`.
+FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
+
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackConfig:
+    """`roles.ckpt` is the run's workdir (`--run`), empty for a `--ckpt` series; `series` the
+    `--ckpt` texts as given; `steps` the run's steps to analyse (None: every checkpoint) or the
+    values of a `{step}` pattern."""
+
+    roles: RolesConfig
+    steps: tuple[int, ...] | None = None
+    scores_cache: str | None = None
+    series: tuple[str, ...] = ()
+    with_init: bool = False
+
+    @property
+    def cache_dir(self) -> Path:
+        if self.scores_cache is not None:
+            return Path(self.scores_cache).expanduser().resolve()
+        out = Path(self.roles.out).expanduser().resolve()
+        return out.parent / f"{out.name}.cache"
+
+
+def settings_key(config: RolesConfig, data_files: dict, tokenizer, parser) -> dict:
+    """Every setting that changes the per-sequence scores (not τ, α, the test or the correction)."""
+    return {
+        "format": SCORES_FORMAT,
+        "jax": jax.__version__,
+        "tasks": list(data_files),
+        "glue": "hub" if config.glue_dir is None and config.parser != "conllu" else "files",
+        "data_files": data_files,
+        "split": config.split,
+        "n": config.n,
+        "max_length": config.max_length,
+        # Batch composition fixes the padded lengths, hence the float summation order.
+        "batch_size": config.batch_size,
+        "roles": list(config.roles),
+        "window": config.window,
+        "special_rows": config.special_rows,
+        "parser": config.parser if parser is None else [parser.name, parser.version],
+        "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+    }
+
+
+def cache_path(cache_dir: Path, settings: dict, identity: dict) -> Path:
+    digest = hashlib.sha256(json.dumps([settings, identity], sort_keys=True).encode()).hexdigest()
+    return cache_dir / f"step-{identity['step']:09d}-{digest[:16]}.npz"
+
+
+def prepare_cache(cache_dir: Path, out: Path) -> None:
+    """Creates the scores cache, or stops before any scoring when it cannot serve: inside --out,
+    which every run replaces whole, it would be deleted each time."""
+    if cache_dir == out or out in cache_dir.parents:
+        raise UserError(
+            f"--scores-cache {cache_dir}: inside --out {out}, which each run replaces; put the cache elsewhere"
+        )
+    try:
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"--scores-cache {cache_dir}: cannot create it ({e.strerror})") from None
+
+
+def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict) -> None:
+    arrays = {}
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            arrays[f"{task}/{role}"] = scores
+            arrays[f"{task}/{role}/index"] = result.indices[role]
+    about = {
+        "tasks": {
+            t: {"n_sequences": r.n_sequences, "absent": r.absent, "roles": list(r.scores)} for t, r in results.items()
+        },
+        "settings": settings,
+        "checkpoint": identity,
+    }
+    arrays["about"] = np.array(json.dumps(about))
+    # The process id keeps two runs that score the same step from writing one temporary file.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def load_scores(path: Path) -> dict[str, TaskScores]:
+    with np.load(path) as stored:
+        about = json.loads(str(stored["about"]))
+        return {
+            task: TaskScores(
+                scores={r: stored[f"{task}/{r}"] for r in info["roles"]},
+                indices={r: stored[f"{task}/{r}/index"] for r in info["roles"]},
+                absent=info["absent"],
+                n_sequences=info["n_sequences"],
+            )
+            for task, info in about["tasks"].items()
+        }
+
+
+def read_cached(path: Path) -> dict[str, TaskScores] | None:
+    """The cache entry at `path`, or None when there is none or it cannot be read whole (torn,
+    overwritten, holding pickled objects): that one is reported and scored again, which replaces it."""
+    if not path.is_file():
+        return None
+    try:
+        return load_scores(path)
+    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+        log.warning(
+            "scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e
+        )
+        return None
+
+
+def run(config: TrackConfig) -> pd.DataFrame:
+    """Analyses the series' checkpoints (cached ones from the cache); returns the track table."""
+    started = time.perf_counter()
+    select_figures(config.roles.figures, FIGURES)
+    select_formats(config.roles.figure_format)
+    if config.series:
+        if config.with_init:
+            raise UserError("--with-init goes with --run (a fine-tuning workdir); in a --ckpt series, list the init")
+        members = series_members(config.series, config.steps)
+    else:
+        members = run_members(config.roles.ckpt, config.steps, config.with_init)
+    # Before anything is encoded or scored; the cut too: the sequences are encoded once, before
+    # any model is loaded.
+    positions = min(c.max_position_embeddings for c in check_series(members))
+    config = dataclasses.replace(config, roles=fit_max_length(config.roles, positions))
+    rc = config.roles
+    tasks = config_tasks(rc)
+    out = Path(rc.out).expanduser().resolve()
+    prepare_cache(config.cache_dir, out)
+    # Re-running into the same --out is the point of the cache: a previous track output may go.
+    with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
+        return _run(config, members, tasks, tmp, started)
+
+
+def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
+    rc = config.roles
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    steps = [m.step for m in members]
+    by_step = {m.step: m for m in members}
+    tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
+    data = load_tasks(rc, tasks)
+    data_files = data_file_hashes(data)
+    parser = make_parser(rc)
+    settings = settings_key(rc, data_files, tokenizer, parser)
+    identities = {m.step: member_identity(m) for m in members}
+    paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
+    # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
+    # scores are read once and only one step's are held at a time.
+    tested: dict[int, tuple[pd.DataFrame, float]] = {}
+    for step in steps:
+        if (cached_scores := read_cached(paths[step])) is not None:
+            tested[step] = test_roles(cached_scores, rc)
+    todo = [s for s in steps if s not in tested]
+    timings["load_data"] = time.perf_counter() - clock
+    print(
+        f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
+    )
+
+    if todo:
+        sequences = encode_tasks(rc, data, tokenizer, parser, timings)
+        for step in tqdm(todo, desc="checkpoints", unit="ckpt"):
+            clock = time.perf_counter()
+            source = by_step[step].source
+            model = from_pretrained(source.path, step=source.step)
+            step_timings: dict[str, float] = {}
+            results = score_sequences(make_scorer(model), sequences, rc, step_timings)
+            save_scores(paths[step], results, settings, identities[step])
+            tested[step] = test_roles(results, rc)
+            timings[f"step {step}"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    taus = {step: tested[step][1] for step in steps}
+    tables = [tested[step][0].assign(step=step)[["step", *tested[step][0].columns]] for step in steps]
+    track = pd.concat(tables, ignore_index=True)
+    track.to_csv(tmp / TRACK_CSV, index=False)
+    onsets = onset.role_onsets(track)
+    onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
+    # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
+    heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
+    timings["tests"] = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    figures = []
+    draw = {
+        "role_fractions": plot_role_fractions,
+        "emergence": plot_emergence,
+        "mean_beta": functools.partial(plot_mean_beta, taus=taus),
+        "onset": functools.partial(onset.plot_onset, heldout=heldout),
+    }
+    with figure_formats(select_formats(rc.figure_format)):
+        for kind in select_figures(rc.figures, FIGURES):
+            for task in pd.unique(track["task"]):
+                figures += draw[kind](track, task, out_dir=tmp, stem=f"{task}_{kind}")
+    timings["figures"] = time.perf_counter() - clock
+    timings["total"] = time.perf_counter() - started
+
+    runinfo.write_run_json(
+        tmp,
+        {
+            "config": dataclasses.asdict(config),
+            # --run's checkpoints directory, as before the series (null for a --ckpt series).
+            "checkpoints": None if config.series else str(members[-1].source.path),
+            "series": [m.describe() for m in members],
+            "steps": steps,
+            "analysed_steps": todo,
+            "cached_steps": [s for s in steps if s not in todo],
+            "scores_cache": {str(s): str(p) for s, p in paths.items()},
+            "tau": {str(s): t for s, t in taus.items()},
+            "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+            "data_files": data_files,
+            "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
+            "figures": sorted(p.name for p in figures),
+            "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        },
+    )
+    print(format_fractions(track))
+    print(onset.format_onsets(track, onsets))
+    return track
+
+
+def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
+    """Fraction of heads holding each role at each step, overall and per layer group.
+
+    Rows (step, group) with group "all" and the names of `layer_groups`; columns are roles. The
+    denominator is every head of the group (a head with no test does not hold the role).
+    """
+    rows = track[track["task"] == task]
+    n_layers = int(rows["layer"].max()) + 1
+    held = rows.assign(assigned=rows["assigned"].astype(bool))
+    frames = [held.assign(group="all")]
+    if n_layers > 1:
+        frames += [held[held["layer"].isin(layers)].assign(group=name) for name, layers in layer_groups(n_layers)]
+    stacked = pd.concat(frames)
+    fractions = stacked.groupby(["step", "group", "role"], sort=False)["assigned"].mean().unstack("role")
+    return fractions[ordered_roles(fractions.columns)]
+
+
+def format_fractions(track: pd.DataFrame) -> str:
+    lines = []
+    for task in pd.unique(track["task"]):
+        overall = held_fractions(track, task).xs("all", level="group")
+        lines.append(f"{task}: % of heads holding each role, by step")
+        lines.append((100 * overall).round(1).to_string())
+    return "\n".join(lines)
+
+
+def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    """Fraction of heads holding each role against step: all layers, then each layer group."""
+    fractions = held_fractions(track, task)
+    groups = list(dict.fromkeys(fractions.index.get_level_values("group")))
+    colours = role_colours(list(fractions.columns))
+    fig = Figure(figsize=(3.6 * len(groups) + 1.6, 3.6), layout="constrained")
+    axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    n_layers = int(track.loc[track["task"] == task, "layer"].max()) + 1
+    spans = {"all": np.arange(n_layers), **dict(layer_groups(n_layers))}
+    for ax, group in zip(axes, groups, strict=True):
+        part = fractions.xs(group, level="group")
+        steps = part.index.to_numpy()
+        for role in part.columns:
+            ax.plot(steps, part[role], marker="o", markersize=3, color=colours[role], label=role)
+        step_axis(ax, steps)
+        layers = spans[group]
+        ax.set_title(
+            f"{group} (layers {layers[0]}–{layers[-1]})" if len(layers) > 1 else f"{group} (layer {layers[0]})",
+            fontsize=9,
+        )
+        ax.set_ylim(-0.02, 1.02)
+    axes[0].set_ylabel("fraction of heads holding the role")
+    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    fig.suptitle(f"{task}: heads holding each role during training")
+    return save_figure(fig, out_dir, stem)
+
+
+def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+    """Per role, heads (rows, layer-major) × steps (columns): coloured where the head holds it."""
+    rows = track[track["task"] == task]
+    names = ordered_roles(rows["role"])
+    steps = np.sort(pd.unique(rows["step"]))
+    n_layers, n_heads = int(rows["layer"].max()) + 1, int(rows["head"].max()) + 1
+    grid = pd.MultiIndex.from_product([range(n_layers), range(n_heads)], names=["layer", "head"])
+    colours = role_colours(names)
+    fig, axes = panel_grid(
+        len(names),
+        (max(0.9, 0.22 * len(steps)), max(0.9, 0.035 * n_layers * n_heads)),
+        f"{task}: which heads hold each role at each step\n"
+        "(rows: heads by layer; light grey: not held; dark grey: untested)",
+        xlabel="step",
+        # Room for step numbers written upright.
+        margins=Margins(bottom=0.8),
+    )
+    for ax, role in zip(axes, names, strict=True):
+        part = rows[rows["role"] == role].set_index(["layer", "head", "step"])
+        # A NaN p-value (n < 2, zero variance) is untested, which must not read as "not held".
+        held = part["assigned"].astype(float).where(part["p_value"].notna())
+        cells = held.unstack("step").reindex(index=grid, columns=steps).to_numpy()
+        ax.pcolormesh(
+            np.arange(len(steps) + 1) - 0.5,
+            np.arange(n_layers * n_heads + 1) - 0.5,
+            np.ma.masked_invalid(cells),
+            cmap=ListedColormap([NOT_HELD, colours[role]]).with_extremes(bad=NO_DATA),
+            vmin=0,
+            vmax=1,
+        )
+        for boundary in range(1, n_layers):
+            ax.axhline(boundary * n_heads - 0.5, color="white", linewidth=0.8)
+        ax.tick_params(labelsize=6, length=2)
+        ax.tick_params(axis="x", labelrotation=90)
+        ax.set_title(role, fontsize=9)
+    axes[0].set_ylim(n_layers * n_heads - 0.5, -0.5)
+    axes[0].set_yticks(np.arange(n_layers) * n_heads + (n_heads - 1) / 2, [f"L{layer}" for layer in range(n_layers)])
+    axes[0].set_xticks(range(len(steps)), [str(s) for s in steps])
+    return save_figure(fig, out_dir, stem)
+
+
+def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str) -> list[Path]:
+    """Mean β over all heads for each role against step, with τ dashed."""
+    rows = track[track["task"] == task]
+    means = rows.groupby(["step", "role"])["mean"].mean().unstack("role")
+    means = means[ordered_roles(means.columns)]
+    steps = means.index.to_numpy()
+    colours = role_colours(list(means.columns))
+    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    ax = fig.add_subplot()
+    for role in means.columns:
+        ax.plot(steps, means[role], marker="o", markersize=3, color=colours[role], label=role)
+    ax.plot(steps, [taus[s] for s in steps], color="black", linestyle="--", linewidth=1, label="τ")
+    step_axis(ax, steps)
+    values = means.to_numpy(dtype=float)
+    if all_positive(values[np.isfinite(values)]):
+        log_scale(ax, "y")
+    ax.set_ylabel("mean β over heads")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
+    ax.set_title(f"{task}: mean sieve bias score per role during training")
+    return save_figure(fig, out_dir, stem)
