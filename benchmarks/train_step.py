@@ -115,8 +115,8 @@ class BertjaxStep:
     name = "bertjax"
 
     def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path):
+        from bertjax import sharding
         from bertjax.model import BertForPreTraining
-        from train import sharding
         from train.checkpoints import CheckpointConfig
         from train.losses import pretraining_loss
         from train.optim import OptimizerConfig

@@ -2,6 +2,8 @@
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -94,5 +96,24 @@ def cli_error(capsys):
             cli.run(main, argv)
         assert exit_info.value.code == 2
         return capsys.readouterr().err.strip().splitlines()[-1]
+
+    return run
+
+
+@pytest.fixture
+def fake_devices():
+    """`fake_devices(script, *args, devices=8)` runs a Python script in a new process whose JAX sees
+    `devices` CPU devices (this process's JAX has already settled on one), with the caller's
+    XLA_FLAGS kept (CI's instruction-set runs); a non-zero exit fails the test. Returns stdout."""
+
+    def run(script: str, *args: str, devices: int = 8, timeout: float = 120) -> str:
+        flags = f"--xla_force_host_platform_device_count={devices} {os.environ.get('XLA_FLAGS', '')}"
+        env = {**os.environ, "XLA_FLAGS": flags.strip(), "JAX_PLATFORMS": "cpu"}
+        result = subprocess.run(
+            [sys.executable, "-c", script, *args],
+            env=env, cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=timeout, check=False,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
 
     return run

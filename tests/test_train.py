@@ -282,7 +282,7 @@ def test_a_later_phase_keeps_the_steps_an_earlier_phase_kept(tmp_path):
 SHARDED_CHECK = r"""
 import sys, jax, numpy as np
 from pathlib import Path
-from train import sharding
+from bertjax import sharding
 from train.checkpoints import CheckpointConfig
 from train.data import PretrainingData
 from train.losses import pretraining_loss

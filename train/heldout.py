@@ -16,8 +16,8 @@ from pathlib import Path
 import jax
 from jax.sharding import NamedSharding, PartitionSpec
 
+from bertjax import sharding
 from bertjax.errors import UserError
-from train import sharding
 from train.corpora import CorpusConfig
 from train.data import PretrainingData
 from train.losses import pretraining_sums

@@ -17,12 +17,11 @@ from typing import Any
 
 import jax
 
-from bertjax import cli, runinfo
+from bertjax import cli, runinfo, sharding
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from train import config as config_lib
-from train import sharding
 from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
 from train.data import PretrainingData, load_meta
 from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint
