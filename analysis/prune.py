@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.ablation.michel import MichelConfig, run
+from analysis.common.forward import add_device_arguments
 from bertjax import cli, glue
 
 
@@ -39,13 +40,14 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
     p.add_argument("--out", default="prune_out")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
+    add_device_arguments(p, distributed=False)
     a = p.parse_args(argv)
     return MichelConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
         importance_split=a.importance_split, importance_n=a.importance_n, max_length=a.max_length,
         batch_size=a.batch_size, metric=a.metric, prune_step=a.prune_step, reestimate=a.reestimate,
         random_seeds=a.random_seeds, out=a.out, overwrite=a.overwrite,
-        figure_format=a.figure_format,
+        figure_format=a.figure_format, devices=a.devices,
     )  # fmt: skip
 
 

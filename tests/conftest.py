@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -100,7 +101,7 @@ def cli_error(capsys):
     return run
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def fake_devices():
     """`fake_devices(script, *args, devices=8)` runs a Python script in a new process whose JAX sees
     `devices` CPU devices (this process's JAX has already settled on one), with the caller's
@@ -115,5 +116,44 @@ def fake_devices():
         )  # fmt: skip
         assert result.returncode == 0, result.stderr[-3000:]
         return result.stdout
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def localhost_job():
+    """`localhost_job(script, *args, processes=2)` runs `script` as the processes of one JAX job on
+    this machine, each started as `python -c script INDEX PORT *args` (the script joins the job
+    with `coordinator_address=f"127.0.0.1:{PORT}"`); returns each process's (exit status, stdout
+    lines without gloo's "[Gloo] ..." lines, stderr). A timeout kills them all, never hangs."""
+
+    def run(script: str, *args: str, processes: int = 2, timeout: float = 120) -> list[tuple[int, list[str], str]]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+        started = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(index), str(port), *args],
+                cwd=Path(__file__).resolve().parents[1],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for index in range(processes)
+        ]
+        results = []
+        try:
+            for process in started:
+                out, err = process.communicate(timeout=timeout)
+                lines = [line for line in out.splitlines() if not line.startswith("[Gloo]")]
+                results.append((process.returncode, lines, err))
+        finally:
+            for process in started:
+                if process.poll() is None:
+                    process.kill()
+                    process.wait()
+        return results
 
     return run

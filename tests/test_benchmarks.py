@@ -86,6 +86,19 @@ def test_roles_overhead_runs_on_exported_parses(shared_data, random_tiny, tmp_pa
     assert ratio["overhead"] == pytest.approx(end_to_end["median_s"] / forward["median_s"] - 1)
 
 
+def test_scale_runs_on_a_tiny_shape(shared_data, random_tiny, tmp_path, capsys):
+    from benchmarks import scale
+
+    ckpt, _ = random_tiny
+    scale.main(["--ckpt", ckpt, "--task", "sst2", "--glue-dir", str(shared_data / "glue"), "--n", "6",
+                "--batch-size", "4", "--repeat", "1", "--cache-dir", str(tmp_path)])  # fmt: skip
+    unsharded, one, overhead = json_lines(capsys.readouterr().out)  # this process has one device
+    assert (unsharded["side"], unsharded["devices"], one["side"], one["devices"]) == ("unsharded", None, "devices=1", 1)
+    assert one["n_sequences"] == 6 and one["sequences_per_s"] == pytest.approx(6 / one["median_s"])
+    assert one["max_relative_difference"] <= 1e-6  # one device, the same program: the same numbers
+    assert overhead["overhead"] == pytest.approx(one["median_s"] / unsharded["median_s"] - 1)
+
+
 def test_roles_memory_runs_on_a_tiny_shape(shared_data, random_tiny, capsys):
     from benchmarks import roles_memory
 

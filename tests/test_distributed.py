@@ -5,10 +5,6 @@ real JAX processes on localhost (jax 0.10.2's CPU backend runs collectives over 
 from __future__ import annotations
 
 import itertools
-import os
-import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -171,40 +167,8 @@ elif case == "die":
 """
 
 
-def run_processes(case: str, timeout: float = 60) -> list[tuple[int, list[str], str]]:
-    """(exit status, stdout lines, stderr) of the two processes of WORKER's `case` on localhost;
-    gloo's own "[Gloo] Rank i is connected" lines on stdout are left out."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, str(index), str(port), case],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for index in range(2)
-    ]
-    results = []
-    try:
-        for process in processes:
-            out, err = process.communicate(timeout=timeout)
-            lines = [line for line in out.splitlines() if not line.startswith("[Gloo]")]
-            results.append((process.returncode, lines, err))
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    return results
-
-
-def test_two_processes_gather_unequal_shares_and_fail_together():
-    (rc0, out0, err0), (rc1, out1, err1) = run_processes("gather")
+def test_two_processes_gather_unequal_shares_and_fail_together(localhost_job):
+    (rc0, out0, err0), (rc1, out1, err1) = localhost_job(WORKER, "gather", timeout=60)
     assert rc0 == 0, err0[-3000:]
     assert rc1 == 0, err1[-3000:]
     assert out0 == [
@@ -215,10 +179,10 @@ def test_two_processes_gather_unequal_shares_and_fail_together():
     assert out1 == ["share 7 4 7", "share 1 1 1", "error: dev.tsv:3: bad row"]
 
 
-def test_a_process_that_dies_stops_the_others():
+def test_a_process_that_dies_stops_the_others(localhost_job):
     """JAX's coordination service aborts the survivor once the dead process's heartbeats stop:
     a non-zero exit in seconds, never a hang and never a result without the missing share."""
-    (rc0, out0, err0), (rc1, _, _) = run_processes("die")
+    (rc0, out0, err0), (rc1, _, _) = localhost_job(WORKER, "die", timeout=60)
     assert rc1 == 3
     assert rc0 != 0 and out0 == []
     assert "stopped sending heartbeats" in err0, err0[-3000:]

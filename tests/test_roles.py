@@ -280,7 +280,9 @@ def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_dat
     for task in ("mrpc", "sst2"):
         data = examples.load_tasks(dataclasses.replace(config, task=task), [task])
         seqs = examples.encode_tasks(config, data, tokenizer, parser, {})[task]
-        results[task] = scoring.score_task(scorer, seqs, config, desc=task)
+        results[task] = scoring.score_task(
+            forward.DataParallel(lambda _, *a: scorer(*a), None, None, ()), seqs, config, task
+        )
     assert {shape[0] for shape in shapes} == {len(DEFAULT_ROLES)}  # SST-2 has no `block`, same count
     assert "block" not in results["sst2"].scores and results["sst2"].absent == ["block"]
     assert set(results["mrpc"].scores) == set(DEFAULT_ROLES)

@@ -28,9 +28,9 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
-from analysis.common.forward import bucketed
+from analysis.common.forward import Devices, bucketed
 from analysis.common.stats import adjust_pvalues
-from bertjax import glue
+from bertjax import glue, sharding
 from bertjax.errors import UserError
 from bertjax.pretrained import resolve, trained_task
 
@@ -131,14 +131,23 @@ class Scored:
 class MaskedEvaluator:
     """A classifier's metrics and mask gradients on one eval set, with the masks as jitted inputs.
 
-    `forward_passes` and `gradient_passes` count the passes over the whole eval set so far."""
+    `forward_passes` and `gradient_passes` count the passes over the whole eval set so far. With
+    `devices`, the model is replicated on each and every batch, put there once, split along its
+    rows (topped up with invalid rows to a multiple of the devices)."""
 
-    def __init__(self, model: nnx.Module, eval_set: EvalSet):
+    def __init__(self, model: nnx.Module, eval_set: EvalSet, devices: Devices | None = None):
         config = model.config
         self.n_layers, self.n_heads = config.num_hidden_layers, config.num_attention_heads
         self.eval_set = eval_set
         self.forward_passes = self.gradient_passes = 0
-        graphdef, self._state = nnx.split(model)
+        graphdef, state = nnx.split(model)
+        if devices is None:
+            self._state, self._batches = state, eval_set.batches
+        else:
+            self._state = sharding.replicate(state, devices.mesh)
+            self._batches = tuple(sharding.shard_batch(_topped_up(b, devices.rows(len(b["valid"]))), devices.mesh)
+                                  for b in eval_set.batches)  # fmt: skip
+        self._valid = tuple(np.asarray(b["valid"]) for b in self._batches)
 
         def logits(state, batch, head_mask, disable):
             out = nnx.merge(graphdef, state)(
@@ -177,8 +186,8 @@ class MaskedEvaluator:
         """[N, C] logits in the eval set's (length-sorted) order."""
         head_mask, disable = self._masks(head_mask, disable)
         self.forward_passes += 1
-        outputs = [self.logits_fn(self._state, batch, head_mask, disable) for batch in self.eval_set.batches]
-        return np.concatenate([np.asarray(o)[b["valid"]] for o, b in zip(outputs, self.eval_set.batches, strict=True)])
+        outputs = [self.logits_fn(self._state, batch, head_mask, disable) for batch in self._batches]
+        return np.concatenate([np.asarray(o)[valid] for o, valid in zip(outputs, self._valid, strict=True)])
 
     def score(self, head_mask=None, disable=None) -> Scored:
         """The task's metrics (accuracy, and F1 for MRPC/QQP), the mean cross-entropy, and the
@@ -195,12 +204,22 @@ class MaskedEvaluator:
         """E_x |∂L(x)/∂ξ| [L, H] at `head_mask`, L the cross-entropy with the gold label."""
         head_mask, disable = self._masks(head_mask, disable)
         self.gradient_passes += 1
-        total = sum(self.gradients_fn(self._state, batch, head_mask, disable) for batch in self.eval_set.batches)
+        total = sum(self.gradients_fn(self._state, batch, head_mask, disable) for batch in self._batches)
         return np.asarray(total, np.float64) / self.eval_set.size
 
     def compiled_shapes(self) -> int:
         """How many executables the evaluation functions hold (one per batch shape when masks are inputs)."""
         return self.logits_fn._cache_size() + self.gradients_fn._cache_size()
+
+
+def _topped_up(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:
+    """`batch` with invalid dummy rows (as `make_eval_set` adds) up to `rows`."""
+    missing = rows - len(batch["valid"])
+    if not missing:
+        return batch
+    topped = {k: np.concatenate([v, np.zeros((missing, *v.shape[1:]), v.dtype)]) for k, v in batch.items()}
+    topped["attention_mask"][-missing:, 0] = 1
+    return topped
 
 
 def mcnemar(baseline: np.ndarray, ablated: np.ndarray) -> tuple[int, int, float]:

@@ -41,7 +41,7 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import padded_batches
+from analysis.common.forward import Devices, padded_batches
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -76,8 +76,11 @@ class KovalevaConfig:
     out: str = "ablate_out"
     overwrite: bool = False
     figure_format: str = "png"
+    devices: int | None = None  # --devices: the first N local devices (None: all)
 
     def __post_init__(self) -> None:
+        if self.devices is not None and self.devices < 1:
+            raise UserError(f"--devices must be at least 1, got {self.devices}")
         if self.n is not None and self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if not 0.0 < self.alpha < 1.0:
@@ -232,10 +235,12 @@ def _print_counts(task: str, what: str, counts: dict[str, int], alpha: float) ->
     )
 
 
-def _classifier_analyses(config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, tmp: Path) -> dict:
+def _classifier_analyses(
+    config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, devices: Devices, tmp: Path
+) -> dict:
     """`disable` and `mask` on one evaluator: one baseline pass, one compile per batch shape."""
     eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
-    evaluator = MaskedEvaluator(model, eval_set)
+    evaluator = MaskedEvaluator(model, eval_set, devices)
     baseline = evaluator.score()
     split, alpha, names = config.split, config.alpha, eval_set.metric_names
     result: dict = {"baseline": baseline.metrics, "figures": []}
@@ -287,6 +292,9 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    # The classifier analyses run data parallel; the attention summaries (patterns, features) on
+    # one device, as their per-batch summaries are small and their cost is the host-side parse.
+    devices = Devices.local(config.devices)
     parser = None
     if "features" in config.analyses:
         parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
@@ -311,7 +319,7 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
             result.update(attention)
         if classifier:
             clock = time.perf_counter()
-            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, tmp)
+            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, devices, tmp)
             timings[f"{task}/{'+'.join(classifier)}"] = time.perf_counter() - clock
             figures += result["masked_evaluation"].pop("figures")
         results[task] = result
@@ -336,6 +344,7 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
             "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
             "tasks": results,
             "figures": sorted(p.name for p in figures),
+            "mesh": devices.record(),
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },
     )

@@ -18,6 +18,7 @@ from analysis.ablation.evaluation import ONE_POINT, MaskedEvaluator, check_class
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, select_formats
+from analysis.common.forward import Devices
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -47,8 +48,11 @@ class MichelConfig:
     out: str = "prune_out"
     overwrite: bool = False
     figure_format: str = "png"
+    devices: int | None = None  # --devices: the first N local devices (None: all)
 
     def __post_init__(self) -> None:
+        if self.devices is not None and self.devices < 1:
+            raise UserError(f"--devices must be at least 1, got {self.devices}")
         spec = glue.task_spec(self.task)
         if self.metric is not None and self.metric not in spec.metrics:
             raise UserError(f"--metric {self.metric!r}: task {self.task} reports {', '.join(spec.metrics)}")
@@ -176,10 +180,11 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    devices = Devices.local(config.devices)
     metric_set, files = load_eval_set(
         tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size
     )  # fmt: skip
-    evaluator = MaskedEvaluator(model, metric_set)
+    evaluator = MaskedEvaluator(model, metric_set, devices)
     if config.importance_split == config.split and config.importance_n == config.n:
         importance_evaluator = evaluator
     else:
@@ -188,7 +193,7 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
             config.max_length, config.batch_size,
         )  # fmt: skip
         files += more
-        importance_evaluator = MaskedEvaluator(model, importance_set)
+        importance_evaluator = MaskedEvaluator(model, importance_set, devices)
     evaluators = list({id(e): e for e in (evaluator, importance_evaluator)}.values())
     timings["load"] = time.perf_counter() - clock
 
@@ -275,6 +280,7 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
             "model_config": model.config.to_hf_dict(),
             "result": result,
             "figures": sorted(p.name for p in figures),
+            "mesh": devices.record(),
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },
     )

@@ -15,7 +15,9 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from bertjax import glue, runinfo
+import jax
+
+from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence, encode_batch
 from sieves.builders import get_role
@@ -97,6 +99,22 @@ def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskD
                 f"--roles {','.join(config.roles)}: no requested role is defined for {task} ({', '.join(absent)} {verb} sentence pairs)"
             )
     return data
+
+
+def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
+    """Each task's examples that this process encodes and scores: a contiguous share
+    (`bertjax.distributed.process_share`), so the gathered scores come back in file order. With one
+    process, all of them."""
+    count = jax.process_count()
+    if count == 1:
+        return data
+    shares = {}
+    for task, d in data.items():
+        if len(d.indices) < count:
+            raise UserError(f"--n: {task} has {len(d.indices)} example(s), fewer than the {count} processes of the job")
+        share = distributed.process_share(len(d.indices))
+        shares[task] = TaskData(d.segments[share], d.indices[share], d.files)
+    return shares
 
 
 def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:

@@ -1,15 +1,26 @@
-"""Batches for the forward passes of every analysis: length-sorted, padded to a bucketed length (few
-compiled shapes, little wasted compute) and to the full batch size (one shape per bucket).
+"""Batches for the forward passes of every analysis, and the devices they run on.
+
+Batches are length-sorted and padded to a bucketed length (few compiled shapes, little wasted
+compute) and to a fixed number of rows (one shape per bucket). `Devices` runs a jitted function
+data parallel over this process's devices: the model replicated on each, every batch split along
+its batch axis, the rows rounded up to a multiple of the device count (padding rows, like the
+last batch's, hold no example and their outputs are dropped), so a result does not depend on how
+many devices computed it beyond the order of float32 sums.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
+from jax.sharding import Mesh
 from tqdm import tqdm
 
+from bertjax import sharding
 from sieves.align import EncodedSequence
 
 log = logging.getLogger(__name__)
@@ -30,15 +41,16 @@ def bucketed(length: int) -> int:
 
 
 def padded_batches(
-    seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, desc: str
+    seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, desc: str, rows: int | None = None
 ) -> Iterator[tuple[list[EncodedSequence], dict[str, np.ndarray]]]:
-    """(the sequences, their model inputs [batch_size, bucketed length]) of each length-sorted
-    batch, with a progress bar over the sequences; padding never goes past `max_length` (the
-    encoding's, which fits the model's positions where a bucket may not)."""
+    """(the sequences, their model inputs [rows, bucketed length]) of each length-sorted batch of
+    `batch_size` sequences (`rows`, default `batch_size`, is ≥ it: `Devices.rows`), with a progress
+    bar over the sequences; padding never goes past `max_length` (the encoding's, which fits the
+    model's positions where a bucket may not)."""
     with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
         for chunk in batches(seqs, batch_size):
             length = bucketed(max(s.length for s in chunk))
-            yield chunk, pad_batch(chunk, batch_size, min(length, max_length))
+            yield chunk, pad_batch(chunk, rows or batch_size, min(length, max_length))
             progress.update(len(chunk))
 
 
@@ -52,3 +64,57 @@ def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> 
     # An all-padding row would softmax over nothing; give it one real token (its scores are unused).
     arrays["attention_mask"][len(seqs) :, 0] = 1
     return arrays
+
+
+@dataclasses.dataclass(frozen=True)
+class Devices:
+    """This process's devices that run an analysis's forward passes, as a data-parallel mesh."""
+
+    mesh: Mesh
+
+    @classmethod
+    def local(cls, count: int | None = None) -> Devices:
+        """The first `count` local devices (`--devices`; None: all of them)."""
+        return cls(sharding.analysis_mesh(count))
+
+    @property
+    def count(self) -> int:
+        return self.mesh.size
+
+    def rows(self, batch_size: int) -> int:
+        """The rows a batch of `batch_size` sequences is padded to: a multiple of the devices."""
+        return sharding.padded_size(batch_size, self.mesh)
+
+    def record(self) -> dict[str, int]:
+        """run.json's `"mesh"`: {axis: size}."""
+        return sharding.mesh_record(self.mesh)
+
+
+class DataParallel:
+    """`fn(state, *arrays)` with `state` replicated on every device and each array split along its
+    batch axis (`batch_axes`, one per array; an array beyond them is not split). Without devices it
+    is `fn` on the default device, as a single-device run always was."""
+
+    def __init__(self, fn: Callable, state: Any, devices: Devices | None, batch_axes: Sequence[int]):
+        self.fn, self.devices, self.batch_axes = fn, devices, tuple(batch_axes)
+        self.state = state if devices is None else sharding.replicate(state, devices.mesh)
+
+    def rows(self, batch_size: int) -> int:
+        return batch_size if self.devices is None else self.devices.rows(batch_size)
+
+    def __call__(self, *arrays: Any) -> Any:
+        if self.devices is not None:
+            axes = self.batch_axes[: len(arrays)]
+            placed = sharding.shard_batch(tuple(arrays[: len(axes)]), self.devices.mesh, axis=axes)
+            arrays = (*placed, *arrays[len(axes) :])
+        return self.fn(self.state, *arrays)
+
+
+def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:
+    """`--devices` (and `--distributed` where the analysis spreads over hosts), spelled the same by
+    every CLI that runs forward passes."""
+    p.add_argument("--devices", type=int, help="use the first N local devices, data parallel (default: all of them)")
+    if distributed:
+        p.add_argument("--distributed", action="store_true",
+                       help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
+                            "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from analysis.common.examples import CONLLU_TASK, resolve_tasks
 from analysis.common.figures import add_figure_arguments
+from analysis.common.forward import add_device_arguments
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -20,8 +21,6 @@ from sieves.builders import DEFAULT_ROLES, get_role
 log = logging.getLogger(__name__)
 
 BLOCK_SCORES = ("paper", "entropy")
-
-
 SYNTACTIC_AVERAGES = ("rows", "arcs")
 
 
@@ -57,6 +56,10 @@ class RolesConfig:
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
     block_score: str = "paper"
     syntactic_average: str = "rows"
+    # Where the forward passes run (docs/scale.md): the first `devices` local devices (None: all),
+    # and whether this process is one of a multi-host job (`--distributed`).
+    devices: int | None = None
+    distributed: bool = False
 
     def __post_init__(self) -> None:
         if self.block_score not in BLOCK_SCORES:
@@ -69,6 +72,8 @@ class RolesConfig:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.devices is not None and self.devices < 1:
+            raise UserError(f"--devices must be at least 1, got {self.devices}")
         if self.window < 1:
             raise UserError(f"--window must be at least 1, got {self.window}")
         if not 0.0 < self.alpha < 1.0:
@@ -108,6 +113,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
+    add_device_arguments(p)
 
 
 def add_test_arguments(p: argparse.ArgumentParser) -> None:
@@ -143,7 +149,7 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
             "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
-            "figure_format", "html", "block_score", "syntactic_average")  # fmt: skip
+            "figure_format", "html", "block_score", "syntactic_average", "devices", "distributed")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES

@@ -5,6 +5,7 @@ similarity of the attention maps before and after (Kovaleva et al.), on the same
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import time
@@ -26,12 +27,14 @@ from analysis.common.examples import (
     load_tasks,
     make_parser,
     present_roles,
+    process_shares,
 )
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
+from analysis.common.forward import DataParallel, Devices
 from analysis.heads.config import RolesConfig
-from analysis.heads.scoring import ScoreCollector, TaskScores, scored_batches
+from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
 from analysis.heads.summary import layer_groups
-from bertjax import runinfo
+from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
@@ -116,9 +119,10 @@ def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Ar
     return dot / jnp.sqrt((a * a).sum((-2, -1)) * (b * b).sum((-2, -1)))
 
 
-def make_comparer(pre: nnx.Module, post: nnx.Module):
+def make_comparer(pre: nnx.Module, post: nnx.Module, devices: Devices | None = None) -> DataParallel:
     """One jitted function, one forward pass of each model: β of every role, layer and head for
-    both, the rows' counts, and the per-example cosine of every head's attention maps."""
+    both, the rows' counts, and the per-example cosine of every head's attention maps; data
+    parallel over `devices`."""
     pre_graph, pre_state = nnx.split(pre)
     post_graph, post_state = nnx.split(post)
     key = (type(pre), pre.config, type(post), post.config)
@@ -137,13 +141,15 @@ def make_comparer(pre: nnx.Module, post: nnx.Module):
 
         _COMPARERS[key] = compare
     compare = _COMPARERS[key]
-    return lambda *arrays: compare(pre_state, post_state, *arrays)
+    return DataParallel(
+        lambda states, *arrays: compare(*states, *arrays), (pre_state, post_state), devices, SCORER_BATCH_AXES
+    )
 
 
 def compare_task(
     comparer, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str
 ) -> tuple[TaskScores, TaskScores, np.ndarray]:
-    """Pre and post β of the task's sequences and the [L, H] cosine similarity averaged over them,
+    """Pre and post β of the task's sequences and the [L, H] cosine similarity summed over them,
     streamed batch by batch."""
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     before, after = ScoreCollector(config.roles, present), ScoreCollector(config.roles, present)
@@ -152,7 +158,7 @@ def compare_task(
         before.add(chunk, pre_scores, counts)
         after.add(chunk, post_scores, counts)
         total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
-    return before.result(absent, len(seqs)), after.result(absent, len(seqs)), total / len(seqs)
+    return before.result(absent, len(seqs)), after.result(absent, len(seqs)), total
 
 
 def check_same_shape(pre: str, post: str) -> None:
@@ -182,11 +188,14 @@ def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     positions = load_config(resolve(config.data.ckpt)).max_position_embeddings
     config = dataclasses.replace(config, data=fit_max_length(config.data, positions))
     rc = config.data
-    with runinfo.atomic_out(rc.out, rc.overwrite) as tmp:
+    distributed.initialize(rc.distributed)
+    # Process 0 alone writes --out; the others score their shares (as analysis.roles does).
+    writes = jax.process_index() == 0
+    with runinfo.atomic_out(rc.out, rc.overwrite) if writes else contextlib.nullcontext() as tmp:
         return _run(config, tmp, started)
 
 
-def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFrame]:
+def _run(config: EffectConfig, tmp: Path | None, started: float) -> dict[str, pd.DataFrame]:
     rc = config.data
     timings: dict[str, float] = {}
     tokenizer = load_tokenizer(rc.ckpt)
@@ -194,7 +203,9 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
         check_same_vocabulary(tokenizer, post.ckpt)
     tasks = list(dict.fromkeys(t for post in config.posts for t in post.tasks))
     data = load_tasks(rc, tasks)
-    sequences = encode_tasks(rc, data, tokenizer, make_parser(rc), timings)
+    sequences = encode_tasks(rc, process_shares(data), tokenizer, make_parser(rc), timings)
+    n_sequences = {task: len(d.indices) for task, d in data.items()}
+    devices = Devices.local(rc.devices)
 
     clock = time.perf_counter()
     pre = from_pretrained(rc.ckpt)
@@ -204,9 +215,12 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
     changes, means, similarity = [], [], []
     for post in config.posts:
         clock = time.perf_counter()
-        comparer = make_comparer(pre, from_pretrained(post.ckpt))
+        comparer = make_comparer(pre, from_pretrained(post.ckpt), devices)
         for task in post.tasks:
-            before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
+            with distributed.all_ok("scoring"):
+                before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
+            before, after = (gather_scores({task: r}, n_sequences)[task] for r in (before, after))
+            cosine = distributed.gather_rows(cosine[None]).sum(axis=0) / n_sequences[task]
             head_before = {r: mean_per_head(s) for r, s in before.scores.items()}
             head_after = {r: mean_per_head(s) for r, s in after.scores.items()}
             bars = (
@@ -223,7 +237,7 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
                                            "post": head_after[role].ravel()}))  # fmt: skip
             layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
             similarity.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
-                                            "n": len(sequences[task]), "cosine": cosine.ravel()}))  # fmt: skip
+                                            "n": n_sequences[task], "cosine": cosine.ravel()}))  # fmt: skip
         timings[post.label] = time.perf_counter() - clock
 
     keys = ["post_ckpt", "task"]
@@ -235,6 +249,8 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
         "attention_similarity": pd.concat(similarity, ignore_index=True),
     }
     tables["head_means"]["change"] = tables["head_means"]["post"] - tables["head_means"]["pre"]
+    if tmp is None:  # not process 0: its shares are in process 0's output
+        return tables
     for name, table in tables.items():
         table.to_csv(tmp / f"{name}.csv", index=False)
 
@@ -254,7 +270,9 @@ def _run(config: EffectConfig, tmp: Path, started: float) -> dict[str, pd.DataFr
             "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
             "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
             "data_files": data_file_hashes(data),
-            "sequences": {t: len(s) for t, s in sequences.items()},
+            "sequences": n_sequences,
+            "mesh": devices.record(),
+            "processes": jax.process_count(),
             "figures": sorted(p.name for p in figures),
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },

@@ -5,22 +5,32 @@ temporary sibling of `--out` renamed when complete.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 
-from analysis.common.examples import data_file_hashes, encode_tasks, fit_max_length, load_tasks, make_parser
+from analysis.common.examples import (
+    data_file_hashes,
+    encode_tasks,
+    fit_max_length,
+    load_tasks,
+    make_parser,
+    process_shares,
+)
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
+from analysis.common.forward import Devices
 from analysis.heads import summary
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.figures import ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, write_report
-from analysis.heads.scoring import entropy_roles, make_scorer, score_sequences, test_roles
-from bertjax import runinfo
+from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
+from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import ROLES
 
@@ -31,16 +41,22 @@ def run(config: RolesConfig, parser=None) -> pd.DataFrame:
     """The whole analysis; returns the roles table (also written under config.out).
 
     `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
-    as `config` says), e.g. parses made elsewhere and shipped with the job."""
+    as `config` says), e.g. parses made elsewhere and shipped with the job.
+
+    In a job of several processes (`--distributed`, or any caller that initialised
+    `jax.distributed`) each process encodes and scores its share of every task's sequences, the
+    scores are gathered, and process 0 alone tests them and writes `--out`."""
+    distributed.initialize(config.distributed)
     started = time.perf_counter()
     timings: dict[str, float] = {}
     tasks = config_tasks(config)
     kinds = select_figures(config.figures, ROLES_FIGURES)
     formats = select_formats(config.figure_format)
+    writes = jax.process_index() == 0
     with (
-        runinfo.atomic_out(config.out, config.overwrite) as tmp,
+        runinfo.atomic_out(config.out, config.overwrite) if writes else contextlib.nullcontext() as tmp,
         # Started before the model loads, so that the workers' imports overlap the loading.
-        FigurePool(pool_size(len(tasks) * len(kinds))) as pool,
+        FigurePool(pool_size(len(tasks) * len(kinds)) if writes else 0) as pool,
         figure_formats(formats),
     ):
         return _run(config, tasks, tmp, timings, started, parser, pool, kinds)
@@ -49,7 +65,7 @@ def run(config: RolesConfig, parser=None) -> pd.DataFrame:
 def _run(
     config: RolesConfig,
     tasks: list[str],
-    tmp: Path,
+    tmp: Path | None,
     timings: dict[str, float],
     started: float,
     parser,
@@ -60,7 +76,8 @@ def _run(
     source = resolve(config.ckpt, config.step)
     model = from_pretrained(config.ckpt, step=config.step)
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
-    scorer = make_scorer(model, entropy_roles(config))
+    devices = Devices.local(config.devices)
+    scorer = make_scorer(model, entropy_roles(config), devices)
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, model.config.max_position_embeddings)
 
@@ -70,11 +87,15 @@ def _run(
     timings["load_data"] = time.perf_counter() - clock
     if parser is None or config.parser != "spacy":
         parser = make_parser(config)
-    sequences = encode_tasks(config, data, tokenizer, parser, timings)
-    results = score_sequences(scorer, sequences, config, timings)
+    sequences = encode_tasks(config, process_shares(data), tokenizer, parser, timings)
+    with distributed.all_ok("scoring"):
+        results = score_sequences(scorer, sequences, config, timings)
+    results = gather_scores(results, {task: len(d.indices) for task, d in data.items()})
 
     clock = time.perf_counter()
     table, tau = test_roles(results, config)
+    if tmp is None:  # not process 0: its share is in process 0's output
+        return table
     table.to_csv(tmp / "roles.csv", index=False)
     arrays = {}
     for task, result in results.items():
@@ -99,6 +120,8 @@ def _run(
         "tau": tau,
         "checkpoint": source.describe(),
         "model_config": model.config.to_hf_dict(),
+        "mesh": devices.record(),
+        "processes": jax.process_count(),
         "parser": None if parser is None else {"name": parser.name, "version": parser.version},
         "tasks": {
             t: {
@@ -121,5 +144,6 @@ def _run(
 
 
 def write_html(out: str) -> None:
-    """`--html`: the report of the output just written."""
-    write_report(ReportConfig(out))
+    """`--html`: the report of the output just written (by process 0, the one that wrote it)."""
+    if jax.process_index() == 0:
+        write_report(ReportConfig(out))

@@ -21,8 +21,9 @@ from flax import nnx
 
 from analysis.common import stats
 from analysis.common.examples import present_roles
-from analysis.common.forward import padded_batches
+from analysis.common.forward import DataParallel, Devices, padded_batches
 from analysis.heads.config import RolesConfig
+from bertjax import distributed
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch
 from sieves.kernel import sieve_scores
@@ -30,6 +31,9 @@ from sieves.kernel import sieve_scores
 log = logging.getLogger(__name__)
 
 _SCORERS: dict[tuple, object] = {}
+# The batch axis of each scorer input: input_ids, attention_mask, token_type_ids [B, T]; rows and
+# row weights [R, B, T]; sieves [R, B, T, T].
+SCORER_BATCH_AXES = (0, 0, 0, 1, 1, 1)
 
 
 @dataclasses.dataclass
@@ -47,17 +51,16 @@ def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
     return tuple(role == "block" and config.block_score == "entropy" for role in config.roles)
 
 
-def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = ()):
+def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = (), devices: Devices | None = None) -> DataParallel:
     """One jitted function: forward pass with attentions, then β for every role/layer/head
-    (times the row entropy for the roles `entropy` marks)."""
+    (times the row entropy for the roles `entropy` marks); data parallel over `devices`."""
     graphdef, state = nnx.split(model)
     # Keyed by class and config, not by the graphdef (a new one per instance), so all checkpoints
     # of one architecture share one compiled function: tracking a run compiles once.
     key = (type(model), model.config)
     if key not in _SCORERS:
         _SCORERS[key] = _jit_scorer(graphdef)
-    score = _SCORERS[key]
-    return lambda *arrays: score(state, *arrays, entropy_roles=entropy)
+    return DataParallel(partial(_SCORERS[key], entropy_roles=entropy), state, devices, SCORER_BATCH_AXES)
 
 
 def _jit_scorer(graphdef):
@@ -71,7 +74,7 @@ def _jit_scorer(graphdef):
 
 
 def scored_batches(
-    scorer, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
+    scorer: DataParallel, seqs: Sequence[EncodedSequence], present: Sequence[str], config: RolesConfig, desc: str
 ) -> Iterator[tuple[list[EncodedSequence], tuple[np.ndarray, ...]]]:
     """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
     sieves)` returns for it (with the row weights appended under `--syntactic-average arcs`), on
@@ -82,15 +85,16 @@ def scored_batches(
     # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
     # GPU, most of a cold run).
     slots = [config.roles.index(role) for role in present]
-    for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc):
+    size = scorer.rows(config.batch_size)
+    for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc, size):
         length = arrays["input_ids"].shape[1]
         built_rows, built_sieves = build_batch(chunk, present, options, length)
-        rows = np.zeros((len(config.roles), config.batch_size, length), bool)
-        sieves = np.zeros((len(config.roles), config.batch_size, length, length), bool)
+        rows = np.zeros((len(config.roles), size, length), bool)
+        sieves = np.zeros((len(config.roles), size, length, length), bool)
         rows[slots, : len(chunk)], sieves[slots, : len(chunk)] = built_rows, built_sieves
         extra = ()
         if config.syntactic_average == "arcs":
-            weights = np.ones((len(config.roles), config.batch_size, length), np.float32)
+            weights = np.ones((len(config.roles), size, length), np.float32)
             weights[slots, : len(chunk)] = arc_row_weights(chunk, present, length)
             extra = (weights,)
         outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves, *extra)
@@ -125,7 +129,7 @@ class ScoreCollector:
         return TaskScores(merged, merged_index, absent, n_sequences)
 
 
-def score_task(scorer, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
+def score_task(scorer: DataParallel, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     collector = ScoreCollector(config.roles, present)
     for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
@@ -165,6 +169,21 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     table["p_adjusted"] = stats.adjust_pvalues(table["p_value"].to_numpy(), config.correction)
     table["assigned"] = stats.assign(table["p_adjusted"].to_numpy(), config.alpha)
     return table, tau
+
+
+def gather_scores(results: dict[str, TaskScores], n_sequences: dict[str, int]) -> dict[str, TaskScores]:
+    """Every process's `results` (each from its contiguous share of each task's sequences) as one,
+    in file order, with each task's whole sequence count; unchanged in a one-process run."""
+    if jax.process_count() == 1:
+        return results
+    gathered = {}
+    for task, result in results.items():
+        scores, indices = distributed.gather_tree((result.scores, result.indices))
+        # A tree's dicts come back with sorted keys; the tables keep the roles' order.
+        order = list(result.scores)
+        gathered[task] = TaskScores({r: scores[r] for r in order}, {r: indices[r] for r in order}, result.absent,
+                                    n_sequences[task])  # fmt: skip
+    return gathered
 
 
 def score_sequences(
