@@ -16,6 +16,11 @@ content hashes and whose snapshot path names the hub revision), so a re-run afte
 appear analyses only the new ones; the hypothesis tests are recomputed from the cached scores, so τ,
 α, the test and the correction can change without re-scoring.
 
+With `--shard I/N` this invocation is job I of N that share the scores cache (a SLURM array, a
+pod's hosts): it scores only its members (every N-th of the series from the I-th) that are not
+cached yet and writes nothing into `--out`; once every job has ended, the command without `--shard`
+finds every step cached and writes the outputs.
+
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
 `roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.heads.onset`),
 per task the figures `role_fractions`, `emergence`, `mean_beta` and `onset` (heads holding each
