@@ -16,6 +16,11 @@ content hashes and whose snapshot path names the hub revision), so a re-run afte
 appear analyses only the new ones; the hypothesis tests are recomputed from the cached scores, so τ,
 α, the test and the correction can change without re-scoring.
 
+With `--shard I/N` this invocation is job I of N that share the scores cache (a SLURM array, a
+pod's hosts): it scores only its members (every N-th of the series from the I-th) that are not
+cached yet and writes nothing into `--out`; once every job has ended, the command without `--shard`
+finds every step cached and writes the outputs.
+
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
 `roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.heads.onset`),
 per task the figures `role_fractions`, `emergence`, `mean_beta` and `onset` (heads holding each
@@ -30,7 +35,7 @@ import argparse
 from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
 from analysis.heads.pipeline import write_html
 from analysis.heads.tracking import FIGURES, TrackConfig, run
-from bertjax import cli
+from bertjax import cli, distributed
 from bertjax.errors import UserError
 
 # -- tables and figures -------------------------------------------------------------------------
@@ -59,16 +64,23 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     p.add_argument("--with-init", action="store_true",
                    help="with --run of a fine-tuning workdir: also track the checkpoint it started from, as step 0")  # fmt: skip
     p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
+    p.add_argument("--shard", metavar="I/N",
+                   help="job I of N (0-based) sharing the scores cache: score every N-th checkpoint from the I-th "
+                        "into the cache and write nothing into --out; then run once without --shard for the outputs")  # fmt: skip
     add_data_arguments(p)
     add_test_arguments(p)
     add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
+    shard = None if a.shard is None else distributed.parse_shard(a.shard)
+    if shard is not None and a.html:
+        raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
     return TrackConfig(
         roles=config_from_args(a, ckpt=a.run or ""),
         steps=parse_steps(a.steps),
         scores_cache=a.scores_cache,
         series=tuple(a.ckpt or ()),
         with_init=a.with_init,
+        shard=shard,
     )
 
 

@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import time
 import zipfile
 from pathlib import Path
@@ -43,6 +44,7 @@ from analysis.heads.scoring import TaskScores, make_scorer, score_sequences, tes
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
 from analysis.heads.summary import layer_groups, ordered_roles
 from bertjax import runinfo
+from bertjax.distributed import shard_members
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
 
@@ -64,13 +66,16 @@ log = logging.getLogger(__name__)
 class TrackConfig:
     """`roles.ckpt` is the run's workdir (`--run`), empty for a `--ckpt` series; `series` the
     `--ckpt` texts as given; `steps` the run's steps to analyse (None: every checkpoint) or the
-    values of a `{step}` pattern."""
+    values of a `{step}` pattern; `shard` (I, N) makes this job one of N that share the scores
+    cache (None: the normal run)."""
 
     roles: RolesConfig
     steps: tuple[int, ...] | None = None
     scores_cache: str | None = None
     series: tuple[str, ...] = ()
     with_init: bool = False
+    # (I, N) from `--shard I/N`: score only this job's members into the cache, write no outputs.
+    shard: tuple[int, int] | None = None
 
     @property
     def cache_dir(self) -> Path:
@@ -133,10 +138,15 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
         "checkpoint": identity,
     }
     arrays["about"] = np.array(json.dumps(about))
-    # The process id keeps two runs that score the same step from writing one temporary file.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(path)
+    # Host and process id keep two runs that score the same step from writing one temporary file,
+    # also on a cache shared between hosts (a pod's, or containers whose pids all start at 1).
+    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp.npz")
+    try:
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_scores(path: Path) -> dict[str, TaskScores]:
@@ -167,8 +177,10 @@ def read_cached(path: Path) -> dict[str, TaskScores] | None:
         return None
 
 
-def run(config: TrackConfig) -> pd.DataFrame:
-    """Analyses the series' checkpoints (cached ones from the cache); returns the track table."""
+def run(config: TrackConfig) -> pd.DataFrame | None:
+    """Analyses the series' checkpoints (cached ones from the cache); returns the track table. A
+    shard (`config.shard`) scores its uncached members into the cache, writes nothing into --out
+    and returns None."""
     started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
     select_formats(config.roles.figure_format)
@@ -186,12 +198,16 @@ def run(config: TrackConfig) -> pd.DataFrame:
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     prepare_cache(config.cache_dir, out)
+    if config.shard is not None:
+        return _run(config, members, tasks, None, started)
     # Re-running into the same --out is the point of the cache: a previous track output may go.
     with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
         return _run(config, members, tasks, tmp, started)
 
 
-def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path, started: float) -> pd.DataFrame:
+def _run(
+    config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path | None, started: float
+) -> pd.DataFrame | None:
     rc = config.roles
     timings: dict[str, float] = {}
     clock = time.perf_counter()
@@ -204,17 +220,25 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
     settings = settings_key(rc, data_files, tokenizer, parser)
     identities = {m.step: member_identity(m) for m in members}
     paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
+    # A shard's members are every N-th of the series from its I-th, round-robin in step order.
+    mine = steps if config.shard is None else [m.step for m in shard_members(members, *config.shard)]
     # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
-    for step in steps:
+    for step in mine:
         if (cached_scores := read_cached(paths[step])) is not None:
             tested[step] = test_roles(cached_scores, rc)
-    todo = [s for s in steps if s not in tested]
+    todo = [s for s in mine if s not in tested]
     timings["load_data"] = time.perf_counter() - clock
-    print(
-        f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
-    )
+    if config.shard is None:
+        print(
+            f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
+        )
+    else:
+        print(
+            f"track --shard {shard_text(config.shard)}: {len(mine)} of {len(steps)} checkpoints are this shard's "
+            f"(steps {mine}), {len(mine) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
+        )
 
     if todo:
         sequences = encode_tasks(rc, data, tokenizer, parser, timings)
@@ -227,6 +251,14 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
             save_scores(paths[step], results, settings, identities[step])
             tested[step] = test_roles(results, rc)
             timings[f"step {step}"] = time.perf_counter() - clock
+
+    if config.shard is not None:
+        print(
+            f"track --shard {shard_text(config.shard)}: scored steps {todo} into {config.cache_dir} in "
+            f"{time.perf_counter() - started:.1f} s; wrote nothing into --out {rc.out}: once every shard has "
+            "ended, the same command without --shard writes the outputs from the cache"
+        )
+        return None
 
     clock = time.perf_counter()
     taus = {step: tested[step][1] for step in steps}
@@ -276,6 +308,10 @@ def _run(config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path
     print(format_fractions(track))
     print(onset.format_onsets(track, onsets))
     return track
+
+
+def shard_text(shard: tuple[int, int]) -> str:
+    return f"{shard[0]}/{shard[1]}"
 
 
 def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
