@@ -38,9 +38,6 @@ from analysis.heads.tracking import FIGURES, TrackConfig, run
 from bertjax import cli, distributed
 from bertjax.errors import UserError
 
-# -- tables and figures -------------------------------------------------------------------------
-
-
 # -- command line -------------------------------------------------------------------------------
 
 

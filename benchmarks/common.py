@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Callable
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from bertjax import runinfo
@@ -107,3 +108,15 @@ def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentPars
     if repeat is not None:
         p.add_argument("--repeat", type=int, default=repeat, help="timed runs per measurement (the median is reported)")
     return p
+
+
+def random_checkpoint(name: str, vocab: Path, directory: Path) -> str:
+    from bertjax.config import preset
+    from bertjax.pretrained import init_model, save_pretrained
+
+    """A randomly initialised BERT of preset `name` in HF layout, with `vocab` as its tokenizer:
+    timing does not depend on the weights."""
+    config = preset(name, vocab_size=len(Path(vocab).read_text(encoding="utf-8").splitlines()))
+    save_pretrained(init_model(config), directory)
+    (directory / "vocab.txt").write_text(Path(vocab).read_text(encoding="utf-8"), encoding="utf-8")
+    return str(directory)

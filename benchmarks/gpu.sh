@@ -26,3 +26,6 @@ JAX_COMPILATION_CACHE_DIR="$out/xla-cache" roles --repeat 1
 # well under a second in all, so autotuning them may cost more than it saves (first_run_stages_s
 # shows the scoring stage, where compilation lands, beside the warm forward time).
 JAX_COMPILATION_CACHE_DIR="$out/xla-cache-untuned" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" roles --repeat 1
+# Row 8: the scoring stage on 1 device and on all of them (positional roles: no parser needed).
+"$py" -m benchmarks.scale --random-preset base --vocab "$vocab" --glue-dir "$glue" \
+  --roles local,prev,next,block,cls,sep,delimiter --repeat 3 | tee -a "$out/scale.jsonl"

@@ -35,8 +35,7 @@ from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.figures import ROLES_FIGURES
 from benchmarks import common
 from bertjax import cli
-from bertjax.config import preset
-from bertjax.pretrained import from_pretrained, init_model, load_tokenizer, save_pretrained
+from bertjax.pretrained import from_pretrained, load_tokenizer
 from sieves.parse import Parse, parse_from_json, parse_to_json
 
 
@@ -64,15 +63,6 @@ def export_parses(configs: list[RolesConfig], path: Path) -> None:
     parses = {text: parse_to_json(words) for text, words in zip(texts, parser.parse(texts), strict=True)}
     Path(path).write_text(json.dumps({"name": parser.name, "version": parser.version, "parses": parses}))
     common.log(f"{len(parses)} parses written to {path}")
-
-
-def random_checkpoint(name: str, vocab: Path, directory: Path) -> str:
-    """A randomly initialised BERT of preset `name` in HF layout, with `vocab` as its tokenizer:
-    timing does not depend on the weights."""
-    config = preset(name, vocab_size=len(Path(vocab).read_text(encoding="utf-8").splitlines()))
-    save_pretrained(init_model(config), directory)
-    (directory / "vocab.txt").write_text(Path(vocab).read_text(encoding="utf-8"), encoding="utf-8")
-    return str(directory)
 
 
 def forward_only(model: nnx.Module):
@@ -134,7 +124,7 @@ def run(args) -> list[dict]:
         ckpt = args.ckpt
         if args.random_preset:
             (scratch / "model").mkdir()
-            ckpt = random_checkpoint(args.random_preset, args.vocab, scratch / "model")
+            ckpt = common.random_checkpoint(args.random_preset, args.vocab, scratch / "model")
         configs = group_configs(args, ckpt, scratch, args.cache_dir or str(scratch / "cache"))
         if args.export_parses:
             export_parses(configs, args.export_parses)

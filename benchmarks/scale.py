@@ -15,7 +15,9 @@ cores and say nothing about speed); on a GPU box or a TPU VM, the speed-up from 
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -47,9 +49,17 @@ def max_relative_difference(results, reference) -> float:
 
 
 def run(args) -> list[dict]:
-    ckpt = args.ckpt or common.minilm_checkpoint()
+    with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
+        ckpt = args.ckpt or common.minilm_checkpoint()
+        if args.random_preset:
+            ckpt = common.random_checkpoint(args.random_preset, Path(args.vocab), Path(scratch))
+        return measure(args, ckpt)
+
+
+def measure(args, ckpt: str) -> list[dict]:
+    roles = {"roles": tuple(args.roles.split(","))} if args.roles else {}
     config = RolesConfig(ckpt=ckpt, task=args.task, glue_dir=args.glue_dir, n=args.n, batch_size=args.batch_size,
-                         **({"cache_dir": args.cache_dir} if args.cache_dir else {}))  # fmt: skip
+                         **roles, **({"cache_dir": args.cache_dir} if args.cache_dir else {}))  # fmt: skip
     model = from_pretrained(ckpt)
     config = fit_max_length(config, model.config.max_position_embeddings)
     data = load_tasks(config, config_tasks(config))
@@ -67,7 +77,13 @@ def run(args) -> list[dict]:
             score_sequences(scorer, sequences, config, {})
             times[name].append(time.perf_counter() - clock)
 
-    settings = {"model": ckpt, "task": args.task, "n_sequences": n_sequences, "batch_size": args.batch_size}
+    settings = {
+        "model": args.random_preset or ckpt,
+        "task": args.task,
+        "roles": list(config.roles),
+        "n_sequences": n_sequences,
+        "batch_size": args.batch_size,
+    }
     lines = []
     for name, devices in sides.items():
         stats = common.summary(times[name])
@@ -86,12 +102,20 @@ def run(args) -> list[dict]:
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
     p.add_argument("--ckpt", help="checkpoint to analyse (default: all-MiniLM-L6-v2 from the test extra)")
+    p.add_argument("--random-preset", help="a randomly initialised model of this preset instead (e.g. base)")
+    p.add_argument("--vocab", help="vocab.txt for --random-preset")
     p.add_argument("--task", default="all", help="tasks, as analysis.roles --task")
+    p.add_argument(
+        "--roles", help="as analysis.roles --roles (positional roles need no parser: a GPU box without spaCy)"
+    )
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--cache-dir", help="parse cache (default: analysis.roles's)")
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    if a.random_preset and not a.vocab:
+        p.error("--random-preset needs --vocab")
+    return a
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -63,7 +63,7 @@ def test_the_per_token_loop_is_the_kernel_reference():
 
 @pytest.fixture(scope="module")
 def random_tiny(shared_data, tmp_path_factory) -> tuple[str, Path]:
-    from benchmarks.roles_overhead import random_checkpoint
+    from benchmarks.common import random_checkpoint
 
     directory = tmp_path_factory.mktemp("random-tiny")
     return random_checkpoint("tiny", shared_data / "vocab" / "bert-base-uncased-vocab.txt", directory), directory

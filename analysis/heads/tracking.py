@@ -26,7 +26,14 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
-from analysis.common.examples import data_file_hashes, encode_tasks, fit_max_length, load_tasks, make_parser
+from analysis.common.examples import (
+    data_file_hashes,
+    encode_tasks,
+    fit_max_length,
+    load_tasks,
+    make_parser,
+    process_shares,
+)
 from analysis.common.figures import (
     Margins,
     figure_formats,
@@ -37,14 +44,14 @@ from analysis.common.figures import (
     select_formats,
     step_axis,
 )
+from analysis.common.forward import Devices
 from analysis.heads import onset
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours
-from analysis.heads.scoring import TaskScores, make_scorer, score_sequences, test_roles
+from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
 from analysis.heads.summary import layer_groups, ordered_roles
-from bertjax import runinfo
-from bertjax.distributed import shard_members
+from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
 
@@ -181,6 +188,7 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     """Analyses the series' checkpoints (cached ones from the cache); returns the track table. A
     shard (`config.shard`) scores its uncached members into the cache, writes nothing into --out
     and returns None."""
+    distributed.initialize(config.roles.distributed)
     started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
     select_formats(config.roles.figure_format)
@@ -198,7 +206,8 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     prepare_cache(config.cache_dir, out)
-    if config.shard is not None:
+    if config.shard is not None or jax.process_index() != 0:
+        # A shard writes only into the cache; in a multi-process job process 0 writes --out.
         return _run(config, members, tasks, None, started)
     # Re-running into the same --out is the point of the cache: a previous track output may go.
     with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
@@ -221,7 +230,7 @@ def _run(
     identities = {m.step: member_identity(m) for m in members}
     paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
     # A shard's members are every N-th of the series from its I-th, round-robin in step order.
-    mine = steps if config.shard is None else [m.step for m in shard_members(members, *config.shard)]
+    mine = steps if config.shard is None else [m.step for m in distributed.shard_members(members, *config.shard)]
     # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
@@ -229,6 +238,7 @@ def _run(
         if (cached_scores := read_cached(paths[step])) is not None:
             tested[step] = test_roles(cached_scores, rc)
     todo = [s for s in mine if s not in tested]
+    check_same_work(todo, config.cache_dir)
     timings["load_data"] = time.perf_counter() - clock
     if config.shard is None:
         print(
@@ -240,18 +250,26 @@ def _run(
             f"(steps {mine}), {len(mine) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
         )
 
+    devices = Devices.local(rc.devices)
     if todo:
-        sequences = encode_tasks(rc, data, tokenizer, parser, timings)
-        for step in tqdm(todo, desc="checkpoints", unit="ckpt"):
+        # In a multi-process job each process scores its share of every step's sequences.
+        sequences = encode_tasks(rc, process_shares(data), tokenizer, parser, timings)
+        n_sequences = {task: len(d.indices) for task, d in data.items()}
+        for step in tqdm(todo, desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
             clock = time.perf_counter()
             source = by_step[step].source
             model = from_pretrained(source.path, step=source.step)
             step_timings: dict[str, float] = {}
-            results = score_sequences(make_scorer(model), sequences, rc, step_timings)
-            save_scores(paths[step], results, settings, identities[step])
+            with distributed.all_ok(f"scoring step {step}"):
+                results = score_sequences(make_scorer(model, devices=devices), sequences, rc, step_timings)
+            results = gather_scores(results, n_sequences)
+            if jax.process_index() == 0:
+                save_scores(paths[step], results, settings, identities[step])
             tested[step] = test_roles(results, rc)
             timings[f"step {step}"] = time.perf_counter() - clock
 
+    if tmp is None and config.shard is None:  # not process 0 of a multi-process job
+        return None
     if config.shard is not None:
         print(
             f"track --shard {shard_text(config.shard)}: scored steps {todo} into {config.cache_dir} in "
@@ -299,6 +317,8 @@ def _run(
             "scores_cache": {str(s): str(p) for s, p in paths.items()},
             "tau": {str(s): t for s, t in taus.items()},
             "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+            "mesh": devices.record(),
+            "processes": jax.process_count(),
             "data_files": data_files,
             "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
             "figures": sorted(p.name for p in figures),
@@ -308,6 +328,19 @@ def _run(
     print(format_fractions(track))
     print(onset.format_onsets(track, onsets))
     return track
+
+
+def check_same_work(todo: list[int], cache_dir: Path) -> None:
+    """In a multi-process job every process must score the same steps (they gather each step's
+    scores together): it would not if the scores cache were not one directory they all see."""
+    if jax.process_count() == 1:
+        return
+    digest = int.from_bytes(hashlib.sha256(json.dumps(todo).encode()).digest()[:7], "big")
+    if len(set(distributed.gather_rows(np.array([digest])).tolist())) > 1:
+        raise UserError(
+            f"--scores-cache {cache_dir}: the processes of this job see different cached steps; "
+            "put the cache on a filesystem every process shares"
+        )
 
 
 def shard_text(shard: tuple[int, int]) -> str:
