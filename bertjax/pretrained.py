@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import json
 import logging
 import pickle
@@ -267,25 +268,53 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     return directory
 
 
-def load_tokenizer(path_or_id: str | Path, step: int | None = None):
-    """The fast WordPiece tokenizer stored with a checkpoint (offsets are needed for alignment)."""
+def tokenizer_directory(source: Source) -> Path:
+    """The directory holding a checkpoint's tokenizer: the HF directory itself, or the one a
+    bertjax run's step names."""
+    if source.kind == "hf":
+        return source.path
+    location = Path(ckpt.read_meta(source.path, source.step)["tokenizer"])
+    return location if location.is_absolute() else source.path.parent / location
+
+
+def tokenizer_digest(source: Source) -> str:
+    """sha256 of the files that define a checkpoint's tokenizer, read without loading it (a
+    cache key that a re-run can compute without importing transformers)."""
+    location = tokenizer_directory(source)
+    digest = hashlib.sha256()
+    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"):
+        path = location / name
+        digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
+    return digest.hexdigest()
+
+
+def _tokenizer_class(location: Path):
+    """BertTokenizerFast for a BERT tokenizer (what AutoTokenizer resolves it to), imported on its
+    own: AutoTokenizer's import pulls in transformers' model configuration and with it torch
+    where torch is installed, a second and a half of every analysis's start. Any other class
+    named in tokenizer_config.json goes through AutoTokenizer as before."""
+    config = location / "tokenizer_config.json"
+    named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") if config.is_file() else None
+    if named in (None, "BertTokenizer", "BertTokenizerFast"):
+        from transformers import BertTokenizerFast
+
+        return BertTokenizerFast
     from transformers import AutoTokenizer
 
+    return AutoTokenizer
+
+
+def load_tokenizer(path_or_id: str | Path, step: int | None = None):
+    """The fast WordPiece tokenizer stored with a checkpoint (offsets are needed for alignment)."""
     source = resolve(path_or_id, step)
-    if source.kind == "hf":
-        location = source.path
-    else:
-        meta = ckpt.read_meta(source.path, source.step)
-        location = Path(meta["tokenizer"])
-        if not location.is_absolute():
-            location = source.path.parent / location
+    location = tokenizer_directory(source)
     # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
     vocab_size = load_config(source).vocab_size
     # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
     if location.is_dir() and not any((location / name).is_file() for name in TOKENIZER_FILES):
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(location))
+        tokenizer = _tokenizer_class(location).from_pretrained(str(location))
     except (OSError, ValueError) as e:
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:

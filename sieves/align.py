@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from transformers import PreTrainedTokenizerBase
 
 from bertjax.errors import UserError
 from sieves.parse import Parse
+
+if TYPE_CHECKING:  # a type only: importing transformers costs half a second of every analysis's start
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True)
@@ -78,9 +81,7 @@ def encode_batch(
         if len(segments) not in (1, 2):
             raise ValueError(f"example {position} has {len(segments)} segments; expected 1 or 2")
         if parses is not None and len(parses[position]) != len(segments):
-            raise ValueError(
-                f"example {position} has {len(segments)} segments but {len(parses[position])} parses"
-            )
+            raise ValueError(f"example {position} has {len(segments)} segments but {len(parses[position])} parses")
 
     encoded: list[EncodedSequence | None] = [None] * len(examples)
     for num_segments in (1, 2):

@@ -99,6 +99,28 @@ def _load_spacy(model: str | None) -> spacy.language.Language:
     raise UserError(f"spaCy model not found: tried {', '.join(candidates)}; install one of them")
 
 
+def _installed_meta(model: str | None) -> tuple[str, dict] | None:
+    """(the model `_load_spacy` would load, its meta.json) for an installed model package or a
+    model directory, read without importing spaCy; None when there is none to read."""
+    import importlib.util
+
+    for name in (model,) if model is not None else DEFAULT_MODELS:
+        directory = Path(name).expanduser()
+        if not (directory / "meta.json").is_file():
+            try:
+                spec = importlib.util.find_spec(name)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None or not spec.submodule_search_locations:
+                continue
+            directory = Path(next(iter(spec.submodule_search_locations)))
+        try:
+            return name, json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+    return None
+
+
 class SpacyParser:
     """Parses texts with spaCy, one text at a time, caching parses on disk when given a directory.
 
@@ -107,11 +129,31 @@ class SpacyParser:
     """
 
     def __init__(self, model: str | None = None, cache_dir: Path | None = None, batch_size: int = 64) -> None:
-        self.nlp = _load_spacy(model)
-        self.name = f"{self.nlp.meta['lang']}_{self.nlp.meta['name']}"
-        self.version = str(self.nlp.meta["version"])
+        # Name and version come from the installed model's meta.json; spaCy itself (seconds to
+        # import and load) only when a text is not in the cache, so a re-run over cached parses
+        # and a cache key never load it.
+        found = _installed_meta(model)
+        self._nlp = None
+        if found is None:  # not an installed package or a model directory: spaCy says what is wrong
+            self._nlp = _load_spacy(model)
+            self._model, meta = model, self._nlp.meta
+        else:
+            self._model, meta = found
+        self.name = f"{meta['lang']}_{meta['name']}"
+        self.version = str(meta["version"])
         self.batch_size = batch_size
         self.cache_path = None if cache_dir is None else Path(cache_dir) / _CACHE_FILE
+
+    @property
+    def nlp(self) -> spacy.language.Language:
+        if self._nlp is None:
+            self._nlp = _load_spacy(self._model)
+            loaded = (f"{self._nlp.meta['lang']}_{self._nlp.meta['name']}", str(self._nlp.meta["version"]))
+            if loaded != (self.name, self.version):  # the cache keys would name another model
+                raise UserError(
+                    f"spaCy model {self._model}: loaded {loaded}, its meta.json says {(self.name, self.version)}"
+                )
+        return self._nlp
 
     def _key(self, text: str) -> str:
         payload = json.dumps([self.name, self.version, _CACHE_SCHEMA, text], ensure_ascii=False)

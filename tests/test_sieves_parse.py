@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -237,3 +239,18 @@ def test_ewt_dev_keeps_universal_tags(ud_english_ewt: Path) -> None:
         "ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
         "SCONJ", "SYM", "VERB", "X",
     }  # fmt: skip
+
+
+def test_the_parser_loads_spacy_only_for_texts_not_in_the_cache(tmp_path):
+    """Its name and version (the cache key) come from the model's meta.json; a run whose texts are
+    all cached never imports spaCy (seconds of a re-run), and one that needs a parse loads it."""
+    script = (
+        "import sys; from pathlib import Path; from sieves.parse import SpacyParser\n"
+        "p = SpacyParser(cache_dir=Path(sys.argv[1]))\n"
+        "p.parse(sys.argv[2:]); print(p.name, p.version, 'spacy' in sys.modules)\n"
+    )
+    run = lambda *texts: subprocess.run([sys.executable, "-c", script, str(tmp_path), *texts], capture_output=True,
+                                        text=True, check=True).stdout.split()  # fmt: skip
+    first = run("The cat sat.")
+    assert first[2] == "True"  # a new text: spaCy parsed it
+    assert run("The cat sat.") == [*first[:2], "False"]  # cached: the same key, no spaCy

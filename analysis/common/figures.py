@@ -12,19 +12,23 @@ import argparse
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import math
 import os
 import pickle
 import queue
+import shutil
 import struct
 import subprocess
 import sys
 import threading
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Literal
 
+import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
@@ -348,3 +352,39 @@ def serve() -> None:
         except Exception:  # noqa: BLE001 — the caller reports it, with this traceback
             reply = ("error", traceback.format_exc())
         _write_frame(replies, reply)
+
+
+class FigureCache:
+    """Figures kept on disk by what they show, so a re-run that draws the same data copies them.
+
+    A figure's key is the hash of its stem, the formats, matplotlib's version, the source of the
+    modules that draw it and `content` (the caller's bytes for everything drawn: the table rows, τ,
+    …), so a figure is copied only when drawing it again would give the same file. Entries are
+    written to a temporary name and renamed, like the scores cache they live beside."""
+
+    def __init__(self, directory: Path, drawing_modules: Sequence[ModuleType]):
+        self.directory = directory
+        code = hashlib.sha256(matplotlib.__version__.encode())
+        for module in drawing_modules:
+            code.update(Path(module.__file__).read_bytes())
+        self.code = code.hexdigest()
+
+    def figure(self, stem: str, content: bytes, draw: Callable[[], list[Path]], out_dir: Path) -> list[Path]:
+        """`out_dir/<stem>.<format>` for the formats in force: copies of cached files when all are
+        there, else what `draw()` writes (then kept)."""
+        formats = _formats.get()
+        key = hashlib.sha256("\0".join([self.code, stem, ",".join(formats), str(PNG_DPI)]).encode() + content)
+        cached = [self.directory / f"{key.hexdigest()}.{fmt}" for fmt in formats]
+        if all(path.is_file() for path in cached):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            targets = [out_dir / f"{stem}.{fmt}" for fmt in formats]
+            for source, target in zip(cached, targets, strict=True):
+                shutil.copyfile(source, target)
+            return targets
+        paths = draw()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        for path, entry in zip(paths, cached, strict=True):
+            partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
+            shutil.copyfile(path, partial)
+            partial.replace(entry)
+        return paths

@@ -141,12 +141,11 @@ def check_series(members: Sequence[Member]) -> list:
                 f"the series mixes model shapes: {first.given} ({first.label}) has {shape[0]} layers × {shape[1]} heads, "
                 f"{member.given} ({member.label}) has {other[0]} layers × {other[1]} heads; track them separately"
             )
-    vocabularies: dict = {}
-    for member in members:
-        key = tokenizer_location(member.source)
-        if key not in vocabularies:
-            vocabularies[key] = (member, load_tokenizer(member.source.path, step=member.source.step).get_vocab())
-    (first, vocabulary), *others = vocabularies.values()
+    locations = {tokenizer_location(m.source): m for m in members}
+    if len(locations) == 1:  # one tokenizer (a run's steps): nothing to compare
+        return configs
+    vocabularies = [(m, load_tokenizer(m.source.path, step=m.source.step).get_vocab()) for m in locations.values()]
+    (first, vocabulary), *others = vocabularies
     for member, other in others:
         if other != vocabulary:
             raise UserError(

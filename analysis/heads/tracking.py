@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -26,6 +27,7 @@ from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from tqdm import tqdm
 
+from analysis.common import figures as common_figures
 from analysis.common.examples import (
     data_file_hashes,
     encode_tasks,
@@ -35,6 +37,7 @@ from analysis.common.examples import (
     process_shares,
 )
 from analysis.common.figures import (
+    FigureCache,
     Margins,
     figure_formats,
     log_scale,
@@ -45,6 +48,7 @@ from analysis.common.figures import (
     step_axis,
 )
 from analysis.common.forward import Devices
+from analysis.heads import figures as heads_figures
 from analysis.heads import onset
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours
@@ -53,7 +57,7 @@ from analysis.heads.series import Member, check_series, member_identity, run_mem
 from analysis.heads.summary import layer_groups, ordered_roles
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
 
 TRACK_CSV = "track.csv"
 
@@ -92,7 +96,7 @@ class TrackConfig:
         return out.parent / f"{out.name}.cache"
 
 
-def settings_key(config: RolesConfig, data_files: dict, tokenizer, parser) -> dict:
+def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) -> dict:
     """Every setting that changes the per-sequence scores (not τ, α, the test or the correction)."""
     return {
         "format": SCORES_FORMAT,
@@ -109,7 +113,7 @@ def settings_key(config: RolesConfig, data_files: dict, tokenizer, parser) -> di
         "window": config.window,
         "special_rows": config.special_rows,
         "parser": config.parser if parser is None else [parser.name, parser.version],
-        "tokenizer": hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode()).hexdigest(),
+        "tokenizer": tokenizer,  # `tokenizer_digest`: its files' hash
     }
 
 
@@ -222,11 +226,10 @@ def _run(
     clock = time.perf_counter()
     steps = [m.step for m in members]
     by_step = {m.step: m for m in members}
-    tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
     data = load_tasks(rc, tasks)
     data_files = data_file_hashes(data)
     parser = make_parser(rc)
-    settings = settings_key(rc, data_files, tokenizer, parser)
+    settings = settings_key(rc, data_files, tokenizer_digest(members[0].source), parser)
     identities = {m.step: member_identity(m) for m in members}
     paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
     # A shard's members are every N-th of the series from its I-th, round-robin in step order.
@@ -253,6 +256,8 @@ def _run(
     devices = Devices.local(rc.devices)
     if todo:
         # In a multi-process job each process scores its share of every step's sequences.
+        # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
+        tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
         sequences = encode_tasks(rc, process_shares(data), tokenizer, parser, timings)
         n_sequences = {task: len(d.indices) for task, d in data.items()}
         for step in tqdm(todo, desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
@@ -297,10 +302,18 @@ def _run(
         "mean_beta": functools.partial(plot_mean_beta, taus=taus),
         "onset": functools.partial(onset.plot_onset, heldout=heldout),
     }
+    # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
+    cache = FigureCache(config.cache_dir / "figures", [sys.modules[__name__], onset, heads_figures, common_figures])
+    shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + (
+        b"" if heldout is None else heldout.to_csv().encode()
+    )
     with figure_formats(select_formats(rc.figure_format)):
         for kind in select_figures(rc.figures, FIGURES):
             for task in pd.unique(track["task"]):
-                figures += draw[kind](track, task, out_dir=tmp, stem=f"{task}_{kind}")
+                stem = f"{task}_{kind}"
+                content = track[track["task"] == task].to_csv(index=False).encode() + shared
+                draw_one = functools.partial(draw[kind], track, task, out_dir=tmp, stem=stem)
+                figures += cache.figure(stem, content, draw_one, tmp)
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
 
