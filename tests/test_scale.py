@@ -143,10 +143,15 @@ distributed.initialize(True, coordinator_address=f"127.0.0.1:{port}", num_proces
                        heartbeat_timeout_seconds=3)
 if case == "die" and index == "1":
     os._exit(3)
-from analysis import roles
+from analysis import roles, track
 
-roles.main(["--ckpt", ckpt, "--task", "mrpc,sst2", "--tau", "1", "--no-figures", "--out", out, "--glue-dir", glue,
-            "--n", "16", "--batch-size", "6", "--max-length", "32", "--cache-dir", cache, "--devices", "1"])
+data = ["--glue-dir", glue, "--n", "16", "--batch-size", "6", "--max-length", "32", "--cache-dir", cache, "--devices", "1"]
+if case == "track":
+    classifier = sys.argv[8]
+    track.main(["--ckpt", f"{ckpt}@0", "--ckpt", f"{classifier}@1", "--task", "mrpc", "--tau", "1", "--no-figures",
+                "--out", out, "--scores-cache", out + ".cache", *data])
+else:
+    roles.main(["--ckpt", ckpt, "--task", "mrpc,sst2", "--tau", "1", "--no-figures", "--out", out, *data])
 """
 
 
@@ -177,3 +182,17 @@ def test_a_process_that_dies_leaves_no_output(localhost_job, minilm_path, shared
     (status0, _, err0), (status1, _, _) = localhost_job(JOB, "die", *args, timeout=300)
     assert status1 == 3 and status0 != 0, err0[-3000:]
     assert not out.exists()
+
+
+def test_two_processes_track_a_series_as_one(outputs, localhost_job, minilm_path, shared_data, tmp_path):
+    out = tmp_path / "job"
+    args = (str(minilm_path), str(shared_data / "glue"), str(outputs / "parses"), str(out), str(outputs / "classifier"))
+    for status, _, err in localhost_job(JOB, "track", *args, timeout=300):
+        assert status == 0, err[-3000:]
+    one, job = (pd.read_csv(d / "track.csv") for d in (outputs / "track-1", out))
+    keys = ["step", "task", "layer", "head", "role"]
+    agree(job, one, keys, ["mean", "std"], ["n", "assigned"])
+    assert job[keys].equals(one[keys])
+    # process 0 alone wrote the outputs and the cache: one entry a step
+    assert len(list((tmp_path / "job.cache").glob("step-*.npz"))) == 2
+    assert json.loads((out / "run.json").read_text())["processes"] == 2

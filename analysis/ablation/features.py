@@ -12,16 +12,12 @@ from sieves.align import EncodedSequence
 
 FEATURES = ("noun", "verb", "pronoun", "subject", "object", "negation", "[CLS]", "[SEP]")
 
-
 NOUN_TAGS = frozenset({"NOUN", "PROPN"})
-
 
 SUBJECT_DEPS = frozenset({"nsubj", "nsubjpass", "nsubj:pass"})
 
-
 # UD `obj` is read as `dobj`; spaCy marks indirect objects `dative`.
 OBJECT_DEPS = frozenset({"dobj", "iobj", "dative"})
-
 
 NEGATIONS = frozenset({"not", "n't", "no", "never", "none", "nothing", "nobody", "nowhere", "neither", "nor", "cannot"})
 

@@ -50,7 +50,6 @@ from sieves.parse import SpacyParser
 
 ANALYSES = ("patterns", "features", "disable", "mask")
 
-
 # The analyses that read the classifier's predictions, so need one trained for the task.
 CLASSIFIER_ANALYSES = ("disable", "mask")
 

@@ -27,12 +27,9 @@ from sieves.parse import Parse, Word, read_conllu
 
 ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes")
 
-
 EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
 
-
 PUNCT_TOKENS = (".", ",")
-
 
 WORD_TEXTS = ("original", "joined")
 

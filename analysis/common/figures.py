@@ -38,26 +38,18 @@ from bertjax.errors import UserError
 
 PNG_DPI = 150
 
-
 # PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
 # most runs' figures are looked at, not edited. Vector formats on request.
 FIGURE_FORMATS = ("png", "svg", "pdf")
-
-
 DEFAULT_FORMATS = ("png",)
-
 
 # Starting a figure process (importing matplotlib and pandas, ~2 s) costs what drawing two to
 # three figures does, so a process is worth starting only for about four.
 FIGURES_PER_PROCESS = 4
 
-
 # A figure title's character width and line height at the default title size (12 pt), inches.
 TITLE_INCH_PER_CHAR = 0.1
-
-
 TITLE_INCH_PER_LINE = 0.22
-
 
 _formats: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("figure_formats", default=DEFAULT_FORMATS)
 

@@ -47,13 +47,10 @@ BARS: tuple[tuple[str, str], ...] = (
     ("cls", "fine"), ("sep", "fine"),
 )  # fmt: skip
 
-
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
-
 
 # The figure kinds, for `--figures`.
 FIGURES = ("beta_change", "attention_similarity")
-
 
 _COMPARERS: dict[tuple, object] = {}
 

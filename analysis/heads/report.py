@@ -30,21 +30,16 @@ from sieves.kernel import sieve_scores
 
 log = logging.getLogger(__name__)
 
-
 REPORT = "report.html"
-
 
 # The table that says which analysis wrote a directory.
 TABLES = {"roles": "roles.csv", "track": "track.csv", "effect": "head_means.csv"}
 
-
 STAT_FIELDS = ("n", "mean", "std", "ci_low", "ci_high", "t", "p_value", "p_adjusted", "assigned")
-
 
 # Sequences longer than this make unreadable line views and large pages; the pool is drawn from
 # the shorter ones (the shortest are taken when none is this short).
 MAX_SHOWN_TOKENS = 64
-
 
 # The pool is picked from the first this many short sequences: one small forward pass.
 CANDIDATES = 32

@@ -16,7 +16,6 @@ from bertjax.pretrained import Source, load_config, load_tokenizer, resolve
 
 STEP_PLACEHOLDER = "{step}"
 
-
 INIT_LABEL = "init"
 
 

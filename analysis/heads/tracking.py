@@ -61,14 +61,11 @@ from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
 
 TRACK_CSV = "track.csv"
 
-
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 
-
 # The figure kinds drawn per task, for `--figures`.
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
-
 
 log = logging.getLogger(__name__)
 
