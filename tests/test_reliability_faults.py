@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import resource
 import signal
 import subprocess
@@ -46,7 +45,8 @@ def test_a_checkpoint_path_that_is_a_file_is_one_line(tiny_hf, shared_data, tmp_
     assert not (tmp_path / "out").exists()
 
 
-def test_ctrl_c_cleans_up_and_exits_130(tiny_hf, shared_data, tmp_path):
+def _interrupted_run(tiny_hf, shared_data, tmp_path) -> tuple[int, str]:
+    """(exit status, stderr) of a roles run given one Ctrl-C once its temporary output exists."""
     # A shell's background job starts with SIGINT ignored, which Python keeps: restore Ctrl-C first.
     command = _roles(tiny_hf, shared_data, tmp_path)
     command[1:3] = ["-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
@@ -56,14 +56,19 @@ def test_ctrl_c_cleans_up_and_exits_130(tiny_hf, shared_data, tmp_path):
     while not list(tmp_path.glob(".out.tmp-*")):
         assert process.poll() is None and time.time() < deadline
         time.sleep(0.01)
-    # Pressed again until the run stops, as a user would: once, in a full test run on 2 loaded
-    # cores, a single Ctrl-C was lost and the run finished (a KeyboardInterrupt raised inside a
-    # finaliser or garbage-collection callback is printed as "Exception ignored" and dropped, the
-    # likeliest cause). The cleanup and the exit status are what this test is about.
-    while process.poll() is None:
-        process.send_signal(signal.SIGINT)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=0.5)
-    err = process.stderr.read()
-    assert process.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted"
-    assert list(tmp_path.iterdir()) == []
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    return process.returncode, err
+
+
+def test_ctrl_c_cleans_up_and_exits_130(tiny_hf, shared_data, tmp_path):
+    status, err = _interrupted_run(tiny_hf, shared_data, tmp_path / "first")
+    if status == 0:
+        # Once, in a full test run on 2 loaded cores, the Ctrl-C was lost and the run completed.
+        # CPython raises a signal's KeyboardInterrupt wherever the main thread is, and inside a
+        # finaliser or a garbage-collection callback it is printed ("Exception ignored") and
+        # dropped: the likeliest cause. A user presses it again; the test tries once more (a
+        # Ctrl-C that is always ignored still fails it).
+        status, err = _interrupted_run(tiny_hf, shared_data, tmp_path / "again")
+    assert status == 130 and err.strip().splitlines()[-1] == "error: interrupted", err[-2000:]
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
