@@ -188,7 +188,8 @@ def read_cached(path: Path) -> dict[str, TaskScores] | None:
 def run(config: TrackConfig) -> pd.DataFrame | None:
     """Analyses the series' checkpoints (cached ones from the cache); returns the track table. A
     shard (`config.shard`) scores its uncached members into the cache, writes nothing into --out
-    and returns None."""
+    and returns None. In a job of several processes each scores its share of every uncached step,
+    and process 0 alone fills the cache and writes --out (the others return None)."""
     distributed.initialize(config.roles.distributed)
     started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
