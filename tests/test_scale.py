@@ -196,3 +196,13 @@ def test_two_processes_track_a_series_as_one(outputs, localhost_job, minilm_path
     # process 0 alone wrote the outputs and the cache: one entry a step
     assert len(list((tmp_path / "job.cache").glob("step-*.npz"))) == 2
     assert json.loads((out / "run.json").read_text())["processes"] == 2
+
+
+@pytest.mark.parametrize("module", ["roles", "track", "finetune_effect", "prune", "ablate"])
+def test_a_device_count_below_one_is_one_line(module, cli_error):
+    import importlib
+
+    required = {"roles": ["--ckpt", "x"], "track": ["--run", "x"], "finetune_effect": ["--pre", "x", "--post", "y"],
+                "prune": ["--ckpt", "x"], "ablate": ["--ckpt", "x"]}[module]  # fmt: skip
+    entry = importlib.import_module(f"analysis.{module}")
+    assert cli_error(entry.main, [*required, "--devices", "0"]) == "error: --devices must be at least 1, got 0"

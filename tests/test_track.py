@@ -41,14 +41,18 @@ def write_checkpoint(
     manager.close()
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, shared_data) -> Path:
-    workdir = tmp_path_factory.mktemp("run")
+def write_run(workdir: Path, shared_data: Path, steps) -> Path:
+    """A pre-training run's layout: the tokenizer and an orbax checkpoint (seed i) at each step."""
     vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
     BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
-    for seed, step in enumerate(STEPS):
+    for seed, step in enumerate(steps):
         write_checkpoint(workdir, step, seed)
     return workdir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, shared_data) -> Path:
+    return write_run(tmp_path_factory.mktemp("run"), shared_data, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_track import write_checkpoint
-from transformers import BertTokenizerFast
+from test_track import write_run
 
 from analysis import track
 from analysis.heads import tracking
@@ -28,12 +27,7 @@ STEPS = (1, 3, 10)
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, shared_data) -> Path:
-    workdir = tmp_path_factory.mktemp("run")
-    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
-    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
-    for seed, step in enumerate(STEPS):
-        write_checkpoint(workdir, step, seed)
-    return workdir
+    return write_run(tmp_path_factory.mktemp("run"), shared_data, STEPS)
 
 
 @pytest.fixture(scope="module")

@@ -41,7 +41,7 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import Devices, padded_batches
+from analysis.common.forward import Devices, check_device_count, padded_batches
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -78,8 +78,7 @@ class KovalevaConfig:
     devices: int | None = None  # --devices: the first N local devices (None: all)
 
     def __post_init__(self) -> None:
-        if self.devices is not None and self.devices < 1:
-            raise UserError(f"--devices must be at least 1, got {self.devices}")
+        check_device_count(self.devices)
         if self.n is not None and self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if not 0.0 < self.alpha < 1.0:

@@ -18,7 +18,7 @@ from analysis.ablation.evaluation import ONE_POINT, MaskedEvaluator, check_class
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import Devices
+from analysis.common.forward import Devices, check_device_count
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -51,8 +51,7 @@ class MichelConfig:
     devices: int | None = None  # --devices: the first N local devices (None: all)
 
     def __post_init__(self) -> None:
-        if self.devices is not None and self.devices < 1:
-            raise UserError(f"--devices must be at least 1, got {self.devices}")
+        check_device_count(self.devices)
         spec = glue.task_spec(self.task)
         if self.metric is not None and self.metric not in spec.metrics:
             raise UserError(f"--metric {self.metric!r}: task {self.task} reports {', '.join(spec.metrics)}")

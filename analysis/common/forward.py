@@ -21,6 +21,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from bertjax import sharding
+from bertjax.errors import UserError
 from sieves.align import EncodedSequence
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,13 @@ class DataParallel:
             placed = sharding.shard_batch(tuple(arrays[: len(axes)]), self.devices.mesh, axis=axes)
             arrays = (*placed, *arrays[len(axes) :])
         return self.fn(self.state, *arrays)
+
+
+def check_device_count(devices: int | None) -> None:
+    """`--devices` as a config gives it: None (all local devices) or at least 1; whether this
+    process has that many is checked when the mesh is built."""
+    if devices is not None and devices < 1:
+        raise UserError(f"--devices must be at least 1, got {devices}")
 
 
 def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:

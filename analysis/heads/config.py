@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from analysis.common.examples import CONLLU_TASK, resolve_tasks
 from analysis.common.figures import add_figure_arguments
-from analysis.common.forward import add_device_arguments
+from analysis.common.forward import add_device_arguments, check_device_count
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -72,8 +72,7 @@ class RolesConfig:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.devices is not None and self.devices < 1:
-            raise UserError(f"--devices must be at least 1, got {self.devices}")
+        check_device_count(self.devices)
         if self.window < 1:
             raise UserError(f"--window must be at least 1, got {self.window}")
         if not 0.0 < self.alpha < 1.0:
