@@ -18,7 +18,7 @@ import bertjax
 from analysis import roles as roles_cli
 from analysis import track
 from analysis.heads import figures as heads_figures
-from analysis.heads import onset, summary, tracking
+from analysis.heads import onset, summary, tracking, tracking_figures
 from bertjax import checkpoint as ckpt
 
 STEPS = (1, 3, 10, 31, 96)
@@ -170,7 +170,7 @@ def test_held_fractions_count_heads():
             frames.append(pd.DataFrame({"step": step, "task": "mrpc", "layer": layers.ravel(), "head": heads.ravel(),
                                         "role": role, "assigned": rng.random(18) < 0.5}))  # fmt: skip
     table = pd.concat(frames, ignore_index=True)
-    fractions = tracking.held_fractions(table, "mrpc")
+    fractions = tracking_figures.held_fractions(table, "mrpc")
     for step in (1, 10):
         for role in ("local", "cls"):
             rows = table[(table.step == step) & (table.role == role)]
@@ -185,8 +185,8 @@ def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
     table = pd.DataFrame({"step": [1, 1, 10, 10], "task": "sst2", "layer": 0, "head": [0, 1, 0, 1], "role": "local",
                           "p_value": [0.5, np.nan, 0.01, 0.5], "assigned": [False, False, True, False]})  # fmt: skip
     figures = []
-    monkeypatch.setattr(tracking, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
-    tracking.plot_emergence(table, "sst2", tmp_path, "emergence")
+    monkeypatch.setattr(tracking_figures, "save_figure", lambda fig, out_dir, stem: figures.append(fig) or [])
+    tracking_figures.plot_emergence(table, "sst2", tmp_path, "emergence")
     (mesh,) = figures[0].axes[0].collections
     colours = mesh.to_rgba(mesh.get_array()).reshape(2, 2, 4)  # heads × steps
     held = heads_figures.role_colours(["local"])["local"]
