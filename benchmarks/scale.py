@@ -50,7 +50,7 @@ def max_relative_difference(results, reference) -> float:
 
 def run(args) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="bench-scale-") as scratch:
-        ckpt = args.ckpt or common.minilm_checkpoint()
+        ckpt = args.ckpt
         if args.random_preset:
             ckpt = common.random_checkpoint(args.random_preset, Path(args.vocab), Path(scratch))
         return measure(args, ckpt)
@@ -101,9 +101,7 @@ def measure(args, ckpt: str) -> list[dict]:
 
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
-    p.add_argument("--ckpt", help="checkpoint to analyse (default: all-MiniLM-L6-v2 from the test extra)")
-    p.add_argument("--random-preset", help="a randomly initialised model of this preset instead (e.g. base)")
-    p.add_argument("--vocab", help="vocab.txt for --random-preset")
+    common.add_model_arguments(p)
     p.add_argument("--task", default="all", help="tasks, as analysis.roles --task")
     p.add_argument(
         "--roles", help="as analysis.roles --roles (positional roles need no parser: a GPU box without spaCy)"
@@ -112,10 +110,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--cache-dir", help="parse cache (default: analysis.roles's)")
-    a = p.parse_args(argv)
-    if a.random_preset and not a.vocab:
-        p.error("--random-preset needs --vocab")
-    return a
+    return common.check_model_arguments(p, p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> None:
