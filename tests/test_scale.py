@@ -9,6 +9,12 @@ float32 attention probabilities, and each head's mean in roles.csv a mean of ≤
 Splitting a batch differently changes only the shapes XLA compiles for, hence the order of those
 float32 sums: at most (T + T + 16) · 2⁻²⁴ ≈ 4.8e-6 relative, below 1e-5. A result that used a
 padding row's scores, or dropped a device's share, moves a mean by far more (the planted case).
+
+The SD is not bound by 1e-5 relative: where it is small against the values, the per-sequence
+errors above are amplified by cancellation (2.9e-4 relative was seen on an AMD EPYC). With each
+score x_i off by at most r·|x_i| (r = RELATIVE), the sample SD s = ‖Px‖/√(n−1), P the centring
+projection (norm 1), moves by at most ‖Pδx‖/√(n−1) ≤ r·‖x‖/√(n−1) = r·√(s² + n·mean²/(n−1)), plus
+r·s for rounding in the SD's own sums (`sd_bound`). A planted bug still moves it far past that.
 """
 
 from __future__ import annotations
@@ -68,20 +74,38 @@ def relative_gap(a: pd.Series, b: pd.Series) -> float:
     return float(np.max(np.abs(a[both] - b[both]) / np.maximum(np.abs(b[both]), 1e-30), initial=0.0))
 
 
+def sd_bound(reference: pd.DataFrame) -> pd.Series:
+    """The largest change of the SD that per-sequence errors of RELATIVE each allow (module doc)."""
+    n, mean, sd = reference["n"], reference["mean"], reference["std"]
+    return RELATIVE * (np.sqrt(sd**2 + n * mean**2 / (n - 1)) + sd)
+
+
 def agree(table: pd.DataFrame, reference: pd.DataFrame, keys: list[str], means: list[str], exact: list[str]) -> None:
-    """Same rows, the `exact` columns equal and the `means` within RELATIVE of `reference`'s."""
+    """Same rows, the `exact` columns equal, the `means` within RELATIVE of `reference`'s and, where
+    the table has one, its `std` within `sd_bound`."""
     table, reference = table.sort_values(keys, ignore_index=True), reference.sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(table[keys + exact], reference[keys + exact])
     for column in means:
         assert relative_gap(table[column], reference[column]) <= RELATIVE, column
+    if "std" in reference:
+        sd_within_bound(table, reference)
+
+
+def sd_within_bound(table: pd.DataFrame, reference: pd.DataFrame) -> None:
+    """Rows in the same order; NaN exactly where the reference has NaN."""
+    a, b = table["std"].to_numpy(float), reference["std"].to_numpy(float)
+    assert (np.isfinite(a) == np.isfinite(b)).all()
+    finite = np.isfinite(b)
+    gap = np.abs(a - b)[finite]
+    assert (gap <= sd_bound(reference).to_numpy(float)[finite]).all(), f"std: largest gap {gap.max(initial=0):.3g}"
 
 
 def t_within_bound(table: pd.DataFrame, reference: pd.DataFrame, keys: list[str]) -> None:
     """t = (mean − τ)·√n / sd cancels where the mean is near τ, so its error is bounded through the
-    mean's, not relative to t: |Δt| ≤ RELATIVE·|mean|·√n/sd + RELATIVE·|t| (the sd's share)."""
+    mean's, not relative to t: |Δt| ≤ RELATIVE·|mean|·√n/sd + |t|·sd_bound/sd (the sd's share)."""
     a, b = table.sort_values(keys, ignore_index=True), reference.sort_values(keys, ignore_index=True)
     finite = np.isfinite(b["t"])
-    bound = RELATIVE * (b["mean"].abs() * np.sqrt(b["n"]) / b["std"] + b["t"].abs())
+    bound = (RELATIVE * b["mean"].abs() * np.sqrt(b["n"]) + b["t"].abs() * sd_bound(b)) / b["std"]
     assert ((a["t"] - b["t"]).abs()[finite] <= bound[finite]).all()
 
 
@@ -90,7 +114,7 @@ def test_roles_agree_on_every_device_count(outputs, devices):
     one, many = (pd.read_csv(outputs / f"roles-{d}" / "roles.csv") for d in (1, devices))
     assert one["assigned"].any() and not one["assigned"].all(), "τ = 1 must assign some roles and not others"
     keys = ["task", "layer", "head", "role"]
-    agree(many, one, keys, ["mean", "std"], ["n", "assigned"])
+    agree(many, one, keys, ["mean"], ["n", "assigned"])
     t_within_bound(many, one, keys)
     run = json.loads((outputs / f"roles-{devices}" / "run.json").read_text())
     assert run["mesh"] == {"data": devices, "fsdp": 1} and run["processes"] == 1
@@ -100,7 +124,7 @@ def test_roles_agree_on_every_device_count(outputs, devices):
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
 def test_track_agrees_on_every_device_count(outputs, devices):
     one, many = (pd.read_csv(outputs / f"track-{d}" / "track.csv") for d in (1, devices))
-    agree(many, one, ["step", "task", "layer", "head", "role"], ["mean", "std"], ["n", "assigned"])
+    agree(many, one, ["step", "task", "layer", "head", "role"], ["mean"], ["n", "assigned"])
 
 
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
@@ -131,6 +155,10 @@ def test_a_planted_padding_bug_breaks_the_bound(outputs):
     planted = scores.copy()
     planted[:2] = planted[-1]
     assert relative_gap(pd.Series(planted.mean(0).ravel()), pd.Series(scores.mean(0).ravel())) > 100 * RELATIVE
+    n = len(scores)
+    reference = pd.DataFrame({"n": n, "mean": scores.mean(0).ravel(), "std": scores.std(0, ddof=1).ravel()})
+    moved = np.abs(planted.std(0, ddof=1).ravel() - reference["std"]) / sd_bound(reference)
+    assert moved.max() > 100, "the planted bug must move some SD far past its bound"
 
 
 JOB = r"""
@@ -163,7 +191,7 @@ def test_two_processes_give_the_one_process_result(outputs, localhost_job, minil
         assert status == 0, err[-3000:]
     one, job = (pd.read_csv(d / "roles.csv") for d in (outputs / "roles-1", out))
     keys = ["task", "layer", "head", "role"]
-    agree(job, one, keys, ["mean", "std"], ["n", "assigned"])
+    agree(job, one, keys, ["mean"], ["n", "assigned"])
     t_within_bound(job, one, keys)
     assert job[keys].equals(one[keys])  # the same row order
     with np.load(outputs / "roles-1" / "scores.npz") as a, np.load(out / "scores.npz") as b:
@@ -191,7 +219,7 @@ def test_two_processes_track_a_series_as_one(outputs, localhost_job, minilm_path
         assert status == 0, err[-3000:]
     one, job = (pd.read_csv(d / "track.csv") for d in (outputs / "track-1", out))
     keys = ["step", "task", "layer", "head", "role"]
-    agree(job, one, keys, ["mean", "std"], ["n", "assigned"])
+    agree(job, one, keys, ["mean"], ["n", "assigned"])
     assert job[keys].equals(one[keys])
     # process 0 alone wrote the outputs and the cache: one entry a step
     assert len(list((tmp_path / "job.cache").glob("step-*.npz"))) == 2
