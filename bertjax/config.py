@@ -38,9 +38,25 @@ class BertConfig:
     # always run in fp32.
     dtype: str = "float32"
     param_dtype: str = "float32"
+    # "post": BERT's LayerNorm after each residual sum. "pre" (Xiong et al. 2020; the Cramming
+    # recipe): LayerNorm on each sub-layer's input, the residual stream left un-normalised, one
+    # final LayerNorm after the last layer. HF's BertModel has no pre-LN, so it cannot be exported.
+    layer_norm_position: str = "post"
+    # How the (always learned) position table starts: "normal" (BERT's N(0, initializer_range)), or
+    # "sinusoidal" (Vaswani et al. 2017's table, scaled to the same RMS), which hands the model
+    # relative offsets from step 1 (Cramming and Bietti et al. 2023 use sin/cos positions).
+    position_embedding_init: str = "normal"
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.layer_norm_position not in LAYER_NORM_POSITIONS:
+            raise UserError(
+                f"layer_norm_position {self.layer_norm_position!r} is not one of {', '.join(LAYER_NORM_POSITIONS)}"
+            )
+        if self.position_embedding_init not in POSITION_INITS:
+            raise UserError(
+                f"position_embedding_init {self.position_embedding_init!r} is not one of {', '.join(POSITION_INITS)}"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
                 f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}"
@@ -169,6 +185,8 @@ def _check_fields(config: BertConfig) -> None:
 
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
+LAYER_NORM_POSITIONS = ("post", "pre")
+POSITION_INITS = ("normal", "sinusoidal")
 
 
 def _preset(layers: int, hidden: int, heads: int) -> BertConfig:

@@ -139,11 +139,25 @@ def _dropout(x: Array, rate: float, rngs: nnx.Rngs | None) -> Array:
     return jnp.where(keep, x / (1.0 - rate), jnp.zeros_like(x))
 
 
+def sinusoidal_positions(length: int, width: int, rms: float) -> Array:
+    """Vaswani et al.'s table (sin on even features, cos on odd, wavelengths 2π … 10000·2π),
+    scaled so that its root mean square is `rms` (the unscaled table's is 1/√2)."""
+    position = jnp.arange(length, dtype=jnp.float32)[:, None]
+    frequency = jnp.exp(-math.log(10000.0) * jnp.arange(0, width, 2, dtype=jnp.float32) / width)
+    table = jnp.zeros((length, width), jnp.float32)
+    table = table.at[:, 0::2].set(jnp.sin(position * frequency))
+    table = table.at[:, 1::2].set(jnp.cos(position * frequency[: width // 2]))
+    return table * (rms * math.sqrt(2.0))
+
+
 class BertEmbeddings(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
         self.word_embeddings = _embed(config, config.vocab_size, rngs)
         self.position_embeddings = _embed(config, config.max_position_embeddings, rngs)
+        if config.position_embedding_init == "sinusoidal":
+            table = sinusoidal_positions(config.max_position_embeddings, config.hidden_size, config.initializer_range)
+            self.position_embeddings.embedding[...] = table.astype(config.storage_dtype)
         self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs)
         self.LayerNorm = _layer_norm(config, rngs)
 
@@ -228,8 +242,22 @@ class BertSelfOutput(nnx.Module):
         self.LayerNorm = _layer_norm(config, rngs)
 
     def __call__(self, hidden: Array, residual: Array, rngs=None) -> Array:
-        hidden = _dropout(self.dense(hidden), self.config.hidden_dropout_prob, rngs)
-        return self.LayerNorm(hidden + residual)
+        return _residual(self, hidden, residual, rngs)
+
+
+def _residual(block: nnx.Module, hidden: Array, residual: Array, rngs) -> Array:
+    """A sub-layer's output projection added to its residual: post-LN normalises the sum; pre-LN
+    normalised the sub-layer's input instead (`_sublayer_input`) and leaves the sum alone."""
+    hidden = _dropout(block.dense(hidden), block.config.hidden_dropout_prob, rngs)
+    if block.config.layer_norm_position == "pre":
+        return hidden + residual
+    return block.LayerNorm(hidden + residual)
+
+
+def _sublayer_input(block: nnx.Module, x: Array) -> Array:
+    """What a sub-layer reads: x itself (post-LN), or x through the LayerNorm of the block that
+    closes the sub-layer (pre-LN: the same parameters, so both layouts share one tree)."""
+    return block.LayerNorm(x) if block.config.layer_norm_position == "pre" else x
 
 
 class BertAttention(nnx.Module):
@@ -238,7 +266,8 @@ class BertAttention(nnx.Module):
         self.output = BertSelfOutput(config, rngs=rngs)
 
     def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
-        context, probs = self.self(x, real, head_mask, disable, output_attentions, rngs, offsets)
+        attended = _sublayer_input(self.output, x)
+        context, probs = self.self(attended, real, head_mask, disable, output_attentions, rngs, offsets)
         return self.output(context, x, rngs), probs
 
 
@@ -258,8 +287,7 @@ class BertOutputBlock(nnx.Module):
         self.LayerNorm = _layer_norm(config, rngs)
 
     def __call__(self, hidden: Array, residual: Array, rngs=None) -> Array:
-        hidden = _dropout(self.dense(hidden), self.config.hidden_dropout_prob, rngs)
-        return self.LayerNorm(hidden + residual)
+        return _residual(self, hidden, residual, rngs)
 
 
 class BertLayer(nnx.Module):
@@ -270,12 +298,14 @@ class BertLayer(nnx.Module):
 
     def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
         attended, probs = self.attention(x, real, head_mask, disable, output_attentions, rngs, offsets)
-        return self.output(self.intermediate(attended), attended, rngs), probs
+        return self.output(self.intermediate(_sublayer_input(self.output, attended)), attended, rngs), probs
 
 
 class BertEncoder(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.layer = nnx.List([BertLayer(config, rngs=rngs) for _ in range(config.num_hidden_layers)])
+        # Pre-LN leaves the residual stream un-normalised: the heads read it through one last norm.
+        self.LayerNorm = _layer_norm(config, rngs) if config.layer_norm_position == "pre" else None
 
     def __call__(self, x, real, head_mask, disable_heads, output_attentions, rngs=None, attention_offsets=None):
         attentions = []
@@ -290,6 +320,8 @@ class BertEncoder(nnx.Module):
                 None if attention_offsets is None else attention_offsets[i],
             )
             attentions.append(probs)
+        if self.LayerNorm is not None:
+            x = self.LayerNorm(x)
         return x, tuple(attentions) if output_attentions else None
 
 

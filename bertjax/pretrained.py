@@ -257,6 +257,11 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
     from safetensors.numpy import save_file
 
+    if model.config.layer_norm_position != "post":
+        raise UserError(
+            f"{directory}: a {model.config.layer_norm_position}-LN model cannot be written in HF's format "
+            "(transformers' BERT is post-LN only); analyse the bertjax checkpoint itself"
+        )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     architecture = type(model).__name__

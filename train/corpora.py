@@ -30,7 +30,7 @@ from bertjax import wikitext
 from bertjax.errors import UserError
 
 SOURCES = ("local", "hub")
-KINDS = ("plain", "wikitext", "gutenberg")
+KINDS = ("plain", "wikitext", "gutenberg", "wikiextractor")
 SEGMENTERS = ("senter", "sentencizer")
 MIX_STOPS = ("all_exhausted", "first_exhausted")
 
@@ -49,7 +49,9 @@ class CorpusConfig:
     single file holds blank-line separated documents with one sentence or paragraph per line
     (the original BERT input format); a hub record is one document with one paragraph per line.
     `wikitext` — articles split at ` = Title = ` headings. `gutenberg` — one book per file or
-    record, Project Gutenberg header and footer removed. `weight`: the mixing weight (see `mix`);
+    record, Project Gutenberg header and footer removed. `wikiextractor` — WikiExtractor's output
+    (the input of Google's and NVIDIA's BERT data pipelines): files of `<doc …>` … `</doc>`
+    articles, the title line dropped, one paragraph per line. `weight`: the mixing weight (see `mix`);
     `max_documents`: stop this corpus after that many documents.
     """
 
@@ -188,6 +190,19 @@ def strip_gutenberg(text: str) -> str:
     return body
 
 
+_WIKIEXTRACTOR_DOC = re.compile(r"^<doc\b[^>]*>[^\n]*\n(.*?)^</doc>[ \t]*$", re.MULTILINE | re.DOTALL)
+
+
+def wikiextractor_documents(text: str) -> Iterator[Document]:
+    """The articles of one WikiExtractor file: the text between `<doc …>` and `</doc>`, without
+    the title line that opens each body; a line is a paragraph (the extractor unwraps them)."""
+    for match in _WIKIEXTRACTOR_DOC.finditer(text):
+        lines = match.group(1).split("\n")[1:]
+        paragraphs = [p for p in (" ".join(line.split()) for line in lines) if p]
+        if paragraphs:
+            yield paragraphs
+
+
 def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Iterator[Document]:
     """The documents in one piece of text that is a single document (folder file, hub record).
 
@@ -196,6 +211,9 @@ def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Itera
     """
     if kind == "wikitext":
         yield from wikitext.articles(text)
+        return
+    if kind == "wikiextractor":
+        yield from wikiextractor_documents(text)
         return
     if kind == "gutenberg":
         text = strip_gutenberg(text)

@@ -38,6 +38,7 @@ import numpy as np
 
 MASKINGS = ("dynamic", "static")
 SHORT_SEQ_PER = ("instance", "document")
+PAIR_TASKS = ("nsp", "sop", "none")
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,7 @@ class Instances:
     input_ids: np.ndarray  # [N, T] int32
     token_type_ids: np.ndarray  # [N, T] int8
     lengths: np.ndarray  # [N] int16
-    nsp_labels: np.ndarray  # [N] int8, 1 = B is a random span
+    nsp_labels: np.ndarray  # [N] int8, the pair task's label: 1 = B is a random span (NSP) or swapped (SOP)
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -108,8 +109,14 @@ def create_instances_from_document(
     short_seq_prob: float,
     rng: np.random.Generator,
     short_seq_per: str = "instance",
+    pair_task: str = "nsp",
 ) -> list[tuple[np.ndarray, np.ndarray, bool]]:
-    """(A, B, is_random_next) triples from `documents[index]`; other documents supply random Bs."""
+    """(A, B, label) triples from `documents[index]`; other documents supply random Bs.
+
+    `pair_task` (PAIR_TASKS): "nsp", label 1 = B is a random span (BERT). "sop", ALBERT's sentence
+    order: B is A's true continuation, and with p = 1/2 the two are swapped (label 1). "none" (MLM
+    only): B is always the true continuation. A chunk of one sentence has no continuation to split
+    off, so its B is a random span under every task, labelled 1, as in BERT's and ALBERT's code."""
     doc = documents[index]
     max_num_tokens = max_seq_length - 3
 
@@ -129,7 +136,7 @@ def create_instances_from_document(
             m = i - chunk_start + 1
             a_end = chunk_start + (int(rng.integers(1, m)) if m >= 2 else 1)
             tokens_a = doc.ids[bounds[chunk_start]: bounds[a_end]]
-            is_random_next = m == 1 or rng.random() < 0.5
+            is_random_next = m == 1 or (pair_task == "nsp" and rng.random() < 0.5)
             if is_random_next:
                 target_b = target - len(tokens_a)
                 for _ in range(10):
@@ -145,8 +152,11 @@ def create_instances_from_document(
                 i = a_end - 1  # put the unused sentences back
             else:
                 tokens_b = doc.ids[bounds[a_end]: bounds[i + 1]]
+            label = is_random_next
+            if pair_task == "sop" and not is_random_next and rng.random() < 0.5:
+                tokens_a, tokens_b, label = tokens_b, tokens_a, True
             tokens_a, tokens_b = truncate_pair(tokens_a, tokens_b, max_num_tokens, rng)
-            instances.append((tokens_a, tokens_b, is_random_next))
+            instances.append((tokens_a, tokens_b, label))
             chunk_start = i + 1
             if short_seq_per == "instance":
                 target = draw_target()
@@ -165,6 +175,7 @@ def create_instances(
     pad_id: int,
     dupe_factor: int = 1,
     short_seq_per: str = "instance",
+    pair_task: str = "nsp",
 ) -> Instances:
     """All instances of a pool of documents (`dupe_factor` passes, as the original), packed."""
     documents = [d for d in documents if d.num_sentences]
@@ -173,7 +184,7 @@ def create_instances(
         for _ in range(dupe_factor)
         for index in range(len(documents))
         for t in create_instances_from_document(
-            documents, index, max_seq_length, short_seq_prob, rng, short_seq_per
+            documents, index, max_seq_length, short_seq_prob, rng, short_seq_per, pair_task
         )
     ]
     return pack(triples, max_seq_length, cls_id=cls_id, sep_id=sep_id, pad_id=pad_id)

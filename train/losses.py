@@ -33,8 +33,9 @@ def pretraining_sums(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Ar
     }
 
 
-def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None):
-    """MLM cross-entropy at the masked positions (weighted; padding predictions weigh 0) + NSP."""
+def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None, pair_loss: bool = True):
+    """MLM cross-entropy at the masked positions (weighted; padding predictions weigh 0), plus the
+    pair task's (NSP or SOP) unless `pair_loss` is off (MLM only: its metrics are still reported)."""
     sums = pretraining_sums(model, batch, key)
     total = jnp.maximum(sums["masked"], 1.0)
     metrics = {
@@ -43,7 +44,8 @@ def pretraining_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Ar
         "mlm_accuracy": sums["mlm_hits"] / total,
         "nsp_accuracy": sums["nsp_hits"] / sums["sequences"],
     }
-    return metrics["mlm_loss"] + metrics["nsp_loss"], metrics
+    loss = metrics["mlm_loss"] + metrics["nsp_loss"] if pair_loss else metrics["mlm_loss"]
+    return loss, metrics
 
 
 def classification_loss(model: nnx.Module, batch: dict[str, jax.Array], key: jax.Array | None):

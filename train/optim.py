@@ -19,6 +19,11 @@ class OptimizerConfig:
     name: str = "lamb"  # lamb | adamw
     learning_rate: float = 1e-3
     warmup_steps: int = 0
+    # Warm-up as a share of the step budget instead (exclusive with warmup_steps): the schedule then
+    # keeps its shape when the budget changes, e.g. 0.5 for Cramming's triangle (Izsak et al. 2021
+    # and Geiping & Goldstein 2022 end warm-up and decay with the budget). The decay always ends at
+    # the last step.
+    warmup_fraction: float | None = None
     decay_power: float = 1.0  # 1.0: linear decay, as in BERT
     end_learning_rate: float = 0.0
     weight_decay: float = 0.01
@@ -34,10 +39,16 @@ class OptimizerConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
+        if self.warmup_fraction is not None:
+            if not 0 <= self.warmup_fraction <= 1:
+                raise UserError(f"optimizer.warmup_fraction: must be in [0, 1], got {self.warmup_fraction}")
+            if self.warmup_steps:
+                raise UserError("optimizer.warmup_fraction: set it or warmup_steps, not both")
 
 
 def schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:
-    warmup = min(config.warmup_steps, total_steps)
+    steps = config.warmup_steps if config.warmup_fraction is None else round(config.warmup_fraction * total_steps)
+    warmup = min(steps, total_steps)
     decay = optax.polynomial_schedule(
         init_value=config.learning_rate,
         end_value=config.end_learning_rate,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import shutil
 from pathlib import Path
@@ -46,6 +47,9 @@ class ModelSettings:
     num_hidden_layers: int | None = None
     hidden_size: int | None = None
     num_attention_heads: int | None = None
+    # Recipe options for small budgets (docs/pretraining.md); the defaults are BERT's.
+    layer_norm_position: str = "post"  # or "pre" (Xiong et al. 2020; not exportable to HF)
+    position_embedding_init: str = "normal"  # or "sinusoidal" (still learned)
 
 
 @dataclasses.dataclass
@@ -130,6 +134,8 @@ def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
         max_position_embeddings=settings.max_position_embeddings,
         hidden_dropout_prob=settings.hidden_dropout_prob,
         attention_probs_dropout_prob=settings.attention_probs_dropout_prob,
+        layer_norm_position=settings.layer_norm_position,
+        position_embedding_init=settings.position_embedding_init,
         dtype=compute_dtype(settings.dtype),
     )
 
@@ -181,7 +187,9 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
         )
         loop2 = dataclasses.replace(config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None)
-        opt2 = dataclasses.replace(config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps)
+        opt2 = dataclasses.replace(
+            config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps, warmup_fraction=None
+        )
         phases.append((data2, loop2, opt2, None))
 
     start, outcome = 0, None
@@ -193,7 +201,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             workdir=workdir,
             model_config=model_config(config.model, meta["vocab_size"]),
             model_cls=BertForPreTraining,
-            loss_fn=pretraining_loss,
+            loss_fn=functools.partial(pretraining_loss, pair_loss=data_config.pair_task != "none"),
             optimizer=optimizer,
             loop=loop,
             checkpoint=config.checkpoint,

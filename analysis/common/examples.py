@@ -28,6 +28,11 @@ C = TypeVar("C")
 
 CONLLU_TASK = "ud"
 MIN_LENGTH = 5
+# `--task text:FILE`: any text, one example per line (a tab splits a pair), so a model with its own
+# vocabulary (a synthetic language, another domain) is analysed on its own kind of text. Outputs
+# name the task `text-<file stem>`.
+TEXT_PREFIX = "text:"
+TEXT_LABEL = "text-"
 
 
 class ExampleSettings(Protocol):
@@ -45,9 +50,60 @@ class ExampleSettings(Protocol):
 
 
 def resolve_tasks(spec: str) -> list[str]:
-    """`all`, one task, or a comma-separated list, in the order given."""
-    tasks = [t for part in spec.split(",") for t in glue.resolve_tasks(part.strip())]
+    """`all`, one task, `text:FILE`, or a comma-separated list of them, in the order given."""
+    texts = text_task_files(spec)
+    tasks = [
+        t
+        for part in spec.split(",")
+        for t in ([text_label(part.strip())] if part.strip().startswith(TEXT_PREFIX) else glue.resolve_tasks(part.strip()))
+    ]
+    clash = set(texts) & set(glue.TASKS)
+    if clash:
+        raise UserError(f"--task: a text file's task name {sorted(clash)[0]!r} is also a GLUE task")
     return list(dict.fromkeys(tasks))
+
+
+def text_label(part: str) -> str:
+    stem = Path(part[len(TEXT_PREFIX):]).stem
+    return TEXT_LABEL + ("".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "file")
+
+
+def text_task_files(spec: str) -> dict[str, Path]:
+    """The `text:FILE` parts of a --task value, by the task name they get; two files with one name
+    (a/x.txt, b/x.txt) would write into each other's outputs, so they are refused."""
+    files: dict[str, Path] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part.startswith(TEXT_PREFIX):
+            continue
+        path = Path(part[len(TEXT_PREFIX):])
+        if not path.is_file():
+            raise UserError(f"--task {part}: {path} is not a file")
+        label = text_label(part)
+        if label in files and files[label] != path:
+            raise UserError(f"--task: {files[label]} and {path} would both be named {label!r}; rename one")
+        files[label] = path
+    return files
+
+
+def read_text_examples(path: Path, n: int) -> list[tuple[str, ...]]:
+    """The first `n` non-blank lines of `path`, each one segment or, split at a tab, a pair."""
+    examples: list[tuple[str, ...]] = []
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            for number, line in enumerate(f, 1):
+                if len(examples) == n:
+                    break
+                if not line.strip():
+                    continue
+                segments = tuple(s.strip() for s in line.rstrip("\r\n").split("\t"))
+                if len(segments) > 2 or not all(segments):
+                    raise UserError(f"{path}:{number}: a line must be one text, or two texts split by one tab")
+                examples.append(segments)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not examples:
+        raise UserError(f"{path}: no text (--task text:FILE takes one example per line)")
+    return examples
 
 
 def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
@@ -55,6 +111,12 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
     if task == CONLLU_TASK:
         sentences = read_conllu(Path(config.conllu), limit=config.n)
         return [(text,) for text, _ in sentences], list(range(len(sentences))), [Path(config.conllu)]
+    if task.startswith(TEXT_LABEL):
+        files = text_task_files(getattr(config, "task", ""))
+        if task not in files:
+            raise UserError(f"--task: {task!r} names no text:FILE of this run")
+        segments = read_text_examples(files[task], config.n)
+        return segments, list(range(len(segments))), [files[task]]
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []

@@ -99,7 +99,9 @@ def config_tasks(config: RolesConfig) -> list[str]:
 def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that choose the sequences and how they are scored (shared by the analyses that
     score checkpoints: roles, track, finetune_effect)."""
-    p.add_argument("--task", default="all", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
+    p.add_argument(
+        "--task", default="all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all"
+    )
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
     p.add_argument("--split", default="dev", choices=["train", "dev", "validation", "test"])
     p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
