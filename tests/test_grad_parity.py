@@ -152,7 +152,7 @@ def _errors(ours, reference) -> dict[str, float]:
     """Each loss's error relative to it, and each gradient's largest error relative to its largest
     |entry|; a key bias, whose true gradient is 0 (softmax is invariant to adding q·b_k to every
     score of a row), against its layer's key kernel, whose gradient Σ_t x_t ∂k_t is made of the
-    same terms as the bias's Σ_t ∂k_t (x LayerNorm'd, O(1)): measured ≤ 1.2e-7 of it."""
+    same terms as the bias's Σ_t ∂k_t (x LayerNorm'd, O(1)): measured ≤ 1.5e-7 of it."""
     (our_losses, our_grads), (ref_losses, ref_grads) = ours, reference
     assert our_grads.keys() == ref_grads.keys(), "every parameter, under one name"
     errors = {k: abs(our_losses[k] - ref_losses[k]) / abs(ref_losses[k]) for k in ref_losses}
@@ -174,9 +174,14 @@ def test_pretraining_step_matches_transformers_float64(
         monkeypatch.setattr(bert_model, "lookup", _one_hot_lookup)
     errors = _errors(_step(step_model, step_batch, explicit_attention), reference)
     assert len(errors) == 3 + len(nnx.to_flat_state(nnx.state(step_model, nnx.Param)))  # 3 losses, every tensor
-    for name in ("loss", "mlm_loss", "nsp_loss"):
-        assert errors.pop(name) <= LOSS_BOUND, name
+    loss_errors = {name: errors.pop(name) for name in ("loss", "mlm_loss", "nsp_loss")}
     worst = max(errors, key=errors.get)
+    key_biases = max(v for k, v in errors.items() if k.endswith(".key.bias"))
+    # What docs/pretraining.md quotes (`pytest -rP` shows it).
+    print(
+        f"losses {max(loss_errors.values()):.2g}, gradients {errors[worst]:.2g} ({worst}), key biases {key_biases:.2g}"
+    )
+    assert max(loss_errors.values()) <= LOSS_BOUND, loss_errors
     assert errors[worst] <= GRAD_BOUND, (worst, errors[worst])
 
 
