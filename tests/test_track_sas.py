@@ -4,6 +4,8 @@ the scores, and the curve onsets read from the held-out loss, the SAS and the ro
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pandas as pd
@@ -88,3 +90,35 @@ def test_a_missing_conllu_is_one_line(run_dir, tmp_path, cli_error):
         track.main, ["--run", str(run_dir), "--out", str(tmp_path / "o"), "--sas", str(tmp_path / "x.conllu")]
     )
     assert "x.conllu" in message and not (tmp_path / "o").exists()
+
+
+class _Loading(Exception):
+    pass
+
+
+def test_the_documented_chen_command_runs_up_to_loading(shared_data, tmp_path, monkeypatch):
+    """docs/tracking.md's command over Chen et al.'s hub checkpoints, run as written from a folder
+    that holds tiny stand-ins at those hub ids' paths (a local path wins over the hub) and sees the
+    shared data at ../shared/data; it stops when the first checkpoint is loaded for scoring."""
+    from test_track_series import write_hf
+
+    page = (Path(__file__).parents[1] / "docs" / "tracking.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(python -m analysis\.track --ckpt \"angie-chen55/.*?)```", page, re.DOTALL).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))[3:]
+    pattern = argv[argv.index("--ckpt") + 1]
+    steps = argv[argv.index("--steps") + 1].split(",")
+    work = tmp_path / "work"
+    for seed, step in enumerate(steps):
+        write_hf(work / pattern.format(step=step), shared_data, seed=seed)
+    (tmp_path / "shared").symlink_to(shared_data.parent)
+    monkeypatch.chdir(work)
+    loaded = []
+
+    def loading(path, step=None):
+        loaded.append(Path(path))
+        raise _Loading
+
+    monkeypatch.setattr(tracking, "from_pretrained", loading)
+    with pytest.raises(_Loading):
+        track.main(argv)
+    assert [p.resolve() for p in loaded] == [work / pattern.format(step=steps[0])]
