@@ -23,9 +23,12 @@ finds every step cached and writes the outputs.
 
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
 `roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.heads.onset`),
-per task the figures `role_fractions`, `emergence`, `mean_beta` and `onset` (heads holding each
-role against step, with the run's held-out MLM accuracy when it recorded one), and `run.json`
-(with the series: each member's step, label, source and resolved path).
+with `--sas` `sas.csv` (per step and relation, the best head's UAS and the best offset baseline:
+`analysis.attention.sas`), `curve_onsets.csv` (the steepest change and the onset of the held-out MLM
+loss, the SAS and each role's count of heads), per task the figures `role_fractions`, `emergence`,
+`mean_beta` and `onset` (the run's held-out MLM loss when it recorded one, the SAS when tracked and
+the heads holding each role, on one step axis), and `run.json` (with the series: each member's
+step, label, source and resolved path).
 """
 
 from __future__ import annotations
@@ -64,6 +67,10 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     p.add_argument("--shard", metavar="I/N",
                    help="job I of N (0-based) sharing the scores cache: score every N-th checkpoint from the I-th "
                         "into the cache and write nothing into --out; then run once without --shard for the outputs")  # fmt: skip
+    p.add_argument("--sas", metavar="CONLLU",
+                   help="also the syntactic attention structure (Chen et al. 2023) of each step on this CoNLL-U "
+                        "file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
+    p.add_argument("--sas-n", type=int, default=1000, help="with --sas: the first N trees of the file")
     add_data_arguments(p)
     add_test_arguments(p)
     add_output_arguments(p, "track_out", FIGURES)
@@ -78,6 +85,8 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
         series=tuple(a.ckpt or ()),
         with_init=a.with_init,
         shard=shard,
+        sas=a.sas,
+        sas_n=a.sas_n,
     )
 
 

@@ -64,10 +64,20 @@ def word_attention(attention: np.ndarray, from_words: np.ndarray, to_words: np.n
     return from_words @ attention @ to_words
 
 
+# Keyed by class and config, as the sieve scorer's: the checkpoints of one run share one compile.
+_WORD_ATTENTION_FNS: dict = {}
+
+
 def make_word_attention_fn(model: nnx.Module):
     """A jitted forward that returns word maps, special-token columns/rows and pooled embeddings."""
     graphdef, state = nnx.split(model)
+    key = (type(model), model.config)
+    if key not in _WORD_ATTENTION_FNS:
+        _WORD_ATTENTION_FNS[key] = _jit_word_attention(graphdef)
+    return lambda *arrays: _WORD_ATTENTION_FNS[key](state, *arrays)
 
+
+def _jit_word_attention(graphdef):
     @jax.jit
     def run(state, input_ids, attention_mask, token_type_ids, from_words, to_words, special):
         bert = nnx.merge(graphdef, state)
@@ -82,7 +92,7 @@ def make_word_attention_fn(model: nnx.Module):
         embeddings = jnp.einsum("btw,btd->bwd", to_words, pieces) / piece_counts[..., None]
         return maps, to_special, from_special, embeddings
 
-    return lambda *arrays: run(state, *arrays)
+    return run
 
 
 def iter_word_attention(

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
+from analysis.attention import sas as sas_lib
 from analysis.common import figures as common_figures
 from analysis.common.examples import (
     data_file_hashes,
@@ -49,11 +50,15 @@ from analysis.heads.tracking_figures import format_fractions, plot_emergence, pl
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
+from sieves.align import encode_batch
+from sieves.parse import read_conllu
 
 TRACK_CSV = "track.csv"
+SAS_CSV = "sas.csv"
 
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
+SAS_FORMAT = 1
 
 # The figure kinds drawn per task, for `--figures`.
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
@@ -75,6 +80,13 @@ class TrackConfig:
     with_init: bool = False
     # (I, N) from `--shard I/N`: score only this job's members into the cache, write no outputs.
     shard: tuple[int, int] | None = None
+    # `--sas FILE`: also the SAS (analysis.attention.sas) of each step on the first `sas_n` trees.
+    sas: str | None = None
+    sas_n: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.sas_n < 1:
+            raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
 
     @property
     def cache_dir(self) -> Path:
@@ -105,9 +117,23 @@ def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) 
     }
 
 
-def cache_path(cache_dir: Path, settings: dict, identity: dict) -> Path:
+def sas_settings_key(config: TrackConfig, data_file: dict, tokenizer: str) -> dict:
+    """Every setting that changes a step's SAS counts."""
+    rc = config.roles
+    return {
+        "format": SAS_FORMAT,
+        "jax": jax.__version__,
+        "conllu": data_file,
+        "n": config.sas_n,
+        "max_length": rc.max_length,
+        "batch_size": rc.batch_size,
+        "tokenizer": tokenizer,
+    }
+
+
+def cache_path(cache_dir: Path, settings: dict, identity: dict, kind: str = "step") -> Path:
     digest = hashlib.sha256(json.dumps([settings, identity], sort_keys=True).encode()).hexdigest()
-    return cache_dir / f"step-{identity['step']:09d}-{digest[:16]}.npz"
+    return cache_dir / f"{kind}-{identity['step']:09d}-{digest[:16]}.npz"
 
 
 def prepare_cache(cache_dir: Path, out: Path) -> None:
@@ -137,6 +163,10 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
         "checkpoint": identity,
     }
     arrays["about"] = np.array(json.dumps(about))
+    save_npz(path, arrays)
+
+
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # Host and process id keep two runs that score the same step from writing one temporary file,
     # also on a cache shared between hosts (a pod's, or containers whose pids all start at 1).
     tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp.npz")
@@ -162,13 +192,24 @@ def load_scores(path: Path) -> dict[str, TaskScores]:
         }
 
 
-def read_cached(path: Path) -> dict[str, TaskScores] | None:
-    """The cache entry at `path`, or None when there is none or it cannot be read whole (torn,
-    overwritten, holding pickled objects): that one is reported and scored again, which replaces it."""
+def load_sas(path: Path):
+    with np.load(path) as stored:
+        layers, heads = (int(x) for x in stored["shape"])
+        return sas_lib.counts_from_arrays(stored, layers, heads)
+
+
+def save_sas(path: Path, counts) -> None:
+    save_npz(path, {**sas_lib.counts_to_arrays(counts), "shape": np.array(counts.shape[1:])})
+
+
+def read_cached(path: Path, load=load_scores):
+    """The cache entry at `path` read by `load`, or None when there is none or it cannot be read
+    whole (torn, overwritten, holding pickled objects): that one is reported and scored again,
+    which replaces it."""
     if not path.is_file():
         return None
     try:
-        return load_scores(path)
+        return load(path)
     except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
         log.warning(
             "scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e
@@ -199,6 +240,12 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
     prepare_cache(config.cache_dir, out)
+    if config.sas is not None and not Path(config.sas).expanduser().is_file():
+        raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
+    if config.sas is not None and jax.process_count() > 1:
+        raise UserError(
+            "--sas: not with --distributed (the SAS counts are not gathered across processes); run it alone"
+        )
     if config.shard is not None or jax.process_index() != 0:
         # A shard writes only into the cache; in a multi-process job process 0 writes --out.
         return _run(config, members, tasks, None, started)
@@ -218,9 +265,17 @@ def _run(
     data = load_tasks(rc, tasks)
     data_files = data_file_hashes(data)
     parser = make_parser(rc)
-    settings = settings_key(rc, data_files, tokenizer_digest(members[0].source), parser)
+    tokenizer_id = tokenizer_digest(members[0].source)
+    settings = settings_key(rc, data_files, tokenizer_id, parser)
     identities = {m.step: member_identity(m) for m in members}
     paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
+    sas_sentences, sas_file, sas_paths = [], None, {}
+    if config.sas is not None:
+        sas_file = {"path": str(Path(config.sas).expanduser().resolve())}
+        sas_sentences = read_conllu(Path(sas_file["path"]), limit=config.sas_n)
+        sas_file["sha256"] = runinfo.sha256(Path(sas_file["path"]))
+        sas_settings = sas_settings_key(config, sas_file, tokenizer_id)
+        sas_paths = {s: cache_path(config.cache_dir, sas_settings, identities[s], "sas") for s in steps}
     # A shard's members are every N-th of the series from its I-th, round-robin in step order.
     mine = steps if config.shard is None else [m.step for m in distributed.shard_members(members, *config.shard)]
     # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
@@ -230,11 +285,17 @@ def _run(
         if (cached_scores := read_cached(paths[step])) is not None:
             tested[step] = test_roles(cached_scores, rc)
     todo = [s for s in mine if s not in tested]
+    sas_counts = {}
+    for step in mine if config.sas is not None else []:
+        if (cached_counts := read_cached(sas_paths[step], load_sas)) is not None:
+            sas_counts[step] = cached_counts
+    sas_todo = [s for s in mine if config.sas is not None and s not in sas_counts]
     check_same_work(todo, config.cache_dir)
     timings["load_data"] = time.perf_counter() - clock
     if config.shard is None:
         print(
             f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
+            + (f"; SAS of {len(sas_todo)} to compute" if config.sas is not None else "")
         )
     else:
         print(
@@ -243,23 +304,35 @@ def _run(
         )
 
     devices = Devices.local(rc.devices)
-    if todo:
+    if todo or sas_todo:
         # In a multi-process job each process scores its share of every step's sequences.
         # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
         tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
-        sequences = encode_tasks(rc, process_shares(data), tokenizer, parser, timings)
+        if todo:
+            sequences = encode_tasks(rc, process_shares(data), tokenizer, parser, timings)
         n_sequences = {task: len(d.indices) for task, d in data.items()}
-        for step in tqdm(todo, desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
+        if sas_todo:
+            sas_sequences = encode_batch(
+                tokenizer,
+                [(text,) for text, _ in sas_sentences],
+                [(words,) for _, words in sas_sentences],
+                rc.max_length,
+            )
+        for step in tqdm(sorted({*todo, *sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
             clock = time.perf_counter()
             source = by_step[step].source
             model = from_pretrained(source.path, step=source.step)
-            step_timings: dict[str, float] = {}
-            with distributed.all_ok(f"scoring step {step}"):
-                results = score_sequences(make_scorer(model, devices=devices), sequences, rc, step_timings)
-            results = gather_scores(results, n_sequences)
-            if jax.process_index() == 0:
-                save_scores(paths[step], results, settings, identities[step])
-            tested[step] = test_roles(results, rc)
+            if step in todo:
+                step_timings: dict[str, float] = {}
+                with distributed.all_ok(f"scoring step {step}"):
+                    results = score_sequences(make_scorer(model, devices=devices), sequences, rc, step_timings)
+                results = gather_scores(results, n_sequences)
+                if jax.process_index() == 0:
+                    save_scores(paths[step], results, settings, identities[step])
+                tested[step] = test_roles(results, rc)
+            if step in sas_todo:
+                sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
+                save_sas(sas_paths[step], sas_counts[step])
             timings[f"step {step}"] = time.perf_counter() - clock
 
     if tmp is None and config.shard is None:  # not process 0 of a multi-process job
@@ -281,6 +354,15 @@ def _run(
     onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
     # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
     heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
+    sas_table, sas_curve = None, None
+    if config.sas is not None:
+        sas_table = pd.concat(
+            [sas_lib.sas_table(sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
+        )[["step", *sas_lib.SAS_COLUMNS]]
+        sas_table.to_csv(tmp / SAS_CSV, index=False)
+        sas_curve = sas_table[sas_table["relation"] == "all"].set_index("step")["uas"]
+    curves = onset.curve_onsets(track, heldout, sas_curve)
+    curves.to_csv(tmp / onset.CURVE_ONSETS_CSV, index=False)
     timings["tests"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -289,12 +371,12 @@ def _run(
         "role_fractions": plot_role_fractions,
         "emergence": plot_emergence,
         "mean_beta": functools.partial(plot_mean_beta, taus=taus),
-        "onset": functools.partial(onset.plot_onset, heldout=heldout),
+        "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table),
     }
     # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
     cache = FigureCache(config.cache_dir / "figures", [tracking_figures, onset, heads_figures, common_figures])
-    shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + (
-        b"" if heldout is None else heldout.to_csv().encode()
+    shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + b"".join(
+        b"" if table is None else table.to_csv().encode() for table in (heldout, sas_table)
     )
     with figure_formats(select_formats(rc.figure_format)):
         for kind in select_figures(rc.figures, FIGURES):
@@ -323,12 +405,23 @@ def _run(
             "processes": jax.process_count(),
             "data_files": data_files,
             "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
+            "sas": None
+            if config.sas is None
+            else {
+                "conllu": sas_file,
+                "sentences": len(sas_sentences),
+                "computed_steps": sas_todo,
+                "cache": {str(s): str(p) for s, p in sas_paths.items()},
+            },
             "figures": sorted(p.name for p in figures),
             "timings_s": {k: round(v, 3) for k, v in timings.items()},
         },
     )
     print(format_fractions(track))
     print(onset.format_onsets(track, onsets))
+    if sas_curve is not None:
+        print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
+    print("curve onsets (steps):\n" + curves.to_string(index=False))
     return track
 
 

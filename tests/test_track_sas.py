@@ -1,0 +1,124 @@
+"""`analysis.track --sas`: per-step SAS equal to scoring the step's checkpoint directly, cached like
+the scores, and the curve onsets read from the held-out loss, the SAS and the role counts."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from test_track import write_run
+
+from analysis import track
+from analysis.attention import sas
+from analysis.heads import onset, tracking
+from bertjax.pretrained import from_pretrained, load_tokenizer
+from sieves.align import encode_batch
+from sieves.parse import read_conllu
+
+STEPS = (2, 5, 40)
+SAS_N = 6
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory, shared_data) -> Path:
+    workdir = write_run(tmp_path_factory.mktemp("run"), shared_data, STEPS)
+    losses = {2: 9.0, 5: 8.5, 40: 6.0}
+    rows = [{"step": s, "heldout_mlm_accuracy": 0.1, "heldout_mlm_loss": loss} for s, loss in losses.items()]
+    (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def tracked(run_dir, shared_data, ud_english_ewt, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "track"
+    conllu = ud_english_ewt / "en_ewt-ud-dev.conllu"
+    argv = ["--run", str(run_dir), "--out", str(out), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"),
+            "--n", "8", "--batch-size", "8", "--max-length", "32", "--roles", "prev,next,cls",
+            "--sas", str(conllu), "--sas-n", str(SAS_N)]  # fmt: skip
+    track.main([*argv, "--figures", "onset"])
+    return out, argv, conllu
+
+
+def test_sas_csv_equals_scoring_each_checkpoint_directly(tracked, run_dir):
+    out, _, conllu = tracked
+    table = pd.read_csv(out / tracking.SAS_CSV)
+    assert list(table.columns) == ["step", *sas.SAS_COLUMNS] and sorted(pd.unique(table["step"])) == list(STEPS)
+    sentences = read_conllu(conllu, limit=SAS_N)
+    seqs = encode_batch(load_tokenizer(run_dir), [(t,) for t, _ in sentences], [(w,) for _, w in sentences], 32)
+    for step in STEPS:
+        expected = sas.sas_table(sas.score_sas(from_pretrained(run_dir, step=step), seqs, 8, 32))
+        rows = table[table["step"] == step].drop(columns="step").reset_index(drop=True)
+        pd.testing.assert_frame_equal(rows, expected, check_exact=True)
+        # "all" scores each word once whose piece (and whose head's piece) survived the cut at 32
+        kept = 0
+        for seq in seqs:
+            present = set(seq.word_ids[seq.word_ids >= 0].tolist())
+            kept += sum(w in present and int(h) in present for w, h in enumerate(seq.word_head))
+        assert expected["count"].iloc[0] == kept < sum(len(words) for _, words in sentences)
+
+
+def test_curve_onsets_and_the_onset_figure(tracked):
+    out, _, _ = tracked
+    curves = pd.read_csv(out / onset.CURVE_ONSETS_CSV)
+    assert list(curves.columns) == onset.CURVE_COLUMNS
+    assert curves["curve"].tolist() == ["heldout_mlm_loss", "sas", "heads:prev", "heads:next", "heads:cls"]
+    loss = curves.set_index("curve").loc["heldout_mlm_loss"]
+    # 9.0 → 8.5 over 3 steps (−0.167/step) and 8.5 → 6.0 over 35 (−0.071/step)
+    assert (loss["steepest_from"], loss["steepest_to"]) == (2, 5)
+    assert (out / "mrpc_onset.png").is_file()
+    run = json.loads((out / "run.json").read_text())
+    assert run["sas"]["sentences"] == SAS_N and run["sas"]["computed_steps"] == list(STEPS)
+
+
+def test_a_rerun_takes_the_sas_from_the_cache(tracked, monkeypatch, tmp_path):
+    out, argv, _ = tracked
+    monkeypatch.setattr(tracking.sas_lib, "score_sas", lambda *a: pytest.fail("SAS computed again"))
+    monkeypatch.setattr(tracking, "from_pretrained", lambda *a, **k: pytest.fail("a checkpoint loaded again"))
+    cache = out.parent / f"{out.name}.cache"
+    track.main([*argv, "--out", str(tmp_path / "again"), "--scores-cache", str(cache), "--no-figures"])
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "again" / tracking.SAS_CSV), pd.read_csv(out / tracking.SAS_CSV), check_exact=True
+    )
+
+
+def test_a_missing_conllu_is_one_line(run_dir, tmp_path, cli_error):
+    message = cli_error(
+        track.main, ["--run", str(run_dir), "--out", str(tmp_path / "o"), "--sas", str(tmp_path / "x.conllu")]
+    )
+    assert "x.conllu" in message and not (tmp_path / "o").exists()
+
+
+class _Loading(Exception):
+    pass
+
+
+def test_the_documented_chen_command_runs_up_to_loading(shared_data, tmp_path, monkeypatch):
+    """docs/tracking.md's command over Chen et al.'s hub checkpoints, run as written from a folder
+    that holds tiny stand-ins at those hub ids' paths (a local path wins over the hub) and sees the
+    shared data at ../shared/data; it stops when the first checkpoint is loaded for scoring."""
+    from test_track_series import write_hf
+
+    page = (Path(__file__).parents[1] / "docs" / "tracking.md").read_text(encoding="utf-8")
+    block = re.search(r"```bash\n(python -m analysis\.track --ckpt \"angie-chen55/.*?)```", page, re.DOTALL).group(1)
+    argv = shlex.split(block.replace("\\\n", " "))[3:]
+    pattern = argv[argv.index("--ckpt") + 1]
+    steps = argv[argv.index("--steps") + 1].split(",")
+    work = tmp_path / "work"
+    for seed, step in enumerate(steps):
+        write_hf(work / pattern.format(step=step), shared_data, seed=seed)
+    (tmp_path / "shared").symlink_to(shared_data.parent)
+    monkeypatch.chdir(work)
+    loaded = []
+
+    def loading(path, step=None):
+        loaded.append(Path(path))
+        raise _Loading
+
+    monkeypatch.setattr(tracking, "from_pretrained", loading)
+    with pytest.raises(_Loading):
+        track.main(argv)
+    assert [p.resolve() for p in loaded] == [work / pattern.format(step=steps[0])]
