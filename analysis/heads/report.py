@@ -200,7 +200,9 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     arrays = pad_batch(seqs, len(seqs), length)
     out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True)
     attention = jnp.stack(out.attentions)
-    rows, sieves = build_batch(seqs, present, SieveOptions(settings.window, settings.special_rows), length)
+    rows, sieves = build_batch(
+        seqs, present, SieveOptions(settings.window, settings.special_rows, settings.block_first_sep == "b"), length
+    )
     scores, counts = sieve_scores(attention, jnp.asarray(arrays["attention_mask"], bool), rows, sieves)
     return np.asarray(attention), np.asarray(scores), np.asarray(counts), rows, sieves
 
