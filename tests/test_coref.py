@@ -312,3 +312,14 @@ def test_cli_writes_the_coref_outputs(tiny_hf, shared_data, tmp_path, capsys):
         assert counts["scored"] + counts["skipped_too_long"] + counts["neither"] == 24
         assert heads[f"{split}_n"].eq(counts["scored"]).all()
     assert "best head" in capsys.readouterr().out
+
+
+def test_coref_without_gap_is_one_error_line(tiny_hf, tmp_path, cli_error):
+    out = tmp_path / "out"
+    error = cli_error(
+        clark.main, ["--ckpt", str(tiny_hf), "--out", str(out), "--data-dir", str(tmp_path), "--analyses", "coref"]
+    )
+    assert (
+        error == f"error: {tmp_path / 'gap' / 'gap-development.tsv'}: no such file (GAP is expected under --data-dir)"
+    )
+    assert not out.exists()
