@@ -5,9 +5,9 @@ neighbours and entropies per head, on two-paragraph WikiText segments or a GLUE 
 (Jensen–Shannon distances between heads and their 2-D MDS map), `gradients` (∂MLM-loss/∂attention;
 needs a checkpoint with a trained MLM head), `depheads` (dependency heads on UD English-EWT, chosen
 on dev, reported on test) and `probes` (attention-only, attention + embedding and distance +
-embedding dependency probes, trained on EWT train, UAS on EWT test). Definitions are in the
-docstrings of `analysis.attention.surface`, `.gradients`, `.depheads`, `.probes` and
-`.wordattn`. Everything streams batch by batch; no analysis holds the attention of a whole
+embedding dependency probes, trained on EWT train, UAS on EWT test) and `coref` (coreference
+heads on GAP, chosen on development, reported on test). Definitions are in the docstrings of
+`analysis.attention.surface`, `.gradients`, `.depheads`, `.probes`, `.wordattn` and `.coref`. Everything streams batch by batch; no analysis holds the attention of a whole
 dataset.
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.attention import depheads, surface
-from analysis.attention.pipeline import ANALYSES, WORD_TEXTS, ClarkConfig, run
+from analysis.attention import coref, depheads, surface
+from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig, run
 from bertjax import cli
 
 
@@ -26,7 +26,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--analyses", default="all", help=f"comma-separated subset of {','.join(ANALYSES)}, or all")
-    p.add_argument("--data-dir", default="../shared/data", help="staged data (ud_english_ewt/, wikitext/)")
+    p.add_argument("--data-dir", default="../shared/data", help="staged data (ud_english_ewt/, wikitext/, gap/)")
     p.add_argument("--inputs", default="wikitext", help="surface/cluster/gradient inputs: wikitext or a GLUE task")
     p.add_argument("--glue-dir", help="local GLUE directory for --inputs TASK (default: the hub)")
     p.add_argument("--split", default="dev", help="GLUE split for --inputs TASK")
@@ -36,7 +36,14 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--cluster-n", type=int, default=300, help="sequences averaged for the JS distances")
     p.add_argument("--gradient-n", type=int, default=256, help="masked sequences for the gradients")
     p.add_argument("--ewt-n", type=int, help="first N sentences of EWT dev and test (default all)")
+    p.add_argument("--gap-n", type=int, help="first N rows of GAP development and test (default all)")
     p.add_argument("--first-piece", action="store_true", help="attention from a word = its first piece's")
+    p.add_argument(
+        "--coref-target",
+        choices=coref.TARGETS,
+        default="head",
+        help="attention to a GAP name: head (its last word's pieces), sum (all its pieces) or first (its first piece)",
+    )
     p.add_argument("--min-count", type=int, default=100, help="test arcs for a relation to be summarised")
     p.add_argument("--probe-train-n", type=int, default=2000, help="first N EWT train sentences for the probes")
     p.add_argument("--probe-epochs", type=int, default=10)
@@ -65,6 +72,12 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         default="original",
         help="EWT text the model reads: original (the sentence's # text) or joined (\" \".join(words), the authors' code)",
     )
+    p.add_argument(
+        "--segment-ids",
+        choices=SEGMENT_IDS,
+        default="pairs",
+        help="token type ids the model reads: pairs (0 for A, 1 for B) or zeros (the authors' extract_attention.py)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     a = p.parse_args(argv)
@@ -77,7 +90,8 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         min_count=a.min_count, probe_train_n=a.probe_train_n, probe_epochs=a.probe_epochs,
         probe_learning_rate=a.probe_learning_rate, seed=a.seed, surface_weighting=a.surface_weighting,
         baseline_offsets=a.baseline_offsets, all_relations_include_root=a.all_relations_include_root,
-        word_text=a.word_text, overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
+        word_text=a.word_text, segment_ids=a.segment_ids, gap_n=a.gap_n, coref_target=a.coref_target,
+        overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
     )  # fmt: skip
 
 

@@ -30,8 +30,14 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
         "--examples", type=int, default=4, help="example sequences whose attention is shown per task (0: none)"
     )
     p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT})")
+    p.add_argument(
+        "--coref",
+        metavar="DIR",
+        help="an analysis.clark output with coref_heads.csv: the head cards show its GAP coreference accuracy "
+        "(default: RUN_DIR's own coref_heads.csv, if any)",
+    )
     a = p.parse_args(argv)
-    return ReportConfig(a.run_dir, a.examples, a.out)
+    return ReportConfig(a.run_dir, a.examples, a.out, a.coref)
 
 
 def main(argv: list[str] | None = None) -> None:

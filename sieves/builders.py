@@ -20,10 +20,13 @@ Masks = tuple[np.ndarray, np.ndarray]
 @dataclass(frozen=True)
 class SieveOptions:
     """`window` is the local window k; `special_rows=False` stops scoring [CLS]/[SEP] rows for the
-    positional roles (local, prev, next, block, cls, sep, delimiter)."""
+    positional roles (local, prev, next, block, cls, sep, delimiter); `first_sep_in_b` scores the
+    block row of the first [SEP] against segment B, as the authors' `block_score` notebook does
+    (`tok_id < sep1_idx` is segment A), instead of its own token type's segment A."""
 
     window: int = 2
     special_rows: bool = True
+    first_sep_in_b: bool = False
 
     def __post_init__(self) -> None:
         if self.window < 1:
@@ -102,7 +105,10 @@ def next_sieve(seq: EncodedSequence, options: SieveOptions) -> Masks:
 def block_sieve(seq: EncodedSequence, options: SieveOptions) -> Masks:
     if seq.num_segments != 2:
         return np.zeros(seq.length, dtype=bool), np.zeros((seq.length, seq.length), dtype=bool)
-    same_segment = seq.token_type_ids[:, None] == seq.token_type_ids[None, :]
+    row_segment = seq.token_type_ids.copy()
+    if options.first_sep_in_b:
+        row_segment[np.argmax(seq.is_sep)] = 1
+    same_segment = row_segment[:, None] == seq.token_type_ids[None, :]
     return _positional_rows(seq, options), same_segment & ~seq.special[None, :]
 
 
@@ -174,9 +180,7 @@ def get_role(name: str) -> Role:
     return ROLES[name]
 
 
-def build_batch(
-    seqs: Sequence[EncodedSequence], roles: Sequence[str], options: SieveOptions, length: int
-) -> Masks:
+def build_batch(seqs: Sequence[EncodedSequence], roles: Sequence[str], options: SieveOptions, length: int) -> Masks:
     """Masks for every role and sequence, padded to `length`: rows bool[R, B, length] and sieves
     bool[R, B, length, length]. Padding rows and columns are False.
 

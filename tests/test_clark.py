@@ -468,10 +468,10 @@ def tiny_ckpt(tmp_path_factory, shared_data):
 def test_cli_writes_every_output(tiny_ckpt, shared_data, tmp_path, capsys, ud_english_ewt):
     out = tmp_path / "clark"
     clark.main(["--ckpt", str(tiny_ckpt), "--out", str(out), "--data-dir", str(shared_data), "--n", "12",
-                "--cluster-n", "8", "--gradient-n", "8", "--ewt-n", "24", "--probe-train-n", "16",
+                "--cluster-n", "8", "--gradient-n", "8", "--ewt-n", "24", "--gap-n", "16", "--probe-train-n", "16",
                 "--probe-epochs", "1", "--batch-size", "8", "--min-count", "1", "--figure-format", "png,svg"])  # fmt: skip
     written = {p.name for p in out.iterdir()}
-    for stem in ("surface_by_layer", "entropy_by_layer", "head_mds", "gradient_importance"):
+    for stem in ("surface_by_layer", "entropy_by_layer", "head_mds", "gradient_importance", "coref_accuracy"):
         assert {f"{stem}.png", f"{stem}.svg"} <= written
     table = pd.read_csv(out / "dependency_heads.csv")
     assert list(table.columns) == list(depheads.TABLE_COLUMNS)

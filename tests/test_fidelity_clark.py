@@ -157,3 +157,36 @@ def test_clark_variant_flags_are_checked_and_recorded():
     assert not default.all_relations_include_root
     with pytest.raises(UserError, match="--word-text"):
         attention_pipeline.ClarkConfig(ckpt="x", out="o", word_text="spaced")
+
+
+# ---------------------------------------------------------------------------------------------
+# --segment-ids zeros: the token type ids of the authors' extract_attention.py
+
+
+def test_zero_segment_ids_change_the_surface_numbers_of_a_pair(tiny_hf, minilm_tokenizer):
+    import bertjax
+
+    model = bertjax.from_pretrained(tiny_hf)
+    # A segment-B token type far from segment A's (not a constant vector, which LayerNorm would
+    # remove), so feeding 0 instead of 1 must move attention.
+    types = model.embeddings.token_type_embeddings.embedding
+    types[...] = types[...].at[1].set(jnp.where(jnp.arange(types.shape[1]) % 2 == 0, 3.0, -3.0))
+    (pair,) = encode_batch(minilm_tokenizer, [("The cat sat on the mat.", "It was warm there.")], None, 32)
+    (zeros,) = attention_pipeline.with_segment_ids([pair], "zeros")
+    assert pair.token_type_ids.any() and not zeros.token_type_ids.any()
+    assert (zeros.is_sep == pair.is_sep).all() and (zeros.input_ids == pair.input_ids).all()
+    assert attention_pipeline.with_segment_ids([pair], "pairs") == [pair]
+    punct = minilm_tokenizer.convert_tokens_to_ids([".", ","])
+    by_pairs, by_zeros = (surface.surface_statistics(model, [s], punct, 1, 32) for s in (pair, zeros))
+    # Means of ≤ 32 float32 rows, each agreeing to ~32·2⁻²⁴ ≈ 2e-6 between two runs of one input;
+    # the two inputs must differ by far more than that.
+    assert np.abs(by_pairs - by_zeros)[..., : STAT["entropy_cls"] + 1].max() > 1e-3
+    again = surface.surface_statistics(model, [zeros], punct, 1, 32)
+    np.testing.assert_allclose(again, by_zeros, rtol=0, atol=32 * 2.0**-24)
+
+
+def test_segment_ids_flag_is_checked_and_recorded():
+    assert clark.parse_args(["--ckpt", "x", "--out", "o", "--segment-ids", "zeros"]).segment_ids == "zeros"
+    assert clark.parse_args(["--ckpt", "x", "--out", "o"]).segment_ids == "pairs"
+    with pytest.raises(UserError, match="--segment-ids"):
+        attention_pipeline.ClarkConfig(ckpt="x", out="o", segment_ids="none")

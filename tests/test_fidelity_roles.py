@@ -82,6 +82,36 @@ def test_entropy_block_score_of_a_perfect_block_head_by_hand():
     assert abs(notebook_rule - authors) > 10 * bound * authors
 
 
+def test_first_sep_row_in_segment_b_by_hand():
+    # A head that splits the rows as the authors' notebook does (`tok_id < sep1_idx` is A): the
+    # first [SEP] row attends uniformly to segment B. By token type that row's sieve is A, so its
+    # β is 0; with `first_sep_in_b` it is 10/4 with entropy ln 4, like the rows of B.
+    rows_in_b = np.arange(PAIR.length) >= 4
+    attention = np.where(rows_in_b[:, None], perfect_block_head(PAIR)[-1], perfect_block_head(PAIR)[0])
+    by_type = (4 * 10 / 3 * math.log(3) + 0 + 5 * 10 / 4 * math.log(4)) / 10
+    notebook = (4 * 10 / 3 * math.log(3) + 6 * 10 / 4 * math.log(4)) / 10
+    with jax.enable_x64(True):
+        for options, expected in ((SieveOptions(), by_type), (SieveOptions(first_sep_in_b=True), notebook)):
+            rows, sieves = build_batch([PAIR], ["block"], options, PAIR.length)
+            scores, _ = sieve_scores(
+                jnp.asarray(attention[None, None, None]), np.ones((1, PAIR.length), bool), rows, sieves,
+                entropy_roles=(True,),
+            )  # fmt: skip
+            # float64: ~n² = 100 terms of 2⁻⁵³ each, far below 1e-12.
+            assert float(scores[0, 0, 0, 0]) == pytest.approx(expected, rel=1e-12, abs=0)
+    # Only the first [SEP] row's sieve moves.
+    by_type_sieve = build_batch([PAIR], ["block"], SieveOptions(), PAIR.length)[1][0, 0]
+    notebook_sieve = build_batch([PAIR], ["block"], SieveOptions(first_sep_in_b=True), PAIR.length)[1][0, 0]
+    assert np.flatnonzero((by_type_sieve != notebook_sieve).any(axis=1)).tolist() == [4]
+
+
+def test_block_first_sep_flag_is_checked_and_recorded():
+    assert roles_cli.parse_args(["--ckpt", "x", "--block-first-sep", "b"]).block_first_sep == "b"
+    assert roles_cli.parse_args(["--ckpt", "x"]).block_first_sep == "a"
+    with pytest.raises(UserError, match="--block-first-sep"):
+        roles_config.RolesConfig(ckpt="x", block_first_sep="B")
+
+
 def slow_entropy_scores(attention, real, rows, sieves):
     """β(t) · scipy.stats.entropy(row t over the real keys), averaged over the scored rows, in float64."""
     layers, batch, heads = attention.shape[:3]

@@ -18,6 +18,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import finetune_effect, report, report_screenshot, track
 from analysis import roles as roles_cli
+from analysis.attention import coref
 from analysis.heads import report as heads_report
 from bertjax import checkpoint as ckpt
 
@@ -158,6 +159,36 @@ def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
     assert data["examples"] == {} and "is gone or differs from the one the run read" in data["examples_missing"]
 
 
+@pytest.fixture(scope="module")
+def coref_page(work, roles_run) -> tuple[Path, Path]:
+    """(a page of the roles run whose cards show a coref_heads.csv of its 2 × 2 heads, that csv)."""
+    out, _ = roles_run
+    clark_out = work / "clark"
+    clark_out.mkdir()
+    rows = [
+        [layer, head, 0.6, 0.5 + 0.1 * (2 * layer + head), 0.4, 0.8, 0.3, 50, 40] for layer in (0, 1) for head in (0, 1)
+    ]
+    table = clark_out / heads_report.COREF_TABLE
+    table.write_text("\n".join(",".join(map(str, r)) for r in [coref.HEAD_COLUMNS, *rows]) + "\n")
+    page = work / "coref_report.html"
+    report.main([str(out), "--examples", "0", "--coref", str(clark_out), "--out", str(page)])
+    return page, table
+
+
+def test_the_cards_carry_the_coref_accuracy_of_a_clark_run(coref_page, roles_run, tmp_path, cli_error):
+    page, table = coref_page
+    coref_data = _page_data(page)["coref"]
+    assert coref_data["source"] == str(table.parent.resolve())
+    for row in _csv_rows(table):
+        shown = coref_data["heads"][f"{row['layer']}-{row['head']}"]
+        assert shown["test_accuracy"] == float(row["test_accuracy"]) and shown["test_n"] == float(row["test_n"])
+    # Without --coref and without a coref_heads.csv in the run, the page has none.
+    assert _page_data(roles_run[0] / "report.html")["coref"] is None
+    error = cli_error(report.main, [str(roles_run[0]), "--coref", str(tmp_path), "--out", str(tmp_path / "p.html")])
+    assert error.startswith("error: --coref: ") and "coref_heads.csv: no such file" in error
+    assert not (tmp_path / "p.html").exists()
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [
@@ -244,6 +275,16 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg line")
     browser.find_element(By.CSS_SELECTOR, '#card-examples .tok[data-token="3"]').click()
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg rect")
+
+
+def test_a_head_card_shows_its_coref_accuracy(browser, coref_page):
+    from selenium.webdriver.common.by import By
+
+    page, _ = coref_page
+    _open(browser, page)
+    browser.find_element(By.CSS_SELECTOR, '#grid .cell[data-layer="1"][data-head="0"]').click()
+    line = browser.find_element(By.ID, "card-coref")
+    assert line.is_displayed() and line.text.startswith("GAP coreference: 70.0% on test (95% CI 40.0 – 80.0%, n 40)")
 
 
 def test_the_step_slider_redraws_the_grid(browser, track_run):

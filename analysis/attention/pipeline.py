@@ -1,6 +1,6 @@
 """The analyses of Clark et al. 2019 end to end (`python -m analysis.clark`): inputs (WikiText
-segment pairs, a GLUE task, UD English-EWT), the surface, cluster, gradient, dependency-head and
-probe analyses, their tables and figures, written atomically into `--out`.
+segment pairs, a GLUE task, UD English-EWT, GAP), the surface, cluster, gradient, dependency-head,
+probe and coreference analyses, their tables and figures, written atomically into `--out`.
 """
 
 from __future__ import annotations
@@ -14,24 +14,31 @@ import pandas as pd
 from matplotlib import colormaps
 from matplotlib.colors import BoundaryNorm
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 
-from analysis.attention import depheads, gradients, probes, surface
+from analysis.attention import coref, depheads, gradients, probes, surface
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
-from sieves.align import encode_batch
+from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
 
-ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes")
+ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes", "coref")
 
 EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
 
 PUNCT_TOKENS = (".", ",")
 
 WORD_TEXTS = ("original", "joined")
+
+GAP_FILES = {"dev": "gap-development.tsv", "test": "gap-test.tsv"}
+
+# pairs: token type 0 for [CLS], segment A and its [SEP], 1 for segment B and the last [SEP];
+# zeros: 0 everywhere, as the authors' `extract_attention.py` feeds BERT.
+SEGMENT_IDS = ("pairs", "zeros")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +70,9 @@ class ClarkConfig:
     baseline_offsets: str = "paper"
     all_relations_include_root: bool = False
     word_text: str = "original"
+    segment_ids: str = "pairs"
+    gap_n: int | None = None
+    coref_target: str = "head"
     overwrite: bool = False
     figure_format: str = "png"
     analyses_explicit: bool = False
@@ -71,6 +81,8 @@ class ClarkConfig:
         for name in self.analyses:
             if name not in ANALYSES:
                 raise UserError(f"--analyses: unknown analysis {name!r}; choose from {', '.join(ANALYSES)}")
+        if self.gap_n is not None and self.gap_n < 1:
+            raise UserError(f"--gap-n must be at least 1, got {self.gap_n}")
         for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
@@ -80,6 +92,8 @@ class ClarkConfig:
             ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
             ("baseline-offsets", self.baseline_offsets, tuple(depheads.BASELINE_OFFSETS)),
             ("word-text", self.word_text, WORD_TEXTS),
+            ("segment-ids", self.segment_ids, SEGMENT_IDS),
+            ("coref-target", self.coref_target, coref.TARGETS),
         ):
             if value not in choices:
                 raise UserError(f"--{flag} must be one of {', '.join(choices)}, got {value!r}")
@@ -87,6 +101,10 @@ class ClarkConfig:
     @property
     def ewt_dir(self) -> Path:
         return Path(self.data_dir).expanduser() / "ud_english_ewt"
+
+    @property
+    def gap_dir(self) -> Path:
+        return Path(self.data_dir).expanduser() / "gap"
 
     @property
     def wikitext_file(self) -> Path:
@@ -115,18 +133,28 @@ def _read(path: Path) -> str:
         raise UserError(f"{path}: cannot read ({error})") from None
 
 
+def with_segment_ids(seqs: list[EncodedSequence], segment_ids: str) -> list[EncodedSequence]:
+    """The sequences with the token type ids the model reads (`SEGMENT_IDS`); the segments
+    themselves ([SEP] positions, which pieces are A and B) do not change."""
+    if segment_ids == "pairs":
+        return seqs
+    return [dataclasses.replace(s, token_type_ids=np.zeros_like(s.token_type_ids)) for s in seqs]
+
+
 def input_sequences(config: ClarkConfig, tokenizer) -> tuple[list, list[Path]]:
     """Encoded inputs of the surface, cluster and gradient analyses, and the files they came from."""
     if config.inputs == "wikitext":
         pairs = wikitext_segment_pairs(_read(config.wikitext_file), config.n)
         if not pairs:
             raise UserError(f"{config.wikitext_file}: no pair of paragraphs found")
-        return encode_batch(tokenizer, pairs, None, config.max_length), [config.wikitext_file]
-    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
-    examples = glue.load_glue(config.inputs, config.split, glue_dir, config.n)
-    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
-    files = glue.glue_files(config.inputs, config.split, glue_dir) if glue_dir else []
-    return encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples]), files
+        seqs, files = encode_batch(tokenizer, pairs, None, config.max_length), [config.wikitext_file]
+    else:
+        glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+        examples = glue.load_glue(config.inputs, config.split, glue_dir, config.n)
+        segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+        files = glue.glue_files(config.inputs, config.split, glue_dir) if glue_dir else []
+        seqs = encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples])
+    return with_segment_ids(seqs, config.segment_ids), files
 
 
 def joined_words(text: str, words: Parse) -> tuple[str, Parse]:
@@ -179,6 +207,13 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         wanted.discard("gradients")
         results["skipped"]["gradients"] = "the checkpoint has no trained MLM head"
         print(f"gradients: skipped, {source.path} has no trained MLM head ({gradients.MLM_TENSOR})")
+    gap_missing = [config.gap_dir / name for name in GAP_FILES.values() if not (config.gap_dir / name).is_file()]
+    if "coref" in wanted and gap_missing:
+        if config.analyses_explicit:
+            raise UserError(f"{gap_missing[0]}: no such file (GAP is expected under --data-dir)")
+        wanted.discard("coref")
+        results["skipped"]["coref"] = f"{gap_missing[0]} is missing"
+        print(f"coref: skipped, {gap_missing[0]} is missing")
 
     clock = time.perf_counter()
     model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
@@ -280,6 +315,37 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
             print(table.to_string(index=False, float_format=lambda x: f"{100 * x:.1f}%"))
             timings["probes"] = time.perf_counter() - clock
 
+    if "coref" in wanted:
+        clock = time.perf_counter()
+        run_coref = coref.make_candidate_attention_fn(encoder)
+        heads_correct, baselines = {}, {}
+        for split, name in GAP_FILES.items():
+            path = config.gap_dir / name
+            data_files.append(path)
+            inputs, counts = coref.encode_gap(
+                tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target
+            )
+            if not inputs:
+                raise UserError(f"{path}: no example left to score ({counts})")
+            scores = coref.candidate_scores(
+                run_coref, inputs, config.batch_size, config.max_length, config.first_piece, f"GAP {split}"
+            )
+            heads_correct[split] = coref.correct_choices(scores, np.array([item.label for item in inputs]))
+            baselines[split] = coref.baseline_correct(inputs)
+            results[f"coref_{split}"] = counts
+            print(f"GAP {split}: {', '.join(f'{k} {v}' for k, v in counts.items())}")
+        table = coref.head_table(heads_correct["dev"], heads_correct["test"])
+        table.to_csv(tmp / "coref_heads.csv", index=False)
+        coref.best_per_layer(table).to_csv(tmp / "coref_best_per_layer.csv", index=False)
+        baseline_table = coref.baseline_table(baselines["dev"], baselines["test"])
+        baseline_table.to_csv(tmp / "coref_baselines.csv", index=False)
+        best = coref.best_head(table)
+        results["coref_best_head"] = {k: (int(v) if k in ("layer", "head", "dev_n", "test_n") else float(v))
+                                      for k, v in best.items()}  # fmt: skip
+        figures += plot_coref(table, tmp, config.coref_target)
+        print(coref.format_summary(table, baseline_table))
+        timings["coref"] = time.perf_counter() - clock
+
     timings["total"] = time.perf_counter() - started
     run_info = {
         "config": dataclasses.asdict(config),
@@ -375,3 +441,24 @@ def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int) -> list[P
     ax.legend()
     ax.set_title(f"gradient-based importance of attention ({sequences} masked sequences)", fontsize=9)
     return save_figure(fig, out_dir, "gradient_importance")
+
+
+def plot_coref(table: pd.DataFrame, out_dir: Path, target: str) -> list[Path]:
+    """Test accuracy of every head (layer × head), the head chosen on dev framed."""
+    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    grid = table.sort_values(["layer", "head"])["test_accuracy"].to_numpy().reshape(layers, heads)
+    spread = max(float(np.nanmax(np.abs(grid - coref.CHANCE))), 0.01)
+    fig = Figure(figsize=(0.55 * heads + 2.5, 0.45 * layers + 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    image = ax.imshow(grid, cmap="RdBu_r", vmin=coref.CHANCE - spread, vmax=coref.CHANCE + spread)
+    for (layer, head), value in np.ndenumerate(grid):
+        ax.text(head, layer, f"{100 * value:.0f}", ha="center", va="center", fontsize=6)
+    best = coref.best_head(table)
+    ax.add_patch(Rectangle((best["head"] - 0.5, best["layer"] - 0.5), 1, 1, fill=False, edgecolor="black", lw=2))
+    ax.set_xticks(range(heads))
+    ax.set_yticks(range(layers))
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    fig.colorbar(image, ax=ax, label="test accuracy (chance 0.5)")
+    ax.set_title(f"GAP test: pronoun → candidate ({target}) accuracy per head; framed: chosen on dev", fontsize=9)
+    return save_figure(fig, out_dir, "coref_accuracy")

@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 BLOCK_SCORES = ("paper", "entropy")
 SYNTACTIC_AVERAGES = ("rows", "arcs")
+BLOCK_FIRST_SEPS = ("a", "b")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,6 +57,7 @@ class RolesConfig:
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
     block_score: str = "paper"
     syntactic_average: str = "rows"
+    block_first_sep: str = "a"
     # Where the forward passes run (docs/scale.md): the first `devices` local devices (None: all),
     # and whether this process is one of a multi-host job (`--distributed`).
     devices: int | None = None
@@ -64,6 +66,10 @@ class RolesConfig:
     def __post_init__(self) -> None:
         if self.block_score not in BLOCK_SCORES:
             raise UserError(f"--block-score must be one of {', '.join(BLOCK_SCORES)}, got {self.block_score!r}")
+        if self.block_first_sep not in BLOCK_FIRST_SEPS:
+            raise UserError(
+                f"--block-first-sep must be one of {', '.join(BLOCK_FIRST_SEPS)}, got {self.block_first_sep!r}"
+            )
         if self.syntactic_average not in SYNTACTIC_AVERAGES:
             raise UserError(
                 f"--syntactic-average must be one of {', '.join(SYNTACTIC_AVERAGES)}, got {self.syntactic_average!r}"
@@ -138,6 +144,9 @@ def add_variant_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-score", choices=BLOCK_SCORES, default="paper",
                    help="paper: mean β over the rows; entropy: each row's β times its attention entropy, "
                         "as the authors' block_score notebook")  # fmt: skip
+    p.add_argument("--block-first-sep", choices=BLOCK_FIRST_SEPS, default="a",
+                   help="segment whose tokens the first [SEP] row of block is scored against: a (its token "
+                        "type) or b (the authors' block_score notebook, which pairs it with --block-score entropy)")  # fmt: skip
     p.add_argument("--syntactic-average", choices=SYNTACTIC_AVERAGES, default="rows",
                    help="rows: mean β over the wordpiece rows of the relation roles; arcs: mean over arcs "
                         "(each dependent word once), as the authors' syntactic notebook")  # fmt: skip
@@ -150,7 +159,8 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
             "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
-            "figure_format", "html", "block_score", "syntactic_average", "devices", "distributed")  # fmt: skip
+            "figure_format", "html", "block_score", "block_first_sep", "syntactic_average", "devices",
+            "distributed")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES

@@ -35,6 +35,9 @@ REPORT = "report.html"
 # The table that says which analysis wrote a directory.
 TABLES = {"roles": "roles.csv", "track": "track.csv", "effect": "head_means.csv"}
 
+# Per-head GAP coreference accuracy (`analysis.clark --analyses coref`), shown on the head cards.
+COREF_TABLE = "coref_heads.csv"
+
 STAT_FIELDS = ("n", "mean", "std", "ci_low", "ci_high", "t", "p_value", "p_adjusted", "assigned")
 
 # Sequences longer than this make unreadable line views and large pages; the pool is drawn from
@@ -50,6 +53,7 @@ class ReportConfig:
     run_dir: str
     examples: int = 4
     out: str | None = None
+    coref: str | None = None
 
     def __post_init__(self) -> None:
         if self.examples < 0:
@@ -200,7 +204,9 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     arrays = pad_batch(seqs, len(seqs), length)
     out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True)
     attention = jnp.stack(out.attentions)
-    rows, sieves = build_batch(seqs, present, SieveOptions(settings.window, settings.special_rows), length)
+    rows, sieves = build_batch(
+        seqs, present, SieveOptions(settings.window, settings.special_rows, settings.block_first_sep == "b"), length
+    )
     scores, counts = sieve_scores(attention, jnp.asarray(arrays["attention_mask"], bool), rows, sieves)
     return np.asarray(attention), np.asarray(scores), np.asarray(counts), rows, sieves
 
@@ -334,6 +340,29 @@ def changed_data_files(data_files: dict) -> str | None:
     return None
 
 
+def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict | None:
+    """{"source", "heads": {"layer-head": numbers}} from `--coref DIR`'s coref_heads.csv, or the
+    run directory's own; None when neither has one."""
+    directory = Path(config.coref).expanduser() if config.coref else run.directory
+    path = directory / COREF_TABLE
+    if not path.is_file():
+        if config.coref:
+            raise UserError(f"--coref: {path}: no such file (write it with python -m analysis.clark --analyses coref)")
+        return None
+    fields = ("dev_accuracy", "test_accuracy", "test_ci_low", "test_ci_high", "test_n")
+    try:
+        table = pd.read_csv(path)[["layer", "head", *fields]]
+    except (KeyError, ValueError, OSError) as error:
+        raise UserError(f"{path}: not a coref_heads.csv ({error})") from None
+    if len(table) != layers * heads or table["layer"].max() + 1 != layers or table["head"].max() + 1 != heads:
+        raise UserError(f"{path}: its heads are not this run's {layers} layers × {heads} heads")
+    number = lambda v: None if pd.isna(v) else float(v)
+    return {
+        "source": str(directory.resolve()),
+        "heads": {f"{r.layer}-{r.head}": {f: number(getattr(r, f)) for f in fields} for r in table.itertuples()},
+    }
+
+
 def report_data(run: Run, config: ReportConfig) -> dict:
     table = run.table
     layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
@@ -362,6 +391,7 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "stats": stats,
         "examples": examples,
         "examples_missing": missing,
+        "coref": coref_data(run, config, layers, heads),
         "report": {"examples": config.examples},
     }
 

@@ -176,6 +176,7 @@ function openCard(l, h) {
   const card = $("card"); card.hidden = false; card.setAttribute("data-layer", l); card.setAttribute("data-head", h);
   $("card-title").textContent = `Layer ${l}, head ${h}` + (D.kind === "track" ? ` at step ${D.steps[S.step]}` : "") + ` — ${S.task}`;
   if (D.kind === "effect") effectTable(l, h); else statsTable(l, h);
+  corefLine(l, h);
   trackChart(l, h);
   examples();
 }
@@ -199,6 +200,12 @@ function statsTable(l, h) {
   }
   const tau = D.steps ? (D.tau || {})[String(D.steps[S.step])] : D.tau;
   $("card-note").textContent = `H0: mean β ≤ τ = ${fmt(tau)}; a role is held when p < α = ${D.alpha}. Hover a row for every digit.`;
+}
+function corefLine(l, h) {
+  const box = $("card-coref"), c = D.coref && D.coref.heads[`${l}-${h}`]; box.hidden = !c; if (!c) return;
+  const pct = (v) => v === null ? "–" : (100 * v).toFixed(1);
+  box.textContent = `GAP coreference: ${pct(c.test_accuracy)}% on test (95% CI ${pct(c.test_ci_low)} – ${pct(c.test_ci_high)}%, n ${fmt(c.test_n)}), ${pct(c.dev_accuracy)}% on dev; chance 50%.`;
+  box.title = `from ${D.coref.source}/coref_heads.csv`;
 }
 function effectTable(l, h) {
   const t = $("card-stats"); t.innerHTML = ""; const head = el("tr");
@@ -346,6 +353,7 @@ BODY = """
     <h2 id="card-title"></h2>
     <table id="card-stats"></table>
     <p class="meta" id="card-note"></p>
+    <p id="card-coref" hidden></p>
     <label>role <select id="card-role"></select></label>
     <div id="card-chart"></div>
     <p class="meta" id="examples-note"></p>

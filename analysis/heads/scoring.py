@@ -80,7 +80,7 @@ def scored_batches(
     sieves)` returns for it (with the row weights appended under `--syntactic-average arcs`), on
     the host. The masks hold every role of `config.roles`, in that order, and are empty for roles
     not `present`."""
-    options = SieveOptions(window=config.window, special_rows=config.special_rows)
+    options = SieveOptions(config.window, config.special_rows, config.block_first_sep == "b")
     # The same role count for every task, so single-segment tasks (no `block`) reuse the pair
     # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
     # GPU, most of a cold run).
