@@ -156,6 +156,11 @@ def _errors(ours, reference) -> dict[str, float]:
     (our_losses, our_grads), (ref_losses, ref_grads) = ours, reference
     assert our_grads.keys() == ref_grads.keys(), "every parameter, under one name"
     errors = {k: abs(our_losses[k] - ref_losses[k]) / abs(ref_losses[k]) for k in ref_losses}
+    return errors | _gradient_errors(our_grads, ref_grads)
+
+
+def _gradient_errors(our_grads, ref_grads) -> dict[str, float]:
+    errors = {}
     for name, ref in ref_grads.items():
         scale_of = name.replace(".key.bias", ".key.weight") if name.endswith(".key.bias") else name
         errors[name] = np.abs(our_grads[name] - ref).max() / np.abs(ref_grads[scale_of]).max()
@@ -238,3 +243,34 @@ def test_planted_defects_fail_the_parity(
     assert min(errors[name] for name in caught) > 100 * GRAD_BOUND
     if plant is _word_gradient_misrouted:
         assert failing == caught, "a gradient-only defect: the losses and the other gradients still agree"
+
+
+def test_mlm_only_step_matches_transformers_masked_lm(step_model, step_batch, tmp_path):
+    """The MLM-only recipe (`data.pair_task: none`): the loss is the MLM term alone, so its gradients
+    equal `transformers.BertForMaskedLM`'s in float64, and the pair head and the pooler, which feed
+    nothing else, get exactly zero."""
+    directory = bertjax.save_pretrained(step_model, tmp_path / "mlm")
+    theirs = transformers.BertForMaskedLM.from_pretrained(str(directory), attn_implementation="eager").eval().double()
+    labels = np.full(step_batch["input_ids"].shape, -100, np.int64)
+    rows, slots = np.nonzero(step_batch["masked_weights"])
+    labels[rows, step_batch["masked_positions"][rows, slots]] = step_batch["masked_ids"][rows, slots]
+    out = theirs(
+        **{k: torch.tensor(step_batch[k], dtype=torch.long) for k in ("input_ids", "attention_mask", "token_type_ids")},
+        labels=torch.tensor(labels),
+    )
+    out.loss.backward()
+    ref_grads = {name: p.grad.numpy() for name, p in theirs.named_parameters()}
+
+    def loss_fn(model, batch):
+        return losses.pretraining_loss(model, batch, None, pair_loss=False)
+
+    (loss, metrics), grads = jax.jit(nnx.value_and_grad(loss_fn, has_aux=True))(step_model, step_batch)
+    ours = convert.to_hf(grads, headed=True)
+    assert abs(float(loss) - out.loss.item()) <= LOSS_BOUND * out.loss.item()
+    assert float(loss) == float(metrics["mlm_loss"])
+    unused = {name for name in ours if name.startswith(("cls.seq_relationship.", "bert.pooler."))}
+    assert unused and all(not np.any(ours[name]) for name in unused)
+    assert ours.keys() - unused == ref_grads.keys()
+    errors = _gradient_errors(ours, ref_grads)
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= GRAD_BOUND, (worst, errors[worst])

@@ -164,10 +164,20 @@ def read_vocab(path: Path) -> list[str]:
     return vocab
 
 
-def _documents(config: PrepareConfig, rng: np.random.Generator) -> Iterator[Document]:
+def _documents(config: PrepareConfig, rng: np.random.Generator, desc: str) -> Iterator[Document]:
+    """The mixed documents, one at a time (memory stays bounded by a document), under a progress
+    bar of documents and words read: reading and segmenting 23 M words takes minutes."""
+    from tqdm import tqdm
+
     streams = [iter_documents(c) for c in config.corpora]
     mixed = mix(streams, [c.weight for c in config.corpora], rng, config.mix_stop)
-    return itertools.islice(mixed, config.max_documents)
+    words = 0
+    with tqdm(desc=desc, unit=" docs", total=config.max_documents, mininterval=1.0) as bar:
+        for doc in itertools.islice(mixed, config.max_documents):
+            words += sum(len(p.split()) for p in doc)
+            bar.update()
+            bar.set_postfix_str(f"{words / 1e6:.1f} M words", refresh=False)
+            yield doc
 
 
 def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) -> Path:
@@ -178,7 +188,7 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
     from tokenizers import BertWordPieceTokenizer
 
     tokenizer = BertWordPieceTokenizer(lowercase=config.lowercase)
-    paragraphs = (p for doc in _documents(config, rng) for p in doc)
+    paragraphs = (p for doc in _documents(config, rng, "read for the vocabulary") for p in doc)
     tokenizer.train_from_iterator(
         paragraphs,
         vocab_size=config.vocab_size,
@@ -335,7 +345,7 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
         config.segmenter, config.spacy_model, workers=config.segment_workers
     )
     counts = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0, "random_next": 0}
-    raw_docs = _documents(config, np.random.default_rng(mix_seed))
+    raw_docs = _documents(config, np.random.default_rng(mix_seed), "prepare")
     docs = _tokenized(segmenter.segment(raw_docs), tokenizer, timer, counts)
     instance_rng = np.random.default_rng(instance_seed)
     mask_rng = np.random.default_rng(mask_seed)
