@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from bertjax import checkpoint as ckpt
-from bertjax import convert
+from bertjax import convert, runinfo
 from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
 from bertjax.model import MODEL_CLASSES, BertModel
@@ -255,15 +255,14 @@ def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict,
 
 def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     architecture = type(model).__name__
     tensors = convert.to_hf(nnx.state(model, nnx.Param), headed=architecture != "BertModel")
-    tmp = directory / (SAFETENSORS + ".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    tmp.replace(directory / SAFETENSORS)
+    with runinfo.atomic_file(directory / SAFETENSORS, binary=True) as f:
+        f.write(save(tensors, metadata={"format": "pt"}))
     model.config.to_json_file(directory / "config.json", architecture)
     return directory
 

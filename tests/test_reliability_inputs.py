@@ -235,3 +235,63 @@ def test_a_non_finite_or_negative_learning_rate_is_refused_before_anything_is_wr
     argv = ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir), f"optimizer.end_learning_rate={value}"]
     assert cli_error(finetune.main, argv) == expected.replace("learning_rate", "end_learning_rate")
     assert not workdir.exists()
+
+
+# -- one writer per workdir, settings checked before any work (issue 30) ------------------------
+
+
+def _pretrain_argv(workdir: Path, *overrides: str) -> list[str]:
+    return ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir), *overrides]
+
+
+def test_a_second_pretraining_run_on_a_workdir_stops_at_once(tmp_path, cli_error):
+    import os
+
+    from bertjax import runinfo
+    from train import pretrain
+
+    workdir = tmp_path / "work"
+    with runinfo.one_writer(workdir):  # the first run, as the lock sees it
+        message = cli_error(pretrain.main, _pretrain_argv(workdir))
+    assert message == (
+        f"error: --workdir {workdir} is being written by another run (pid {os.getpid()}); "
+        "wait for it to end or choose another --workdir"
+    )
+    assert list(tmp_path.iterdir()) == []  # the lock went with its holder; no workdir was made
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.global_batch_size=0", "train.global_batch_size: must be an integer ≥ 1, got 0"),
+        ("train.global_batch_size=-8", "train.global_batch_size: must be an integer ≥ 1, got -8"),
+        ("checkpoint.every=-1", "checkpoint.every: must be an integer ≥ 0 (0: no periodic saves), got -1"),
+    ],
+)
+def test_pretraining_settings_are_refused_before_any_work(override, expected, tmp_path, cli_error):
+    from train import pretrain
+
+    assert cli_error(pretrain.main, _pretrain_argv(tmp_path / "work", override)) == f"error: {expected}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_yaml_syntax_error_is_one_line(tmp_path, cli_error):
+    from train import finetune, pretrain
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("train:\n  steps: 3\n   seed: [\n")
+    expected = f"error: {config}: not valid YAML (line 3, column 8: mapping values are not allowed in this context)"
+    argv = ["--config", str(config), "--workdir", str(tmp_path / "work")]
+    assert cli_error(pretrain.main, argv) == expected
+    assert cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", *argv]) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_run_refused_after_its_start_leaves_no_workdir_it_created(tmp_path, cli_error):
+    from train import pretrain
+
+    workdir = tmp_path / "new" / "work"
+    missing = tmp_path / "does-not-exist.txt"
+    argv = _pretrain_argv(workdir, "data.train_vocab=false", f"data.vocab_file={missing}")
+    assert cli_error(pretrain.main, argv) == f"error: {missing}: vocab_file does not exist"
+    assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -371,12 +370,10 @@ def write_report(config: ReportConfig) -> Path:
     run = read_run(config.run_dir)
     data = report_data(run, config)
     path = config.path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(render(data), encoding="utf-8")
-        tmp.replace(path)
+        with runinfo.atomic_file(path) as f:
+            f.write(render(data))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
     print(f"report: wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return path

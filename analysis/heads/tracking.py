@@ -13,8 +13,6 @@ import functools
 import hashlib
 import json
 import logging
-import os
-import socket
 import time
 import zipfile
 from pathlib import Path
@@ -137,15 +135,10 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
         "checkpoint": identity,
     }
     arrays["about"] = np.array(json.dumps(about))
-    # Host and process id keep two runs that score the same step from writing one temporary file,
-    # also on a cache shared between hosts (a pod's, or containers whose pids all start at 1).
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # A temporary of its own (a random name), so that two runs scoring the same step, also on a
+    # cache shared between hosts, never write one file.
+    with runinfo.atomic_file(path, binary=True) as f:
+        np.savez(f, **arrays)
 
 
 def load_scores(path: Path) -> dict[str, TaskScores]:
