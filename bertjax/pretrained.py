@@ -134,14 +134,16 @@ def from_pretrained(
     step: int | None = None,
     seed: int = 0,
     trained_heads: bool = False,
+    allow_nonfinite: bool = False,
     **config_overrides: Any,
 ) -> nnx.Module:
     """Loads a BERT of class `cls` (default the bare encoder).
 
     Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
     from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
-    are an error; a missing encoder tensor is always an error. `config_overrides` set fields such
-    as `dtype="bfloat16"` or `num_labels=3`.
+    are an error; a missing encoder tensor is always an error. A stored tensor holding NaN or ±Inf
+    is an error naming the first such tensor, or with `allow_nonfinite` a warning. `config_overrides`
+    set fields such as `dtype="bfloat16"` or `num_labels=3`.
     """
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
@@ -165,12 +167,29 @@ def from_pretrained(
         raise UserError(
             f"{file}: tensor {name} is missing: this analysis needs a fine-tuned task head, not a random one"
         )
+    check_finite(file, [(p, leaves[p]) for p, _ in nnx.to_flat_state(abstract_state) if p in leaves], allow_nonfinite)
     if missing:
         log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
         initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))
         leaves.update({p: initial[p].get_value() for p in missing})
     flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = False) -> None:
+    """Refuses weights holding NaN or ±Inf (one line naming the first such tensor, in the model's
+    order), or with `allow` warns: every attention map and score downstream of one would be NaN,
+    and an analysis would report it as a head with no skill."""
+    bad = [(p, int(np.size(v) - np.count_nonzero(np.isfinite(v)))) for p, v in tensors if not np.isfinite(v).all()]
+    if not bad:
+        return
+    path, count = bad[0]
+    what = f"tensor {convert.hf_name(path)[0]} holds {count} non-finite value(s) (NaN or ±Inf)"
+    if len(bad) > 1:
+        what += f", and {len(bad) - 1} other tensor(s) do too"
+    if not allow:
+        raise UserError(f"{file}: {what}; refusing to load it (the analyses take --allow-nonfinite to go on)")
+    log.warning("%s: %s; analysed anyway (--allow-nonfinite): its results may be NaN", file, what)
 
 
 @functools.cache
@@ -318,8 +337,9 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
-    if len(tokenizer) > vocab_size:
-        # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error.
+    # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error; a
+    # shorter vocabulary (a truncated vocab.txt) turns the words it lost into [UNK], silently.
+    if len(tokenizer) != vocab_size:
         raise UserError(
             f"{location}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
             "they do not belong together"

@@ -295,3 +295,81 @@ def test_a_run_refused_after_its_start_leaves_no_workdir_it_created(tmp_path, cl
     argv = _pretrain_argv(workdir, "data.train_vocab=false", f"data.vocab_file={missing}")
     assert cli_error(pretrain.main, argv) == f"error: {missing}: vocab_file does not exist"
     assert list(tmp_path.iterdir()) == []
+
+
+# -- weights and vocabularies that would give silent wrong results (issue 30) -------------------
+
+
+def _copy_of(tiny_hf: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_hf, directory)
+    return directory
+
+
+def _roles_argv(ckpt: Path, shared_data: Path, out: Path, *extra: str) -> list[str]:
+    return ["--ckpt", str(ckpt), "--task", "mrpc", "--roles", "local,cls", "--glue-dir", str(shared_data / "glue"),
+            "--n", "4", "--batch-size", "4", "--no-figures", "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_first_tensor(value, tiny_hf, shared_data, tmp_path, cli_error):
+    from safetensors.numpy import load_file, save_file
+
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    tensors = load_file(directory / "model.safetensors")
+    for name in ("encoder.layer.1.attention.self.query.weight", "encoder.layer.0.output.dense.bias"):
+        tensors[name][0, ...] = value  # the second in the model's order is the first named
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    expected = (
+        f"error: {directory / 'model.safetensors'}: tensor encoder.layer.0.output.dense.bias holds 1 non-finite "
+        "value(s) (NaN or ±Inf), and 1 other tensor(s) do too; refusing to load it "
+        "(the analyses take --allow-nonfinite to go on)"
+    )
+    assert cli_error(roles.main, _roles_argv(directory, shared_data, out)) == expected
+    assert not out.exists()
+
+
+def test_allow_nonfinite_analyses_with_a_warning(tiny_hf, shared_data, tmp_path, caplog):
+    from safetensors.numpy import load_file, save_file
+
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["encoder.layer.1.attention.self.query.weight"][0, 0] = float("nan")
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    roles.main(_roles_argv(directory, shared_data, out, "--allow-nonfinite"))
+    assert "encoder.layer.1.attention.self.query.weight holds 1 non-finite value(s)" in caplog.text
+    assert "analysed anyway (--allow-nonfinite)" in caplog.text
+    assert json.loads((out / "run.json").read_text())["config"]["allow_nonfinite"] is True
+
+
+@pytest.mark.parametrize("module", ["roles", "clark", "ablate", "prune", "track", "finetune_effect"])
+def test_allow_nonfinite_is_spelled_the_same_by_every_analysis(module):
+    import importlib
+
+    parse = importlib.import_module(f"analysis.{module}").parse_args
+    with pytest.raises(SystemExit):  # the flag is known; the missing required ones end the parse
+        parse(["--allow-nonfinite", "--help"])
+
+
+def test_a_vocabulary_shorter_than_the_models_is_one_line(tiny_hf, shared_data, tmp_path, cli_error):
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    (directory / "tokenizer.json").unlink()  # the tokenizer is then built from vocab.txt alone
+    words = (shared_data / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8").splitlines()
+    (directory / "vocab.txt").write_text("\n".join(words[:10000]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    expected = (
+        f"error: {directory}: the tokenizer has 10000 tokens but the model's vocab_size is {len(words)}; "
+        "they do not belong together"
+    )
+    assert cli_error(roles.main, _roles_argv(directory, shared_data, out)) == expected
+    assert not out.exists()

@@ -298,7 +298,7 @@ def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str 
         return _missing(f"the data file {changed} is gone or differs from the one the run read (sha256 in run.json)")
     models = models_of(run)
     try:
-        loaded = [(m, from_pretrained(m.ckpt, step=m.step)) for m in models]
+        loaded = [(m, from_pretrained(m.ckpt, step=m.step, allow_nonfinite=run.settings.allow_nonfinite)) for m in models]
         tokenizer = load_tokenizer(models[0].ckpt, step=models[0].step)
     except (UserError, OSError) as e:
         return _missing(f"the run's checkpoint cannot be loaded ({' '.join(str(e).split())})")

@@ -245,7 +245,7 @@ def _run(
         for step in tqdm(todo, desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
             clock = time.perf_counter()
             source = by_step[step].source
-            model = from_pretrained(source.path, step=source.step)
+            model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
             step_timings: dict[str, float] = {}
             with distributed.all_ok(f"scoring step {step}"):
                 results = score_sequences(make_scorer(model, devices=devices), sequences, rc, step_timings)
