@@ -29,9 +29,10 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
     p.add_argument(
         "--examples", type=int, default=4, help="example sequences whose attention is shown per task (0: none)"
     )
-    p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT})")
+    p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT}); a new file, or a report")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --out")
     a = p.parse_args(argv)
-    return ReportConfig(a.run_dir, a.examples, a.out)
+    return ReportConfig(a.run_dir, a.examples, a.out, a.overwrite)
 
 
 def main(argv: list[str] | None = None) -> None:

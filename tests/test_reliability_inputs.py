@@ -373,3 +373,153 @@ def test_a_vocabulary_shorter_than_the_models_is_one_line(tiny_hf, shared_data, 
     )
     assert cli_error(roles.main, _roles_argv(directory, shared_data, out)) == expected
     assert not out.exists()
+
+
+# -- the report trusts nothing it reads (issue 30) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roles_run(tiny_hf, shared_data, tmp_path_factory) -> Path:
+    from analysis import roles
+
+    out = tmp_path_factory.mktemp("report") / "run"
+    roles.main(_roles_argv(tiny_hf, shared_data, out, "--cache-dir", str(out.parent / "cache")))
+    return out
+
+
+def _run_copy(roles_run: Path, tmp_path: Path, name: str = "run") -> Path:
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(roles_run, copy)
+    return copy
+
+
+def test_the_report_replaces_no_file_that_is_not_a_report(roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    table = (run / "roles.csv").read_text()
+    for argv in (["--out", str(run / "roles.csv")], ["--out", str(run / "roles.csv"), "--overwrite"]):
+        message = cli_error(report.main, [str(run), "--examples", "0", *argv])
+        assert message == f"error: {run / 'roles.csv'} exists and is not a page analysis.report wrote; it is left as it is"
+    assert (run / "roles.csv").read_text() == table
+    page = tmp_path / "page.html"
+    report.main([str(run), "--examples", "0", "--out", str(page)])  # a new file
+    assert cli_error(report.main, [str(run), "--examples", "0", "--out", str(page)]) == (
+        f"error: --out {page} exists; pass --overwrite to replace it"
+    )
+    report.main([str(run), "--examples", "0", "--out", str(page), "--overwrite"])  # an earlier report
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "link.html").symlink_to(victim)
+    message = cli_error(report.main, [str(run), "--examples", "0", "--out", str(tmp_path / "link.html")])
+    assert message.endswith("link.html is a symbolic link; refusing to write through it (remove it, or choose another path)")
+    assert victim.read_text() == "precious\n"
+
+
+def _edit_run_json(run: Path, edit) -> None:
+    info = json.loads((run / "run.json").read_text())
+    edit(info)
+    (run / "run.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("n", "abc", "config.n must be int, got 'abc'"),
+        ("roles", 5, "config.roles must be a list of strings, got 5"),
+        ("ckpt", None, "config.ckpt must be str, got None"),
+        ("n", 0, "config: --n must be at least 1, got 0"),
+        ("data_files", ["x"], "data_files must be an object of lists of files, got ['x']"),
+        ("data_files", {"mrpc": [{"sha256": "0"}]}, "data_files.mrpc: each file needs a path and a sha256, got {'sha256': '0'}"),
+        ("model_config", {"num_hidden_layers": "2"}, "model_config.num_hidden_layers must be an integer in [1, 1024], got '2'"),
+    ],
+)  # fmt: skip
+def test_a_report_on_an_edited_run_json_is_one_line(field, value, expected, roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    if field in ("data_files", "model_config"):
+        _edit_run_json(run, lambda info: info.update({field: value}))
+    else:
+        _edit_run_json(run, lambda info: info["config"].update({field: value}))
+    assert cli_error(report.main, [str(run), "--examples", "0"]) == f"error: {run / 'run.json'}: {expected}"
+    assert not (run / "report.html").exists()
+
+
+def _edit_rows(lines: list[str]) -> dict[str, list[str]]:
+    header, first, *rest = lines
+    columns = header.split(",")
+
+    def with_value(column: str, value: str) -> str:
+        cells = first.split(",")
+        cells[columns.index(column)] = value
+        return ",".join(cells)
+
+    return {
+        "duplicated": [header, first, first, *rest[1:]],
+        "huge": [header, with_value("layer", "200000000"), *rest],
+        "negative": [header, with_value("head", "-1"), *rest],
+        "nan": [header, with_value("layer", ""), *rest],
+        "float": [header, with_value("head", "0.5"), *rest],
+        "truncated": [header, first, *rest[:2]],
+        "role_cut": [header, first, *rest[: len(rest) // 2]],
+        "other_role": [header, with_value("role", "next"), *rest],
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("duplicated", ":3: a second row for the same head (task, role, layer, head)"),
+        ("huge", ":2: layer 200000000 is past the model's 2 layers"),
+        ("negative", ":2: head must be an integer ≥ 0, got -1"),
+        ("nan", ":2: layer must be an integer ≥ 0, got nan"),
+        ("float", ":2: head must be an integer ≥ 0, got 0.5"),
+        ("truncated", ": {'task': 'mrpc', 'role': 'local'} has 3 rows, not one per head (2 × 2): a truncated or edited table"),
+        ("role_cut", ": task mrpc has no rows for role 'cls', which the run scored (run.json tasks): a truncated or edited table"),
+        ("other_role", ": role 'next' is not one of the run's roles (run.json config.roles)"),
+    ],
+)  # fmt: skip
+def test_a_report_on_an_edited_roles_csv_is_one_line(case, expected, roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    lines = (run / "roles.csv").read_text().splitlines()
+    (run / "roles.csv").write_text("\n".join(_edit_rows(lines)[case]) + "\n")
+    assert cli_error(report.main, [str(run), "--examples", "0"]) == f"error: {run / 'roles.csv'}{expected}"
+    assert not (run / "report.html").exists()
+
+
+def test_the_report_reloads_the_step_the_run_recorded(roles_run):
+    from analysis.heads import report as heads_report
+
+    run = heads_report.read_run(roles_run)
+    run.info["checkpoint"] = {"kind": "orbax", "path": "/w/checkpoints", "step": 3}  # run with no --step
+    assert [(m.ckpt, m.step) for m in heads_report.models_of(run)] == [(run.settings.ckpt, 3)]
+
+
+HOSTILE = "<!--<script> </script> ]]> \u2028 \u2029 & \"'"
+
+
+def test_the_report_escapes_what_it_embeds_and_still_has_its_grid(roles_run, tmp_path):
+    import html
+    import re
+
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path, name="<!--<script>x")
+    _edit_run_json(run, lambda info: info["config"].update({"split": HOSTILE}))
+    report.main([str(run), "--examples", "0"])
+    page = (run / "report.html").read_text(encoding="utf-8")
+    # The data element ends at its own end tag: nothing in it opens a comment or a script.
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.DOTALL)
+    payload = match.group(1)
+    assert not set(payload) & set("<>&\u2028\u2029")
+    data = json.loads(payload)
+    assert data["settings"]["split"] == HOSTILE and data["run_dir"].endswith("<!--<script>x")
+    assert data["layers"] == 2 and data["heads"] == 2 and data["stats"]["mrpc"]["cls"]["mean"][0][0] is not None
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert "<" not in title and html.unescape(title).startswith("<!--<script>x")
+    assert page.count("<script") == 2  # the data and the page's own script, nothing more
