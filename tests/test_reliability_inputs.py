@@ -523,3 +523,34 @@ def test_the_report_escapes_what_it_embeds_and_still_has_its_grid(roles_run, tmp
     title = re.search(r"<title>(.*?)</title>", page).group(1)
     assert "<" not in title and html.unescape(title).startswith("<!--<script>x")
     assert page.count("<script") == 2  # the data and the page's own script, nothing more
+
+
+# -- the scores cache: an entry is what its name says (issue 30) --------------------------------
+
+
+def test_a_scores_cache_entry_under_another_steps_name_is_scored_again(tmp_path, caplog):
+    import shutil
+
+    from analysis.heads import tracking
+
+    settings = {"n": 4, "roles": ["local", "cls"]}
+    one, three = {"step": 1, "files": "a"}, {"step": 3, "files": "b"}
+    entry = tracking.cache_path(tmp_path, settings, one)
+    tracking.save_scores(entry, {}, settings, one)
+    assert tracking.read_cached(entry, settings, one) == {}
+    copied = tracking.cache_path(tmp_path, settings, three)
+    shutil.copyfile(entry, copied)  # step 1's scores under step 3's name
+    assert tracking.read_cached(copied, settings, three) is None
+    assert "holds scores of other checkpoint (step or files) than its name says; its step is scored again" in caplog.text
+    assert tracking.read_cached(entry, {**settings, "n": 8}, one) is None
+    assert "holds scores of other settings than its name says" in caplog.text
+
+
+def test_an_unusable_scores_cache_is_refused_before_any_scoring(tmp_path):
+    from analysis.heads import tracking
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=r"--scores-cache .*file/cache: cannot create it \(Not a directory\)"):
+        tracking.prepare_cache(tmp_path / "file" / "cache", tmp_path / "out")
+    tracking.prepare_cache(tmp_path / "cache", tmp_path / "out")
+    assert list((tmp_path / "cache").iterdir()) == []  # the write check leaves nothing

@@ -13,6 +13,8 @@ import functools
 import hashlib
 import json
 import logging
+import os
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -119,6 +121,12 @@ def prepare_cache(cache_dir: Path, out: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--scores-cache {cache_dir}: cannot create it ({e.strerror})") from None
+    try:  # checked now, not after the scoring: entries are written as each step is scored
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=cache_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"--scores-cache {cache_dir}: cannot write there ({e.strerror})") from None
 
 
 def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict) -> None:
@@ -155,14 +163,27 @@ def load_scores(path: Path) -> dict[str, TaskScores]:
         }
 
 
-def read_cached(path: Path) -> dict[str, TaskScores] | None:
-    """The cache entry at `path`, or None when there is none or it cannot be read whole (torn,
-    overwritten, holding pickled objects): that one is reported and scored again, which replaces it."""
+def read_cached(path: Path, settings: dict, identity: dict) -> dict[str, TaskScores] | None:
+    """The cache entry at `path`, or None when there is none, it cannot be read whole (torn,
+    overwritten, holding pickled objects) or it is not what its name says (another step's, other
+    settings' or another checkpoint's scores, copied or renamed there): that one is reported and
+    scored again, which replaces it."""
     if not path.is_file():
         return None
     try:
+        with np.load(path) as stored:
+            about = json.loads(str(stored["about"]))
+        # As save_scores stored them: through JSON (tuples become lists).
+        expected = json.loads(json.dumps({"settings": settings, "checkpoint": identity}, default=str))
+        for key, value in expected.items():
+            if about.get(key) != value:
+                log.warning(
+                    "scores cache entry %s holds scores of other %s than its name says; its step is scored again",
+                    path, "settings" if key == "settings" else "checkpoint (step or files)",
+                )  # fmt: skip
+                return None
         return load_scores(path)
-    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as e:
         log.warning(
             "scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e
         )
@@ -220,7 +241,7 @@ def _run(
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
     for step in mine:
-        if (cached_scores := read_cached(paths[step])) is not None:
+        if (cached_scores := read_cached(paths[step], settings, identities[step])) is not None:
             tested[step] = test_roles(cached_scores, rc)
     todo = [s for s in mine if s not in tested]
     check_same_work(todo, config.cache_dir)
