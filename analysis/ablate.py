@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig, run
-from analysis.common.forward import add_device_arguments
+from analysis.common.forward import add_device_arguments, add_nonfinite_argument
 from bertjax import cli
 
 
@@ -50,12 +50,14 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_device_arguments(p, distributed=False)
+    add_nonfinite_argument(p)
     a = p.parse_args(argv)
     return KovalevaConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
         max_length=a.max_length, batch_size=a.batch_size, analyses=tuple(x for x in a.analyses.split(",") if x),
         alpha=a.alpha, compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
         out=a.out, overwrite=a.overwrite, figure_format=a.figure_format, devices=a.devices,
+        allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip
 
 

@@ -17,6 +17,7 @@ import argparse
 
 from analysis.attention import coref, depheads, surface
 from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig, run
+from analysis.common.forward import add_nonfinite_argument
 from bertjax import cli
 
 
@@ -80,6 +81,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     )
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
+    add_nonfinite_argument(p)
     a = p.parse_args(argv)
     explicit = a.analyses != "all"
     analyses = ANALYSES if not explicit else tuple(x.strip() for x in a.analyses.split(",") if x.strip())
@@ -92,6 +94,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         baseline_offsets=a.baseline_offsets, all_relations_include_root=a.all_relations_include_root,
         word_text=a.word_text, segment_ids=a.segment_ids, gap_n=a.gap_n, coref_target=a.coref_target,
         overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
+        allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip
 
 

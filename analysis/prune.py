@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.ablation.michel import MichelConfig, run
-from analysis.common.forward import add_device_arguments
+from analysis.common.forward import add_device_arguments, add_nonfinite_argument
 from bertjax import cli, glue
 
 
@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_device_arguments(p, distributed=False)
+    add_nonfinite_argument(p)
     a = p.parse_args(argv)
     return MichelConfig(
         ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
@@ -48,6 +49,7 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
         batch_size=a.batch_size, metric=a.metric, prune_step=a.prune_step, reestimate=a.reestimate,
         random_seeds=a.random_seeds, out=a.out, overwrite=a.overwrite,
         figure_format=a.figure_format, devices=a.devices,
+        allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip
 
 

@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
     p.add_argument(
         "--examples", type=int, default=4, help="example sequences whose attention is shown per task (0: none)"
     )
-    p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT})")
+    p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT}); a new file, or a report")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --out")
     p.add_argument(
         "--coref",
         metavar="DIR",
@@ -37,7 +38,7 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
         "(default: RUN_DIR's own coref_heads.csv, if any)",
     )
     a = p.parse_args(argv)
-    return ReportConfig(a.run_dir, a.examples, a.out, a.coref)
+    return ReportConfig(a.run_dir, a.examples, a.out, a.overwrite, a.coref)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -128,7 +128,10 @@ class BertConfig:
         return cls.from_hf_dict(read_hf_json(path), source=str(path), **overrides)
 
     def to_json_file(self, path: str | Path, architecture: str = "BertModel") -> None:
-        Path(path).write_text(json.dumps(self.to_hf_dict(architecture), indent=2, sort_keys=True) + "\n")
+        from bertjax.runinfo import atomic_file  # runinfo imports jax's devices; most users of a config do not
+
+        with atomic_file(path) as f:
+            f.write(json.dumps(self.to_hf_dict(architecture), indent=2, sort_keys=True) + "\n")
 
 
 def read_hf_json(path: str | Path) -> dict[str, Any]:

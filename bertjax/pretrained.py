@@ -22,7 +22,7 @@ import numpy as np
 from flax import nnx
 
 from bertjax import checkpoint as ckpt
-from bertjax import convert
+from bertjax import convert, runinfo
 from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
 from bertjax.model import MODEL_CLASSES, BertModel
@@ -134,14 +134,16 @@ def from_pretrained(
     step: int | None = None,
     seed: int = 0,
     trained_heads: bool = False,
+    allow_nonfinite: bool = False,
     **config_overrides: Any,
 ) -> nnx.Module:
     """Loads a BERT of class `cls` (default the bare encoder).
 
     Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
     from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
-    are an error; a missing encoder tensor is always an error. `config_overrides` set fields such
-    as `dtype="bfloat16"` or `num_labels=3`.
+    are an error; a missing encoder tensor is always an error. A stored tensor holding NaN or ±Inf
+    is an error naming the first such tensor, or with `allow_nonfinite` a warning. `config_overrides`
+    set fields such as `dtype="bfloat16"` or `num_labels=3`.
     """
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
@@ -165,12 +167,29 @@ def from_pretrained(
         raise UserError(
             f"{file}: tensor {name} is missing: this analysis needs a fine-tuned task head, not a random one"
         )
+    check_finite(file, [(p, leaves[p]) for p, _ in nnx.to_flat_state(abstract_state) if p in leaves], allow_nonfinite)
     if missing:
         log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
         initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))
         leaves.update({p: initial[p].get_value() for p in missing})
     flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = False) -> None:
+    """Refuses weights holding NaN or ±Inf (one line naming the first such tensor, in the model's
+    order), or with `allow` warns: every attention map and score downstream of one would be NaN,
+    and an analysis would report it as a head with no skill."""
+    bad = [(p, int(np.size(v) - np.count_nonzero(np.isfinite(v)))) for p, v in tensors if not np.isfinite(v).all()]
+    if not bad:
+        return
+    path, count = bad[0]
+    what = f"tensor {convert.hf_name(path)[0]} holds {count} non-finite value(s) (NaN or ±Inf)"
+    if len(bad) > 1:
+        what += f", and {len(bad) - 1} other tensor(s) do too"
+    if not allow:
+        raise UserError(f"{file}: {what}; refusing to load it (the analyses take --allow-nonfinite to go on)")
+    log.warning("%s: %s; analysed anyway (--allow-nonfinite): its results may be NaN", file, what)
 
 
 @functools.cache
@@ -255,7 +274,7 @@ def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict,
 
 def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
 
     if model.config.layer_norm_position != "post":
         raise UserError(
@@ -266,9 +285,8 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     architecture = type(model).__name__
     tensors = convert.to_hf(nnx.state(model, nnx.Param), headed=architecture != "BertModel")
-    tmp = directory / (SAFETENSORS + ".tmp")
-    save_file(tensors, tmp, metadata={"format": "pt"})
-    tmp.replace(directory / SAFETENSORS)
+    with runinfo.atomic_file(directory / SAFETENSORS, binary=True) as f:
+        f.write(save(tensors, metadata={"format": "pt"}))
     model.config.to_json_file(directory / "config.json", architecture)
     return directory
 
@@ -324,8 +342,9 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
-    if len(tokenizer) > vocab_size:
-        # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error.
+    # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error; a
+    # shorter vocabulary (a truncated vocab.txt) turns the words it lost into [UNK], silently.
+    if len(tokenizer) != vocab_size:
         raise UserError(
             f"{location}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
             "they do not belong together"

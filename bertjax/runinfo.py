@@ -20,7 +20,7 @@ import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import jax
 
@@ -87,10 +87,52 @@ def environment() -> dict[str, Any]:
 
 def write_run_json(directory: Path, info: dict[str, Any]) -> None:
     """Atomically writes `run.json` (the settings and timings given, plus the environment)."""
-    path = Path(directory) / "run.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps({**info, **environment()}, indent=2, default=str) + "\n")
-    tmp.replace(path)
+    with atomic_file(Path(directory) / "run.json") as f:
+        f.write(json.dumps({**info, **environment()}, indent=2, default=str) + "\n")
+
+
+# Writing files where someone else may have put a symbolic link. Every file the tools write outside
+# a directory they made themselves goes through these (or through `atomic_out`), so that a link
+# planted in a shared folder (`ln -s ~/victim .out.lock`) is refused or replaced, never written
+# through.
+
+
+def refuse_symlink(path: Path) -> None:
+    """One line if `path` is a symbolic link, where a file of ours is to be written."""
+    if Path(path).is_symlink():
+        raise UserError(f"{path} is a symbolic link; refusing to write through it (remove it, or choose another path)")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO]:
+    """A new file to write `path`'s content into, renamed over `path` when the block completes and
+    removed if it raises: `path` is whole or as it was. The temporary beside `path` has a random
+    name and is created with O_EXCL (`mkstemp`), so no link planted in advance can be followed, and
+    the rename would replace a link at `path` itself, not its target; a link there is refused."""
+    path = Path(path)
+    refuse_symlink(path)
+    fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = Path(name)
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600: the file gets the mode any new file would
+        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+            yield f
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def open_append(path: str | Path) -> IO[str]:
+    """`path` opened for appending text (created if absent), refusing a symbolic link (O_NOFOLLOW)."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            refuse_symlink(path)
+        raise
+    return os.fdopen(fd, "a", encoding="utf-8")
 
 
 # Names what made an output directory, so that --overwrite can tell an earlier output of the same
@@ -117,7 +159,7 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
-    with _exclusive(out):
+    with exclusive(out):
         _check_replaceable(out, overwrite, kind)
         _remove_stale_temporaries(out, kind)
         tmp = None
@@ -125,7 +167,7 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
             tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TMP}{os.getpid()}-", dir=out.parent))
             # mkdtemp makes it private (0700); the output gets the mode any new directory would.
             tmp.chmod(0o777 & ~_umask())
-            (tmp / OUTPUT_MARKER).write_text(kind + "\n")
+            (tmp / OUTPUT_MARKER).write_text(kind + "\n")  # in the directory just made
         except OSError as e:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -195,23 +237,29 @@ def _move_in(tmp: Path, out: Path, overwrite: bool, kind: str) -> None:
 
 
 @contextlib.contextmanager
-def _exclusive(out: Path) -> Iterator[None]:
-    """Holds `.<out name>.lock` beside `--out` (a `flock`, which the kernel releases however the
-    process ends), or refuses with one line naming the process that holds it."""
+def exclusive(out: Path, flag: str = "--out") -> Iterator[None]:
+    """Holds `.<out name>.lock` beside `out` (a `flock`, which the kernel releases however the
+    process ends), or refuses with one line naming the process that holds it. `flag` names `out`
+    in the messages (`--out`, `--workdir`). The lock file is opened with O_NOFOLLOW: a symbolic link
+    planted there is refused, never truncated through."""
     lock = out.with_name(f".{out.name}.lock")
     while True:
         try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
-            raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
+            if e.errno == errno.ELOOP:
+                raise UserError(
+                    f"{flag} {out}: its lock {lock} is a symbolic link; refusing to write through it (remove it)"
+                ) from None
+            raise UserError(f"{flag} {out}: cannot write there ({e.strerror})") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
             os.close(fd)
             raise UserError(
-                f"--out {out} is being written by another run{f' (pid {holder})' if holder else ''}; "
-                "wait for it to end or choose another --out"
+                f"{flag} {out} is being written by another run{f' (pid {holder})' if holder else ''}; "
+                f"wait for it to end or choose another {flag}"
             ) from None
         try:
             current = os.stat(lock).st_ino == os.fstat(fd).st_ino
@@ -227,6 +275,27 @@ def _exclusive(out: Path) -> Iterator[None]:
     finally:
         lock.unlink(missing_ok=True)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def one_writer(workdir: str | Path, flag: str = "--workdir") -> Iterator[None]:
+    """One run at a time writes a training `workdir` (the `exclusive` lock beside it, as `--out`
+    has). What this run creates of the path is removed again if the run is refused (a UserError),
+    so a refusal leaves nothing behind; an interrupted or preempted run keeps its checkpoints."""
+    workdir = Path(workdir).expanduser().resolve()
+    created = next((p for p in reversed([workdir, *workdir.parents]) if not p.exists()), None)
+    try:
+        workdir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"{flag} {workdir}: cannot write there ({e.strerror})") from None
+    try:
+        with exclusive(workdir, flag):
+            yield
+    except UserError:
+        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost.
+        if created is not None and not any((workdir / "checkpoints").glob("[0-9]*")):
+            shutil.rmtree(created, ignore_errors=True)
+        raise
 
 
 def _remove_stale_temporaries(out: Path, kind: str) -> None:

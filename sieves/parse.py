@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
+from bertjax import runinfo
 from bertjax.errors import UserError
 
 if TYPE_CHECKING:  # spaCy (~1 s to import) and conllu load only when a parse needs them
@@ -174,7 +175,9 @@ class SpacyParser:
     def _parse_cached(self, unique: list[str]) -> dict[str, Parse]:
         keys = {text: self._key(text) for text in unique}
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(self.cache_path)
+        runinfo.refuse_symlink(self.cache_path)
+        # nofollow: a link put there after the check is refused by SQLite itself.
+        connection = sqlite3.connect(f"{self.cache_path.absolute().as_uri()}?nofollow=1", uri=True)
         try:
             connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
             cached = _lookup(connection, list(keys.values()))

@@ -235,3 +235,322 @@ def test_a_non_finite_or_negative_learning_rate_is_refused_before_anything_is_wr
     argv = ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir), f"optimizer.end_learning_rate={value}"]
     assert cli_error(finetune.main, argv) == expected.replace("learning_rate", "end_learning_rate")
     assert not workdir.exists()
+
+
+# -- one writer per workdir, settings checked before any work (issue 30) ------------------------
+
+
+def _pretrain_argv(workdir: Path, *overrides: str) -> list[str]:
+    return ["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir), *overrides]
+
+
+def test_a_second_pretraining_run_on_a_workdir_stops_at_once(tmp_path, cli_error):
+    import os
+
+    from bertjax import runinfo
+    from train import pretrain
+
+    workdir = tmp_path / "work"
+    with runinfo.one_writer(workdir):  # the first run, as the lock sees it
+        message = cli_error(pretrain.main, _pretrain_argv(workdir))
+    assert message == (
+        f"error: --workdir {workdir} is being written by another run (pid {os.getpid()}); "
+        "wait for it to end or choose another --workdir"
+    )
+    assert list(tmp_path.iterdir()) == []  # the lock went with its holder; no workdir was made
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("train.global_batch_size=0", "train.global_batch_size: must be an integer ≥ 1, got 0"),
+        ("train.global_batch_size=-8", "train.global_batch_size: must be an integer ≥ 1, got -8"),
+        ("checkpoint.every=-1", "checkpoint.every: must be an integer ≥ 0 (0: no periodic saves), got -1"),
+    ],
+)
+def test_pretraining_settings_are_refused_before_any_work(override, expected, tmp_path, cli_error):
+    from train import pretrain
+
+    assert cli_error(pretrain.main, _pretrain_argv(tmp_path / "work", override)) == f"error: {expected}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_yaml_syntax_error_is_one_line(tmp_path, cli_error):
+    from train import finetune, pretrain
+
+    config = tmp_path / "bad.yaml"
+    config.write_text("train:\n  steps: 3\n   seed: [\n")
+    expected = f"error: {config}: not valid YAML (line 3, column 8: mapping values are not allowed in this context)"
+    argv = ["--config", str(config), "--workdir", str(tmp_path / "work")]
+    assert cli_error(pretrain.main, argv) == expected
+    assert cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", *argv]) == expected
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
+
+
+def test_a_run_refused_after_its_start_leaves_no_workdir_it_created(tmp_path, cli_error):
+    from train import pretrain
+
+    workdir = tmp_path / "new" / "work"
+    missing = tmp_path / "does-not-exist.txt"
+    argv = _pretrain_argv(workdir, "data.train_vocab=false", f"data.vocab_file={missing}")
+    assert cli_error(pretrain.main, argv) == f"error: {missing}: vocab_file does not exist"
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- weights and vocabularies that would give silent wrong results (issue 30) -------------------
+
+
+def _copy_of(tiny_hf: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    directory = tmp_path / "ckpt"
+    shutil.copytree(tiny_hf, directory)
+    return directory
+
+
+def _roles_argv(ckpt: Path, shared_data: Path, out: Path, *extra: str) -> list[str]:
+    return ["--ckpt", str(ckpt), "--task", "mrpc", "--roles", "local,cls", "--glue-dir", str(shared_data / "glue"),
+            "--n", "4", "--batch-size", "4", "--no-figures", "--out", str(out), *extra]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_non_finite_weights_are_refused_naming_the_first_tensor(value, tiny_hf, shared_data, tmp_path, cli_error):
+    from safetensors.numpy import load_file, save_file
+
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    tensors = load_file(directory / "model.safetensors")
+    for name in ("encoder.layer.1.attention.self.query.weight", "encoder.layer.0.output.dense.bias"):
+        tensors[name][0, ...] = value  # the second in the model's order is the first named
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    expected = (
+        f"error: {directory / 'model.safetensors'}: tensor encoder.layer.0.output.dense.bias holds 1 non-finite "
+        "value(s) (NaN or ±Inf), and 1 other tensor(s) do too; refusing to load it "
+        "(the analyses take --allow-nonfinite to go on)"
+    )
+    assert cli_error(roles.main, _roles_argv(directory, shared_data, out)) == expected
+    assert not out.exists()
+
+
+def test_allow_nonfinite_analyses_with_a_warning(tiny_hf, shared_data, tmp_path, caplog):
+    from safetensors.numpy import load_file, save_file
+
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["encoder.layer.1.attention.self.query.weight"][0, 0] = float("nan")
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "out"
+    roles.main(_roles_argv(directory, shared_data, out, "--allow-nonfinite"))
+    assert "encoder.layer.1.attention.self.query.weight holds 1 non-finite value(s)" in caplog.text
+    assert "analysed anyway (--allow-nonfinite)" in caplog.text
+    assert json.loads((out / "run.json").read_text())["config"]["allow_nonfinite"] is True
+
+
+@pytest.mark.parametrize("module", ["roles", "clark", "ablate", "prune", "track", "finetune_effect"])
+def test_allow_nonfinite_is_spelled_the_same_by_every_analysis(module):
+    import importlib
+
+    parse = importlib.import_module(f"analysis.{module}").parse_args
+    with pytest.raises(SystemExit):  # the flag is known; the missing required ones end the parse
+        parse(["--allow-nonfinite", "--help"])
+
+
+def test_a_vocabulary_shorter_than_the_models_is_one_line(tiny_hf, shared_data, tmp_path, cli_error):
+    from analysis import roles
+
+    directory = _copy_of(tiny_hf, tmp_path)
+    (directory / "tokenizer.json").unlink()  # the tokenizer is then built from vocab.txt alone
+    words = (shared_data / "vocab" / "bert-base-uncased-vocab.txt").read_text(encoding="utf-8").splitlines()
+    (directory / "vocab.txt").write_text("\n".join(words[:10000]) + "\n", encoding="utf-8")
+    out = tmp_path / "out"
+    expected = (
+        f"error: {directory}: the tokenizer has 10000 tokens but the model's vocab_size is {len(words)}; "
+        "they do not belong together"
+    )
+    assert cli_error(roles.main, _roles_argv(directory, shared_data, out)) == expected
+    assert not out.exists()
+
+
+# -- the report trusts nothing it reads (issue 30) ----------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roles_run(tiny_hf, shared_data, tmp_path_factory) -> Path:
+    from analysis import roles
+
+    out = tmp_path_factory.mktemp("report") / "run"
+    roles.main(_roles_argv(tiny_hf, shared_data, out, "--cache-dir", str(out.parent / "cache")))
+    return out
+
+
+def _run_copy(roles_run: Path, tmp_path: Path, name: str = "run") -> Path:
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(roles_run, copy)
+    return copy
+
+
+def test_the_report_replaces_no_file_that_is_not_a_report(roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    table = (run / "roles.csv").read_text()
+    for argv in (["--out", str(run / "roles.csv")], ["--out", str(run / "roles.csv"), "--overwrite"]):
+        message = cli_error(report.main, [str(run), "--examples", "0", *argv])
+        assert message == f"error: {run / 'roles.csv'} exists and is not a page analysis.report wrote; it is left as it is"
+    assert (run / "roles.csv").read_text() == table
+    page = tmp_path / "page.html"
+    report.main([str(run), "--examples", "0", "--out", str(page)])  # a new file
+    assert cli_error(report.main, [str(run), "--examples", "0", "--out", str(page)]) == (
+        f"error: --out {page} exists; pass --overwrite to replace it"
+    )
+    report.main([str(run), "--examples", "0", "--out", str(page), "--overwrite"])  # an earlier report
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / "link.html").symlink_to(victim)
+    message = cli_error(report.main, [str(run), "--examples", "0", "--out", str(tmp_path / "link.html")])
+    assert message.endswith("link.html is a symbolic link; refusing to write through it (remove it, or choose another path)")
+    assert victim.read_text() == "precious\n"
+
+
+def _edit_run_json(run: Path, edit) -> None:
+    info = json.loads((run / "run.json").read_text())
+    edit(info)
+    (run / "run.json").write_text(json.dumps(info))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "expected"),
+    [
+        ("n", "abc", "config.n must be int, got 'abc'"),
+        ("roles", 5, "config.roles must be a list of strings, got 5"),
+        ("ckpt", None, "config.ckpt must be str, got None"),
+        ("n", 0, "config: --n must be at least 1, got 0"),
+        ("data_files", ["x"], "data_files must be an object of lists of files, got ['x']"),
+        ("data_files", {"mrpc": [{"sha256": "0"}]}, "data_files.mrpc: each file needs a path and a sha256, got {'sha256': '0'}"),
+        ("model_config", {"num_hidden_layers": "2"}, "model_config.num_hidden_layers must be an integer in [1, 1024], got '2'"),
+    ],
+)  # fmt: skip
+def test_a_report_on_an_edited_run_json_is_one_line(field, value, expected, roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    if field in ("data_files", "model_config"):
+        _edit_run_json(run, lambda info: info.update({field: value}))
+    else:
+        _edit_run_json(run, lambda info: info["config"].update({field: value}))
+    assert cli_error(report.main, [str(run), "--examples", "0"]) == f"error: {run / 'run.json'}: {expected}"
+    assert not (run / "report.html").exists()
+
+
+def _edit_rows(lines: list[str]) -> dict[str, list[str]]:
+    header, first, *rest = lines
+    columns = header.split(",")
+
+    def with_value(column: str, value: str) -> str:
+        cells = first.split(",")
+        cells[columns.index(column)] = value
+        return ",".join(cells)
+
+    return {
+        "duplicated": [header, first, first, *rest[1:]],
+        "huge": [header, with_value("layer", "200000000"), *rest],
+        "negative": [header, with_value("head", "-1"), *rest],
+        "nan": [header, with_value("layer", ""), *rest],
+        "float": [header, with_value("head", "0.5"), *rest],
+        "truncated": [header, first, *rest[:2]],
+        "role_cut": [header, first, *rest[: len(rest) // 2]],
+        "other_role": [header, with_value("role", "next"), *rest],
+    }
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("duplicated", ":3: a second row for the same head (task, role, layer, head)"),
+        ("huge", ":2: layer 200000000 is past the model's 2 layers"),
+        ("negative", ":2: head must be an integer ≥ 0, got -1"),
+        ("nan", ":2: layer must be an integer ≥ 0, got nan"),
+        ("float", ":2: head must be an integer ≥ 0, got 0.5"),
+        ("truncated", ": {'task': 'mrpc', 'role': 'local'} has 3 rows, not one per head (2 × 2): a truncated or edited table"),
+        ("role_cut", ": task mrpc has no rows for role 'cls', which the run scored (run.json tasks): a truncated or edited table"),
+        ("other_role", ": role 'next' is not one of the run's roles (run.json config.roles)"),
+    ],
+)  # fmt: skip
+def test_a_report_on_an_edited_roles_csv_is_one_line(case, expected, roles_run, tmp_path, cli_error):
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path)
+    lines = (run / "roles.csv").read_text().splitlines()
+    (run / "roles.csv").write_text("\n".join(_edit_rows(lines)[case]) + "\n")
+    assert cli_error(report.main, [str(run), "--examples", "0"]) == f"error: {run / 'roles.csv'}{expected}"
+    assert not (run / "report.html").exists()
+
+
+def test_the_report_reloads_the_step_the_run_recorded(roles_run):
+    from analysis.heads import report as heads_report
+
+    run = heads_report.read_run(roles_run)
+    run.info["checkpoint"] = {"kind": "orbax", "path": "/w/checkpoints", "step": 3}  # run with no --step
+    assert [(m.ckpt, m.step) for m in heads_report.models_of(run)] == [(run.settings.ckpt, 3)]
+
+
+HOSTILE = "<!--<script> </script> ]]> \u2028 \u2029 & \"'"
+
+
+def test_the_report_escapes_what_it_embeds_and_still_has_its_grid(roles_run, tmp_path):
+    import html
+    import re
+
+    from analysis import report
+
+    run = _run_copy(roles_run, tmp_path, name="<!--<script>x")
+    _edit_run_json(run, lambda info: info["config"].update({"split": HOSTILE}))
+    report.main([str(run), "--examples", "0"])
+    page = (run / "report.html").read_text(encoding="utf-8")
+    # The data element ends at its own end tag: nothing in it opens a comment or a script.
+    match = re.search(r'<script type="application/json" id="report-data">(.*?)</script>', page, re.DOTALL)
+    payload = match.group(1)
+    assert not set(payload) & set("<>&\u2028\u2029")
+    data = json.loads(payload)
+    assert data["settings"]["split"] == HOSTILE and data["run_dir"].endswith("<!--<script>x")
+    assert data["layers"] == 2 and data["heads"] == 2 and data["stats"]["mrpc"]["cls"]["mean"][0][0] is not None
+    title = re.search(r"<title>(.*?)</title>", page).group(1)
+    assert "<" not in title and html.unescape(title).startswith("<!--<script>x")
+    assert page.count("<script") == 2  # the data and the page's own script, nothing more
+
+
+# -- the scores cache: an entry is what its name says (issue 30) --------------------------------
+
+
+def test_a_scores_cache_entry_under_another_steps_name_is_scored_again(tmp_path, caplog):
+    import shutil
+
+    from analysis.heads import tracking
+
+    settings = {"n": 4, "roles": ["local", "cls"]}
+    one, three = {"step": 1, "files": "a"}, {"step": 3, "files": "b"}
+    entry = tracking.cache_path(tmp_path, settings, one)
+    tracking.save_scores(entry, {}, settings, one)
+    assert tracking.read_cached(entry, settings, one) == {}
+    copied = tracking.cache_path(tmp_path, settings, three)
+    shutil.copyfile(entry, copied)  # step 1's scores under step 3's name
+    assert tracking.read_cached(copied, settings, three) is None
+    assert "holds scores of other checkpoint (step or files) than its name says; its step is scored again" in caplog.text
+    assert tracking.read_cached(entry, {**settings, "n": 8}, one) is None
+    assert "holds scores of other settings than its name says" in caplog.text
+
+
+def test_an_unusable_scores_cache_is_refused_before_any_scoring(tmp_path):
+    from analysis.heads import tracking
+
+    (tmp_path / "file").write_text("")
+    with pytest.raises(UserError, match=r"--scores-cache .*file/cache: cannot create it \(Not a directory\)"):
+        tracking.prepare_cache(tmp_path / "file" / "cache", tmp_path / "out")
+    tracking.prepare_cache(tmp_path / "cache", tmp_path / "out")
+    assert list((tmp_path / "cache").iterdir()) == []  # the write check leaves nothing

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -172,3 +173,103 @@ def test_only_stale_temporaries_of_the_same_kind_are_removed(tmp_path):
     with runinfo.atomic_out(out):
         pass
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", running.name, other_kind.name, no_pid.name])
+
+
+# -- symbolic links planted where a file is to be written (issue 30) ---------------------------
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    return victim
+
+
+def test_a_symlink_at_the_out_lock_is_refused_and_its_target_untouched(tiny_hf, shared_data, tmp_path, cli_error):
+    from analysis import roles
+
+    victim = _victim(tmp_path)
+    scratch = tmp_path / "s"
+    scratch.mkdir()
+    (scratch / ".x.lock").symlink_to(victim)
+    out = scratch / "x"
+    message = cli_error(roles.main, _roles(tiny_hf, shared_data, out)[3:])
+    assert message == (
+        f"error: --out {out}: its lock {scratch / '.x.lock'} is a symbolic link; refusing to write through it (remove it)"
+    )
+    assert victim.read_text() == "precious\n"
+    assert sorted(p.name for p in scratch.iterdir()) == [".x.lock"]
+
+
+def test_a_dangling_symlink_at_the_lock_creates_nothing(tmp_path):
+    (tmp_path / ".out.lock").symlink_to(tmp_path / "would-be-created")
+    with pytest.raises(UserError, match="is a symbolic link"), runinfo.atomic_out(tmp_path / "out"):
+        pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock"]
+
+
+def test_atomic_file_refuses_a_symlink_and_never_writes_through_one(tmp_path):
+    victim = _victim(tmp_path)
+    (tmp_path / "config.yaml").symlink_to(victim)
+    with (
+        pytest.raises(UserError, match=r"config\.yaml is a symbolic link; refusing to write through it"),
+        runinfo.atomic_file(tmp_path / "config.yaml") as f,
+    ):
+        f.write("mine\n")
+    assert victim.read_text() == "precious\n"
+    # The temporary's name is random (O_EXCL): a link at the old fixed name is left alone.
+    (tmp_path / "run.json.tmp").symlink_to(victim)
+    (tmp_path / ".run.json.tmp").symlink_to(victim)
+    with runinfo.atomic_file(tmp_path / "run.json") as f:
+        f.write("{}\n")
+    assert (tmp_path / "run.json").read_text() == "{}\n" and victim.read_text() == "precious\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".run.json.tmp", "config.yaml", "run.json", "run.json.tmp", "victim.txt"]  # fmt: skip
+
+
+def test_atomic_file_leaves_the_old_file_when_the_writer_fails(tmp_path):
+    (tmp_path / "a.txt").write_text("old\n")
+    with pytest.raises(ValueError), runinfo.atomic_file(tmp_path / "a.txt") as f:
+        f.write("half")
+        raise ValueError
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old\n"
+
+
+def test_appended_logs_refuse_a_symlink(tmp_path):
+    from train.metrics import MetricsWriter
+
+    victim = _victim(tmp_path)
+    (tmp_path / "metrics.jsonl").symlink_to(victim)
+    with pytest.raises(UserError, match=r"metrics\.jsonl is a symbolic link"):
+        MetricsWriter(tmp_path, enabled=True)
+    assert victim.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("target", ["config.yaml", "scores", "parses", "config.json"])
+def test_the_tools_own_files_refuse_a_symlink(target, tmp_path):
+    """The resolved config, a scores-cache entry, the parse cache and a saved model's config.json."""
+    import bertjax
+    from analysis.heads import tracking
+    from sieves.parse import SpacyParser
+    from train import config as config_lib
+    from train.pretrain import PretrainConfig
+
+    victim = _victim(tmp_path)
+    if target == "config.yaml":
+        path = tmp_path / "config.yaml"
+        path.symlink_to(victim)
+        write = lambda: config_lib.save_resolved(PretrainConfig(), path)
+    elif target == "scores":
+        path = tmp_path / "step-000000001-0123456789abcdef.npz"
+        path.symlink_to(victim)
+        write = lambda: tracking.save_scores(path, {}, {}, {"step": 1})
+    elif target == "parses":
+        parser = SpacyParser(cache_dir=tmp_path)
+        path = parser.cache_path
+        path.symlink_to(victim)
+        write = lambda: parser.parse(["A text."])
+    else:
+        path = tmp_path / "config.json"
+        path.symlink_to(victim)
+        write = lambda: bertjax.preset("tiny").to_json_file(path)
+    with pytest.raises(UserError, match=f"{re.escape(path.name)} is a symbolic link; refusing to write through it"):
+        write()
+    assert victim.read_text() == "precious\n"

@@ -119,9 +119,9 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     loaded = []
     real_load = tracking.from_pretrained
 
-    def counting_load(path, step=None):
+    def counting_load(path, step=None, **options):
         loaded.append(step)
-        return real_load(path, step=step)
+        return real_load(path, step=step, **options)
 
     monkeypatch.setattr(tracking, "from_pretrained", counting_load)
     cache = tmp_path / "cache"

@@ -135,8 +135,8 @@ def test_html_goes_with_the_merge_not_a_shard(flags, tmp_path, cli_error):
 
 
 def test_a_failed_cache_write_leaves_no_temporary(tmp_path, monkeypatch):
-    def torn(path, **arrays):
-        Path(path).write_bytes(b"PK")  # the start of a zip, then the disk fills
+    def torn(file, **arrays):
+        file.write(b"PK")  # the start of a zip, then the disk fills
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(np, "savez", torn)

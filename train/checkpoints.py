@@ -47,6 +47,10 @@ class CheckpointConfig:
     log_spaced: int = 0  # add this many log-spaced steps in [1, total] (for tracking roles)
     best_metric: str | None = None  # also keep the save with the highest value of this eval metric
 
+    def __post_init__(self) -> None:
+        if self.every < 0:  # 0 turns periodic saves off; a negative period would do so silently
+            raise UserError(f"checkpoint.every: must be an integer ≥ 0 (0: no periodic saves), got {self.every}")
+
 
 def log_spaced_steps(count: int, total: int) -> list[int]:
     """`count` distinct steps spaced evenly in log scale from 1 to `total` (both included)."""

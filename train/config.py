@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from bertjax import runinfo
 from bertjax.errors import UserError
 
 T = TypeVar("T")
@@ -29,7 +30,7 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
             where = f"{path}: "
             if not Path(path).is_file():
                 raise UserError(f"{path}: config file does not exist")
-            cfg = OmegaConf.merge(cfg, OmegaConf.load(path))
+            cfg = OmegaConf.merge(cfg, _load_yaml(Path(path)))
         for item in overrides:
             where = f"override {item!r}: "
             key, sep, _ = item.partition("=")
@@ -50,6 +51,19 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
 _MISSING = object()
 
 
+def _load_yaml(path: Path) -> Any:
+    import yaml
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
+
+
 def _is_open(cfg: Any, key: str) -> bool:
     """Whether `key` may be created: only inside a dict-typed (not a dataclass) node."""
     from omegaconf import DictConfig, OmegaConf
@@ -66,6 +80,5 @@ def to_dict(config: Any) -> dict[str, Any]:
 def save_resolved(config: Any, path: Path) -> None:
     from omegaconf import OmegaConf
 
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(OmegaConf.to_yaml(OmegaConf.structured(config)))
-    tmp.replace(path)
+    with runinfo.atomic_file(path) as f:
+        f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))

@@ -140,7 +140,7 @@ class Evaluator:
         row = {"task": self.spec.name, "split": self.split, "step": step, "epoch": step // self.batches_per_epoch,
                "n_examples": len(labels), **scores}  # fmt: skip
         if self.trainer.is_main:
-            with open(self.trainer.workdir / EVAL_ROWS, "a") as f:
+            with runinfo.open_append(self.trainer.workdir / EVAL_ROWS) as f:
                 f.write(json.dumps(row) + "\n")
         log.info(
             "%s %s step %d: %s", self.spec.name, self.split, step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
@@ -370,9 +370,8 @@ def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    tmp.replace(path)
+    with runinfo.atomic_file(path) as f:
+        f.write(json.dumps(content, indent=2) + "\n")
 
 
 def describe(result: dict[str, Any]) -> str:

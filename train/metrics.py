@@ -9,6 +9,7 @@ from typing import Any
 
 import jax
 
+from bertjax import runinfo
 from bertjax.config import BertConfig
 
 # Dense bf16 peak FLOP/s per device (vendor datasheets, without sparsity).
@@ -64,7 +65,7 @@ class MetricsWriter:
             return
         from tensorboardX import SummaryWriter
 
-        self.jsonl = open(Path(workdir) / "metrics.jsonl", "a")  # noqa: SIM115 (closed by close())
+        self.jsonl = runinfo.open_append(Path(workdir) / "metrics.jsonl")
         self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:

@@ -9,10 +9,12 @@ the same command resumes from the latest checkpoint.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import logging
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -152,10 +154,14 @@ def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
         expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
         if len(tokenizer) != expected:
             raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
-        partial = target.with_name(target.name + ".tmp")
-        shutil.rmtree(partial, ignore_errors=True)
-        tokenizer.save_pretrained(str(partial))
-        partial.rename(target)
+        # A directory of its own, so that nothing planted at a fixed name is written into.
+        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=workdir))
+        try:
+            tokenizer.save_pretrained(str(partial))
+            partial.rename(target)
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
 
 
 def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
@@ -163,6 +169,12 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     if config.distributed:
         jax.distributed.initialize()
     workdir = Path(workdir)
+    # Process 0 writes the workdir; the others only read what it wrote.
+    with runinfo.one_writer(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run(config, workdir)
+
+
+def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     p1, p2 = config.data, config.phase2
     # Both phases would prepare into one directory, and phase 2 be refused its shards only once
     # phase 1 had trained.

@@ -50,6 +50,12 @@ class LoopConfig:
     init_from: str | None = None  # start from these params (HF dir or bertjax run), fresh optimizer
     init_step: int | None = None
 
+    def __post_init__(self) -> None:
+        # Checked with the other settings, before any data is prepared. Every config names this
+        # section `train`.
+        if self.global_batch_size < 1:
+            raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
+
 
 class DataIterator(Protocol):
     def __next__(self) -> dict[str, np.ndarray]: ...

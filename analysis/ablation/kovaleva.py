@@ -76,6 +76,7 @@ class KovalevaConfig:
     overwrite: bool = False
     figure_format: str = "png"
     devices: int | None = None  # --devices: the first N local devices (None: all)
+    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
         check_device_count(self.devices)
@@ -165,11 +166,13 @@ def run(config: KovalevaConfig) -> dict[str, dict]:
         return _run(config, tasks, tmp, started)
 
 
-def _load(ckpt: str, step: int | None, trained_heads: bool = False):
+def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfinite: bool = False):
     # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
     # classifier is initialised and unused: patterns and features read attention only; disabling
     # and masking read the classifier's accuracy, so they need a trained one).
-    model = from_pretrained(ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads)
+    model = from_pretrained(
+        ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads, allow_nonfinite=allow_nonfinite
+    )
     return model, load_tokenizer(ckpt, step=step)
 
 
@@ -279,14 +282,14 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
-    model, tokenizer = _load(config.ckpt, config.step, trained_heads=bool(classifier))
+    model, tokenizer = _load(config.ckpt, config.step, bool(classifier), config.allow_nonfinite)
     if classifier:
         check_classifier(model, config.ckpt, config.step, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
     if "features" in config.analyses and config.compare_ckpt:
-        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step)}
+        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)}
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)

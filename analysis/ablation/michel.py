@@ -49,6 +49,7 @@ class MichelConfig:
     overwrite: bool = False
     figure_format: str = "png"
     devices: int | None = None  # --devices: the first N local devices (None: all)
+    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
         check_device_count(self.devices)
@@ -173,7 +174,10 @@ def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
-    model = from_pretrained(config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True)
+    model = from_pretrained(
+        config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True,
+        allow_nonfinite=config.allow_nonfinite,
+    )  # fmt: skip
     check_classifier(model, config.ckpt, config.step, [task])
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_position_embeddings)

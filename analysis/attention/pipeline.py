@@ -76,6 +76,7 @@ class ClarkConfig:
     overwrite: bool = False
     figure_format: str = "png"
     analyses_explicit: bool = False
+    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
         for name in self.analyses:
@@ -217,7 +218,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
 
     clock = time.perf_counter()
     model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
-    model = from_pretrained(config.ckpt, model_class, step=config.step)
+    model = from_pretrained(config.ckpt, model_class, step=config.step, allow_nonfinite=config.allow_nonfinite)
     encoder = model.bert if "gradients" in wanted else model
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, encoder.config.max_position_embeddings)

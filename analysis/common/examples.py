@@ -51,15 +51,12 @@ class ExampleSettings(Protocol):
 
 def resolve_tasks(spec: str) -> list[str]:
     """`all`, one task, `text:FILE`, or a comma-separated list of them, in the order given."""
-    texts = text_task_files(spec)
+    text_task_files(spec)  # checks the files and their names before any work
     tasks = [
         t
         for part in spec.split(",")
         for t in ([text_label(part.strip())] if part.strip().startswith(TEXT_PREFIX) else glue.resolve_tasks(part.strip()))
     ]
-    clash = set(texts) & set(glue.TASKS)
-    if clash:
-        raise UserError(f"--task: a text file's task name {sorted(clash)[0]!r} is also a GLUE task")
     return list(dict.fromkeys(tasks))
 
 

@@ -34,6 +34,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from bertjax import runinfo
 from bertjax.errors import UserError
 
 PNG_DPI = 150
@@ -376,7 +377,6 @@ class FigureCache:
         paths = draw()
         self.directory.mkdir(parents=True, exist_ok=True)
         for path, entry in zip(paths, cached, strict=True):
-            partial = entry.with_name(f".{entry.name}.{os.getpid()}.tmp")
-            shutil.copyfile(path, partial)
-            partial.replace(entry)
+            with runinfo.atomic_file(entry, binary=True) as f, open(path, "rb") as source:
+                shutil.copyfileobj(source, f)
         return paths

@@ -118,6 +118,13 @@ def check_device_count(devices: int | None) -> None:
         raise UserError(f"--devices must be at least 1, got {devices}")
 
 
+def add_nonfinite_argument(p: argparse.ArgumentParser) -> None:
+    """`--allow-nonfinite`, spelled the same by every CLI that loads a checkpoint: weights holding
+    NaN or ±Inf are refused at load unless it is given (then a warning)."""
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
+
+
 def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:
     """`--devices` (and `--distributed` where the analysis spreads over hosts), spelled the same by
     every CLI that runs forward passes."""

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from analysis.common.examples import CONLLU_TASK, resolve_tasks
 from analysis.common.figures import add_figure_arguments
-from analysis.common.forward import add_device_arguments, check_device_count
+from analysis.common.forward import add_device_arguments, add_nonfinite_argument, check_device_count
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -62,6 +62,7 @@ class RolesConfig:
     # and whether this process is one of a multi-host job (`--distributed`).
     devices: int | None = None
     distributed: bool = False
+    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
         if self.block_score not in BLOCK_SCORES:
@@ -121,6 +122,7 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
     add_device_arguments(p)
+    add_nonfinite_argument(p)
 
 
 def add_test_arguments(p: argparse.ArgumentParser) -> None:
@@ -160,7 +162,7 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
             "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
             "figure_format", "html", "block_score", "block_first_sep", "syntactic_average", "devices",
-            "distributed")  # fmt: skip
+            "distributed", "allow_nonfinite")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES

@@ -205,14 +205,14 @@ def _run(config: EffectConfig, tmp: Path | None, started: float) -> dict[str, pd
     devices = Devices.local(rc.devices)
 
     clock = time.perf_counter()
-    pre = from_pretrained(rc.ckpt)
+    pre = from_pretrained(rc.ckpt, allow_nonfinite=rc.allow_nonfinite)
     timings["load_pre"] = time.perf_counter() - clock
     n_layers = pre.config.num_hidden_layers
 
     changes, means, similarity = [], [], []
     for post in config.posts:
         clock = time.perf_counter()
-        comparer = make_comparer(pre, from_pretrained(post.ckpt), devices)
+        comparer = make_comparer(pre, from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite), devices)
         for task in post.tasks:
             with distributed.all_ok("scoring"):
                 before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")

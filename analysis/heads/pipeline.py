@@ -74,7 +74,7 @@ def _run(
 ) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
-    model = from_pretrained(config.ckpt, step=config.step)
+    model = from_pretrained(config.ckpt, step=config.step, allow_nonfinite=config.allow_nonfinite)
     tokenizer = load_tokenizer(config.ckpt, step=config.step)
     devices = Devices.local(config.devices)
     scorer = make_scorer(model, entropy_roles(config), devices)

@@ -9,7 +9,6 @@ import dataclasses
 import json
 import logging
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import pandas as pd
 from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments, present_roles
 from analysis.common.forward import pad_batch
 from analysis.heads.config import RolesConfig
-from analysis.heads.report_page import render
+from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
@@ -48,11 +47,16 @@ MAX_SHOWN_TOKENS = 64
 CANDIDATES = 32
 
 
+# More than any BERT has: a table claiming more is edited, and its grid would not fit in memory.
+MAX_GRID = 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class ReportConfig:
     run_dir: str
     examples: int = 4
     out: str | None = None
+    overwrite: bool = False
     coref: str | None = None
 
     def __post_init__(self) -> None:
@@ -73,6 +77,8 @@ class Run:
     table: pd.DataFrame
     info: dict
     settings: RolesConfig
+    layers: int
+    heads: int
 
 
 def read_run(run_dir: str | Path) -> Run:
@@ -91,13 +97,18 @@ def read_run(run_dir: str | Path) -> Run:
         table = pd.read_csv(directory / TABLES[kind])
     except (ValueError, OSError, pd.errors.ParserError) as e:
         raise UserError(f"{directory}: cannot read run.json or {TABLES[kind]} ({e})") from None
-    config = info.get("config") if isinstance(info, dict) else None
+    if not isinstance(info, dict):
+        raise UserError(f"{directory / 'run.json'}: not a JSON object")
+    config = info.get("config")
+    prefix = {"roles": "config", "track": "config.roles", "effect": "config.data"}[kind]
     if kind == "track" and isinstance(config, dict):
         config = config.get("roles")
     elif kind == "effect" and isinstance(config, dict):
         config = config.get("data")
     if not isinstance(config, dict) or "ckpt" not in config:
         raise UserError(f"{directory / 'run.json'}: no analysis settings in it (config.ckpt missing)")
+    settings = settings_of(config, directory / "run.json", prefix)
+    check_run_json(info, directory / "run.json")
     needed = {"roles": {"task", "layer", "head", "role", *STAT_FIELDS}, "track": {"step", "task", "layer", "head", "role", *STAT_FIELDS},
               "effect": {"post_ckpt", "task", "layer", "head", "role", "n", "pre", "post"}}[kind]  # fmt: skip
     missing = sorted(needed - set(table.columns))
@@ -105,16 +116,113 @@ def read_run(run_dir: str | Path) -> Run:
         raise UserError(
             f"{directory / TABLES[kind]}: not the table analysis.{kind} writes (missing columns: {', '.join(missing) or 'no rows'})"
         )
-    return Run(kind, directory, table, info, settings_of(config))
+    layers, heads = check_table(kind, table, directory / TABLES[kind], settings, info)
+    return Run(kind, directory, table, info, settings, layers, heads)
 
 
-def settings_of(config: dict) -> RolesConfig:
-    """The run's RolesConfig from its run.json (keys this version does not know are ignored)."""
-    known = {f.name for f in dataclasses.fields(RolesConfig)}
-    values = {k: v for k, v in config.items() if k in known}
-    if "roles" in values:
-        values["roles"] = tuple(values["roles"])
-    return RolesConfig(**values)
+def settings_of(config: dict, source: Path | None = None, prefix: str = "config") -> RolesConfig:
+    """The run's RolesConfig from its run.json (keys this version does not know are ignored), each
+    value of the type the field has, or one line naming the field."""
+    fields = {f.name: f for f in dataclasses.fields(RolesConfig)}
+    values = {}
+    for key, value in config.items():
+        if key not in fields:
+            continue
+        annotation = str(fields[key].type)
+        if not _of_type(value, annotation):
+            raise UserError(f"{source}: {prefix}.{key} must be {annotation.replace('tuple[str, ...]', 'a list of strings')}, got {value!r}")  # fmt: skip
+        values[key] = tuple(value) if annotation.startswith("tuple") else value
+    try:
+        return RolesConfig(**values)
+    except UserError as e:  # a value out of range: the message names the flag that sets it
+        raise UserError(f"{source}: {prefix}: {e}") from None
+
+
+def _of_type(value: object, annotation: str) -> bool:
+    """Whether a JSON value fits a RolesConfig field's annotation (`int | None`, `tuple[str, ...]`)."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    fits = {
+        "None": value is None,
+        "bool": isinstance(value, bool),
+        "int": number and isinstance(value, int),
+        "float": number,
+        "str": isinstance(value, str),
+        "tuple[str, ...]": isinstance(value, list) and all(isinstance(x, str) for x in value),
+    }
+    return any(fits.get(option, False) for option in annotation.split(" | "))
+
+
+def check_run_json(info: dict, source: Path) -> None:
+    """The parts of run.json besides the settings that the report reads: one line naming the field."""
+    files = info.get("data_files")
+    if files is not None:
+        entries = files.values() if isinstance(files, dict) else None
+        if entries is None or not all(isinstance(e, list) for e in entries):
+            raise UserError(f"{source}: data_files must be an object of lists of files, got {files!r}"[:300])
+        for task, listed in files.items():
+            for entry in listed:
+                if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):  # fmt: skip
+                    raise UserError(f"{source}: data_files.{task}: each file needs a path and a sha256, got {entry!r}"[:300])  # fmt: skip
+    checkpoint = info.get("checkpoint")
+    if checkpoint is not None and not (isinstance(checkpoint, dict) and _of_type(checkpoint.get("step"), "int | None")):
+        raise UserError(f"{source}: checkpoint must be an object with an integer step, got {checkpoint!r}"[:300])
+    model = info.get("model_config")
+    if model is not None:
+        for key in ("num_hidden_layers", "num_attention_heads"):
+            value = model.get(key) if isinstance(model, dict) else None
+            if not (isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_GRID):
+                raise UserError(f"{source}: model_config.{key} must be an integer in [1, {MAX_GRID}], got {value!r}")
+
+
+def check_table(kind: str, table: pd.DataFrame, source: Path, settings: RolesConfig, info: dict) -> tuple[int, int]:
+    """(layers, heads) of a run's table, after checking it is the table the run wrote: integer
+    layer and head within the model's grid, one row per head of each (task, role[, step or post
+    checkpoint]), and only the run's roles. Each fault is one line naming the file, line and field."""
+    for column in ("layer", "head"):
+        values = pd.to_numeric(table[column], errors="coerce")
+        bad = np.flatnonzero(values.isna().to_numpy() | (values.to_numpy() % 1 != 0) | (values.to_numpy() < 0))
+        if len(bad) or not pd.api.types.is_integer_dtype(table[column]):
+            row = int(bad[0]) if len(bad) else 0
+            value = table[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise UserError(f"{source}:{row + 2}: {column} must be an integer ≥ 0, got {value!r}")
+    model = info.get("model_config")
+    if isinstance(model, dict) and "num_hidden_layers" in model:
+        layers, heads = model["num_hidden_layers"], model["num_attention_heads"]
+    else:  # older runs did not record the model: the table's own extent, within reason
+        layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    for column, size in (("layer", layers), ("head", heads)):
+        past = np.flatnonzero(table[column].to_numpy() >= min(size, MAX_GRID))
+        if len(past):
+            raise UserError(
+                f"{source}:{past[0] + 2}: {column} {table[column].iloc[past[0]]} is past the model's "
+                f"{min(size, MAX_GRID)} {column}s"
+            )
+    unknown = sorted(set(table["role"].astype(str)) - set(settings.roles))
+    if unknown:
+        raise UserError(f"{source}: role {unknown[0]!r} is not one of the run's roles (run.json config.roles)")
+    keys = ["task", "role", *{"track": ["step"], "effect": ["post_ckpt"]}.get(kind, [])]
+    duplicated = np.flatnonzero(table.duplicated([*keys, "layer", "head"]).to_numpy())
+    if len(duplicated):
+        raise UserError(f"{source}:{duplicated[0] + 2}: a second row for the same head ({', '.join([*keys, 'layer', 'head'])})")
+    for key, group in table.groupby(keys, sort=False):
+        if len(group) != layers * heads:
+            raise UserError(
+                f"{source}: {dict(zip(keys, key, strict=True))} has {len(group)} rows, not one per head "
+                f"({layers} × {heads}): a truncated or edited table"
+            )
+    tasks = info.get("tasks")
+    if kind == "roles" and isinstance(tasks, dict):  # every role the run scored in each task it lists
+        for task, about in tasks.items():
+            absent = about.get("absent_roles") if isinstance(about, dict) else None
+            held = set(table.loc[table["task"] == task, "role"].astype(str))
+            lost = [r for r in settings.roles if r not in held and r not in (absent or ())]
+            if lost:
+                raise UserError(
+                    f"{source}: task {task} has no rows for role {lost[0]!r}, which the run scored "
+                    "(run.json tasks): a truncated or edited table"
+                )
+    return layers, heads
 
 
 def _numbers(values: np.ndarray) -> list:
@@ -181,7 +289,10 @@ class Model:
 def models_of(run: Run) -> list[Model]:
     config = run.info["config"]
     if run.kind == "roles":
-        return [Model("model", run.settings.ckpt, run.settings.step)]
+        # The step the run analysed, as it recorded it: a workdir's latest step may have moved on.
+        recorded = run.info.get("checkpoint") or {}
+        step = recorded.get("step") if recorded.get("kind") == "orbax" else run.settings.step
+        return [Model("model", run.settings.ckpt, step)]
     if run.kind == "track":
         last = int(run.table["step"].max())
         return [Model(f"step {last}", run.settings.ckpt, last)]
@@ -305,7 +416,7 @@ def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str 
         return _missing(f"the data file {changed} is gone or differs from the one the run read (sha256 in run.json)")
     models = models_of(run)
     try:
-        loaded = [(m, from_pretrained(m.ckpt, step=m.step)) for m in models]
+        loaded = [(m, from_pretrained(m.ckpt, step=m.step, allow_nonfinite=run.settings.allow_nonfinite)) for m in models]
         tokenizer = load_tokenizer(models[0].ckpt, step=models[0].step)
     except (UserError, OSError) as e:
         return _missing(f"the run's checkpoint cannot be loaded ({' '.join(str(e).split())})")
@@ -365,7 +476,7 @@ def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict 
 
 def report_data(run: Run, config: ReportConfig) -> dict:
     table = run.table
-    layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    layers, heads = run.layers, run.heads
     tasks = [str(t) for t in pd.unique(table["task"])]
     stats = stats_data(run, layers, heads)
     examples, missing = examples_data(run, tasks, config.examples)
@@ -396,17 +507,39 @@ def report_data(run: Run, config: ReportConfig) -> dict:
     }
 
 
+def check_target(config: ReportConfig) -> Path:
+    """The page's path, checked before any work: the report replaces only a report, and outside
+    the run directory only with `--overwrite`; a table or any other file is never replaced."""
+    path = config.path
+    runinfo.refuse_symlink(path)
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory; name the HTML file to write")
+    if path.exists():
+        if not _is_report(path):
+            raise UserError(f"{path} exists and is not a page analysis.report wrote; it is left as it is")
+        inside = path.resolve().parent == Path(config.run_dir).expanduser().resolve()
+        if not inside and not config.overwrite:
+            raise UserError(f"--out {path} exists; pass --overwrite to replace it")
+    return path
+
+
+def _is_report(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return GENERATOR.encode() in f.read(4096)
+    except OSError:
+        return False
+
+
 def write_report(config: ReportConfig) -> Path:
     """Reads the run, computes the example attention and writes the page (atomically)."""
+    path = check_target(config)
     run = read_run(config.run_dir)
     data = report_data(run, config)
-    path = config.path
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(render(data), encoding="utf-8")
-        tmp.replace(path)
+        with runinfo.atomic_file(path) as f:
+            f.write(render(data))
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
     print(f"report: wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return path

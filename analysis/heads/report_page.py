@@ -363,12 +363,20 @@ BODY = """
 """
 
 
+# In the page's head: what tells a report analysis.report may replace from any other file.
+GENERATOR = '<meta name="generator" content="bertjax analysis.report">'
+
+
 def render(data: dict) -> str:
     """The page for `data` (what `analysis.report.report_data` returns)."""
-    # "</" would end the script element early; JSON allows the escaped slash.
-    payload = json.dumps(data, allow_nan=False, separators=(",", ":")).replace("</", "<\\/")
+    # Inside a script element "</script" ends it early and "<!--<script" makes the parser skip
+    # the real end tag (a blank page); U+2028/9 end a line in older JavaScript. JSON strings allow
+    # each of these characters as a \u escape, and "<", ">", "&" occur nowhere else in JSON.
+    payload = json.dumps(data, allow_nan=False, separators=(",", ":"))
+    for char in "<>&\u2028\u2029":
+        payload = payload.replace(char, f"\\u{ord(char):04x}")
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">' + GENERATOR +
         f"<title>{html.escape(data['title'])}</title>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}</style></head><body>{BODY}"

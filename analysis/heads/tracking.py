@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import os
-import socket
+import tempfile
 import time
 import zipfile
 from pathlib import Path
@@ -147,6 +147,12 @@ def prepare_cache(cache_dir: Path, out: Path) -> None:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--scores-cache {cache_dir}: cannot create it ({e.strerror})") from None
+    try:  # checked now, not after the scoring: entries are written as each step is scored
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=cache_dir)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UserError(f"--scores-cache {cache_dir}: cannot write there ({e.strerror})") from None
 
 
 def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict) -> None:
@@ -167,15 +173,10 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    # Host and process id keep two runs that score the same step from writing one temporary file,
-    # also on a cache shared between hosts (a pod's, or containers whose pids all start at 1).
-    tmp = path.with_name(f"{path.name}.{socket.gethostname()}.{os.getpid()}.tmp.npz")
-    try:
-        np.savez(tmp, **arrays)
-        tmp.replace(path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    # A temporary of its own (a random name), so that two runs scoring the same step, also on a
+    # cache shared between hosts, never write one file.
+    with runinfo.atomic_file(path, binary=True) as f:
+        np.savez(f, **arrays)
 
 
 def load_scores(path: Path) -> dict[str, TaskScores]:
@@ -202,15 +203,29 @@ def save_sas(path: Path, counts) -> None:
     save_npz(path, {**sas_lib.counts_to_arrays(counts), "shape": np.array(counts.shape[1:])})
 
 
-def read_cached(path: Path, load=load_scores):
-    """The cache entry at `path` read by `load`, or None when there is none or it cannot be read
-    whole (torn, overwritten, holding pickled objects): that one is reported and scored again,
-    which replaces it."""
+def read_cached(path: Path, load=load_scores, expected: dict | None = None):
+    """The cache entry at `path` read by `load`, or None when there is none, it cannot be read
+    whole (torn, overwritten, holding pickled objects) or it is not what its name says (another
+    step's, other settings' or another checkpoint's scores, copied or renamed there: `expected`
+    {"settings", "checkpoint"} against what the entry stored): that one is reported and scored
+    again, which replaces it. (SAS entries are named by a hash of all of that.)"""
     if not path.is_file():
         return None
     try:
+        if expected is not None:
+            with np.load(path) as stored:
+                about = json.loads(str(stored["about"]))
+            # As save_scores stored them: through JSON (tuples become lists).
+            expected = json.loads(json.dumps(expected, default=str))
+            for key, value in expected.items():
+                if about.get(key) != value:
+                    log.warning(
+                        "scores cache entry %s holds scores of other %s than its name says; its step is scored again",
+                        path, "settings" if key == "settings" else "checkpoint (step or files)",
+                    )  # fmt: skip
+                    return None
         return load(path)
-    except (OSError, EOFError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as e:
+    except (OSError, EOFError, ValueError, KeyError, TypeError, AttributeError, zipfile.BadZipFile) as e:
         log.warning(
             "scores cache entry %s cannot be read (%s: %s); its step is scored again", path, type(e).__name__, e
         )
@@ -282,7 +297,7 @@ def _run(
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
     for step in mine:
-        if (cached_scores := read_cached(paths[step])) is not None:
+        if (cached_scores := read_cached(paths[step], expected={"settings": settings, "checkpoint": identities[step]})) is not None:
             tested[step] = test_roles(cached_scores, rc)
     todo = [s for s in mine if s not in tested]
     sas_counts = {}
@@ -321,7 +336,7 @@ def _run(
         for step in tqdm(sorted({*todo, *sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
             clock = time.perf_counter()
             source = by_step[step].source
-            model = from_pretrained(source.path, step=source.step)
+            model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
             if step in todo:
                 step_timings: dict[str, float] = {}
                 with distributed.all_ok(f"scoring step {step}"):
