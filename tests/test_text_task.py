@@ -1,0 +1,70 @@
+"""`--task text:FILE`: any text, one example per line (a tab splits a pair), named `text-<stem>`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from analysis.common import examples
+from bertjax.errors import UserError
+
+
+def settings(spec: str, n: int = 10) -> SimpleNamespace:
+    return SimpleNamespace(task=spec, n=n, conllu=None, glue_dir=None, split="dev")
+
+
+def test_lines_become_single_texts_or_pairs_in_file_order(tmp_path: Path):
+    path = tmp_path / "my corpus.txt"
+    path.write_text("\ufeffOne sentence here.\n\nA first half.\tA second half.\r\nLast one.\n")
+    spec = f"mrpc,text:{path}"
+    assert examples.resolve_tasks(spec) == ["mrpc", "text-my_corpus"]
+    segments, indices, files = examples.examples_for(settings(spec), "text-my_corpus")
+    assert segments == [("One sentence here.",), ("A first half.", "A second half."), ("Last one.",)]
+    assert indices == [0, 1, 2] and files == [path]
+    assert examples.examples_for(settings(spec, n=2), "text-my_corpus")[0] == segments[:2]
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("a\tb\tc\n", r"text.txt:1: a line must be one text, or two texts split by one tab"),
+        ("ok\n\tb\n", r"text.txt:2: a line must be one text"),
+        ("\n \n", r"text.txt: no text"),
+        (b"\xff\xfe\x00bad", r"text.txt: not UTF-8"),
+    ],
+)
+def test_a_bad_text_file_is_one_line_naming_it(tmp_path: Path, content, message):
+    path = tmp_path / "text.txt"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(UserError, match=message):
+        examples.examples_for(settings(f"text:{path}"), "text-text")
+
+
+def test_missing_files_and_clashing_names_are_refused(tmp_path: Path):
+    with pytest.raises(UserError, match="is not a file"):
+        examples.resolve_tasks(f"text:{tmp_path / 'absent.txt'}")
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "x.txt").write_text("text\n")
+    with pytest.raises(UserError, match="would both be named 'text-x'"):
+        examples.resolve_tasks(f"text:{tmp_path / 'a' / 'x.txt'},text:{tmp_path / 'b' / 'x.txt'}")
+
+
+def test_roles_on_a_text_file_end_to_end(tiny_hf, tmp_path: Path, cli_error):
+    """The CLI reads the file and names its outputs after it; a missing file is one line."""
+    import pandas as pd
+
+    from analysis import roles
+
+    path = tmp_path / "pairs.txt"
+    path.write_text("".join(f"the cat sat on mat number {i} .\tit was a good day {i} .\n" for i in range(6)))
+    out = tmp_path / "out"
+    roles.main(["--ckpt", str(tiny_hf), "--task", f"text:{path}", "--roles", "prev,next,block,sep", "--no-figures",
+                "--out", str(out)])  # fmt: skip
+    table = pd.read_csv(out / "roles.csv")
+    assert set(table["task"]) == {"text-pairs"} and set(table["role"]) == {"prev", "next", "block", "sep"}
+    assert (table["n"] == 6).all()
+    error = cli_error(roles.main, ["--ckpt", str(tiny_hf), "--task", f"text:{tmp_path / 'nope.txt'}", "--out", str(tmp_path / "o2")])
+    assert error.startswith("error: --task text:") and "is not a file" in error
