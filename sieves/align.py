@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # a type only: importing transformers costs half a second of 
     from transformers import PreTrainedTokenizerBase
 
 
+MIN_LENGTH = 5  # the shortest encoding budget: [CLS] A [SEP] B [SEP] with a wordpiece in each segment
+
+
 @dataclass(frozen=True)
 class EncodedSequence:
     """One encoded example, unpadded (n real tokens), with its words in global numbering.

@@ -33,7 +33,7 @@ from bertjax.errors import UserError
 from bertjax.model import BertModel
 from bertjax.pretrained import abstract_model
 from sieves import stats
-from sieves.align import EncodedSequence, batches, bucketed, encode_batch, pad_batch
+from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
 from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
 from sieves.parse import SpacyParser, read_conllu, read_text_examples
@@ -42,8 +42,6 @@ log = logging.getLogger(__name__)
 
 TEXT_PREFIX = "text:"
 CONLLU_PREFIX = "conllu:"
-# Below this the tokenizer stops truncating a pair (its special tokens fill the budget).
-MIN_LENGTH = 5
 
 
 @dataclasses.dataclass
@@ -162,7 +160,6 @@ class RoleProbe:
             # Every process holds the whole set; placed once, replicated, for every probe.
             placed = tuple(jax.make_array_from_process_local_data(replicated, x) for x in inputs)
             self.batches.append((len(chunk), placed))
-        self.n_sequences = len(sequences)
         self.score = jax.jit(self._score, out_shardings=replicated)
         self.seconds = 0.0
 

@@ -19,7 +19,7 @@ import jax
 
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
-from sieves.align import EncodedSequence, encode_batch
+from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
 from sieves.parse import SpacyParser, read_conllu, read_text_examples
 
@@ -27,7 +27,6 @@ log = logging.getLogger(__name__)
 C = TypeVar("C")
 
 CONLLU_TASK = "ud"
-MIN_LENGTH = 5
 # `--task text:FILE`: any text, one example per line (a tab splits a pair), so a model with its own
 # vocabulary (a synthetic language, another domain) is analysed on its own kind of text. Outputs
 # name the task `text-<file stem>`.
