@@ -7,7 +7,7 @@ cannot break the alignment.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +18,9 @@ from sieves.parse import Parse
 
 if TYPE_CHECKING:  # a type only: importing transformers costs half a second of every analysis's start
     from transformers import PreTrainedTokenizerBase
+
+
+MIN_LENGTH = 5  # the shortest encoding budget: [CLS] A [SEP] B [SEP] with a wordpiece in each segment
 
 
 @dataclass(frozen=True)
@@ -161,3 +164,33 @@ def _align(
         index=index,
         word_pos=tuple(word_pos),
     )
+
+
+# -- padded batches: length-sorted, padded to a bucketed length (few compiled shapes, little
+# wasted compute); shared by the analyses and the probes inside training --
+
+LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
+
+
+def batches(seqs: Sequence[EncodedSequence], size: int) -> Iterator[list[EncodedSequence]]:
+    """Batches of similar length (sorted), so padding — and forward cost — stays small."""
+    order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)
+    for begin in range(0, len(order), size):
+        yield [seqs[i] for i in order[begin : begin + size]]
+
+
+def bucketed(length: int) -> int:
+    """`length` rounded up to a multiple of LENGTH_BUCKET: the padded size of a batch."""
+    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+
+
+def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> dict[str, np.ndarray]:
+    """Model inputs padded to [batch_size, length]; missing rows are all-padding (no scored rows)."""
+    arrays = {k: np.zeros((batch_size, length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    for b, seq in enumerate(seqs):
+        arrays["input_ids"][b, : seq.length] = seq.input_ids
+        arrays["attention_mask"][b, : seq.length] = 1
+        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    # An all-padding row would softmax over nothing; give it one real token (its scores are unused).
+    arrays["attention_mask"][len(seqs) :, 0] = 1
+    return arrays

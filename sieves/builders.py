@@ -6,7 +6,7 @@ A builder turns one `EncodedSequence` into `(rows, sieve)`: `rows[t]` marks the 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -178,6 +178,14 @@ def get_role(name: str) -> Role:
     if name not in ROLES:
         raise UserError(f"unknown role {name!r}; known roles: {', '.join(ROLES)}")
     return ROLES[name]
+
+
+def present_roles(num_segments: Iterable[int], roles: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(the roles inputs with these segment counts define, those they do not): pair roles need
+    two segments in every input."""
+    paired = all(n == 2 for n in num_segments)
+    present = [r for r in roles if paired or not get_role(r).needs_pair]
+    return present, [r for r in roles if r not in present]
 
 
 def build_batch(seqs: Sequence[EncodedSequence], roles: Sequence[str], options: SieveOptions, length: int) -> Masks:

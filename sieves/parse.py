@@ -333,3 +333,24 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
         raise UserError(f"{path}:{first_line}: a HEAD points past the last word of the sentence")
     arcs = zip(spans, deps, heads, tags, strict=True)
     return text, tuple(Word(start, end, dep, head, pos) for (start, end), dep, head, pos in arcs)
+
+
+def read_text_examples(path: Path, n: int) -> list[tuple[str, ...]]:
+    """The first `n` non-blank lines of `path`, each one segment or, split at a tab, a pair."""
+    examples: list[tuple[str, ...]] = []
+    try:
+        with path.open(encoding="utf-8-sig") as f:
+            for number, line in enumerate(f, 1):
+                if len(examples) == n:
+                    break
+                if not line.strip():
+                    continue
+                segments = tuple(s.strip() for s in line.rstrip("\r\n").split("\t"))
+                if len(segments) > 2 or not all(segments):
+                    raise UserError(f"{path}:{number}: a line must be one text, or two texts split by one tab")
+                examples.append(segments)
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not examples:
+        raise UserError(f"{path}: no text (a text:FILE task takes one example per line)")
+    return examples

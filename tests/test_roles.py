@@ -12,10 +12,11 @@ import pytest
 
 import bertjax
 from analysis import roles as roles_cli
-from analysis.common import examples, forward, stats
+from analysis.common import examples, forward
 from analysis.heads import config as roles_config
 from analysis.heads import scoring
-from sieves.align import EncodedSequence
+from sieves import stats
+from sieves.align import EncodedSequence, bucketed
 from sieves.builders import DEFAULT_ROLES, RELATIONS, ROLES, SieveOptions, build_batch
 from sieves.kernel import sieve_scores
 
@@ -373,7 +374,7 @@ def test_batches_are_padded_to_a_bucket_but_never_past_max_length():
     seqs = [_synthetic_sequence(rng, i) for i in range(3)]  # 27 to 51 tokens
     longest = max(s.length for s in seqs)
     ((_, arrays),) = forward.padded_batches(seqs, 4, 128, "test")
-    assert arrays["input_ids"].shape == (4, forward.bucketed(longest)) and forward.bucketed(longest) > longest
+    assert arrays["input_ids"].shape == (4, bucketed(longest)) and bucketed(longest) > longest
     ((_, arrays),) = forward.padded_batches(seqs, 4, longest, "test")  # a model with `longest` positions
     assert arrays["input_ids"].shape == (4, longest)
 

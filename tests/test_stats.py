@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from analysis.common.stats import adjust_pvalues, assign, one_sided_test, tau_auto
 from bertjax.errors import UserError
+from sieves.stats import adjust_pvalues, assign, one_sided_test, tau_auto
 
 ALPHA = 0.05
 SEED = 20210202

@@ -31,6 +31,7 @@ from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
 from train.prepare import PrepareConfig, prepare
+from train.probe import ProbeConfig, RoleProbe, check_config, read_probe_set
 from train.trainer import LoopConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class PretrainConfig:
     phase2: Phase2Config | None = None
     heldout: HeldOutConfig = dataclasses.field(default_factory=HeldOutConfig)
     distributed: bool = False  # call jax.distributed.initialize() (multi-host TPU pods, SLURM)
+    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)  # role probes (off: task unset)
 
 
 def compute_dtype(setting: str) -> str:
@@ -142,15 +144,19 @@ def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
     )
 
 
-def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
+def make_tokenizer(data_dir: Path, lowercase: bool):
     # transformers 5's BertTokenizer is the fast (Rust) one; it takes the vocabulary as `vocab`
     # and silently ignores the old `vocab_file` keyword (leaving only the special tokens).
     from transformers import BertTokenizer
 
+    return BertTokenizer(vocab=str(data_dir / "vocab.txt"), do_lower_case=lowercase)
+
+
+def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
     target = workdir / TOKENIZER_DIR
     if jax.process_index() == 0 and not target.is_dir():
         vocab_file = data_dir / "vocab.txt"
-        tokenizer = BertTokenizer(vocab=str(vocab_file), do_lower_case=lowercase)
+        tokenizer = make_tokenizer(data_dir, lowercase)
         expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
         if len(tokenizer) != expected:
             raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
@@ -186,6 +192,7 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             "make them equal or give phase 2 another max_seq_length"
         )
     check_disjoint(config.heldout.corpora, p1.corpora)
+    check_config(config.probe, config.model.max_position_embeddings)
     run_config = dataclasses.asdict(config)
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -204,6 +211,9 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
         )
         phases.append((data2, loop2, opt2, None))
 
+    # Read and parsed once, before any data is prepared; encoded once the tokenizer exists.
+    probe_set = read_probe_set(config.probe) if config.probe.task else None
+    probe_sequences = None
     start, outcome = 0, None
     for index, (data_config, loop, optimizer, explicit_dir) in enumerate(phases, start=1):
         data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
@@ -247,8 +257,17 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
             evaluator = HeldOutEvaluator(config.heldout, heldout_dir, trainer)
 
+        probe = None
+        if probe_set is not None:
+            if probe_sequences is None:
+                tokenizer = make_tokenizer(data_dir, data_config.lowercase)
+                probe_sequences = probe_set.encode(tokenizer, config.probe.max_length)
+            probe = RoleProbe(config.probe, probe_sequences, trainer)
+
         log.info("phase %d: steps %d → %d, T = %d", index, trainer.start, trainer.end, meta["max_seq_length"])
-        outcome = trainer.run(make_data, evaluate=evaluator, eval_at_saves=True)
+        outcome = trainer.run(
+            make_data, evaluate=evaluator, eval_at_saves=True, probe=probe, probe_every=config.probe.every
+        )
         if jax.process_index() == 0:
             runinfo.write_run_json(
                 workdir,
@@ -259,7 +278,9 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
                     "preempted": outcome.preempted,
                     "final_metrics": outcome.metrics,
                     "n_params": trainer.n_params,
-                    "timings_s": outcome.timings | ({"heldout_eval_s": evaluator.seconds} if evaluator else {}),
+                    "timings_s": outcome.timings
+                    | ({"heldout_eval_s": evaluator.seconds} if evaluator else {})
+                    | ({"probe_s": probe.seconds} if probe else {}),
                 },
             )
         if outcome.preempted:

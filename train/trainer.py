@@ -260,12 +260,16 @@ class Trainer:
         evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
         eval_every: int = 0,
         eval_at_saves: bool = False,
+        probe: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,
+        probe_every: int = 0,
     ) -> Outcome:
         """Trains to step `start_step + loop.steps`, resuming if the workdir has checkpoints.
 
         `evaluate(step, params)` runs every `eval_every` steps and at the end, and with
         `eval_at_saves` at every scheduled checkpoint; its metrics are logged and stored
-        with a checkpoint saved at the same step (for `best_metric`). Tokens
+        with a checkpoint saved at the same step (for `best_metric`). `probe(step, params)` (the
+        role probes, train.probe) runs every `probe_every` steps and at every scheduled checkpoint;
+        its metrics are logged only. Tokens
         and FLOPs are counted from each batch's shape, which may vary (length-grouped batches)."""
         started = time.perf_counter()
         state, position = self.restore_or_init()
@@ -318,6 +322,8 @@ class Trainer:
                 if evaluate is not None and (periodic or (eval_at_saves and scheduled_save)):
                     evaluated = evaluate(step, state["params"])
                     writer.write(step, evaluated)
+                if probe is not None and (step % probe_every == 0 or scheduled_save):
+                    writer.write(step, probe(step, state["params"]))
                 if saving:
                     self._check_finite(state, last_good)
                     self.save(state, data.position, key, evaluated)

@@ -28,11 +28,12 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
-from analysis.common.forward import Devices, bucketed
-from analysis.common.stats import adjust_pvalues
+from analysis.common.forward import Devices
 from bertjax import glue, sharding
 from bertjax.errors import UserError
 from bertjax.pretrained import resolve, trained_task
+from sieves.align import bucketed
+from sieves.stats import adjust_pvalues
 
 # One point of a metric in [0, 1].
 ONE_POINT = 0.01

@@ -13,7 +13,7 @@ Definitions (docs/clark.md sets them against the paper's CoNLL-2012 set-up):
   name's first piece alone.
 - A head chooses the candidate it attends to more; a tie chooses neither and counts as wrong.
   Accuracy is over the examples where exactly one candidate corefers (chance 50 %), with the
-  t interval of `analysis.common.stats` for the mean of the 0/1 outcomes.
+  t interval of `sieves.stats` for the mean of the 0/1 outcomes.
 - Baselines, on the same examples and pieces: `nearest`, the candidate whose name is fewer pieces
   away from the pronoun (a tie is wrong); `earlier`, the candidate that comes first in the text.
 - Text longer than the model's positions is cut to a window of `max_length − 2` pieces that holds
@@ -37,9 +37,9 @@ import pandas as pd
 from flax import nnx
 
 from analysis.common.forward import padded_batches
-from analysis.common.stats import one_sided_test
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
+from sieves.stats import one_sided_test
 
 TARGETS = ("head", "sum", "first")
 BASELINES = ("nearest", "earlier")

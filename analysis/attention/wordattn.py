@@ -21,8 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from analysis.common.forward import bucketed, padded_batches
-from sieves.align import EncodedSequence
+from analysis.common.forward import padded_batches
+from sieves.align import EncodedSequence, bucketed
 
 
 @dataclass(frozen=True)

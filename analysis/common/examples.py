@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -19,15 +19,14 @@ import jax
 
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
-from sieves.align import EncodedSequence, encode_batch
-from sieves.builders import get_role
-from sieves.parse import SpacyParser, read_conllu
+from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
+from sieves.builders import get_role, present_roles
+from sieves.parse import SpacyParser, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")
 
 CONLLU_TASK = "ud"
-MIN_LENGTH = 5
 # `--task text:FILE`: any text, one example per line (a tab splits a pair), so a model with its own
 # vocabulary (a synthetic language, another domain) is analysed on its own kind of text. Outputs
 # name the task `text-<file stem>`.
@@ -55,13 +54,15 @@ def resolve_tasks(spec: str) -> list[str]:
     tasks = [
         t
         for part in spec.split(",")
-        for t in ([text_label(part.strip())] if part.strip().startswith(TEXT_PREFIX) else glue.resolve_tasks(part.strip()))
+        for t in (
+            [text_label(part.strip())] if part.strip().startswith(TEXT_PREFIX) else glue.resolve_tasks(part.strip())
+        )
     ]
     return list(dict.fromkeys(tasks))
 
 
 def text_label(part: str) -> str:
-    stem = Path(part[len(TEXT_PREFIX):]).stem
+    stem = Path(part[len(TEXT_PREFIX) :]).stem
     return TEXT_LABEL + ("".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "file")
 
 
@@ -72,7 +73,7 @@ def text_task_files(spec: str) -> dict[str, Path]:
     for part in (p.strip() for p in spec.split(",")):
         if not part.startswith(TEXT_PREFIX):
             continue
-        path = Path(part[len(TEXT_PREFIX):])
+        path = Path(part[len(TEXT_PREFIX) :])
         if not path.is_file():
             raise UserError(f"--task {part}: {path} is not a file")
         label = text_label(part)
@@ -80,27 +81,6 @@ def text_task_files(spec: str) -> dict[str, Path]:
             raise UserError(f"--task: {files[label]} and {path} would both be named {label!r}; rename one")
         files[label] = path
     return files
-
-
-def read_text_examples(path: Path, n: int) -> list[tuple[str, ...]]:
-    """The first `n` non-blank lines of `path`, each one segment or, split at a tab, a pair."""
-    examples: list[tuple[str, ...]] = []
-    try:
-        with path.open(encoding="utf-8-sig") as f:
-            for number, line in enumerate(f, 1):
-                if len(examples) == n:
-                    break
-                if not line.strip():
-                    continue
-                segments = tuple(s.strip() for s in line.rstrip("\r\n").split("\t"))
-                if len(segments) > 2 or not all(segments):
-                    raise UserError(f"{path}:{number}: a line must be one text, or two texts split by one tab")
-                examples.append(segments)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    if not examples:
-        raise UserError(f"{path}: no text (--task text:FILE takes one example per line)")
-    return examples
 
 
 def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
@@ -127,14 +107,6 @@ def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[
     flat = [text for example in segments for text in example]
     parsed = iter(parser.parse(flat))
     return [tuple(next(parsed) for _ in example) for example in segments]
-
-
-def present_roles(num_segments: Iterable[int], roles: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(the roles inputs with these segment counts define, those they do not): pair roles need
-    two segments in every input."""
-    paired = all(n == 2 for n in num_segments)
-    present = [r for r in roles if paired or not get_role(r).needs_pair]
-    return present, [r for r in roles if r not in present]
 
 
 @dataclasses.dataclass

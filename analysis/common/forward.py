@@ -22,23 +22,9 @@ from tqdm import tqdm
 
 from bertjax import sharding
 from bertjax.errors import UserError
-from sieves.align import EncodedSequence
+from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
 log = logging.getLogger(__name__)
-
-LENGTH_BUCKET = 32  # pad batches to a multiple of this: few compiles, little wasted compute
-
-
-def batches(seqs: Sequence[EncodedSequence], size: int) -> Iterator[list[EncodedSequence]]:
-    """Batches of similar length (sorted), so padding — and forward cost — stays small."""
-    order = sorted(range(len(seqs)), key=lambda i: seqs[i].length)
-    for begin in range(0, len(order), size):
-        yield [seqs[i] for i in order[begin : begin + size]]
-
-
-def bucketed(length: int) -> int:
-    """`length` rounded up to a multiple of LENGTH_BUCKET: the padded size of a batch."""
-    return -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
 
 
 def padded_batches(
@@ -53,18 +39,6 @@ def padded_batches(
             length = bucketed(max(s.length for s in chunk))
             yield chunk, pad_batch(chunk, rows or batch_size, min(length, max_length))
             progress.update(len(chunk))
-
-
-def pad_batch(seqs: Sequence[EncodedSequence], batch_size: int, length: int) -> dict[str, np.ndarray]:
-    """Model inputs padded to [batch_size, length]; missing rows are all-padding (no scored rows)."""
-    arrays = {k: np.zeros((batch_size, length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    for b, seq in enumerate(seqs):
-        arrays["input_ids"][b, : seq.length] = seq.input_ids
-        arrays["attention_mask"][b, : seq.length] = 1
-        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
-    # An all-padding row would softmax over nothing; give it one real token (its scores are unused).
-    arrays["attention_mask"][len(seqs) :, 0] = 1
-    return arrays
 
 
 @dataclasses.dataclass(frozen=True)

@@ -26,7 +26,6 @@ from analysis.common.examples import (
     fit_max_length,
     load_tasks,
     make_parser,
-    present_roles,
     process_shares,
 )
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
@@ -38,7 +37,7 @@ from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
-from sieves.builders import ROLES
+from sieves.builders import ROLES, present_roles
 from sieves.kernel import sieve_scores
 
 # Fig. 6's bars: the four coarse roles, then the delimiter's two halves on their own.

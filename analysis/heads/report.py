@@ -16,15 +16,14 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments, present_roles
-from analysis.common.forward import pad_batch
+from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments
 from analysis.heads.config import RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
-from sieves.align import EncodedSequence, encode_batch
-from sieves.builders import SieveOptions, build_batch, get_role
+from sieves.align import EncodedSequence, encode_batch, pad_batch
+from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,12 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
-from analysis.common import stats
-from analysis.common.examples import present_roles
 from analysis.common.forward import DataParallel, Devices, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
+from sieves import stats
 from sieves.align import EncodedSequence
-from sieves.builders import SieveOptions, arc_row_weights, build_batch
+from sieves.builders import SieveOptions, arc_row_weights, build_batch, present_roles
 from sieves.kernel import sieve_scores
 
 log = logging.getLogger(__name__)

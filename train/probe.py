@@ -1,0 +1,203 @@
+"""Role probes inside pre-training: heads watched taking on roles while the run goes.
+
+A fixed probe set (the first `n` dev examples of a GLUE task, the first `n` lines of a `text:FILE`,
+or the first `n` gold trees of a `conllu:FILE`) is read, parsed and encoded once, when the run
+starts, with its sieve masks built and put on the devices; every `every` steps and at every
+checkpoint save the training params score it with the analyses' jitted forward + sieve kernel
+(`sieves.kernel`), in float32 as `analysis.track` loads a checkpoint, and each role is tested as
+`analysis.track` tests it (`sieves.stats`: one-sided t-test of H0 mean β ≤ τ, p < α, no
+correction). Logged beside the loss (metrics.jsonl, TensorBoard), per role: `probe/<role>/heads`
+(heads holding the role), `probe/<role>/max_beta` and its `max_layer`, `max_head` (0-based), and
+`probe/<role>/n` (sequences with a scored row). The batches are `analysis.track`'s (length-sorted,
+`batch_size` rows, padded to a multiple of 32 tokens), so the numbers equal its on the same
+checkpoint and settings (tests/test_probe.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec
+
+from bertjax import checkpoint as ckpt
+from bertjax import cli, glue
+from bertjax.errors import UserError
+from bertjax.model import BertModel
+from bertjax.pretrained import abstract_model
+from sieves import stats
+from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
+from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
+from sieves.kernel import sieve_scores
+from sieves.parse import SpacyParser, read_conllu, read_text_examples
+
+log = logging.getLogger(__name__)
+
+TEXT_PREFIX = "text:"
+CONLLU_PREFIX = "conllu:"
+
+
+@dataclasses.dataclass
+class ProbeConfig:
+    task: str | None = None  # None: no probes; a GLUE task (its dev split), text:FILE or conllu:FILE
+    glue_dir: str | None = None  # local GLUE directory (glue_data/<TASK>/dev.tsv); None: the hub
+    n: int = 200  # the first n examples (file order)
+    max_length: int = 64
+    batch_size: int = 32
+    every: int = 200  # steps between probes; also at every checkpoint save
+    roles: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_ROLES))
+    tau: float = 3.0
+    alpha: float = 0.05
+    spacy_model: str | None = None  # for the syntactic roles of GLUE and text: sets
+    parse_cache: str = str(cli.CACHE_ROOT)  # where spaCy parses are cached (the analyses' cache)
+
+
+def check_config(config: ProbeConfig, positions: int) -> None:
+    """The probe section's errors, one line each, before the run does any work; `positions`: the
+    model's position embeddings."""
+    if config.task is None:
+        return
+    task = config.task
+    for prefix in (TEXT_PREFIX, CONLLU_PREFIX):
+        if task.startswith(prefix) and not Path(task[len(prefix) :]).expanduser().is_file():
+            raise UserError(f"probe.task {task}: {task[len(prefix) :]} is not a file")
+    if not task.startswith((TEXT_PREFIX, CONLLU_PREFIX)) and task not in glue.TASKS:
+        raise UserError(
+            f"probe.task: {task!r} is none of {', '.join(glue.TASKS)}, text:FILE (one example per line) or "
+            "conllu:FILE (gold trees)"
+        )
+    for key, least in (("n", 1), ("batch_size", 1), ("every", 1), ("max_length", MIN_LENGTH)):
+        if getattr(config, key) < least:
+            raise UserError(f"probe.{key} must be at least {least}, got {getattr(config, key)}")
+    if config.max_length > positions:
+        raise UserError(f"probe.max_length {config.max_length} exceeds the model's {positions} positions")
+    if not config.roles:
+        raise UserError("probe.roles: name at least one role")
+    for role in config.roles:
+        try:
+            get_role(role)
+        except UserError as e:
+            raise UserError(f"probe.roles: {e}") from None
+    if len(set(config.roles)) < len(config.roles):
+        raise UserError(f"probe.roles names a role twice: {','.join(config.roles)}")
+    if not math.isfinite(config.tau):
+        raise UserError(f"probe.tau must be a finite number, got {config.tau}")
+    if not 0.0 < config.alpha < 1.0:
+        raise UserError(f"probe.alpha must be in (0, 1), got {config.alpha}")
+
+
+@dataclasses.dataclass
+class ProbeSet:
+    """The probe examples as read and parsed, before encoding (the tokenizer may not exist yet)."""
+
+    segments: list[tuple[str, ...]]
+    parses: list[tuple] | None
+    indices: list[int]
+
+    def encode(self, tokenizer, max_length: int) -> list[EncodedSequence]:
+        return encode_batch(tokenizer, self.segments, self.parses, max_length, self.indices)
+
+
+def read_probe_set(config: ProbeConfig) -> ProbeSet:
+    """The probe set, read and parsed (spaCy only when a requested role needs parses; CoNLL-U trees
+    come with the file): the sequences `analysis.track` reads for the same task."""
+    task = config.task
+    if task.startswith(CONLLU_PREFIX):
+        sentences = read_conllu(Path(task[len(CONLLU_PREFIX) :]).expanduser(), limit=config.n)
+        return ProbeSet([(text,) for text, _ in sentences], [(words,) for _, words in sentences],
+                        list(range(len(sentences))))  # fmt: skip
+    if task.startswith(TEXT_PREFIX):
+        segments = read_text_examples(Path(task[len(TEXT_PREFIX) :]).expanduser(), config.n)
+        indices = list(range(len(segments)))
+    else:
+        glue_dir = None if config.glue_dir is None else Path(config.glue_dir).expanduser()
+        examples = glue.load_glue(task, "dev", glue_dir, config.n)
+        segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+        indices = [e.index for e in examples]
+    parses = None
+    if any(get_role(r).needs_parse for r in config.roles):
+        parser = SpacyParser(config.spacy_model, cache_dir=Path(config.parse_cache).expanduser())
+        parsed = iter(parser.parse([text for example in segments for text in example]))
+        parses = [tuple(next(parsed) for _ in example) for example in segments]
+    return ProbeSet(segments, parses, indices)
+
+
+class RoleProbe:
+    """The Trainer's probe hook: `probe(step, params)` → the `probe/...` metrics of `params`."""
+
+    def __init__(self, config: ProbeConfig, sequences: list[EncodedSequence], trainer) -> None:
+        self.config = config
+        self.roles, absent = present_roles((s.num_segments for s in sequences), config.roles)
+        if not self.roles:
+            raise UserError(f"probe.roles: {', '.join(absent)} need sentence pairs, and {config.task} has none")
+        if absent:
+            log.info("probe: %s not defined on %s (single segments): not probed", ", ".join(absent), config.task)
+        # Scored in float32 whatever the training's compute dtype, as `analysis.track` loads a
+        # checkpoint, so the logged numbers are the analysis's.
+        encoder_config = dataclasses.replace(trainer.config, dtype="float32")
+        self.graphdef, self.abstract = abstract_model(BertModel, encoder_config)
+        self.names = {name: f"bert{ckpt.SEP}{name}" for name in ckpt.flatten_params(self.abstract)}
+        missing = sorted(set(self.names.values()) - set(trainer.abstract_params))
+        if missing:
+            raise ValueError(f"the trained model has no encoder tensor {missing[0]}")
+        replicated = NamedSharding(trainer.mesh, PartitionSpec())
+        options = SieveOptions()
+        self.batches = []
+        for chunk in batches(sequences, config.batch_size):
+            length = min(bucketed(max(s.length for s in chunk)), config.max_length)
+            arrays = pad_batch(chunk, config.batch_size, length)
+            rows = np.zeros((len(self.roles), config.batch_size, length), bool)
+            sieves = np.zeros((len(self.roles), config.batch_size, length, length), bool)
+            rows[:, : len(chunk)], sieves[:, : len(chunk)] = build_batch(chunk, self.roles, options, length)
+            inputs = (arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves)
+            # Every process holds the whole set; placed once, replicated, for every probe.
+            placed = tuple(jax.make_array_from_process_local_data(replicated, x) for x in inputs)
+            self.batches.append((len(chunk), placed))
+        self.score = jax.jit(self._score, out_shardings=replicated)
+        self.seconds = 0.0
+
+    def _score(self, params, input_ids, attention_mask, token_type_ids, rows, sieves):
+        state = ckpt.unflatten_params(self.abstract, {name: params[key] for name, key in self.names.items()})
+        out = nnx.merge(self.graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        return sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+
+    def role_scores(self, params) -> dict[str, np.ndarray]:
+        """role → per-sequence scores [n_f, L, H] of the sequences with a scored row (batch order)."""
+        kept: dict[str, list[np.ndarray]] = {role: [] for role in self.roles}
+        for size, arrays in self.batches:
+            scores, counts = jax.device_get(self.score(params, *arrays))
+            for r, role in enumerate(self.roles):
+                kept[role].append(scores[r, :size][counts[r, :size] > 0])
+        return {role: np.concatenate(parts) for role, parts in kept.items()}
+
+    def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
+        # The steps dispatched before this one finish first: their time is the training's.
+        jax.block_until_ready(params)
+        started = time.perf_counter()
+        metrics = summarise(self.role_scores(params), self.config.tau, self.config.alpha)
+        elapsed = time.perf_counter() - started
+        self.seconds += elapsed
+        return metrics | {"probe/seconds": elapsed}
+
+
+def summarise(scores: dict[str, np.ndarray], tau: float, alpha: float) -> dict[str, float]:
+    """Per role: the heads holding it (one-sided t-test of mean β > τ, p < α), the largest mean β
+    and its (layer, head), and the sample size."""
+    metrics: dict[str, float] = {}
+    for role, x in scores.items():
+        metrics[f"probe/{role}/n"] = x.shape[0]
+        test = stats.one_sided_test(x, tau, axis=0, test="t")
+        metrics[f"probe/{role}/heads"] = int(stats.assign(test.p_value, alpha).sum())
+        if x.shape[0] and np.isfinite(test.mean).all():
+            layer, head = np.unravel_index(int(np.argmax(test.mean)), test.mean.shape)
+            metrics[f"probe/{role}/max_beta"] = float(test.mean[layer, head])
+            metrics[f"probe/{role}/max_layer"] = int(layer)
+            metrics[f"probe/{role}/max_head"] = int(head)
+    return metrics
