@@ -146,7 +146,13 @@ def test_ramp_onset_against_a_brute_force_grid():
 
 def test_steepest_change_and_curves_without_a_rise():
     steps = np.array([0, 10, 20, 40])
-    assert onset.steepest_change(steps, np.array([0.0, 1.0, 3.0, 5.0])) == (10, 20, 0.2)  # 0.1, 0.2, 0.1 per step
+    # per e-fold of 1 + step: 1/ln 11 = 0.42, 2/ln(21/11) = 3.09, 2/ln(41/21) = 2.99
+    assert onset.steepest_change(steps, np.array([0.0, 1.0, 3.0, 5.0])) == (10, 20, pytest.approx(2 / np.log(21 / 11)))
+    # The planted per-step reading would pick the late pair of a log-spaced series' early wiggle:
+    # 1 → 4 falls 0.5 (0.17 per step), 251 → 1000 falls 2.3 (0.003 per step, 1.66 per e-fold).
+    log_spaced = np.array([1, 4, 16, 63, 251, 1000])
+    loss = np.array([5.08, 5.04, 4.54, 3.95, 3.38, 1.08])
+    assert onset.steepest_change(log_spaced, -loss)[:2] == (251, 1000)
     assert onset.steepest_change(steps, np.array([3.0, 2.0, 1.0, 0.0])) is None
     assert onset.ramp_onset(steps, np.array([5.0, 4.0, 3.0, 2.0])) is None  # the best ramp falls
     assert onset.ramp_onset(steps[:2], np.array([0.0, 1.0])) is None
@@ -160,6 +166,6 @@ def test_curve_onsets_reads_the_loss_sas_and_role_counts():
     sas = pd.Series([0.1, 0.1, 0.1, 0.5, 0.6], index=steps)
     table = onset.curve_onsets(track, heldout, sas).set_index("curve")
     assert table.loc["heldout_mlm_loss", ["steepest_from", "steepest_to"]].tolist() == [2000, 3000]
-    assert table.loc["heldout_mlm_loss", "steepest_rate"] == pytest.approx(-4.9 / 1000, rel=1e-12)
+    assert table.loc["heldout_mlm_loss", "steepest_rate"] == pytest.approx(-4.9 / np.log(3001 / 2001), rel=1e-12)
     assert table.loc["sas", "onset_step"] == 2000
     assert table.loc["heads:prev", "onset_step"] == 1000 and table.loc["heads:prev", "task"] == "mrpc"

@@ -11,7 +11,10 @@ on the analysed steps in linear step units and in the curve's improving directio
 the others rise):
 
 - the *steepest change*: the consecutive analysed steps (a, b) over which the curve improves fastest
-  per step, (y_b − y_a) / (b − a) for a rising curve;
+  per e-fold of steps, (y_b − y_a) / ln((1 + b) / (1 + a)) for a rising curve. Per e-fold, not per
+  step, because tracked checkpoints are log-spaced: per step, the first few checkpoints (1, 2, 4,
+  …), where any curve moves off its initial value, would always win over a later, larger drop (on
+  the synthetic language, 4 → 16 instead of the drop that comes with the heads, 251 → 1000);
 - the *onset* (break point): the curve is fit by least squares with a ramp
   y = p + q · clip(s − b, 0, e − b), flat up to b, straight from b to e, flat after, for every pair
   of analysed steps b < e; the onset is the b of the smallest residual sum of squares (the earliest
@@ -65,12 +68,12 @@ def role_onsets(track: pd.DataFrame) -> pd.DataFrame:
 
 
 def steepest_change(steps: np.ndarray, values: np.ndarray) -> tuple[int, int, float] | None:
-    """(a, b, rate): the consecutive steps over which a rising curve rises fastest per step (the
-    first such pair on a tie); None with fewer than two points or no rise."""
+    """(a, b, rate): the consecutive steps over which a rising curve rises fastest per e-fold of
+    (1 + step) (the first such pair on a tie); None with fewer than two points or no rise."""
     steps, values = np.asarray(steps, np.float64), np.asarray(values, np.float64)
     if steps.size < 2:
         return None
-    rates = np.diff(values) / np.diff(steps)
+    rates = np.diff(values) / np.diff(np.log1p(steps))
     best = int(np.argmax(rates))
     if not rates[best] > 0:
         return None
@@ -112,7 +115,7 @@ def curve_onset_row(curve: str, task: str, steps, values, falling: bool = False)
 
 def curve_onsets(track: pd.DataFrame, heldout: pd.DataFrame | None, sas: pd.Series | None) -> pd.DataFrame:
     """The onsets of the held-out MLM loss (at the analysed steps it was recorded), of the SAS and
-    of each task's role counts; `steepest_rate` is per step, negative for the loss."""
+    of each task's role counts; `steepest_rate` is per e-fold of (1 + step), negative for the loss."""
     rows = []
     steps = np.sort(pd.unique(track["step"]))
     if heldout is not None and LOSS_CURVE in heldout:
