@@ -74,7 +74,7 @@ def test_the_call_gives_the_clis_tables_and_scores(roles_pair):
 
 
 def test_save_writes_the_outputs_as_out_would(roles_pair, tmp_path):
-    cli_out, result = roles_pair
+    _, result = roles_pair
     saved = result.save(tmp_path / "saved")
     for name in ("roles.csv", "summary.csv", "scores.npz"):
         assert (saved / name).read_bytes() == (result.directory / name).read_bytes()
