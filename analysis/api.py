@@ -36,8 +36,10 @@ from analysis.heads.config import RolesConfig
 from analysis.heads.figures import ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
+from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
+from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import DEFAULT_ROLES, ROLES
 
 __all__ = [
@@ -51,6 +53,23 @@ ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
 FRAME_HEIGHT = 900
 
 
+# The checkpoint the last call loaded, kept for the next call on the same files (a notebook re-runs
+# a cell with other settings): loading again costs seconds, and each load's transient copies raise
+# the process's peak memory anew, the allocator reusing the last load's freed memory piecemeal.
+_LOADED: dict = {}
+
+
+def _loaded(ckpt: str, step: int | None) -> tuple:
+    """(model, tokenizer) of `ckpt`, loaded unless its files are the last call's."""
+    source = resolve(ckpt, step)
+    identity = hf_identity(source.path, 0) if source.kind == "hf" else checkpoint_identity(source.path, source.step)
+    if _LOADED.get("identity") != identity:
+        _LOADED.clear()
+        _LOADED.update(model=from_pretrained(ckpt, step=step), tokenizer=load_tokenizer(ckpt, step=step))
+        _LOADED["identity"] = identity
+    return _LOADED["model"], _LOADED["tokenizer"]
+
+
 def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None) -> RolesConfig:
     """A RolesConfig from keyword arguments named as the flags; RolesConfig checks them as it does
     the flags' values."""
@@ -58,7 +77,8 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     unknown = sorted(set(settings) - set(fields if allowed is None else allowed))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
-    settings = dict(settings)
+    # Paths as the flags give them: text (run.json records them).
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
     if isinstance(settings.get("roles"), str):  # the flag's form: comma-separated
         settings["roles"] = tuple(settings["roles"].split(",")) if settings["roles"] else DEFAULT_ROLES
     elif settings.get("roles") is not None:
@@ -214,7 +234,10 @@ def roles(
     syntactic_average, devices, distributed, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes)."""
     output = _Output(out, "roles")
-    result = run_roles(roles_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer, parser)
+    config = roles_config(ckpt, settings | {"out": str(output.path)})
+    if model is None and tokenizer is None:
+        model, tokenizer = _loaded(config.ckpt, config.step)
+    result = run_roles(config, model, tokenizer, parser)
     if result is not None:
         result.output = output
     return result
@@ -259,7 +282,7 @@ def track(
     arguments are the data, test and output flags, as for `roles`."""
     if (run is None) == (not ckpt):
         raise UserError("one of the arguments --run --ckpt is required (and not both)")
-    series = (ckpt,) if isinstance(ckpt, str) else tuple(ckpt)
+    series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
         steps = tracking.parse_steps(steps)
     output = _Output(out, "track")
@@ -267,11 +290,11 @@ def track(
     config = tracking.TrackConfig(
         roles=roles_config(run or "", settings | {"out": str(output.path)}, fields),
         steps=None if steps is None else tuple(steps),
-        scores_cache=scores_cache,
+        scores_cache=None if scores_cache is None else str(scores_cache),
         series=series,
         with_init=with_init,
         shard=None if shard is None else distributed.parse_shard(shard),
-        sas=sas,
+        sas=None if sas is None else str(sas),
         sas_n=sas_n,
     )
     result = run_track(config)
