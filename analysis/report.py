@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.heads.report import REPORT, ReportConfig, write_report
+from analysis.api import run_report as run
+from analysis.heads.report import REPORT, ReportConfig
 from bertjax import cli
 
 
@@ -42,7 +43,7 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    write_report(parse_args(argv))
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

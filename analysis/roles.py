@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from analysis.api import run_roles as run
 from analysis.heads.config import (
     RolesConfig,
     add_data_arguments,
@@ -23,7 +24,6 @@ from analysis.heads.config import (
     config_from_args,
 )
 from analysis.heads.figures import ROLES_FIGURES
-from analysis.heads.pipeline import run, write_html
 from bertjax import cli
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
-    run(config)
-    if config.html:
-        write_html(config.out)
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -35,22 +35,12 @@ from __future__ import annotations
 
 import argparse
 
+from analysis.api import run_track as run
 from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
-from analysis.heads.pipeline import write_html
-from analysis.heads.tracking import FIGURES, TrackConfig, run
+from analysis.heads.tracking import FIGURES, TrackConfig, parse_steps
 from bertjax import cli, distributed
-from bertjax.errors import UserError
 
 # -- command line -------------------------------------------------------------------------------
-
-
-def parse_steps(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise UserError(f"--steps must be comma-separated integers, got {text!r}") from None
 
 
 def parse_args(argv: list[str] | None) -> TrackConfig:
@@ -76,8 +66,6 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
     shard = None if a.shard is None else distributed.parse_shard(a.shard)
-    if shard is not None and a.html:
-        raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
     return TrackConfig(
         roles=config_from_args(a, ckpt=a.run or ""),
         steps=parse_steps(a.steps),
@@ -91,10 +79,7 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = parse_args(argv)
-    run(config)
-    if config.roles.html:
-        write_html(config.roles.out)
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

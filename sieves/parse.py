@@ -177,7 +177,9 @@ class SpacyParser:
         self.cache_path.parent.mkdir(parents=True, exist_ok=True)
         runinfo.refuse_symlink(self.cache_path)
         # nofollow: a link put there after the check is refused by SQLite itself.
-        connection = sqlite3.connect(f"{self.cache_path.absolute().as_uri()}?nofollow=1", uri=True)
+        # A generous busy timeout: two jobs sharing a cache (track shards) wait for each other's
+        # writes; SQLite's 5 s default ran out on a loaded 2-core machine ("database is locked").
+        connection = sqlite3.connect(f"{self.cache_path.absolute().as_uri()}?nofollow=1", uri=True, timeout=300)
         try:
             connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
             cached = _lookup(connection, list(keys.values()))

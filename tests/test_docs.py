@@ -246,3 +246,37 @@ def test_docs_commands_parse(page: str, module: str, args: list[str], monkeypatc
     except UserError as e:
         pytest.fail(f"{shown}\n  error: {e}")
     pytest.fail(f"{shown}: main() returned without calling run()")
+
+
+def python_blocks(page: Path) -> list[str]:
+    return [body for lang, body in FENCE.findall(page.read_text(encoding="utf-8")) if lang == "python"]
+
+
+def test_python_examples_call_the_api_as_it_is():
+    # Running them would cost a model run each (tests/test_api.py and the notebook run the same
+    # calls); here each block must parse and every `api.X(...)` must name a function of
+    # analysis.api with keywords it takes: its parameters or, where it takes **settings, a flag's.
+    import ast
+    import dataclasses
+    import inspect
+
+    from analysis import api
+    from analysis.heads.config import RolesConfig
+
+    flags = {f.name for f in dataclasses.fields(RolesConfig)}
+    blocks = [(rel(page), b) for page in PAGES for b in python_blocks(page)]
+    assert any(page == "docs/python.md" for page, _ in blocks)
+    for page, block in blocks:
+        for node in ast.walk(ast.parse(block)):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            if not (isinstance(node.func.value, ast.Name) and node.func.value.id == "api"):
+                continue
+            function = getattr(api, node.func.attr, None)
+            assert callable(function), f"{page}: api.{node.func.attr} does not exist"
+            parameters = inspect.signature(function).parameters
+            takes_flags = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
+            for keyword in node.keywords:
+                assert keyword.arg in parameters or (takes_flags and keyword.arg in flags), (
+                    f"{page}: api.{node.func.attr} takes no {keyword.arg}="
+                )

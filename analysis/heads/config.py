@@ -23,6 +23,14 @@ log = logging.getLogger(__name__)
 BLOCK_SCORES = ("paper", "entropy")
 SYNTACTIC_AVERAGES = ("rows", "arcs")
 BLOCK_FIRST_SEPS = ("a", "b")
+# The choices of the flags that argparse checks on the command line; the Python API (analysis.api)
+# builds a RolesConfig without argparse, so __post_init__ checks them too.
+CHOICES = {
+    "split": ("train", "dev", "validation", "test"),
+    "test": ("t", "z"),
+    "correction": ("none", "holm", "bh"),
+    "parser": ("spacy", "conllu"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +73,9 @@ class RolesConfig:
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
+        for name, choices in CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise UserError(f"--{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
         if self.block_score not in BLOCK_SCORES:
             raise UserError(f"--block-score must be one of {', '.join(BLOCK_SCORES)}, got {self.block_score!r}")
         if self.block_first_sep not in BLOCK_FIRST_SEPS:
@@ -110,14 +121,14 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         "--task", default="all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all"
     )
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "validation", "test"])
+    p.add_argument("--split", default="dev", choices=CHOICES["split"])
     p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
     p.add_argument("--window", type=int, default=2, help="local window k")
     p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
-    p.add_argument("--parser", choices=["spacy", "conllu"], default="spacy")
+    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy")
     p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
@@ -129,8 +140,8 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the hypothesis tests."""
     p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
     p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--test", choices=["t", "z"], default="t")
-    p.add_argument("--correction", choices=["none", "holm", "bh"], default="none")
+    p.add_argument("--test", choices=CHOICES["test"], default="t")
+    p.add_argument("--correction", choices=CHOICES["correction"], default="none")
 
 
 def add_output_arguments(p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str]) -> None:

@@ -37,11 +37,12 @@ from sieves.builders import ROLES
 log = logging.getLogger(__name__)
 
 
-def run(config: RolesConfig, parser=None) -> pd.DataFrame:
+def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> pd.DataFrame:
     """The whole analysis; returns the roles table (also written under config.out).
 
     `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
-    as `config` says), e.g. parses made elsewhere and shipped with the job.
+    as `config` says), e.g. parses made elsewhere and shipped with the job. `model` and
+    `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading it again.
 
     In a job of several processes (`--distributed`, or any caller that initialised
     `jax.distributed`) each process encodes and scores its share of every task's sequences, the
@@ -59,7 +60,7 @@ def run(config: RolesConfig, parser=None) -> pd.DataFrame:
         FigurePool(pool_size(len(tasks) * len(kinds)) if writes else 0) as pool,
         figure_formats(formats),
     ):
-        return _run(config, tasks, tmp, timings, started, parser, pool, kinds)
+        return _run(config, tasks, tmp, timings, started, parser, pool, kinds, model, tokenizer)
 
 
 def _run(
@@ -71,11 +72,15 @@ def _run(
     parser,
     pool: FigurePool,
     kinds: tuple[str, ...],
+    model,
+    tokenizer,
 ) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
-    model = from_pretrained(config.ckpt, step=config.step, allow_nonfinite=config.allow_nonfinite)
-    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    if model is None:
+        model = from_pretrained(config.ckpt, step=config.step, allow_nonfinite=config.allow_nonfinite)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.ckpt, step=config.step)
     devices = Devices.local(config.devices)
     scorer = make_scorer(model, entropy_roles(config), devices)
     timings["load_model"] = time.perf_counter() - clock

@@ -326,6 +326,13 @@ function setup() {
     $("post").addEventListener("change", (e) => { S.post = e.target.value; paintGrid(); if (S.head) openCard(...S.head); }); }
   if (D.kind === "track") $("examples-note").textContent = `The example attention is that of the last checkpoint (step ${D.steps[D.steps.length - 1]}).`;
   buildGrid();
+  // A head view (analysis.api.head_view) opens its head on its role, the sieve of the role's first
+  // scored token marked.
+  if (D.open) {
+    S.role = D.open.role; $("card-role").value = S.role; openCard(D.open.layer, D.open.head);
+    const q = D.examples[S.task].sequences[S.seq];
+    if (q.rows[S.role] && q.rows[S.role].length) { S.query = q.rows[S.role][0]; examples(); }
+  }
 }
 function refreshRoles() {
   const rs = taskRoles();

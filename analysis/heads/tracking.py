@@ -96,6 +96,16 @@ class TrackConfig:
         return out.parent / f"{out.name}.cache"
 
 
+def parse_steps(text: str | None) -> tuple[int, ...] | None:
+    """`--steps`: comma-separated integers."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--steps must be comma-separated integers, got {text!r}") from None
+
+
 def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) -> dict:
     """Every setting that changes the per-sequence scores (not τ, α, the test or the correction)."""
     return {

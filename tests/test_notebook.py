@@ -1,0 +1,109 @@
+"""examples/quickstart.ipynb: stored without outputs, executed cell by cell in a real Jupyter kernel
+(its cells assert on what they return), and its HTML export driven in headless Chromium: the
+inline reports are there and a click on a head opens its card."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+from nbconvert import HTMLExporter
+
+from analysis import report_screenshot
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
+
+
+def test_the_notebook_is_stored_without_outputs():
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    code = [c for c in notebook.cells if c.cell_type == "code"]
+    assert code and all(not c.outputs and c.execution_count is None for c in code)
+
+
+@pytest.fixture(scope="module")
+def executed(shared_data, minilm_path, tmp_path_factory) -> nbformat.NotebookNode:
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    # The kernel imports this checkout (not an installed copy) and reads the staged data; 24 pairs
+    # keep the run to seconds.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BERTJAX_SHARED_DATA": str(shared_data), "QUICKSTART_N": "24"}
+    client = NotebookClient(notebook, timeout=600, kernel_name="python3",
+                            resources={"metadata": {"path": str(NOTEBOOK.parent)}})  # fmt: skip
+    client.execute(env=env)
+    return notebook
+
+
+def _html_outputs(notebook) -> list[str]:
+    return [
+        output["data"]["text/html"]
+        for cell in notebook.cells
+        if cell.cell_type == "code"
+        for output in cell.outputs
+        if "text/html" in output.get("data", {})
+    ]
+
+
+def test_every_cell_runs_and_the_views_are_inline(executed):
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    assert all(c.execution_count for c in code)
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    frames = [h for h in _html_outputs(executed) if h.startswith('<iframe class="bertjax-report"')]
+    assert len(frames) == 3  # the roles result, the head view, the series
+    assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)  # the role grid figure
+
+
+@pytest.fixture(scope="module")
+def exported(executed, tmp_path_factory) -> Path:
+    body, _ = HTMLExporter().from_notebook_node(executed)
+    path = tmp_path_factory.mktemp("notebook") / "quickstart.html"
+    path.write_text(body, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def browser():
+    session = report_screenshot.chromium()
+    if session is None:
+        reason = (
+            "headless Chromium not available: run scripts/setup-browser (Debian chromium, chromium-driver; selenium)"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    yield session
+    session.quit()
+
+
+def test_the_html_export_opens_a_head_card_on_click(browser, exported):
+    from selenium.webdriver.common.by import By
+
+    browser.get(exported.as_uri())
+    frames = browser.find_elements(By.CSS_SELECTOR, "iframe.bertjax-report")
+    assert len(frames) == 3
+    browser.switch_to.frame(frames[0])
+    try:
+        cells = browser.find_elements(By.CSS_SELECTOR, "#grid .cell")
+        assert len(cells) == 6 * 12
+        card = browser.find_element(By.ID, "card")
+        assert card.get_attribute("hidden") is not None
+        cell = browser.find_element(By.CSS_SELECTOR, '#grid .cell[data-layer="2"][data-head="5"]')
+        browser.execute_script("arguments[0].scrollIntoView()", cell)
+        cell.click()
+        assert card.get_attribute("hidden") is None
+        assert browser.find_element(By.ID, "card-title").text.startswith("Layer 2, head 5")
+        assert browser.find_elements(By.CSS_SELECTOR, "#card-stats tr[data-role]")
+        assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg")
+    finally:
+        browser.switch_to.default_content()
+    # The head view opens on its head and role, the sieve marked.
+    browser.switch_to.frame(frames[1])
+    try:
+        card = browser.find_element(By.ID, "card")
+        assert card.get_attribute("hidden") is None
+        assert browser.find_element(By.ID, "card-role").get_attribute("value") == "local"
+        assert browser.find_elements(By.CSS_SELECTOR, '#card-examples rect[fill="#E69F00"]')
+    finally:
+        browser.switch_to.default_content()
