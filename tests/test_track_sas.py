@@ -114,7 +114,7 @@ def test_the_documented_chen_command_runs_up_to_loading(shared_data, tmp_path, m
     monkeypatch.chdir(work)
     loaded = []
 
-    def loading(path, step=None):
+    def loading(path, step=None, **options):
         loaded.append(Path(path))
         raise _Loading
 
