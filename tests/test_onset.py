@@ -162,10 +162,14 @@ def test_curve_onsets_reads_the_loss_sas_and_role_counts():
     steps = [0, 1000, 2000, 3000, 4000]
     track = _track({(0, 0, "prev"): [False, False, True, True, True], (0, 1, "prev"): [False, False, False, True, True]},
                    steps)  # fmt: skip
-    heldout = pd.DataFrame({"heldout_mlm_loss": [9.0, 9.0, 8.9, 4.0, 3.9]}, index=pd.Index(steps, name="step"))
+    heldout = pd.DataFrame({"heldout_mlm_loss": [9.0, 9.0, 8.9, 4.0, 3.9], "heldout_mlm_accuracy": [0, 0.1, 0.1, 0.1, 0.3]},
+                           index=pd.Index(steps, name="step"))  # fmt: skip
     sas = pd.Series([0.1, 0.1, 0.1, 0.5, 0.6], index=steps)
     table = onset.curve_onsets(track, heldout, sas).set_index("curve")
     assert table.loc["heldout_mlm_loss", ["steepest_from", "steepest_to"]].tolist() == [2000, 3000]
     assert table.loc["heldout_mlm_loss", "steepest_rate"] == pytest.approx(-4.9 / np.log(3001 / 2001), rel=1e-12)
+    # The accuracy is read as it rises: its steepest rise is where it leaves its plateau.
+    assert table.loc["heldout_mlm_accuracy", ["steepest_from", "steepest_to"]].tolist() == [3000, 4000]
+    assert table.loc["heldout_mlm_accuracy", "steepest_rate"] > 0
     assert table.loc["sas", "onset_step"] == 2000
     assert table.loc["heads:prev", "onset_step"] == 1000 and table.loc["heads:prev", "task"] == "mrpc"
