@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None) -> RolesConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     add_data_arguments(p)

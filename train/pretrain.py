@@ -172,6 +172,11 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
+        log.info(
+            "pre-training a %s BERT for %d steps of %d sequences (T = %d%s) into %s",
+            config.model.preset, config.train.steps, config.train.global_batch_size, p1.max_seq_length,
+            "" if p2 is None else f", then {p2.steps} at T = {p2.max_seq_length}", workdir,
+        )  # fmt: skip
         config_lib.save_resolved(config, workdir / "config.yaml")
     mesh = sharding.make_mesh(config.mesh)
 
@@ -180,7 +185,9 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
         data2 = dataclasses.replace(
             config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
         )
-        loop2 = dataclasses.replace(config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None)
+        loop2 = dataclasses.replace(
+            config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None
+        )
         opt2 = dataclasses.replace(config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps)
         phases.append((data2, loop2, opt2, None))
 
@@ -249,6 +256,7 @@ def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.pretrain", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(parser)
     parser.add_argument("--config", required=True, help="YAML file, e.g. configs/pretrain/tiny.yaml")
     parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, data")
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
