@@ -102,6 +102,12 @@ run() {
     export PYTHONPATH=$work/site
   fi
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  # The pins are tested beside jax 0.10.2; the image's jax is newer. Should they not import beside
+  # it, the image's own flax, optax and orbax are the next best thing (env.json says which ran).
+  if [[ -d $work/site ]] && ! "$py" -c 'import train.trainer' >&2; then
+    echo "the carried flax/optax/orbax do not import beside this jax: using the image's" >&2
+    rm -rf "$work"/site/{flax,optax,orbax}*
+  fi
   "$py" - "$out/env.json" <<'EOF'
 import importlib.metadata as m, json, sys, jax
 names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
