@@ -22,7 +22,7 @@ from analysis.heads.config import (
     add_variant_arguments,
     config_from_args,
 )
-from analysis.heads.figures import ROLES_FIGURES
+from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES
 from analysis.heads.pipeline import run, write_html
 from bertjax import cli
 
@@ -37,7 +37,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
     add_data_arguments(p)
     add_test_arguments(p)
     add_variant_arguments(p)
-    add_output_arguments(p, "roles_out", ROLES_FIGURES)
+    add_output_arguments(p, "roles_out", ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
     a = p.parse_args(argv)
     return config_from_args(a, ckpt=a.ckpt, step=a.step)
 
