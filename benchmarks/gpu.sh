@@ -7,9 +7,10 @@
 #
 # `prepare` fills .gpu/ (git-ignored; a few tens of MiB, so that it travels with the working tree):
 # the staged GLUE and vocabulary, the parses of every text analysed there (no spaCy there), the
-# emergence run's prepared shards, and wheels of the pinned pure-Python packages (flax, optax,
-# orbax, omegaconf, tensorboardX) that the device image lacks or holds at other versions; JAX
-# itself is the image's (its CUDA wheels are too large to carry), and env.json records versions.
+# emergence run's prepared shards, and wheels of the pure-Python packages the device image lacks
+# (omegaconf, tensorboardX). JAX, flax, optax and orbax are the image's: JAX's CUDA wheels are too
+# large to carry, and flax 0.12.8, the pin, does not import under the image's JAX 0.11 (BENCHMARKS.md,
+# 2026-11-23); env.json records the versions that ran.
 # `run` writes under OUT: env.json, one JSONL per benchmark (6a train_step, 6b roles_overhead
 # cold then warm, 8 scale), stages.jsonl (each stage's exit status and seconds, under a time budget
 # that ends a stage, not the session), log.txt and emergence.tar.gz (the run's run.json, metrics
@@ -68,7 +69,7 @@ prepare() {
   cp -r "$work/emergence-gpu" "$carry/emergence-gpu"
   if [[ -z $tiny ]]; then
     "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" \
-      flax==0.12.8 optax==0.2.8 orbax-checkpoint==0.12.8 omegaconf==2.4.0 tensorboardX==2.6.5
+      omegaconf==2.4.0 tensorboardX==2.6.5
   fi
   du -sh "$carry"
 }
@@ -102,12 +103,6 @@ run() {
     export PYTHONPATH=$work/site
   fi
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-  # The pins are tested beside jax 0.10.2; the image's jax is newer. Should they not import beside
-  # it, the image's own flax, optax and orbax are the next best thing (env.json says which ran).
-  if [[ -d $work/site ]] && ! "$py" -c 'import train.trainer' >&2; then
-    echo "the carried flax/optax/orbax do not import beside this jax: using the image's" >&2
-    rm -rf "$work"/site/{flax,optax,orbax}*
-  fi
   "$py" - "$out/env.json" <<'EOF'
 import importlib.metadata as m, json, sys, jax
 names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
