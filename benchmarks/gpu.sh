@@ -38,7 +38,8 @@ if [[ -n $tiny ]]; then
     "data.corpora=[{name: alice, source: local, path: $data/gutenberg/carroll-alice.txt, kind: gutenberg}]"
     "heldout.corpora=[{name: blake, source: local, path: $data/gutenberg/blake-poems.txt, kind: gutenberg}]"
     heldout.sequences=8 heldout.batch_size=4 checkpoint.log_spaced=2)
-  budget=(6a=120 6b-cold=120 6b-warm=120 8=120 emergence=120 track=120)
+  # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
+  budget=(6a=600 6b-cold=600 6b-warm=600 8=600 emergence=600 track=600)
 else
   analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
   step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20) scale_args=(--repeat 3) roles_repeat=3

@@ -165,7 +165,7 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     }
     for argv in (["prepare"], ["run", str(tmp_path / "out")]):
         result = subprocess.run(["bash", "benchmarks/gpu.sh", *argv], cwd=ROOT, env=env, capture_output=True,
-                                text=True, timeout=600, check=False)  # fmt: skip
+                                text=True, timeout=1800, check=False)  # fmt: skip
         assert result.returncode == 0, result.stderr[-4000:]
     out = tmp_path / "out"
     stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
