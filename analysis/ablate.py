@@ -32,6 +32,7 @@ from bertjax import cli
 
 def parse_args(argv: list[str] | None) -> KovalevaConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.ablate", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--ckpt", required=True, help="fine-tuned classifier: bertjax run workdir, HF directory or hub id")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--task", default="mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")

@@ -23,6 +23,7 @@ from bertjax import cli
 
 def parse_args(argv: list[str] | None) -> ClarkConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.clark", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")

@@ -55,6 +55,7 @@ def post_labels(paths: Sequence[str]) -> list[str]:
 
 def parse_args(argv: list[str] | None) -> EffectConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.finetune_effect", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip

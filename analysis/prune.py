@@ -23,6 +23,7 @@ from bertjax import cli, glue
 
 def parse_args(argv: list[str] | None) -> MichelConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.prune", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--ckpt", required=True, help="fine-tuned classifier: bertjax run workdir, HF directory or hub id")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--task", default="mrpc", choices=list(glue.TASKS))

@@ -22,6 +22,7 @@ from bertjax import cli
 
 def parse_args(argv: list[str] | None) -> ReportConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument(
         "run_dir",
         metavar="RUN_DIR",

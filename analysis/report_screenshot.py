@@ -74,6 +74,7 @@ def screenshot(
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m analysis.report_screenshot", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("report", help="a report.html written by analysis.report")
     p.add_argument("out", help="the PNG to write")
     p.add_argument("--head", help="LAYER,HEAD whose card to open")

@@ -23,7 +23,7 @@ from analysis.heads.config import (
     add_variant_arguments,
     config_from_args,
 )
-from analysis.heads.figures import ROLES_FIGURES
+from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES
 from bertjax import cli
 
 log = logging.getLogger(__name__)
@@ -31,12 +31,13 @@ log = logging.getLogger(__name__)
 
 def parse_args(argv: list[str] | None) -> RolesConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     add_data_arguments(p)
     add_test_arguments(p)
     add_variant_arguments(p)
-    add_output_arguments(p, "roles_out", ROLES_FIGURES)
+    add_output_arguments(p, "roles_out", ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
     a = p.parse_args(argv)
     return config_from_args(a, ckpt=a.ckpt, step=a.step)
 

@@ -45,6 +45,7 @@ from bertjax import cli, distributed
 
 def parse_args(argv: list[str] | None) -> TrackConfig:
     p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     series = p.add_mutually_exclusive_group(required=True)
     series.add_argument("--run", help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/)")
     series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",

@@ -20,7 +20,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from bertjax import runinfo
+from bertjax import cli, runinfo
 
 
 def _cpu_model() -> str:
@@ -121,6 +121,7 @@ def minilm_checkpoint() -> str:
 def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentParser:
     """A parser with the flags every benchmark takes (`--repeat` where it repeats measurements)."""
     p = argparse.ArgumentParser(description=description)
+    cli.add_verbose_argument(p)
     if repeat is not None:
         p.add_argument("--repeat", type=int, default=repeat, help="timed runs per measurement (the median is reported)")
     return p

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 
 from benchmarks import common
+from bertjax import cli
 
 
 def import_seconds() -> float:
@@ -98,4 +99,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -1,31 +1,144 @@
 #!/usr/bin/env bash
-# The accelerator rows of BENCHMARKS.md on one GPU: BERT-base T = 128 bf16 pre-training steps (MFU),
-# the step's kernel-level profile, and the 4-task analysis. Run from the repository root:
-#   bash benchmarks/gpu.sh OUT_DIR GLUE_DIR VOCAB PARSES
-# PARSES: a JSON from `python -m benchmarks.roles_overhead ... --export-parses` (lets a machine
-# without spaCy analyse exactly the parses made elsewhere). JSON lines land in OUT_DIR/*.jsonl and
-# the profiler trace under OUT_DIR/trace (read it with `python -m benchmarks.trace_kernels`).
+# One GPU session: every accelerator row of BENCHMARKS.md and the GPU emergence run, in one call of
+# at most 9 minutes. Run from the repository root:
+#
+#   bash benchmarks/gpu.sh prepare      # here, once: needs spaCy and the package registry
+#   bash benchmarks/gpu.sh run OUT      # there: the device machine, with .gpu carried
+#
+# `prepare` fills .gpu/ (git-ignored; a few tens of MiB, so that it travels with the working tree):
+# the staged GLUE and vocabulary, the parses of every text analysed there (no spaCy there), the
+# emergence run's prepared shards, and wheels of the pure-Python packages the device image lacks
+# (omegaconf, tensorboardX). JAX, flax, optax and orbax are the image's: JAX's CUDA wheels are too
+# large to carry, and flax 0.12.8, the pin, does not import under the image's JAX 0.11 (BENCHMARKS.md,
+# 2026-11-23); env.json records the versions that ran.
+# `run` writes under OUT: env.json, one JSONL per benchmark (6a train_step, 6b roles_overhead
+# cold then warm, 8 scale), stages.jsonl (each stage's exit status and seconds, under a time budget
+# that ends a stage, not the session), log.txt and emergence.tar.gz (the run's run.json, metrics
+# and the track's tables).
+#
+# BERTJAX_GPU_TINY=1 runs both at tiny sizes on any device (tests/test_benchmarks.py dry-runs it
+# on the CPU); BERTJAX_GPU_DIR (default .gpu) and BERTJAX_GPU_WORK (default /tmp/bertjax-gpu)
+# move the carried folder and the work folder; EMERGENCE_STEPS (default 2000) sets the run's length.
 set -euo pipefail
-out=$1 glue=$2 vocab=$3 parses=$4
+mode=${1:?usage: bash benchmarks/gpu.sh prepare | run OUT}
+carry=${BERTJAX_GPU_DIR:-.gpu}
+# The emergence run's workdir has the same absolute path here and there: its held-out shards name
+# the vocabulary by absolute path.
+work=${BERTJAX_GPU_WORK:-/tmp/bertjax-gpu}
+data=${BERTJAX_DATA:-../shared/data}
 py=${PYTHON:-python3}
-mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee "$out/gpu.csv"
-"$py" -m benchmarks.train_step --preset base --backends bertjax --dtype bfloat16 --batch-size 256 \
-  --repeat 20 | tee -a "$out/train_step.jsonl"
-"$py" -m benchmarks.step_profile --preset base --batch-size 256 --parts forward,step --repeat 20 \
-  --trace "$out/trace" | tee -a "$out/step_profile.jsonl"
-roles() {
-  "$py" -m benchmarks.roles_overhead --random-preset base --vocab "$vocab" --glue-dir "$glue" \
-    --tasks qnli,qqp:dev mrpc,sst2:train --parses "$parses" "$@" | tee -a "$out/roles_overhead.jsonl"
+tiny=${BERTJAX_GPU_TINY:-}
+steps=${EMERGENCE_STEPS:-2000}
+
+if [[ -n $tiny ]]; then
+  analysis_tasks=(mrpc:train) analysis_n=8 preset=tiny track=(--task mrpc --n 8)
+  step_args=(--tiny --repeat 2) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
+  # One small book trains and another is held out, so that preparing takes seconds.
+  emergence=(model.preset=tiny train.steps=3 train.global_batch_size=4 train.log_every=1 data.vocab_size=1000
+    "data.corpora=[{name: alice, source: local, path: $data/gutenberg/carroll-alice.txt, kind: gutenberg}]"
+    "heldout.corpora=[{name: blake, source: local, path: $data/gutenberg/blake-poems.txt, kind: gutenberg}]"
+    heldout.sequences=8 heldout.batch_size=4 checkpoint.log_spaced=2)
+  # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
+  budget=(6a=600 6b-cold=600 6b-warm=600 8=600 emergence=600 track=600)
+else
+  analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
+  step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20) scale_args=(--repeat 3) roles_repeat=3
+  emergence=(train.steps="$steps")
+  # Seconds per stage, 510 in all: 30 s of the 9 minutes are left for the set-up and the transfers.
+  budget=(6a=70 6b-cold=140 6b-warm=60 8=70 emergence=110 track=60)
+fi
+emergence_config=(--config configs/pretrain/emergence-gpu.yaml --workdir "$work/emergence-gpu" "${emergence[@]}")
+# The parses there: a spaCy model directory holding only meta.json names the cache's keys, and a
+# cache holding every text never loads spaCy.
+parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
+
+prepare() {
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  rm -rf "$carry" "$work/emergence-gpu"
+  mkdir -p "$carry/spacy-model" "$work"
+  cp -r "$data/glue" "$carry/glue"
+  cp "$data/vocab/bert-base-uncased-vocab.txt" "$carry/vocab.txt"
+  "$py" -c 'import json, sys; from sieves.parse import _installed_meta; print(json.dumps(_installed_meta(None)[1]))' \
+    >"$carry/spacy-model/meta.json"
+  # Row 6b's texts, as JSON (roles_overhead --parses); the track's, into the parse cache.
+  "$py" -m benchmarks.roles_overhead --glue-dir "$carry/glue" --tasks "${analysis_tasks[@]}" --n "$analysis_n" \
+    --random-preset tiny --vocab "$carry/vocab.txt" --export-parses "$carry/parses.json"
+  task=${track[1]}
+  "$py" -m benchmarks.roles_overhead --glue-dir "$carry/glue" --tasks "$task:dev" --n "${track[3]}" \
+    --random-preset tiny --vocab "$carry/vocab.txt" --cache-dir "$carry/parses" --export-parses "$work/track-parses.json"
+  "$py" -m train.pretrain "${emergence_config[@]}" --prepare-only
+  cp -r "$work/emergence-gpu" "$carry/emergence-gpu"
+  if [[ -z $tiny ]]; then
+    "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" \
+      omegaconf==2.4.0 tensorboardX==2.6.5
+  fi
+  du -sh "$carry"
 }
-# Twice, in fresh processes sharing a fresh compilation cache: the second's first_run_s is a new
-# process's analysis with the compiled programs on disk.
-JAX_COMPILATION_CACHE_DIR="$out/xla-cache" roles --repeat 3
-JAX_COMPILATION_CACHE_DIR="$out/xla-cache" roles --repeat 1
-# Once more on an empty cache with XLA's GEMM autotuning off: the analysis's forward passes take
-# well under a second in all, so autotuning them may cost more than it saves (first_run_stages_s
-# shows the scoring stage, where compilation lands, beside the warm forward time).
-JAX_COMPILATION_CACHE_DIR="$out/xla-cache-untuned" XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" roles --repeat 1
-# Row 8: the scoring stage on 1 device and on all of them (positional roles: no parser needed).
-"$py" -m benchmarks.scale --random-preset base --vocab "$vocab" --glue-dir "$glue" \
-  --roles local,prev,next,block,cls,sep,delimiter --repeat 3 | tee -a "$out/scale.jsonl"
+
+# stage NAME CMD...: CMD under NAME's time budget, its stdout appended to OUT/NAME's JSONL file;
+# a stage that fails or runs out of time is recorded and the session goes on.
+stage() {
+  local name=$1 seconds start rc=0 target
+  shift
+  for entry in "${budget[@]}"; do [[ ${entry%%=*} == "$name" ]] && seconds=${entry#*=}; done
+  # The benchmarks print JSON lines; the emergence run and the track print progress and tables.
+  target=$out/${name%%-*}.jsonl
+  [[ $name == [0-9]* ]] || target=/dev/stderr
+  echo "== $name (${seconds} s at most): $*" >&2
+  start=$EPOCHREALTIME
+  timeout --signal=TERM --kill-after=15 "$seconds" "$@" >>"$target" || rc=$?
+  awk -v name="$name" -v rc="$rc" -v s="$(awk "BEGIN {print $EPOCHREALTIME - $start}")" -v b="$seconds" \
+    'BEGIN {printf "{\"stage\": \"%s\", \"rc\": %d, \"seconds\": %.1f, \"budget_s\": %d}\n", name, rc, s, b}' |
+    tee -a "$out/stages.jsonl" >&2
+  [[ $rc == 0 ]] || failed=1
+}
+
+run() {
+  out=${1:?usage: bash benchmarks/gpu.sh run OUT}
+  mkdir -p "$out" "$work"
+  exec 2> >(tee -a "$out/log.txt" >&2)
+  failed=0
+  if compgen -G "$carry/wheels/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \
+      "$carry"/wheels/*.whl >&2
+    export PYTHONPATH=$work/site
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  "$py" - "$out/env.json" <<'EOF'
+import importlib.metadata as m, json, sys, jax
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
+env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) for n in names}}
+open(sys.argv[1], "w").write(json.dumps(env) + "\n")
+print(json.dumps(env), file=sys.stderr)
+EOF
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv >&2
+  vocab=$carry/vocab.txt glue=$carry/glue
+  # 6a: BERT-base T = 128 bf16 pre-training steps (MFU).
+  stage 6a "$py" -m benchmarks.train_step --backends bertjax "${step_args[@]}"
+  # 6b: the 4-task analysis twice, in fresh processes sharing a fresh compilation cache: the first's
+  # first_run_s is a cold process's, the second's a new process's with the programs on disk.
+  roles=("$py" -m benchmarks.roles_overhead --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue"
+    --tasks "${analysis_tasks[@]}" --n "$analysis_n" --parses "$carry/parses.json")
+  rm -rf "$work/xla-cache"
+  JAX_COMPILATION_CACHE_DIR=$work/xla-cache stage 6b-cold "${roles[@]}" --repeat "$roles_repeat"
+  JAX_COMPILATION_CACHE_DIR=$work/xla-cache stage 6b-warm "${roles[@]}" --repeat 1
+  # 8: the scoring stage on 1 device and on all (positional roles: no parser needed).
+  stage 8 "$py" -m benchmarks.scale --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue" \
+    --roles local,prev,next,block,cls,sep,delimiter "${scale_args[@]}"
+  # The emergence run on the shards prepared here (a stage out of time saves a checkpoint and
+  # stops, on SIGTERM), then its roles over the checkpoints it saved.
+  rm -rf "$work/emergence-gpu" "$work/track"
+  cp -r "$carry/emergence-gpu" "$work/emergence-gpu"
+  stage emergence "$py" -m train.pretrain "${emergence_config[@]}"
+  stage track "$py" -m analysis.track --run "$work/emergence-gpu" "${track[@]}" --glue-dir "$glue" \
+    "${parse_args[@]}" --out "$work/track"
+  tar czf "$out/emergence.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
+    --exclude='*.npz' emergence-gpu $([[ -d $work/track ]] && echo track)
+  return "$failed"
+}
+
+case $mode in
+  prepare) prepare ;;
+  run) run "${2:-}" ;;
+  *) echo "error: unknown mode $mode (prepare or run)" >&2; exit 2 ;;
+esac

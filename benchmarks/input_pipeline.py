@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from bertjax import cli
 from train.config import load_config
 from train.data import PretrainingData
 from train.prepare import PrepareConfig, prepare
@@ -109,4 +110,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

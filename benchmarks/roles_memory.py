@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from bertjax import cli
 
 
 def run_roles(args, n: int, out: Path, cache_dir: Path) -> dict:
@@ -67,4 +68,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

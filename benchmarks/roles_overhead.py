@@ -32,7 +32,7 @@ from analysis.common.figures import add_figure_arguments
 from analysis.common.forward import padded_batches
 from analysis.heads import pipeline
 from analysis.heads.config import RolesConfig, config_tasks
-from analysis.heads.figures import ROLES_FIGURES
+from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES
 from benchmarks import common
 from bertjax import cli
 from bertjax.pretrained import from_pretrained, load_tokenizer
@@ -195,7 +195,7 @@ def parse_args(argv: list[str] | None):
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)
-    add_figure_arguments(p, ROLES_FIGURES)
+    add_figure_arguments(p, ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
     p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the untimed run)")
     p.add_argument("--parses", help="JSON of parses from --export-parses: no spaCy needed")
     p.add_argument("--export-parses", help="only write the parses these runs need to this JSON file, then stop")
@@ -211,4 +211,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from benchmarks import common
+from bertjax import cli
 from sieves.kernel import sieve_scores
 
 
@@ -106,4 +107,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -21,6 +21,7 @@ import optax
 
 from benchmarks import common
 from benchmarks.train_step import BertjaxStep, make_batch
+from bertjax import cli
 from bertjax.config import preset
 from train.metrics import flops_per_token, peak_flops
 
@@ -85,4 +86,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

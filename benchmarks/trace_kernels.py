@@ -14,6 +14,8 @@ import argparse
 import collections
 import json
 
+from bertjax import cli
+
 
 def kind(kernel: str) -> str:
     name = kernel.lower()
@@ -28,6 +30,7 @@ def kind(kernel: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(p)
     p.add_argument("xplane", help="an .xplane.pb file")
     p.add_argument("--calls", type=int, default=2, help="calls the trace holds (step_profile --trace-calls)")
     p.add_argument("--top", type=int, default=12)
@@ -53,4 +56,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from benchmarks import common
+from bertjax import cli
 
 STEPS = (1, 3, 10, 31, 96, 200, 300)
 
@@ -122,4 +123,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -20,7 +20,6 @@ torch is imported only when its backend is selected, and runs on CUDA when JAX d
 from __future__ import annotations
 
 import ctypes
-import logging
 import os
 import tempfile
 from collections.abc import Callable
@@ -316,7 +315,6 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         help="glibc: keep freed memory for reuse (no per-step page faults); see reuse_freed_memory",
     )
     args = p.parse_args(argv)
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax's checkpoint-manager chatter
     if args.tiny:
         args.preset = "tiny"
         args.batch_size = args.batch_size or 2

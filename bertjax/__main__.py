@@ -14,6 +14,7 @@ from bertjax.pretrained import from_pretrained, load_tokenizer
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bertjax", description=__doc__)
+    cli.add_verbose_argument(parser)
     parser.add_argument("ckpt", help="HF-format directory, bertjax run workdir or hub id")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run")
     parser.add_argument("--text", default="The cat sat on the mat.")
@@ -28,7 +29,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     config = model.config
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-    print(f"{config.num_hidden_layers} layers × {config.num_attention_heads} heads, hidden {config.hidden_size}, {n_params:,} parameters")
+    print(
+        f"{config.num_hidden_layers} layers × {config.num_attention_heads} heads, hidden {config.hidden_size}, {n_params:,} parameters"
+    )
     print("tokens:", " ".join(tokenizer.convert_ids_to_tokens(batch["input_ids"][0])))
     print("last_hidden_state:", tuple(out.last_hidden_state.shape))
     print("pooler_output:", tuple(out.pooler_output.shape))

@@ -135,4 +135,5 @@ def _unreadable(error: BaseException) -> str:
 
 
 def _read_only() -> ocp.CheckpointManagerOptions:
-    return ocp.CheckpointManagerOptions(read_only=True, create=False)
+    # save_interval_steps=0: what orbax would set itself, with a warning, for every manager opened.
+    return ocp.CheckpointManagerOptions(read_only=True, create=False, save_interval_steps=0)

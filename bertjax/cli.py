@@ -1,8 +1,11 @@
-"""What every `python -m ...` entry point shares: logging set-up and the one-line user errors."""
+"""What every `python -m ...` entry point shares: quiet logging (`-v/--verbose` for the libraries'
+INFO lines), the one-line user errors and the compilation cache."""
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -14,6 +17,52 @@ from bertjax.errors import UserError
 
 # Where bertjax keeps what it can recompute: parses, compiled XLA programs.
 CACHE_ROOT = Path("~/.cache/bertjax").expanduser()
+
+
+# Loggers whose INFO lines are a run's progress; every other library's INFO lines (orbax's, through
+# absl, by the hundred per checkpoint; jax probing for backends it will not use) show with --verbose.
+OWN_LOGGERS = ("__main__", "analysis", "benchmarks", "bertjax", "sieves", "train")
+# Warnings that only restate what bertjax asked for: orbax warns on every read-only manager it opens.
+RESTATEMENTS = ("Given directory is read only",)
+_USER_XLA_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+
+
+class Quiet(logging.Filter):
+    """Lets through bertjax's own INFO lines and every library's warnings and errors, except the
+    `RESTATEMENTS`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return not (record.name == "absl" and str(record.msg).startswith(RESTATEMENTS))
+        return record.name.split(".", 1)[0] in OWN_LOGGERS
+
+
+def add_verbose_argument(p: argparse.ArgumentParser) -> None:
+    """`-v/--verbose`, the same in every CLI: it takes effect while the arguments are parsed, before
+    jax starts its backends, so their start-up lines show too."""
+    p.add_argument(
+        "-v", "--verbose", action=_Verbose, nargs=0, default=False,
+        help="also show the libraries' INFO logs (orbax's checkpointing, jax's backend start-up)",
+    )  # fmt: skip
+
+
+class _Verbose(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, True)
+        set_verbose(True)
+
+
+def set_verbose(verbose: bool) -> None:
+    """Shows (True) or hides (False) the libraries' INFO lines on the root logger's handlers, and
+    XLA's C++ INFO lines where its backends have not started yet (a user's TF_CPP_MIN_LOG_LEVEL wins)."""
+    for handler in logging.getLogger().handlers:
+        for quiet in [f for f in handler.filters if isinstance(f, Quiet)]:
+            handler.removeFilter(quiet)
+        if not verbose:
+            handler.addFilter(Quiet())
+    if _USER_XLA_LOG_LEVEL is None:
+        # XLA reads it once, at its first C++ log line, which comes when jax starts a backend.
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if verbose else "1"
 
 
 class Terminated(KeyboardInterrupt):
@@ -29,6 +78,7 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
     Ctrl-C exit status 130 and SIGTERM 143 (the shell's 128 + signal), after the same clean-up."""
     # force: absl (imported with jax) has already configured the root logger at WARNING.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    set_verbose(False)
     use_compilation_cache()
     # The trainer puts its own handler (save a checkpoint, then stop) in place while it trains.
     previous = signal.signal(signal.SIGTERM, _terminate)

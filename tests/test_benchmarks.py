@@ -1,10 +1,16 @@
 """Smoke tests of the benchmark scripts: each runs in-process on a tiny shape and prints its JSON lines."""
 
 import json
+import os
+import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def json_lines(text: str) -> list[dict]:
@@ -143,3 +149,35 @@ def test_trace_kernels_sorts_kernels_by_kind():
     assert kind("input_scatter_fusion_1") == "scatter"
     assert kind("input_add_reduce_fusion_8") == "reduction fusion"
     assert kind("loop_convert_multiply_fusion_11") == "other fusion"
+
+
+@pytest.mark.slow
+def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path):
+    """benchmarks/gpu.sh, prepare then run, as on a lent GPU but tiny (BERTJAX_GPU_TINY): so that a
+    typo costs seconds here, not the first call of a session's 15 minutes of device time."""
+    env = os.environ | {
+        "BERTJAX_GPU_TINY": "1",
+        "BERTJAX_GPU_DIR": str(tmp_path / "carry"),
+        "BERTJAX_GPU_WORK": str(tmp_path / "work"),
+        "BERTJAX_DATA": str(shared_data),
+        "PYTHON": sys.executable,
+        "JAX_PLATFORMS": "cpu",
+    }
+    for argv in (["prepare"], ["run", str(tmp_path / "out")]):
+        result = subprocess.run(["bash", "benchmarks/gpu.sh", *argv], cwd=ROOT, env=env, capture_output=True,
+                                text=True, timeout=1800, check=False)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-4000:]
+    out = tmp_path / "out"
+    stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
+    assert [s["stage"] for s in stages] == ["6a", "6b-cold", "6b-warm", "8", "emergence", "track"]
+    assert all(s["rc"] == 0 for s in stages), stages
+    assert json.loads((out / "env.json").read_text())["devices"]
+    rows = {name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()] for name in
+            ("6a", "6b", "8")}  # fmt: skip
+    assert [row["side"] for row in rows["6b"]].count("ratio") == 2, rows["6b"]  # the cold and the warm process
+    assert rows["6a"] and rows["8"]
+    with tarfile.open(out / "emergence.tar.gz") as tar:
+        names = tar.getnames()
+    assert "emergence-gpu/run.json" in names and any(name.startswith("track/") for name in names), names
+    # What comes back from the device machine: at most 8 files, none further down.
+    assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())

@@ -102,7 +102,9 @@ def test_the_flags_reach_the_config():
     config = roles_cli.parse_args(["--ckpt", "x", "--figures", "role_grid", "--figure-format", "png,svg"])
     assert (config.figures, config.figure_format) == ("role_grid", "png,svg")
     assert roles_cli.parse_args(["--ckpt", "x", "--no-figures"]).figures == "none"
-    assert roles_cli.parse_args(["--ckpt", "x"]).figures == "all"
+    # By default the figure a user looks at first; every paper figure on request.
+    assert roles_cli.parse_args(["--ckpt", "x"]).figures == "role_grid"
+    assert roles_cli.parse_args(["--ckpt", "x", "--figures", "all"]).figures == "all"
 
 
 def _children(pid: int) -> list[int]:

@@ -4,6 +4,9 @@ skips what is done, layer groups and fractions against obvious counts, and the o
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +24,7 @@ from analysis.heads import figures as heads_figures
 from analysis.heads import onset, summary, tracking, tracking_figures
 from bertjax import checkpoint as ckpt
 
+ROOT = Path(__file__).resolve().parents[1]
 STEPS = (1, 3, 10, 31, 96)
 
 
@@ -259,3 +263,21 @@ def test_max_length_is_cut_to_the_checkpoints_positions(shared_data, parse_cache
     track.main(["--run", str(workdir), "--out", str(out), "--no-figures", *_flags(shared_data, parse_cache)])
     assert json.loads((out / "run.json").read_text())["config"]["roles"]["max_length"] == 16
     assert set(pd.read_csv(out / tracking.TRACK_CSV)["step"]) == {5}
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_a_run_prints_no_library_info_lines_unless_verbose(verbose, run_dir, shared_data, parse_cache, tmp_path):
+    command = [sys.executable, "-m", "analysis.track", "--run", str(run_dir), "--out", str(tmp_path / "out"),
+               "--steps", "1,3", "--no-figures", *_flags(shared_data, parse_cache), *(["-v"] if verbose else [])]  # fmt: skip
+    # Bytes: text mode would turn the progress bars' carriage returns into newlines.
+    result = subprocess.run(command, check=True, cwd=ROOT, timeout=300, capture_output=True)
+    log = result.stderr.decode()
+    shown = [line for line in log.split("\n") if re.search(r" INFO (absl|jax\.)", line)]
+    if verbose:
+        assert shown, log  # orbax reads two checkpoints, jax starts its backend
+    else:
+        assert not shown, log
+        assert result.stdout.decode().startswith("track: 2 checkpoints, 0 from the cache")
+        # The bars of 2 checkpoints x 2 tasks (stdout holds the summary tables), at most 3 lines
+        # each: orbax alone wrote ~100 INFO lines per checkpoint read.
+        assert len(log.rstrip("\n").split("\n")) <= 2 * 2 * 3, log

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from flax import nnx
 
 import bertjax
 from bertjax import checkpoint as ckpt
+from bertjax import cli
 from bertjax.errors import UserError
 from train import pretrain
 
@@ -84,9 +86,37 @@ def _params(workdir: Path, step: int | None = None) -> dict[str, np.ndarray]:
 
 @pytest.fixture(scope="module")
 def smoke_run(corpus, prepared, tmp_path_factory) -> Path:
+    """A 12-step run saving 3 checkpoints; what it printed is in smoke.log beside the workdir."""
     workdir = tmp_path_factory.mktemp("smoke")
-    subprocess.run(_train_command(workdir, corpus, prepared, 12), check=True, cwd=ROOT, timeout=600)
+    # Bytes: text mode would turn the progress bar's carriage returns into newlines.
+    result = subprocess.run(_train_command(workdir, corpus, prepared, 12), check=True, cwd=ROOT, timeout=600,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)  # fmt: skip
+    (workdir.parent / "smoke.log").write_bytes(result.stdout)
     return workdir
+
+
+def library_info_lines(output: str) -> list[str]:
+    """The lines logged at INFO by loggers other than bertjax's own (see `cli.OWN_LOGGERS`)."""
+    own = "|".join(cli.OWN_LOGGERS)
+    return re.findall(rf"^.* INFO (?!(?:{own})[.:]).*$", output, flags=re.MULTILINE)
+
+
+def test_a_run_says_what_it_does_and_hides_library_info_lines(smoke_run):
+    # Lines as a terminal shows them: a progress bar redraws its line after a carriage return.
+    lines = (smoke_run.parent / "smoke.log").read_bytes().decode().rstrip("\n").split("\n")
+    assert "INFO __main__: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
+    assert library_info_lines("\n".join(lines)) == []
+    # The first line, phase 1's, the progress bar's and one per evaluation: orbax alone wrote
+    # about 40 lines per checkpoint (3 here).
+    assert len(lines) <= 8, "\n".join(lines)
+
+
+def test_verbose_shows_library_info_lines(corpus, prepared, tmp_path):
+    command = _train_command(tmp_path / "run", corpus, prepared, 2, "checkpoint.every=1", "--verbose")
+    result = subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True, text=True)
+    shown = library_info_lines(result.stderr)
+    assert any(" INFO absl: " in line for line in shown), result.stderr  # orbax's
+    assert any(" INFO jax." in line for line in shown), result.stderr  # jax's backend probing
 
 
 def test_pretraining_writes_checkpoints_metrics_and_run_info(smoke_run):

@@ -160,7 +160,9 @@ def summarise_evaluations(workdir: Path, metric: str) -> dict[str, Any]:
             row = json.loads(line)
         except json.JSONDecodeError:
             # Only a crash or a full disk in the middle of an append tears a line.
-            raise UserError(f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun") from None
+            raise UserError(
+                f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun"
+            ) from None
         rows[row["step"]] = row
     last = rows[max(rows)]
     best = max(rows.values(), key=lambda r: (r[metric], r["step"]))
@@ -191,7 +193,11 @@ def prepare(config: FinetuneConfig) -> Prepared:
     metric = best_metric(config, spec)
     if not config.init:
         raise UserError("init: no checkpoint to fine-tune (--init CKPT)")
-    positive = (("train.epochs", config.train.epochs), ("seeds", config.seeds), ("data.pad_multiple", config.data.pad_multiple))
+    positive = (
+        ("train.epochs", config.train.epochs),
+        ("seeds", config.seeds),
+        ("data.pad_multiple", config.data.pad_multiple),
+    )
     if config.checkpoint.log_spaced < 0:
         raise UserError(f"checkpoint.log_spaced must be at least 0, got {config.checkpoint.log_spaced}")
     for name, value in positive:
@@ -225,7 +231,9 @@ def prepare(config: FinetuneConfig) -> Prepared:
     for name, examples in (("train", train), (split, dev)):
         empty = sum(not (e.text_a.strip() and (e.text_b is None or e.text_b.strip())) for e in examples)
         if empty:
-            log.warning("%s %s: %d examples with an empty text, kept (as HF's run_glue keeps them)", spec.name, name, empty)
+            log.warning(
+                "%s %s: %d examples with an empty text, kept (as HF's run_glue keeps them)", spec.name, name, empty
+            )
     files = (
         [] if glue_dir is None else glue_files(spec.name, "train", glue_dir) + glue_files(spec.name, split, glue_dir)
     )
@@ -388,6 +396,7 @@ def describe(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(parser)
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     parser.add_argument(
         "--init", required=True, help="checkpoint to start from: a bertjax run workdir or a HF-format directory"

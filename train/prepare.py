@@ -138,7 +138,11 @@ def validate(config: PrepareConfig) -> None:
         raise UserError("vocab_file: set a vocab.txt path or a hub model id, or train_vocab=true")
     elif not Path(config.vocab_file).expanduser().is_file() and not is_hub_id(config.vocab_file):
         raise UserError(f"{config.vocab_file}: vocab_file does not exist")
-    if len({c.weight for c in config.corpora}) > 1 and config.mix_stop == "all_exhausted" and config.max_documents is None:
+    if (
+        len({c.weight for c in config.corpora}) > 1
+        and config.mix_stop == "all_exhausted"
+        and config.max_documents is None
+    ):
         log.warning(
             "corpora weights %s: under mix_stop=all_exhausted without max_documents every document of every "
             "corpus is used once, so the weights only order the mixed stream, not its proportions",
@@ -286,9 +290,7 @@ def _tokenized(
         flat = [s for d in group for s in d]
         encodings = tokenizer.encode_batch(flat, add_special_tokens=False)
         ids = iter([e.ids for e in encodings])
-        tokenized = [
-            TokenizedDocument.from_sentences([next(ids) for _ in range(len(d))]) for d in group
-        ]
+        tokenized = [TokenizedDocument.from_sentences([next(ids) for _ in range(len(d))]) for d in group]
         timer.add("tokenize", start)
         for t in tokenized:
             if t.num_sentences:
@@ -336,14 +338,10 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     # "[SEP]" or "[PAD]" written in a corpus stays text, as BERT's own tokenizer has it, instead of
     # becoming a separator or padding inside a segment.
     tokenizer.encode_special_tokens = True
-    spec = MaskingSpec.from_vocab(
-        vocab, config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_mask
-    )
+    spec = MaskingSpec.from_vocab(vocab, config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_mask)
     ids_dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
 
-    segmenter = SentenceSegmenter(
-        config.segmenter, config.spacy_model, workers=config.segment_workers
-    )
+    segmenter = SentenceSegmenter(config.segmenter, config.spacy_model, workers=config.segment_workers)
     counts = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0, "random_next": 0}
     raw_docs = _documents(config, np.random.default_rng(mix_seed), "prepare")
     docs = _tokenized(segmenter.segment(raw_docs), tokenizer, timer, counts)
@@ -369,7 +367,10 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
         elapsed = time.perf_counter() - begin
         log.info(
             "%d documents, %d tokens, %d instances; %.0f tokens/s",
-            counts["documents"], counts["tokens"], counts["instances"], counts["tokens"] / elapsed,
+            counts["documents"],
+            counts["tokens"],
+            counts["instances"],
+            counts["tokens"] / elapsed,
         )
 
     # A pool of one document would draw every "random" B from A's own document, so a pool closes
@@ -411,8 +412,11 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     }
     log.info(
         "done: %d instances in %d shards, %.1f s, %.0f tokens/s, %.1f documents/s",
-        counts["instances"], len(writer.shards), seconds,
-        throughput["tokens_per_s"], throughput["documents_per_s"],
+        counts["instances"],
+        len(writer.shards),
+        seconds,
+        throughput["tokens_per_s"],
+        throughput["documents_per_s"],
     )
     return {
         "format_version": FORMAT_VERSION,
@@ -444,9 +448,8 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m train.prepare", description=__doc__.splitlines()[0]
-    )
+    parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__.splitlines()[0])
+    cli.add_verbose_argument(parser)
     parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
     parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")

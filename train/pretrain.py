@@ -170,17 +170,20 @@ def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
             raise
 
 
-def run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
-    """Runs every phase not yet finished in `workdir`; returns the last phase's outcome."""
+def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> dict[str, Any]:
+    """Runs every phase not yet finished in `workdir`; returns the last phase's outcome. With
+    `prepare_only`, prepares each phase's shards (and held-out shards) into `workdir` and stops: a
+    machine with spaCy prepares what a machine without it then trains on, at the same `workdir`
+    path (the held-out settings name the vocabulary by its absolute path)."""
     if config.distributed:
         jax.distributed.initialize()
     workdir = Path(workdir)
     # Process 0 writes the workdir; the others only read what it wrote.
     with runinfo.one_writer(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run(config, workdir)
+        return _run(config, workdir, prepare_only)
 
 
-def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
+def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
     p1, p2 = config.data, config.phase2
     # Both phases would prepare into one directory, and phase 2 be refused its shards only once
     # phase 1 had trained.
@@ -197,6 +200,11 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
+        log.info(
+            "%s a %s BERT for %d steps of %d sequences (T = %d%s) into %s",
+            "preparing the data to pre-train" if prepare_only else "pre-training", config.model.preset, config.train.steps, config.train.global_batch_size, p1.max_seq_length,
+            "" if p2 is None else f", then {p2.steps} at T = {p2.max_seq_length}", workdir,
+        )  # fmt: skip
         config_lib.save_resolved(config, workdir / "config.yaml")
     mesh = sharding.make_mesh(config.mesh)
 
@@ -218,6 +226,17 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
     for index, (data_config, loop, optimizer, explicit_dir) in enumerate(phases, start=1):
         data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
         meta = load_meta(data_dir)
+        heldout_dir = None
+        if config.heldout.corpora:
+            # The training data's own vocabulary, trained or copied, so both tokenise alike; by its
+            # absolute path, so a resume from another working directory finds the same settings.
+            vocab = str((data_dir / "vocab.txt").resolve())
+            heldout_data = dataclasses.replace(
+                data_config, corpora=config.heldout.corpora, vocab_file=vocab, train_vocab=False
+            )
+            heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
+        if prepare_only:
+            continue
         save_tokenizer(data_dir, data_config.lowercase, workdir)
         trainer = Trainer(
             workdir=workdir,
@@ -246,16 +265,7 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
                 position=position,
             )
 
-        evaluator = None
-        if config.heldout.corpora:
-            # The training data's own vocabulary, trained or copied, so both tokenise alike; by its
-            # absolute path, so a resume from another working directory finds the same settings.
-            vocab = str((data_dir / "vocab.txt").resolve())
-            heldout_data = dataclasses.replace(
-                data_config, corpora=config.heldout.corpora, vocab_file=vocab, train_vocab=False
-            )
-            heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
-            evaluator = HeldOutEvaluator(config.heldout, heldout_dir, trainer)
+        evaluator = None if heldout_dir is None else HeldOutEvaluator(config.heldout, heldout_dir, trainer)
 
         probe = None
         if probe_set is not None:
@@ -290,14 +300,18 @@ def _run(config: PretrainConfig, workdir: Path) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m train.pretrain", description=__doc__.split("\n\n")[0])
+    cli.add_verbose_argument(parser)
     parser.add_argument("--config", required=True, help="YAML file, e.g. configs/pretrain/tiny.yaml")
     parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, data")
+    parser.add_argument(
+        "--prepare-only", action="store_true", help="prepare the shards (and held-out shards) into --workdir and stop"
+    )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
     args = parser.parse_args(argv)
     config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
     if config.train.steps < 1:
         raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
-    run(config, Path(args.workdir))
+    run(config, Path(args.workdir), args.prepare_only)
 
 
 if __name__ == "__main__":

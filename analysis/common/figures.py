@@ -106,10 +106,11 @@ def select_formats(spec: str) -> tuple[str, ...]:
     return _choice("--figure-format", spec, FIGURE_FORMATS, [])
 
 
-def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str]) -> None:
+def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
     """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
-    p.add_argument("--figures", default="all", help=f"all, none, or a comma-separated subset of {','.join(kinds)}")
-    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default="all",
+    p.add_argument("--figures", default=default,
+                   help=f"all, none, or a comma-separated subset of {','.join(kinds)} (default: {default})")  # fmt: skip
+    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
                    help="the same as --figures none")  # fmt: skip
     p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
                    help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip

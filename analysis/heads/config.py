@@ -144,10 +144,12 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--correction", choices=CHOICES["correction"], default="none")
 
 
-def add_output_arguments(p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str]) -> None:
+def add_output_arguments(
+    p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str], default_figures: str = "all"
+) -> None:
     p.add_argument("--out", default=default_out)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
-    add_figure_arguments(p, figure_kinds)
+    add_figure_arguments(p, figure_kinds, default_figures)
     p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 
 

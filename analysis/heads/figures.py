@@ -44,6 +44,10 @@ from analysis.heads.summary import (
 ROLES_FIGURES = (
     "mean_heatmaps", "p_heatmaps", "score_distributions", "role_grid", "coarse_overlap", "local_vs_syntactic",
 )  # fmt: skip
+# What `analysis.roles` draws unless `--figures` says otherwise: the figure a user looks at first
+# (which role each head holds). Drawing all six cost more than the analysis itself on a small
+# model (BENCHMARKS.md row 2); `--figures all` draws every paper figure.
+DEFAULT_ROLES_FIGURES = "role_grid"
 NOT_HELD = "#eeeeee"
 NO_DATA = "#bdbdbd"
 # Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens

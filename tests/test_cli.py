@@ -1,0 +1,72 @@
+"""Every entry point goes through `bertjax.cli.run` and takes `-v/--verbose`; the quiet filter hides
+the libraries' INFO lines only."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from pathlib import Path
+
+import pytest
+
+from bertjax import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+# A worker process started by analysis.common.figures.FigurePool, not a command a user runs.
+INTERNAL = {"analysis.figure_worker"}
+
+
+def entry_points() -> list[str]:
+    found = []
+    for package in ("analysis", "bertjax", "benchmarks", "train"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            if 'if __name__ == "__main__":' in path.read_text(encoding="utf-8") and name not in INTERNAL:
+                found.append(name)
+    return found
+
+
+def test_the_entry_points_are_found():
+    assert {"analysis.roles", "analysis.track", "train.pretrain", "bertjax.__main__", "benchmarks.scale"} <= set(
+        entry_points()
+    )
+
+
+@pytest.mark.parametrize("name", entry_points())
+def test_every_entry_point_runs_through_cli_and_takes_verbose(name, capsys):
+    module = importlib.import_module(name)
+    assert "cli.run(main)" in Path(module.__file__).read_text(encoding="utf-8").split('if __name__ == "__main__":')[1]
+    with pytest.raises(SystemExit):
+        module.main(["--help"])
+    assert "-v, --verbose" in capsys.readouterr().out
+
+
+def _shown(name: str, level: int, message: str = "a line") -> bool:
+    return cli.Quiet().filter(logging.LogRecord(name, level, __file__, 1, message, None, None))
+
+
+def test_quiet_shows_own_info_and_every_warning_but_hides_library_info():
+    assert _shown("__main__", logging.INFO)
+    assert _shown("train.trainer", logging.INFO)
+    assert _shown("analysis", logging.INFO)
+    assert not _shown("absl", logging.INFO)
+    assert not _shown("jax._src.xla_bridge", logging.INFO)
+    assert not _shown("trainer", logging.INFO)  # a prefix of no package of ours
+    assert _shown("absl", logging.WARNING)
+    assert _shown("jax._src.xla_bridge", logging.ERROR)
+    assert not _shown("absl", logging.WARNING, "Given directory is read only=/a/run/checkpoints")
+
+
+def test_verbose_removes_the_filter_and_quiet_puts_it_back_once(monkeypatch):
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "")  # set_verbose sets it; restored for later tests
+    handler = logging.StreamHandler()
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        cli.set_verbose(False)
+        cli.set_verbose(False)
+        assert sum(isinstance(f, cli.Quiet) for f in handler.filters) == 1
+        cli.set_verbose(True)
+        assert not handler.filters
+    finally:
+        root.removeHandler(handler)
