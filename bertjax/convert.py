@@ -98,8 +98,7 @@ def from_hf(
         expected = variable.get_value()
         if value.shape != expected.shape:
             raise UserError(
-                f"{source}: tensor {name} has shape {list(value.shape)}, the config needs "
-                f"{list(expected.shape)}"
+                f"{source}: tensor {name} has shape {list(value.shape)}, the config needs {list(expected.shape)}"
             )
         leaves[path] = value.astype(expected.dtype)
     unexplained = sorted(n for n in available if n not in used and not n.startswith(HEAD_PREFIXES))

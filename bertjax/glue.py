@@ -208,22 +208,20 @@ def _read_tsv(spec: TaskSpec, path: Path, labelled: bool, allow_empty: bool) -> 
     for index, (lineno, line) in enumerate(lines):
         fields = line.split("\t")
         if len(fields) != len(header):
-            raise UserError(
-                f"{path}:{lineno}: {len(fields)} tab-separated fields, header has {len(header)}"
-            )
+            raise UserError(f"{path}:{lineno}: {len(fields)} tab-separated fields, header has {len(header)}")
         texts = []
         for column in text_columns:
             text = fields[columns[column]]
             if not text.strip() and not allow_empty:
-                raise UserError(f"{path}:{lineno}: empty text in column {column!r} (the analyses need text in every segment)")
+                raise UserError(
+                    f"{path}:{lineno}: empty text in column {column!r} (the analyses need text in every segment)"
+                )
             texts.append(text)
         label = None
         if labelled:
             raw_label = fields[columns[spec.label_column]]
             if raw_label not in label_ids:
-                raise UserError(
-                    f"{path}:{lineno}: label {raw_label!r} is not one of {', '.join(spec.labels)}"
-                )
+                raise UserError(f"{path}:{lineno}: label {raw_label!r} is not one of {', '.join(spec.labels)}")
             label = label_ids[raw_label]
         yield Example(index, texts[0], texts[1] if spec.text_b else None, label)
 

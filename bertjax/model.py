@@ -102,7 +102,10 @@ def lookup(table: Array, ids: Array, dtype: Any) -> Array:
     an H100, where the step's other products ran at 600+ TFLOP/s: this one, 1.5 TFLOP, should take
     a few ms)."""
     return jax.lax.platform_dependent(
-        table, ids, cpu=functools.partial(_gather, dtype=dtype), default=functools.partial(_gather_one_hot_grad, dtype=dtype)
+        table,
+        ids,
+        cpu=functools.partial(_gather, dtype=dtype),
+        default=functools.partial(_gather_one_hot_grad, dtype=dtype),
     )
 
 
@@ -170,7 +173,9 @@ class BertEmbeddings(nnx.Module):
         length, limit = input_ids.shape[-1], self.config.max_position_embeddings
         if length > limit:
             # A lookup past the table would give NaN embeddings (jnp.take's fill) without a word.
-            raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)")
+            raise UserError(
+                f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)"
+            )
         dtype = self.config.compute_dtype
         if position_ids is None:
             positions = self.position_embeddings.embedding[:length].astype(dtype)[None]

@@ -405,7 +405,9 @@ def test_best_head_only_keeps_each_layers_best_single_head_by_hand(sensitive_eva
 def _titles(monkeypatch) -> list[str]:
     """Replaces `ablation.figures.head_heatmap` with a recorder of the titles it is given."""
     titles: list[str] = []
-    monkeypatch.setattr(ablation_figures, "head_heatmap", lambda values, title, *args, **kwargs: titles.append(title) or [])
+    monkeypatch.setattr(
+        ablation_figures, "head_heatmap", lambda values, title, *args, **kwargs: titles.append(title) or []
+    )
     return titles
 
 

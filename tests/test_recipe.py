@@ -85,7 +85,9 @@ def test_a_pre_ln_model_cannot_be_exported_to_hf(tmp_path):
 
 def test_sinusoidal_positions_are_vaswanis_table_at_berts_scale():
     config = small(position_embedding_init="sinusoidal")
-    table = np.asarray(bertjax.init_model(config, bertjax.BertModel, seed=0).embeddings.position_embeddings.embedding[...])
+    table = np.asarray(
+        bertjax.init_model(config, bertjax.BertModel, seed=0).embeddings.position_embeddings.embedding[...]
+    )
     d = config.hidden_size
     expected = np.zeros((16, d))
     for p in range(16):

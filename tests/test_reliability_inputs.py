@@ -402,7 +402,9 @@ def test_the_report_replaces_no_file_that_is_not_a_report(roles_run, tmp_path, c
     table = (run / "roles.csv").read_text()
     for argv in (["--out", str(run / "roles.csv")], ["--out", str(run / "roles.csv"), "--overwrite"]):
         message = cli_error(report.main, [str(run), "--examples", "0", *argv])
-        assert message == f"error: {run / 'roles.csv'} exists and is not a page analysis.report wrote; it is left as it is"
+        assert (
+            message == f"error: {run / 'roles.csv'} exists and is not a page analysis.report wrote; it is left as it is"
+        )
     assert (run / "roles.csv").read_text() == table
     page = tmp_path / "page.html"
     report.main([str(run), "--examples", "0", "--out", str(page)])  # a new file
@@ -414,7 +416,9 @@ def test_the_report_replaces_no_file_that_is_not_a_report(roles_run, tmp_path, c
     victim.write_text("precious\n")
     (tmp_path / "link.html").symlink_to(victim)
     message = cli_error(report.main, [str(run), "--examples", "0", "--out", str(tmp_path / "link.html")])
-    assert message.endswith("link.html is a symbolic link; refusing to write through it (remove it, or choose another path)")
+    assert message.endswith(
+        "link.html is a symbolic link; refusing to write through it (remove it, or choose another path)"
+    )
     assert victim.read_text() == "precious\n"
 
 
@@ -541,7 +545,9 @@ def test_a_scores_cache_entry_under_another_steps_name_is_scored_again(tmp_path,
     copied = tracking.cache_path(tmp_path, settings, three)
     shutil.copyfile(entry, copied)  # step 1's scores under step 3's name
     assert tracking.read_cached(copied, settings, three) is None
-    assert "holds scores of other checkpoint (step or files) than its name says; its step is scored again" in caplog.text
+    assert (
+        "holds scores of other checkpoint (step or files) than its name says; its step is scored again" in caplog.text
+    )
     assert tracking.read_cached(entry, {**settings, "n": 8}, one) is None
     assert "holds scores of other settings than its name says" in caplog.text
 

@@ -66,5 +66,7 @@ def test_roles_on_a_text_file_end_to_end(tiny_hf, tmp_path: Path, cli_error):
     table = pd.read_csv(out / "roles.csv")
     assert set(table["task"]) == {"text-pairs"} and set(table["role"]) == {"prev", "next", "block", "sep"}
     assert (table["n"] == 6).all()
-    error = cli_error(roles.main, ["--ckpt", str(tiny_hf), "--task", f"text:{tmp_path / 'nope.txt'}", "--out", str(tmp_path / "o2")])
+    error = cli_error(
+        roles.main, ["--ckpt", str(tiny_hf), "--task", f"text:{tmp_path / 'nope.txt'}", "--out", str(tmp_path / "o2")]
+    )
     assert error.startswith("error: --task text:") and "is not a file" in error

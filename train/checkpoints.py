@@ -132,7 +132,9 @@ class Checkpointer:
         if config.best_metric is not None:
             best_fn = operator.itemgetter(config.best_metric)
             # Saves without metrics (a SIGTERM mid-epoch) are kept only while they are the latest.
-            policies.append(checkpoint_managers.BestN(get_metric_fn=best_fn, n=1, keep_checkpoints_without_metrics=False))
+            policies.append(
+                checkpoint_managers.BestN(get_metric_fn=best_fn, n=1, keep_checkpoints_without_metrics=False)
+            )
         self.manager = ocp.CheckpointManager(
             self.directory,
             item_names=ITEMS,
@@ -155,7 +157,13 @@ class Checkpointer:
         return step in self.explicit or step == self.total_steps or (self.every > 0 and step % self.every == 0)
 
     def save(
-        self, step: int, params: dict, opt_state: Any, trainer: dict, meta: dict, metrics: dict[str, float] | None = None
+        self,
+        step: int,
+        params: dict,
+        opt_state: Any,
+        trainer: dict,
+        meta: dict,
+        metrics: dict[str, float] | None = None,
     ) -> None:
         """`metrics`: this step's evaluation, which ranks the save for `best_metric`."""
         args = ckpt.save_args(params, meta) | {

@@ -68,12 +68,21 @@ class CorpusConfig:
 
 
 WIKIPEDIA = CorpusConfig(
-    name="wikipedia", source="hub", hub_id="wikimedia/wikipedia", hub_config="20231101.en",
-    split="train", text_field="text", kind="plain",
+    name="wikipedia",
+    source="hub",
+    hub_id="wikimedia/wikipedia",
+    hub_config="20231101.en",
+    split="train",
+    text_field="text",
+    kind="plain",
 )
 GUTENBERG = CorpusConfig(
-    name="gutenberg", source="hub", hub_id="manu/project_gutenberg", split="en",
-    text_field="text", kind="gutenberg",
+    name="gutenberg",
+    source="hub",
+    hub_id="manu/project_gutenberg",
+    split="en",
+    text_field="text",
+    kind="gutenberg",
 )
 
 
@@ -121,7 +130,8 @@ def corpus_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
     return sorted(
-        p for p in path.rglob("*")
+        p
+        for p in path.rglob("*")
         if p.is_file()
         and not any(part.startswith(".") for part in p.relative_to(path).parts)
         and not p.name.upper().startswith("README")
@@ -142,8 +152,7 @@ def describe(cfg: CorpusConfig) -> dict[str, Any]:
     if cfg.source == "local":
         root = Path(cfg.path)
         info["files"] = [
-            {"path": str(p), "bytes": p.stat().st_size, "sha256": file_sha256(p)}
-            for p in corpus_files(root)
+            {"path": str(p), "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in corpus_files(root)
         ]
     else:
         import datasets
@@ -186,7 +195,7 @@ def strip_gutenberg(text: str) -> str:
     starts = list(_GUTENBERG_START.finditer(body))
     if starts:
         line_end = body.find("\n", starts[-1].end())
-        body = body[line_end + 1:] if line_end >= 0 else ""
+        body = body[line_end + 1 :] if line_end >= 0 else ""
     return body
 
 
@@ -263,14 +272,11 @@ def iter_documents(cfg: CorpusConfig) -> Iterator[Document]:
     if cfg.source == "local":
         root = Path(cfg.path)
         files = corpus_files(root)
-        docs = itertools.chain.from_iterable(
-            _file_documents(p, cfg.kind, root.is_file()) for p in files
-        )
+        docs = itertools.chain.from_iterable(_file_documents(p, cfg.kind, root.is_file()) for p in files)
         origin = str(root)
     else:
         docs = itertools.chain.from_iterable(
-            text_documents(t, cfg.kind, line_paragraphs=cfg.kind == "plain")
-            for t in _hub_texts(cfg)
+            text_documents(t, cfg.kind, line_paragraphs=cfg.kind == "plain") for t in _hub_texts(cfg)
         )
         origin = f"hub dataset {cfg.hub_id}"
     count = 0

@@ -135,8 +135,7 @@ class PretrainingData(EpochBatches):
         self.batches_per_epoch = self.num_examples // global_batch_size
         if self.batches_per_epoch == 0:
             raise UserError(
-                f"global_batch_size: {global_batch_size} exceeds the {self.num_examples} "
-                f"examples in {self.data_dir}"
+                f"global_batch_size: {global_batch_size} exceeds the {self.num_examples} examples in {self.data_dir}"
             )
         vocab = (self.data_dir / self.meta["vocab_file"]).read_text(encoding="utf-8").splitlines()
         self.spec = MaskingSpec.from_vocab(
@@ -176,7 +175,7 @@ class PretrainingData(EpochBatches):
     def examples(self, epoch: int, index: int) -> np.ndarray:
         """Global indices of the examples in this process's slice of batch (epoch, index)."""
         start = index * self.global_batch_size + self.process_index * self.batch_size
-        return self._permutation(epoch)[start: start + self.batch_size]
+        return self._permutation(epoch)[start : start + self.batch_size]
 
     def batch(self, epoch: int, index: int) -> dict[str, np.ndarray]:
         """The batch at position (epoch, index) for this process; a pure function of both."""
@@ -193,9 +192,7 @@ class PretrainingData(EpochBatches):
                 "masked_weights": (positions > 0).astype(np.float32),
             }
         else:
-            rng = np.random.default_rng(
-                [_MASKING, self.seed, epoch, index, self.process_index]
-            )
+            rng = np.random.default_rng([_MASKING, self.seed, epoch, index, self.process_index])
             masked = mask_batch(rows["input_ids"], lengths, self.spec, rng)
         return {
             "input_ids": masked["input_ids"],

@@ -64,7 +64,9 @@ class HeldOutEvaluator:
         self.batches = [next(data) for _ in range(config.sequences // config.batch_size)]
         self.trainer = trainer
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
-        self.forward = jax.jit(lambda params, batch: pretraining_sums(trainer.model(params), batch), out_shardings=replicated)
+        self.forward = jax.jit(
+            lambda params, batch: pretraining_sums(trainer.model(params), batch), out_shardings=replicated
+        )
         self.seconds = 0.0
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:

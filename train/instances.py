@@ -54,9 +54,7 @@ class TokenizedDocument:
         lengths = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
         bounds = np.zeros(len(sentences) + 1, dtype=np.int64)
         np.cumsum(lengths, out=bounds[1:])
-        ids = np.fromiter(
-            itertools.chain.from_iterable(sentences), dtype=np.int32, count=int(bounds[-1])
-        )
+        ids = np.fromiter(itertools.chain.from_iterable(sentences), dtype=np.int32, count=int(bounds[-1]))
         return cls(ids, bounds)
 
     @property
@@ -98,7 +96,7 @@ def truncate_pair(
     for seg, keep in ((a, keep_a), (b, keep_b)):
         cut = len(seg) - keep
         front = int(rng.binomial(cut, 0.5)) if cut else 0
-        out.append(seg[front: front + keep])
+        out.append(seg[front : front + keep])
     return out[0], out[1]
 
 
@@ -135,7 +133,7 @@ def create_instances_from_document(
         if i == n - 1 or bounds[i + 1] - bounds[chunk_start] >= target:
             m = i - chunk_start + 1
             a_end = chunk_start + (int(rng.integers(1, m)) if m >= 2 else 1)
-            tokens_a = doc.ids[bounds[chunk_start]: bounds[a_end]]
+            tokens_a = doc.ids[bounds[chunk_start] : bounds[a_end]]
             is_random_next = m == 1 or (pair_task == "nsp" and rng.random() < 0.5)
             if is_random_next:
                 target_b = target - len(tokens_a)
@@ -148,10 +146,10 @@ def create_instances_from_document(
                 # The original adds sentences until B reaches target_b, and always at least one.
                 end = int(np.searchsorted(rdoc.bounds, rdoc.bounds[start] + target_b))
                 end = min(max(end, start + 1), rdoc.num_sentences)
-                tokens_b = rdoc.ids[rdoc.bounds[start]: rdoc.bounds[end]]
+                tokens_b = rdoc.ids[rdoc.bounds[start] : rdoc.bounds[end]]
                 i = a_end - 1  # put the unused sentences back
             else:
-                tokens_b = doc.ids[bounds[a_end]: bounds[i + 1]]
+                tokens_b = doc.ids[bounds[a_end] : bounds[i + 1]]
             label = is_random_next
             if pair_task == "sop" and not is_random_next and rng.random() < 0.5:
                 tokens_a, tokens_b, label = tokens_b, tokens_a, True
@@ -206,11 +204,11 @@ def pack(
     input_ids[:, 0] = cls_id
     for row, (a, b, is_random_next) in enumerate(triples):
         la, lb = len(a), len(b)
-        input_ids[row, 1: 1 + la] = a
+        input_ids[row, 1 : 1 + la] = a
         input_ids[row, 1 + la] = sep_id
-        input_ids[row, 2 + la: 2 + la + lb] = b
+        input_ids[row, 2 + la : 2 + la + lb] = b
         input_ids[row, 2 + la + lb] = sep_id
-        token_type_ids[row, 2 + la: 3 + la + lb] = 1
+        token_type_ids[row, 2 + la : 3 + la + lb] = 1
         lengths[row] = 3 + la + lb
         nsp[row] = is_random_next
     return Instances(input_ids, token_type_ids, lengths, nsp)
@@ -300,9 +298,7 @@ def mask_batch(
         chosen_start = np.zeros_like(cand)
         np.put_along_axis(chosen_start, order, taken, axis=1)
         chosen_word = np.zeros((b, t), dtype=bool)
-        chosen_word.reshape(-1)[(np.arange(b)[:, None] * t + np.maximum(word, 0))[starts]] = (
-            chosen_start[starts]
-        )
+        chosen_word.reshape(-1)[(np.arange(b)[:, None] * t + np.maximum(word, 0))[starts]] = chosen_start[starts]
         selected = cand & np.take_along_axis(chosen_word, np.maximum(word, 0), axis=1)
 
     count = selected.sum(axis=1)

@@ -106,8 +106,11 @@ class PrepareConfig:
 def validate(config: PrepareConfig) -> None:
     """Raise UserError naming the first setting that cannot work."""
     choices = {
-        "masking": MASKINGS, "short_seq_per": SHORT_SEQ_PER, "mix_stop": MIX_STOPS,
-        "segmenter": SEGMENTERS, "pair_task": PAIR_TASKS,
+        "masking": MASKINGS,
+        "short_seq_per": SHORT_SEQ_PER,
+        "mix_stop": MIX_STOPS,
+        "segmenter": SEGMENTERS,
+        "pair_task": PAIR_TASKS,
     }
     for key, allowed in choices.items():
         if getattr(config, key) not in allowed:
@@ -352,9 +355,15 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     def flush(pool: list[TokenizedDocument]) -> None:
         start = time.perf_counter()
         instances = create_instances(
-            pool, config.max_seq_length, config.short_seq_prob, instance_rng,
-            cls_id=index["[CLS]"], sep_id=index["[SEP]"], pad_id=index["[PAD]"],
-            dupe_factor=config.dupe_factor, short_seq_per=config.short_seq_per,
+            pool,
+            config.max_seq_length,
+            config.short_seq_prob,
+            instance_rng,
+            cls_id=index["[CLS]"],
+            sep_id=index["[SEP]"],
+            pad_id=index["[PAD]"],
+            dupe_factor=config.dupe_factor,
+            short_seq_per=config.short_seq_per,
             pair_task=config.pair_task,
         )
         timer.add("instances", start)

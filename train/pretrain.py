@@ -213,7 +213,9 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
         data2 = dataclasses.replace(
             config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
         )
-        loop2 = dataclasses.replace(config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None)
+        loop2 = dataclasses.replace(
+            config.train, steps=p2.steps, global_batch_size=p2.global_batch_size, init_from=None
+        )
         opt2 = dataclasses.replace(
             config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps, warmup_fraction=None
         )

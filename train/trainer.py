@@ -161,7 +161,9 @@ class Trainer:
                         f"train.init_from {self.loop.init_from}: tensor {name} has shape "
                         f"{list(params[name].shape)}, this run's model needs {list(expected.shape)}"
                     )
-            return jax.device_put({k: params[k].astype(v.dtype) for k, v in self.abstract_params.items()}, self.param_shardings)
+            return jax.device_put(
+                {k: params[k].astype(v.dtype) for k, v in self.abstract_params.items()}, self.param_shardings
+            )
         cls, config = self.model_cls, self.config
         # The key is an argument, not a constant: with nothing traced the whole init is a constant
         # computation for XLA to fold, and BERT-base's took 4 min 15 s to compile on an H100.
@@ -249,9 +251,15 @@ class Trainer:
             kept = f"the last good checkpoint is step {last_good}" if last_good else "no checkpoint was written"
             raise UserError(f"non-finite loss or update at step {bad}; stopping ({kept})")
 
-    def save(self, state, data_position: dict[str, Any], key: jax.Array, metrics: dict[str, float] | None = None) -> None:
+    def save(
+        self, state, data_position: dict[str, Any], key: jax.Array, metrics: dict[str, float] | None = None
+    ) -> None:
         step = int(jax.device_get(state["step"]))
-        trainer = {"step": step, "data_position": data_position, "rng_key": np.asarray(jax.random.key_data(key)).tolist()}
+        trainer = {
+            "step": step,
+            "data_position": data_position,
+            "rng_key": np.asarray(jax.random.key_data(key)).tolist(),
+        }
         self.checkpointer.save(step, state["params"], state["opt_state"], trainer, self.meta, metrics)
 
     def run(

@@ -289,7 +289,10 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) ->
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
     if "features" in config.analyses and config.compare_ckpt:
-        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)}
+        checkpoints = {
+            "fine-tuned": (model, tokenizer),
+            "pre-trained": _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite),
+        }
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)

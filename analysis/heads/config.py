@@ -118,7 +118,9 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     """The flags that choose the sequences and how they are scored (shared by the analyses that
     score checkpoints: roles, track, finetune_effect)."""
     p.add_argument(
-        "--task", default="all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all"
+        "--task",
+        default="all",
+        help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all",
     )
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
     p.add_argument("--split", default="dev", choices=CHOICES["split"])

@@ -203,7 +203,9 @@ def check_table(kind: str, table: pd.DataFrame, source: Path, settings: RolesCon
     keys = ["task", "role", *{"track": ["step"], "effect": ["post_ckpt"]}.get(kind, [])]
     duplicated = np.flatnonzero(table.duplicated([*keys, "layer", "head"]).to_numpy())
     if len(duplicated):
-        raise UserError(f"{source}:{duplicated[0] + 2}: a second row for the same head ({', '.join([*keys, 'layer', 'head'])})")
+        raise UserError(
+            f"{source}:{duplicated[0] + 2}: a second row for the same head ({', '.join([*keys, 'layer', 'head'])})"
+        )
     for key, group in table.groupby(keys, sort=False):
         if len(group) != layers * heads:
             raise UserError(
@@ -415,7 +417,9 @@ def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str 
         return _missing(f"the data file {changed} is gone or differs from the one the run read (sha256 in run.json)")
     models = models_of(run)
     try:
-        loaded = [(m, from_pretrained(m.ckpt, step=m.step, allow_nonfinite=run.settings.allow_nonfinite)) for m in models]
+        loaded = [
+            (m, from_pretrained(m.ckpt, step=m.step, allow_nonfinite=run.settings.allow_nonfinite)) for m in models
+        ]
         tokenizer = load_tokenizer(models[0].ckpt, step=models[0].step)
     except (UserError, OSError) as e:
         return _missing(f"the run's checkpoint cannot be loaded ({' '.join(str(e).split())})")

@@ -383,8 +383,9 @@ def render(data: dict) -> str:
     for char in "<>&\u2028\u2029":
         payload = payload.replace(char, f"\\u{ord(char):04x}")
     return (
-        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">' + GENERATOR +
-        f"<title>{html.escape(data['title'])}</title>"
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        + GENERATOR
+        + f"<title>{html.escape(data['title'])}</title>"
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<style>{STYLE}</style></head><body>{BODY}"
         f'<script type="application/json" id="report-data">{payload}</script>'

@@ -307,7 +307,9 @@ def _run(
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
     for step in mine:
-        if (cached_scores := read_cached(paths[step], expected={"settings": settings, "checkpoint": identities[step]})) is not None:
+        if (
+            cached_scores := read_cached(paths[step], expected={"settings": settings, "checkpoint": identities[step]})
+        ) is not None:
             tested[step] = test_roles(cached_scores, rc)
     todo = [s for s in mine if s not in tested]
     sas_counts = {}
