@@ -110,3 +110,73 @@ def test_warmup_fraction_scales_with_the_budget_and_decay_ends_at_it():
         OptimizerConfig(warmup_steps=10, warmup_fraction=0.1)
     with pytest.raises(UserError, match="warmup_fraction"):
         OptimizerConfig(warmup_fraction=1.5)
+
+
+def test_pre_ln_matches_transformers_roberta_prelayernorm():
+    """An independent implementation: transformers' RoBERTa-PreLayerNorm is the same pre-LN
+    encoder (a LayerNorm before attention and before the feed-forward, one after the last layer)
+    under other names. Its float64 outputs on our weights equal ours to float32 rounding; the
+    positions are passed explicitly (RoBERTa's own start after the padding index)."""
+    import torch
+    import transformers
+
+    config = small(layer_norm_position="pre")
+    model = perturbed(bertjax.init_model(config, bertjax.BertModel, seed=0))
+    flat = {".".join(map(str, path)): np.asarray(v.get_value(), np.float64)
+            for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}  # fmt: skip
+    theirs = (
+        transformers.RobertaPreLayerNormModel(
+            transformers.RobertaPreLayerNormConfig(
+                vocab_size=config.vocab_size,
+                hidden_size=config.hidden_size,
+                num_hidden_layers=config.num_hidden_layers,
+                num_attention_heads=config.num_attention_heads,
+                intermediate_size=config.intermediate_size,
+                max_position_embeddings=config.max_position_embeddings,
+                type_vocab_size=config.type_vocab_size,
+                layer_norm_eps=config.layer_norm_eps,
+                hidden_act="gelu",
+                pad_token_id=0,
+            ),
+            add_pooling_layer=False,
+        )
+        .double()
+        .eval()
+    )
+
+    def linear(ours: str) -> dict[str, np.ndarray]:
+        return {"weight": flat[f"{ours}.kernel"].T, "bias": flat[f"{ours}.bias"]}
+
+    def norm(ours: str) -> dict[str, np.ndarray]:
+        return {"weight": flat[f"{ours}.scale"], "bias": flat[f"{ours}.bias"]}
+
+    tensors = {f"embeddings.{k}.weight": flat[f"embeddings.{k}.embedding"]
+               for k in ("word_embeddings", "position_embeddings", "token_type_embeddings")}  # fmt: skip
+    groups = {"embeddings.LayerNorm": norm("embeddings.LayerNorm"), "LayerNorm": norm("encoder.LayerNorm")}
+    for i in range(config.num_hidden_layers):
+        ours, hf = f"encoder.layer.{i}", f"encoder.layer.{i}"
+        for part in ("query", "key", "value"):
+            groups[f"{hf}.attention.self.{part}"] = linear(f"{ours}.attention.self.{part}")
+        groups[f"{hf}.attention.output.dense"] = linear(f"{ours}.attention.output.dense")
+        groups[f"{hf}.attention.LayerNorm"] = norm(f"{ours}.attention.output.LayerNorm")
+        groups[f"{hf}.intermediate.dense"] = linear(f"{ours}.intermediate.dense")
+        groups[f"{hf}.intermediate.LayerNorm"] = norm(f"{ours}.output.LayerNorm")
+        groups[f"{hf}.output.dense"] = linear(f"{ours}.output.dense")
+    tensors |= {f"{group}.{name}": value for group, values in groups.items() for name, value in values.items()}
+    missing, unexpected = theirs.load_state_dict({k: torch.tensor(v) for k, v in tensors.items()}, strict=False)
+    assert not unexpected and not [k for k in missing if "position_ids" not in k]
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, config.vocab_size, (3, 12))
+    mask = np.ones_like(ids)
+    mask[2, 8:] = 0
+    types = np.zeros_like(ids)
+    types[:, 6:] = 1
+    positions = np.broadcast_to(np.arange(12), ids.shape)
+    with torch.no_grad():
+        reference = theirs(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                           token_type_ids=torch.tensor(types), position_ids=torch.tensor(positions)).last_hidden_state  # fmt: skip
+    ours = np.asarray(model(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(types)).last_hidden_state)
+    real = mask.astype(bool)
+    # Outputs are LayerNorm'd (O(1)); float32 through 2 layers of sums of ≤ 64 terms: ~1e-6.
+    np.testing.assert_allclose(ours[real], reference.numpy()[real], atol=ATOL)
