@@ -33,7 +33,7 @@ import pandas as pd
 from analysis.heads import head_view as head_view_lib
 from analysis.heads import pipeline, tracking
 from analysis.heads.config import RolesConfig
-from analysis.heads.figures import ROLES_FIGURES, figure_jobs
+from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
 from analysis.heads.series import checkpoint_identity, hf_identity
@@ -79,6 +79,8 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
     # Paths as the flags give them: text (run.json records them).
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    if allowed is None:  # roles: the CLI's default, the figure a reader looks at first
+        settings.setdefault("figures", DEFAULT_ROLES_FIGURES)
     if isinstance(settings.get("roles"), str):  # the flag's form: comma-separated
         settings["roles"] = tuple(settings["roles"].split(",")) if settings["roles"] else DEFAULT_ROLES
     elif settings.get("roles") is not None:

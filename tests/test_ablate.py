@@ -22,7 +22,7 @@ import bertjax
 from analysis import ablate
 from analysis.ablation import disabling, evaluation, features, kovaleva, patterns
 from analysis.ablation import figures as ablation_figures
-from analysis.common import forward
+from sieves import align
 from bertjax import checkpoint as ckpt
 from bertjax import glue
 from bertjax.pretrained import resolve, trained_task
@@ -88,7 +88,7 @@ def test_eval_set_sorts_by_length_pads_to_buckets_and_marks_dummy_rows(mrpc_arra
     for batch in eval_set.batches:
         width = batch["input_ids"].shape[1]
         real = batch["attention_mask"][batch["valid"]].sum(1)
-        assert width % forward.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + forward.LENGTH_BUCKET
+        assert width % align.LENGTH_BUCKET == 0 and real.max() <= width < real.max() + align.LENGTH_BUCKET
         assert (batch["attention_mask"][~batch["valid"]].sum(1) == 1).all()
 
 
