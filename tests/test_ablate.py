@@ -22,10 +22,10 @@ import bertjax
 from analysis import ablate
 from analysis.ablation import disabling, evaluation, features, kovaleva, patterns
 from analysis.ablation import figures as ablation_figures
-from sieves import align
 from bertjax import checkpoint as ckpt
 from bertjax import glue
 from bertjax.pretrained import resolve, trained_task
+from sieves import align
 from sieves.align import encode_batch
 from sieves.parse import Word
 
