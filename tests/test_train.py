@@ -401,3 +401,15 @@ def test_flops_and_mfu_follow_the_design_convention():
         {"steps_per_s": 5.0, "sequences_per_s": 1280.0, "tokens_per_s": 163_840.0, "mfu": 4e15 / 2.0 / (2 * 989e12)}
     )
     assert "mfu" not in throughput(1, 1.0, 1, tokens=1, flops=1, peak=None, devices=1)
+
+
+def test_probe_and_heldout_settings_may_change_on_a_resume_the_recipe_may_not():
+    """A run from before probes existed (no `probe` section recorded) resumes with probes on; a
+    recipe option (what is trained) may not change."""
+    from train.checkpoints import setting_changes
+
+    before = {"train": {"steps": 10}, "model": {"layer_norm_position": "post"}}
+    now = {**before, "probe": {"task": "mrpc", "every": 200}, "heldout": {"sequences": 8}}
+    assert setting_changes(before, now) == []
+    changed = setting_changes(before, {**now, "model": {"layer_norm_position": "pre"}})
+    assert len(changed) == 1 and "model.layer_norm_position" in changed[0]

@@ -60,10 +60,10 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
     return sorted(s for s in steps if 1 <= s <= total)
 
 
-# What a resumed run may change: how it logs, evaluates, saves and spreads over devices, not what it
-# trains (runs from before held-out evaluation existed record no `heldout` settings).
+# What a resumed run may change: how it logs, evaluates, probes, saves and spreads over devices, not
+# what it trains (runs from before held-out evaluation or probes existed record no such settings).
 RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", "seeds", "data.eval_batch_size",
-                      "data.segment_workers", "data.shard_size", "heldout.")  # fmt: skip
+                      "data.segment_workers", "data.shard_size", "heldout.", "probe.")  # fmt: skip
 
 
 def setting_changes(
