@@ -21,7 +21,10 @@ from bertjax.errors import UserError
 CONFIG = Path(__file__).resolve().parents[1] / "configs" / "pretrain" / "synthetic.yaml"
 STEPS, EVERY, N, MAX_LENGTH, BATCH = 120, 40, 48, 32, 16
 ROLES = ("prev", "next", "local", "block", "cls", "sep", "delimiter")
-TAU, ALPHA = 1.5, 0.05
+# 120 steps leave every head's β within ~10% of chance (largest 1.10 at step 120, 1.05 at 24), so
+# τ sits just above chance: the counts compared are then not all zero, and every p-value is far
+# from α (β's SD across sequences is tiny), so equal counts are a real check.
+TAU, ALPHA = 1.02, 0.05
 
 
 @pytest.fixture(scope="module")

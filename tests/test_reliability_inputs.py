@@ -514,7 +514,9 @@ def test_the_report_escapes_what_it_embeds_and_still_has_its_grid(roles_run, tmp
     from analysis import report
 
     run = _run_copy(roles_run, tmp_path, name="<!--<script>x")
-    _edit_run_json(run, lambda info: info["config"].update({"split": HOSTILE}))
+    # A free-text setting the page shows (the split it also shows is checked against its choices,
+    # as the flag is); with no examples the checkpoint is not loaded.
+    _edit_run_json(run, lambda info: info["config"].update({"ckpt": HOSTILE}))
     report.main([str(run), "--examples", "0"])
     page = (run / "report.html").read_text(encoding="utf-8")
     # The data element ends at its own end tag: nothing in it opens a comment or a script.
@@ -522,7 +524,7 @@ def test_the_report_escapes_what_it_embeds_and_still_has_its_grid(roles_run, tmp
     payload = match.group(1)
     assert not set(payload) & set("<>&\u2028\u2029")
     data = json.loads(payload)
-    assert data["settings"]["split"] == HOSTILE and data["run_dir"].endswith("<!--<script>x")
+    assert data["checkpoint"] == HOSTILE and data["run_dir"].endswith("<!--<script>x")
     assert data["layers"] == 2 and data["heads"] == 2 and data["stats"]["mrpc"]["cls"]["mean"][0][0] is not None
     title = re.search(r"<title>(.*?)</title>", page).group(1)
     assert "<" not in title and html.unescape(title).startswith("<!--<script>x")
@@ -541,14 +543,14 @@ def test_a_scores_cache_entry_under_another_steps_name_is_scored_again(tmp_path,
     one, three = {"step": 1, "files": "a"}, {"step": 3, "files": "b"}
     entry = tracking.cache_path(tmp_path, settings, one)
     tracking.save_scores(entry, {}, settings, one)
-    assert tracking.read_cached(entry, settings, one) == {}
+    assert tracking.read_cached(entry, expected={"settings": settings, "checkpoint": one}) == {}
     copied = tracking.cache_path(tmp_path, settings, three)
     shutil.copyfile(entry, copied)  # step 1's scores under step 3's name
-    assert tracking.read_cached(copied, settings, three) is None
+    assert tracking.read_cached(copied, expected={"settings": settings, "checkpoint": three}) is None
     assert (
         "holds scores of other checkpoint (step or files) than its name says; its step is scored again" in caplog.text
     )
-    assert tracking.read_cached(entry, {**settings, "n": 8}, one) is None
+    assert tracking.read_cached(entry, expected={"settings": {**settings, "n": 8}, "checkpoint": one}) is None
     assert "holds scores of other settings than its name says" in caplog.text
 
 

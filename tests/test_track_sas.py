@@ -65,10 +65,17 @@ def test_curve_onsets_and_the_onset_figure(tracked):
     out, _, _ = tracked
     curves = pd.read_csv(out / onset.CURVE_ONSETS_CSV)
     assert list(curves.columns) == onset.CURVE_COLUMNS
-    assert curves["curve"].tolist() == ["heldout_mlm_loss", "sas", "heads:prev", "heads:next", "heads:cls"]
+    assert curves["curve"].tolist() == [
+        "heldout_mlm_loss",
+        "heldout_mlm_accuracy",
+        "sas",
+        "heads:prev",
+        "heads:next",
+        "heads:cls",
+    ]
     loss = curves.set_index("curve").loc["heldout_mlm_loss"]
-    # 9.0 → 8.5 over 3 steps (−0.167/step) and 8.5 → 6.0 over 35 (−0.071/step)
-    assert (loss["steepest_from"], loss["steepest_to"]) == (2, 5)
+    # per e-fold of 1 + step: 9.0 → 8.5 over ln(6/3) (−0.72) and 8.5 → 6.0 over ln(41/6) (−1.30)
+    assert (loss["steepest_from"], loss["steepest_to"]) == (5, 40)
     assert (out / "mrpc_onset.png").is_file()
     run = json.loads((out / "run.json").read_text())
     assert run["sas"]["sentences"] == SAS_N and run["sas"]["computed_steps"] == list(STEPS)

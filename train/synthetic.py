@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--successors", type=int, default=2, help="words that may follow each word")
     p.add_argument("--tokens", type=int, default=300_000, help="training text size, in words and full stops")
     p.add_argument("--seed", type=int, default=0)
+    cli.add_verbose_argument(p)
     a = p.parse_args(argv)
     info = write(a.out, a.words, a.successors, a.tokens, a.seed)
     print(f"wrote {a.out}: {info['documents']['train']} training documents, {info['pairs']} held-out pairs")
