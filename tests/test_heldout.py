@@ -85,19 +85,20 @@ def test_heldout_metrics_are_the_losses_of_the_fixed_heldout_batches(heldout_run
     for step, row in _heldout_rows(heldout_run).items():
         model = bertjax.from_pretrained(heldout_run, bertjax.BertForPreTraining, step=step)
         model.eval()
-        mlm, masked, nsp, first_batch_mlm = 0.0, 0.0, 0.0, None
+        mlm, masked, nsp = 0.0, 0.0, 0.0
         for batch in batches:
             _, metrics = pretraining_loss(model, jax.tree.map(np.asarray, batch), None)
             weight = float(np.sum(batch["masked_weights"]))
             mlm += float(metrics["mlm_loss"]) * weight
             masked += weight
             nsp += float(metrics["nsp_loss"]) * 8
-            first_batch_mlm = float(metrics["mlm_loss"]) if first_batch_mlm is None else first_batch_mlm
         # float32 sums of ≤ 160 masked cross-entropies each, evaluated by two XLA programs: 1e-5
-        # relative is ~170 u, above their rounding; an evaluator that dropped a batch is far off.
+        # relative is ~170 u, above their rounding.
         np.testing.assert_allclose(row["heldout_mlm_loss"], mlm / masked, rtol=1e-5)
         np.testing.assert_allclose(row["heldout_nsp_loss"], nsp / 16, rtol=1e-5)
-        assert not np.isclose(row["heldout_mlm_loss"], first_batch_mlm, rtol=1e-5, atol=0)
+        # Both batches were scored: their count, not their means (two batches' mean losses can agree
+        # to 3e-6, as they once did in CI, so a dropped batch need not move the mean).
+        assert row["heldout_sequences"] == 16
 
 
 def test_heldout_text_is_not_trained_on(tmp_path):
