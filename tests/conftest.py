@@ -157,3 +157,18 @@ def localhost_job():
         return results
 
     return run
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium through Selenium (scripts/setup-browser installs it); a skip without it,
+    a failure on CI."""
+    from analysis import report_screenshot
+
+    session = report_screenshot.chromium()
+    if session is None:
+        _require(
+            "headless Chromium not available: run scripts/setup-browser (Debian chromium, chromium-driver; selenium)"
+        )
+    yield session
+    session.quit()

@@ -12,8 +12,6 @@ import pytest
 from nbclient import NotebookClient
 from nbconvert import HTMLExporter
 
-from analysis import report_screenshot
-
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "examples" / "quickstart.ipynb"
 
@@ -61,20 +59,6 @@ def exported(executed, tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("notebook") / "quickstart.html"
     path.write_text(body, encoding="utf-8")
     return path
-
-
-@pytest.fixture(scope="module")
-def browser():
-    session = report_screenshot.chromium()
-    if session is None:
-        reason = (
-            "headless Chromium not available: run scripts/setup-browser (Debian chromium, chromium-driver; selenium)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    yield session
-    session.quit()
 
 
 def test_the_html_export_opens_a_head_card_on_click(browser, exported):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from flax import nnx
 from transformers import BertTokenizerFast
 
 import bertjax
-from analysis import finetune_effect, report, report_screenshot, track
+from analysis import finetune_effect, report, track
 from analysis import roles as roles_cli
 from analysis.attention import coref
 from analysis.heads import report as heads_report
@@ -212,22 +211,6 @@ def test_bad_input_gives_one_line_and_no_page(case, expected, roles_run, tmp_pat
 
 
 # -- in a browser ------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def browser():
-    """Headless Chromium through Selenium (scripts/setup-browser installs it); a skip without it,
-    a failure on CI."""
-    session = report_screenshot.chromium()
-    if session is None:
-        reason = (
-            "headless Chromium not available: run scripts/setup-browser (Debian chromium, chromium-driver; selenium)"
-        )
-        if os.environ.get("CI") == "true":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    yield session
-    session.quit()
 
 
 def _open(browser, page: Path) -> None:
