@@ -115,6 +115,11 @@ class Example:
     text_b: str | None
     label: int | None
 
+    @property
+    def segments(self) -> tuple[str, ...]:
+        """The texts the model reads: one, or a pair."""
+        return (self.text_a,) if self.text_b is None else (self.text_a, self.text_b)
+
 
 def task_spec(task: str) -> TaskSpec:
     """The spec of `task`, or a UserError listing the valid tasks."""

@@ -95,6 +95,8 @@ def test_sinusoidal_positions_are_vaswanis_table_at_berts_scale():
             expected[p, i] = np.sin(p / 10000 ** (i / d))
             expected[p, i + 1] = np.cos(p / 10000 ** (i / d))
     scale = config.initializer_range * np.sqrt(2)
+    # float32 angles p·ω (p < 16) are within ~16·2⁻²⁴ ≈ 1e-6 rad of the float64 ones, so the entries,
+    # scaled by 0.028, within ~3e-8; a swapped sin/cos or a wrong frequency is off by ~1e-2.
     np.testing.assert_allclose(table, expected * scale, atol=1e-7)
     assert np.sqrt((table**2).mean()) == pytest.approx(config.initializer_range, rel=0.05)
     assert sinusoidal_positions(4, 5, 1.0).shape == (4, 5)  # an odd width

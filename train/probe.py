@@ -36,11 +36,10 @@ from sieves import stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
 from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
-from sieves.parse import SpacyParser, read_conllu, read_text_examples
+from sieves.parse import TEXT_PREFIX, SpacyParser, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
 
-TEXT_PREFIX = "text:"
 CONLLU_PREFIX = "conllu:"
 
 
@@ -119,13 +118,12 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
     else:
         glue_dir = None if config.glue_dir is None else Path(config.glue_dir).expanduser()
         examples = glue.load_glue(task, "dev", glue_dir, config.n)
-        segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+        segments = [e.segments for e in examples]
         indices = [e.index for e in examples]
     parses = None
     if any(get_role(r).needs_parse for r in config.roles):
         parser = SpacyParser(config.spacy_model, cache_dir=Path(config.parse_cache).expanduser())
-        parsed = iter(parser.parse([text for example in segments for text in example]))
-        parses = [tuple(next(parsed) for _ in example) for example in segments]
+        parses = parser.parse_examples(segments)
     return ProbeSet(segments, parses, indices)
 
 

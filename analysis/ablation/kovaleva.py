@@ -178,8 +178,7 @@ def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfin
 
 def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
     """One parse per segment, and each example's word texts (by example index) for the features."""
-    flat = iter(parser.parse([text for example in segments for text in example]))
-    parses = [tuple(next(flat) for _ in example) for example in segments]
+    parses = parser.parse_examples(segments)
     word_texts = {
         index: [text[w.start : w.end] for text, words in zip(example, parse, strict=True) for w in words]
         for index, example, parse in zip(indices, segments, parses, strict=True)
@@ -189,7 +188,7 @@ def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[i
 
 def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints: dict, parser, tmp: Path) -> dict:
     """Patterns of the first checkpoint and features of every checkpoint; writes their tables."""
-    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    segments = [e.segments for e in examples]
     indices = [e.index for e in examples]
     parses, word_texts = _parse(parser, segments, indices) if parser else (None, None)
     summaries = {}

@@ -152,7 +152,7 @@ def input_sequences(config: ClarkConfig, tokenizer) -> tuple[list, list[Path]]:
     else:
         glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
         examples = glue.load_glue(config.inputs, config.split, glue_dir, config.n)
-        segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+        segments = [e.segments for e in examples]
         files = glue.glue_files(config.inputs, config.split, glue_dir) if glue_dir else []
         seqs = encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples])
     return with_segment_ids(seqs, config.segment_ids), files

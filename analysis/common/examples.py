@@ -21,7 +21,7 @@ from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
 from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
-from sieves.parse import SpacyParser, read_conllu, read_text_examples
+from sieves.parse import TEXT_PREFIX, SpacyParser, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -30,7 +30,6 @@ CONLLU_TASK = "ud"
 # `--task text:FILE`: any text, one example per line (a tab splits a pair), so a model with its own
 # vocabulary (a synthetic language, another domain) is analysed on its own kind of text. Outputs
 # name the task `text-<file stem>`.
-TEXT_PREFIX = "text:"
 TEXT_LABEL = "text-"
 
 
@@ -97,16 +96,14 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
-    segments = [(e.text_a,) if e.text_b is None else (e.text_a, e.text_b) for e in examples]
+    segments = [e.segments for e in examples]
     return segments, [e.index for e in examples], files
 
 
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
     if task == CONLLU_TASK:
         return [(words,) for _, words in read_conllu(Path(config.conllu), limit=config.n)]
-    flat = [text for example in segments for text in example]
-    parsed = iter(parser.parse(flat))
-    return [tuple(next(parsed) for _ in example) for example in segments]
+    return parser.parse_examples(segments)
 
 
 @dataclasses.dataclass
