@@ -160,11 +160,6 @@ class SpacyParser:
         payload = json.dumps([self.name, self.version, _CACHE_SCHEMA, text], ensure_ascii=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
-    def parse_examples(self, examples: Sequence[tuple[str, ...]]) -> list[tuple[Parse, ...]]:
-        """One parse per segment of each example (a sentence or a pair), in one batch."""
-        parsed = iter(self.parse([text for example in examples for text in example]))
-        return [tuple(next(parsed) for _ in example) for example in examples]
-
     def parse(self, texts: Sequence[str]) -> list[Parse]:
         """Parse each text separately; texts already in the cache are not given to spaCy."""
         unique = list(dict.fromkeys(texts))
@@ -340,6 +335,13 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
         raise UserError(f"{path}:{first_line}: a HEAD points past the last word of the sentence")
     arcs = zip(spans, deps, heads, tags, strict=True)
     return text, tuple(Word(start, end, dep, head, pos) for (start, end), dep, head, pos in arcs)
+
+
+def parse_examples(parser, examples: Sequence[tuple[str, ...]]) -> list[tuple[Parse, ...]]:
+    """One parse per segment of each example (a sentence or a pair), in one batch; `parser` is
+    anything with `parse(texts)` (SpacyParser, or a benchmark's pre-parsed stand-in)."""
+    parsed = iter(parser.parse([text for example in examples for text in example]))
+    return [tuple(next(parsed) for _ in example) for example in examples]
 
 
 # `text:FILE` names such a file wherever a task or a probe set is chosen.

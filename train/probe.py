@@ -36,7 +36,7 @@ from sieves import stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
 from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
-from sieves.parse import TEXT_PREFIX, SpacyParser, read_conllu, read_text_examples
+from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
     parses = None
     if any(get_role(r).needs_parse for r in config.roles):
         parser = SpacyParser(config.spacy_model, cache_dir=Path(config.parse_cache).expanduser())
-        parses = parser.parse_examples(segments)
+        parses = parse_examples(parser, segments)
     return ProbeSet(segments, parses, indices)
 
 

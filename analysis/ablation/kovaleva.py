@@ -46,7 +46,7 @@ from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
-from sieves.parse import SpacyParser
+from sieves.parse import SpacyParser, parse_examples
 
 ANALYSES = ("patterns", "features", "disable", "mask")
 
@@ -178,7 +178,7 @@ def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfin
 
 def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
     """One parse per segment, and each example's word texts (by example index) for the features."""
-    parses = parser.parse_examples(segments)
+    parses = parse_examples(parser, segments)
     word_texts = {
         index: [text[w.start : w.end] for text, words in zip(example, parse, strict=True) for w in words]
         for index, example, parse in zip(indices, segments, parses, strict=True)

@@ -21,7 +21,7 @@ from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
 from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
-from sieves.parse import TEXT_PREFIX, SpacyParser, read_conllu, read_text_examples
+from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
 C = TypeVar("C")
@@ -103,7 +103,7 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
     if task == CONLLU_TASK:
         return [(words,) for _, words in read_conllu(Path(config.conllu), limit=config.n)]
-    return parser.parse_examples(segments)
+    return parse_examples(parser, segments)
 
 
 @dataclasses.dataclass

@@ -22,6 +22,7 @@ from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer
 from sieves.align import encode_batch
 from sieves.builders import get_role
+from sieves.parse import parse_examples
 
 # The page's one task: what the user typed.
 TASK = "your text"
@@ -61,7 +62,7 @@ def page_data(model_or_ckpt, tokenizer, text: str | Sequence[str], layer: int, h
     if role not in present:
         raise UserError(f"head_view: role {role!r} is not defined for this input (a pair role needs two sentences)")
     parser = make_parser(config)
-    parses = parser.parse_examples([tuple(segments)]) if parser else None
+    parses = parse_examples(parser, [tuple(segments)]) if parser else None
     max_length = min(config.max_length, model.config.max_position_embeddings)
     (seq,) = encode_batch(tokenizer, [segments], parses, max_length)
     attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], config, present)
