@@ -262,15 +262,26 @@ def test_mlm_only_step_matches_transformers_masked_lm(step_model, step_batch, tm
     ref_grads = {name: p.grad.numpy() for name, p in theirs.named_parameters()}
 
     def loss_fn(model, batch):
-        return losses.pretraining_loss(model, batch, None, pair_loss=False)
+        return losses.pretraining_loss(model, batch, None, pair_task="none")
 
     (loss, metrics), grads = jax.jit(nnx.value_and_grad(loss_fn, has_aux=True))(step_model, step_batch)
     ours = convert.to_hf(grads, headed=True)
     assert abs(float(loss) - out.loss.item()) <= LOSS_BOUND * out.loss.item()
     assert float(loss) == float(metrics["mlm_loss"])
+    assert set(metrics) == {"mlm_loss", "mlm_accuracy"}, "an untrained pair head's numbers are not reported"
     unused = {name for name in ours if name.startswith(("cls.seq_relationship.", "bert.pooler."))}
     assert unused and all(not np.any(ours[name]) for name in unused)
     assert ours.keys() - unused == ref_grads.keys()
     errors = _gradient_errors(ours, ref_grads)
     worst = max(errors, key=errors.get)
     assert errors[worst] <= GRAD_BOUND, (worst, errors[worst])
+
+
+def test_the_pair_metrics_carry_the_pair_tasks_name(step_model, step_batch):
+    """SOP trains the same head on its own labels: the same cross-entropy as NSP's on the batch's
+    labels, reported as `sop_*` so a run's curves say which task they measure."""
+    _, nsp = losses.pretraining_loss(step_model, step_batch, None, pair_task="nsp")
+    loss, sop = losses.pretraining_loss(step_model, step_batch, None, pair_task="sop")
+    assert set(sop) == {"mlm_loss", "mlm_accuracy", "sop_loss", "sop_accuracy"}
+    assert float(sop["sop_loss"]) == float(nsp["nsp_loss"]) and float(sop["sop_accuracy"]) == float(nsp["nsp_accuracy"])
+    assert float(loss) == float(sop["mlm_loss"] + sop["sop_loss"])

@@ -47,9 +47,10 @@ def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) ->
 
 
 class HeldOutEvaluator:
-    """The Trainer's `evaluate` hook: `heldout_{mlm,nsp}_{loss,accuracy}` of the params."""
+    """The Trainer's `evaluate` hook: `heldout_mlm_{loss,accuracy}` of the params, and the pair
+    task's (`heldout_nsp_*` or `heldout_sop_*`; none when MLM only, as in training)."""
 
-    def __init__(self, config: HeldOutConfig, data_dir: Path, trainer) -> None:
+    def __init__(self, config: HeldOutConfig, data_dir: Path, trainer, pair_task: str = "nsp") -> None:
         sharding.check_batch_size("heldout.batch_size", config.batch_size, trainer.mesh)
         data = PretrainingData(
             data_dir, config.batch_size, seed=config.seed, process_index=jax.process_index(),
@@ -67,6 +68,7 @@ class HeldOutEvaluator:
         self.forward = jax.jit(
             lambda params, batch: pretraining_sums(trainer.model(params), batch), out_shardings=replicated
         )
+        self.pair_task = pair_task
         self.seconds = 0.0
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
@@ -78,10 +80,12 @@ class HeldOutEvaluator:
                 totals[key] = totals.get(key, 0.0) + float(value)
         self.seconds += time.perf_counter() - started
         masked, sequences = max(totals["masked"], 1.0), totals["sequences"]
-        return {
+        row = {
             "heldout_mlm_loss": totals["mlm_loss"] / masked,
             "heldout_mlm_accuracy": totals["mlm_hits"] / masked,
-            "heldout_nsp_loss": totals["nsp_loss"] / sequences,
-            "heldout_nsp_accuracy": totals["nsp_hits"] / sequences,
             "heldout_sequences": sequences,
         }
+        if self.pair_task != "none":
+            row[f"heldout_{self.pair_task}_loss"] = totals["pair_loss"] / sequences
+            row[f"heldout_{self.pair_task}_accuracy"] = totals["pair_hits"] / sequences
+        return row

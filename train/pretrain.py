@@ -244,7 +244,7 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             workdir=workdir,
             model_config=model_config(config.model, meta["vocab_size"]),
             model_cls=BertForPreTraining,
-            loss_fn=functools.partial(pretraining_loss, pair_loss=data_config.pair_task != "none"),
+            loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task),
             optimizer=optimizer,
             loop=loop,
             checkpoint=config.checkpoint,
@@ -267,7 +267,11 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
                 position=position,
             )
 
-        evaluator = None if heldout_dir is None else HeldOutEvaluator(config.heldout, heldout_dir, trainer)
+        evaluator = (
+            None
+            if heldout_dir is None
+            else HeldOutEvaluator(config.heldout, heldout_dir, trainer, data_config.pair_task)
+        )
 
         probe = None
         if probe_set is not None:

@@ -44,7 +44,6 @@ CURVE_COLUMNS = ["curve", "task", "onset_step", "steepest_from", "steepest_to", 
 LOSS_CURVE = "heldout_mlm_loss"
 ACCURACY_CURVE = "heldout_mlm_accuracy"
 SAS_CURVE = "sas"
-HELDOUT_METRICS = ("heldout_mlm_accuracy", "heldout_mlm_loss", "heldout_nsp_accuracy", "heldout_nsp_loss")
 
 
 def role_onsets(track: pd.DataFrame) -> pd.DataFrame:
@@ -155,7 +154,10 @@ def read_heldout(workdir: Path) -> pd.DataFrame | None:
                 f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun"
             ) from None
         if isinstance(row, dict) and "heldout_mlm_accuracy" in row:
-            records[int(row["step"])] = {k: row.get(k, np.nan) for k in HELDOUT_METRICS}
+            # The MLM metrics and the pair task's, under its name (nsp, sop; none when MLM only).
+            records[int(row["step"])] = {
+                k: v for k, v in row.items() if k.startswith("heldout_") and k != "heldout_sequences"
+            }
     if not records:
         return None
     return pd.DataFrame.from_dict(records, orient="index").rename_axis("step").sort_index()
