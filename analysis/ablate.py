@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig, run
+from analysis.ablation.evaluation import SPLITS
+from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig
+from analysis.api.ablation import run_ablate as run
 from analysis.common.forward import add_device_arguments, add_nonfinite_argument
 from bertjax import cli
 
@@ -37,7 +39,7 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--task", default="mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "validation"])
+    p.add_argument("--split", default="dev", choices=SPLITS)
     p.add_argument("--n", type=int, help="first N examples of the split (default: all)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 
+from analysis.api.attention import ClarkResult
+from analysis.api.attention import run_clark as run
 from analysis.attention import coref, depheads, surface
-from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig, run
+from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig
 from analysis.common.forward import add_nonfinite_argument
 from bertjax import cli
 
@@ -99,7 +101,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     )  # fmt: skip
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> ClarkResult:
     return run(parse_args(argv))
 
 

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.ablation.michel import MichelConfig, run
+from analysis.ablation.evaluation import SPLITS
+from analysis.ablation.michel import MichelConfig
+from analysis.api.ablation import run_prune as run
 from analysis.common.forward import add_device_arguments, add_nonfinite_argument
 from bertjax import cli, glue
 
@@ -28,9 +30,9 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--task", default="mrpc", choices=list(glue.TASKS))
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=["train", "dev", "validation"], help="split of the metric")
+    p.add_argument("--split", default="dev", choices=SPLITS, help="split of the metric")
     p.add_argument("--n", type=int, help="first N examples of --split (default: all)")
-    p.add_argument("--importance-split", default="dev", choices=["train", "dev", "validation"])
+    p.add_argument("--importance-split", default="dev", choices=SPLITS)
     p.add_argument("--importance-n", type=int, help="first N examples of --importance-split (default: --n)")
     p.add_argument("--max-length", type=int, default=128)
     p.add_argument("--batch-size", type=int, default=32)

@@ -15,8 +15,16 @@ import pandas as pd
 import pytest
 
 import bertjax
+from analysis import ablate as ablate_cli
 from analysis import api, report, track
+from analysis import clark as clark_cli
+from analysis import finetune_effect as effect_cli
+from analysis import prune as prune_cli
 from analysis import roles as roles_cli
+from analysis.ablation import kovaleva, michel
+from analysis.api import heads as heads_api
+from analysis.attention import pipeline as attention_pipeline
+from analysis.heads import finetuning
 from bertjax.errors import UserError
 
 
@@ -231,3 +239,185 @@ def test_results_are_dataclasses_with_the_run_settings(roles_pair):
     _, result = roles_pair
     assert dataclasses.is_dataclass(result) and result.settings.n == 12
     assert result.info["config"]["ckpt"] == result.settings.ckpt
+
+
+# -- clark, ablate, prune, finetune_effect ------------------------------------------------------
+
+
+def _same_tables(result, cli_out: Path) -> None:
+    """Every CSV the CLI wrote is a table of the result, its rows giving the file's bytes back."""
+    assert sorted(result.tables) == sorted(p.stem for p in cli_out.glob("*.csv"))
+    for name, table in result.tables.items():
+        assert table.to_csv(index=False).encode() == (cli_out / f"{name}.csv").read_bytes(), name
+
+
+def _refuse_loading(monkeypatch, module, *names: str) -> None:
+    """A passed-in model must be used: loading the checkpoint again fails the test."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{module.__name__} loaded {args[0]} although a model was passed")
+
+    for name in names:
+        monkeypatch.setattr(module, name, refuse)
+
+
+@pytest.fixture(scope="module")
+def tiny_classifier(work, tiny_hf) -> Path:
+    """A random tiny BertForSequenceClassification (2 labels, as MRPC) with tiny_hf's tokenizer."""
+    directory = work / "tiny_classifier"
+    config = bertjax.preset("tiny", max_position_embeddings=128)
+    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=3), directory)
+    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
+    return directory
+
+
+def test_clark_call_gives_the_clis_tables_with_the_model_passed(work, tiny_hf, shared_data, monkeypatch):
+    settings = dict(analyses="surface,cluster", inputs="mrpc", glue_dir=str(shared_data / "glue"), n=8,
+                    cluster_n=8, batch_size=8, max_length=32)  # fmt: skip
+    cli_out = work / "clark-cli"
+    clark_cli.main(["--ckpt", str(tiny_hf), "--out", str(cli_out), *_flags(settings)])
+    model, tokenizer = bertjax.from_pretrained(tiny_hf), bertjax.load_tokenizer(tiny_hf)
+    _refuse_loading(monkeypatch, attention_pipeline, "from_pretrained", "load_tokenizer")
+    result = api.clark(str(tiny_hf), model=model, tokenizer=tokenizer, **settings)
+    _same_tables(result, cli_out)
+    assert {"surface", "head_js_divergence", "head_mds"} <= set(result.tables)
+    assert {**result.info["config"], "out": None} == {
+        **json.loads((cli_out / "run.json").read_text())["config"],
+        "out": None,
+    }
+    assert result.settings.analyses == ("surface", "cluster") and result.settings.analyses_explicit
+    (figure,) = result.figure("head_mds")
+    assert figure._repr_png_()[:4] == b"\x89PNG"
+    page = result._repr_html_()
+    assert "data:image/png;base64," in page and "surface.csv" in page and "http" not in page
+    with pytest.raises(UserError, match="no figure 'nope' in this run"):
+        result.figure("nope")
+    # The gradients need the MLM head: a checkpoint that has one passed in as a BertModel is one
+    # clear error, not a traceback.
+    pretraining = work / "tiny_pretraining"
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny"), "BertForPreTraining", seed=1), pretraining)
+    tokenizer.save_pretrained(pretraining)
+    with pytest.raises(UserError, match="loaded as BertForPreTraining"):
+        api.clark(str(pretraining), model=bertjax.from_pretrained(pretraining), tokenizer=tokenizer,
+                  **settings | {"analyses": "gradients"})  # fmt: skip
+
+
+def test_ablate_call_gives_the_clis_tables_with_the_model_passed(work, tiny_classifier, shared_data, monkeypatch):
+    settings = dict(task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8, max_length=32,
+                    analyses="patterns,disable")  # fmt: skip
+    cli_out = work / "ablate-cli"
+    ablate_cli.main(["--ckpt", str(tiny_classifier), "--out", str(cli_out), *_flags(settings)])
+    model = bertjax.from_pretrained(tiny_classifier, "BertForSequenceClassification")
+    tokenizer = bertjax.load_tokenizer(tiny_classifier)
+    _refuse_loading(monkeypatch, kovaleva, "from_pretrained", "load_tokenizer")
+    result = api.ablate(str(tiny_classifier), model=model, tokenizer=tokenizer, **settings)
+    _same_tables(result, cli_out)
+    assert {"mrpc_patterns", "mrpc_disable_heads", "mrpc_disable_layers", "pattern_shares"} <= set(result.tables)
+    flags = ["--ckpt", str(tiny_classifier), "--out", str(result.directory), *_flags(settings)]
+    assert result.settings == ablate_cli.parse_args(flags)
+    saved = result.save(work / "ablate-saved")
+    assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in cli_out.iterdir())
+
+
+def test_prune_call_gives_the_clis_tables_with_the_model_passed(work, tiny_classifier, shared_data, monkeypatch):
+    settings = dict(task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8, max_length=32,
+                    prune_step=0.5, random_seeds=1)  # fmt: skip
+    cli_out = work / "prune-cli"
+    prune_cli.main(["--ckpt", str(tiny_classifier), "--out", str(cli_out), *_flags(settings)])
+    model = bertjax.from_pretrained(tiny_classifier, "BertForSequenceClassification")
+    _refuse_loading(monkeypatch, michel, "from_pretrained")
+    result = api.prune(str(tiny_classifier), model=model, **settings)
+    _same_tables(result, cli_out)
+    assert result.curve["order"].tolist() == ["importance"] * 3 + ["random"] * 3  # 0, 2 and 4 of 4 heads
+    assert result.info["result"] == json.loads((cli_out / "run.json").read_text())["result"]
+    assert [f.path.name for f in result.figure("mrpc_pruning")] == ["mrpc_pruning.png"]
+
+
+def test_finetune_effect_call_gives_the_clis_tables_with_the_models_passed(
+    work, tiny_hf, second_hf, shared_data, monkeypatch
+):
+    settings = _settings(shared_data, work / "parses")
+    post = f"{second_hf}:mrpc"
+    cli_out = work / "effect-cli"
+    effect_cli.main(["--pre", str(tiny_hf), "--post", post, "--out", str(cli_out), *_flags(settings)])
+    pre, post_model = bertjax.from_pretrained(tiny_hf), bertjax.from_pretrained(second_hf)
+    _refuse_loading(monkeypatch, finetuning, "from_pretrained")
+    result = api.finetune_effect(str(tiny_hf), post, model=pre, post_models=[post_model], **settings)
+    _same_tables(result, cli_out)
+    assert sorted(result.tables) == ["attention_similarity", "beta_change", "head_means"]
+    at_cli_out = dataclasses.replace(result.settings.data, out=str(cli_out))
+    assert dataclasses.replace(result.settings, data=at_cli_out) == effect_cli.parse_args(
+        ["--pre", str(tiny_hf), "--post", post, "--out", str(cli_out), *_flags(settings)]
+    )
+    # figures="none" drew nothing; figure() draws it on demand.
+    assert result.info["figures"] == [] and not list(result.directory.glob("*.png"))
+    (figure,) = result.figure("attention_similarity")
+    assert figure.path.name == "attention_similarity.png" and figure._repr_png_()[:4] == b"\x89PNG"
+    with pytest.raises(UserError, match="post_models: 2 models for 1 --post"):
+        api.finetune_effect(str(tiny_hf), post, model=pre, post_models=[post_model, post_model], **settings)
+
+
+def test_the_other_calls_keywords_default_as_the_flags():
+    assert api.clark_config("c", {"out": "o"}) == clark_cli.parse_args(["--ckpt", "c", "--out", "o"])
+    assert api.clark_config("c", {"out": "o", "analyses": ["probes"], "first_piece": True}) == clark_cli.parse_args(
+        ["--ckpt", "c", "--out", "o", "--analyses", "probes", "--first-piece"]
+    )
+    assert api.ablate_config("c", {"out": "ablate_out"}) == ablate_cli.parse_args(["--ckpt", "c"])
+    assert api.ablate_config("c", {"out": "ablate_out", "analyses": "mask", "n": 5}) == ablate_cli.parse_args(
+        ["--ckpt", "c", "--analyses", "mask", "--n", "5"]
+    )
+    assert api.prune_config("c", {"out": "prune_out"}) == prune_cli.parse_args(["--ckpt", "c"])
+    assert api.prune_config("c", {"out": "prune_out", "n": 8}).importance_n == 8
+    data = api.roles_config("p", {"out": "finetune_effect_out"}, heads_api.EFFECT_FLAGS)
+    assert finetuning.effect_config(["q:mrpc"], data) == effect_cli.parse_args(["--pre", "p", "--post", "q:mrpc"])
+    for call, keywords in (
+        (api.clark, {"max_len": 3}),
+        (api.clark, {"analyses_explicit": True}),
+        (api.ablate, {"tau": 3}),
+        (api.prune, {"reestimate_every": 2}),
+    ):
+        with pytest.raises(TypeError, match="unexpected keyword argument"):
+            call("c", **keywords)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        api.finetune_effect("p", "q:mrpc", tau=3)
+
+
+@pytest.mark.parametrize(
+    ("call", "keywords", "main", "flags"),
+    [
+        ("clark", {"analyses": "surface,nope"}, "clark", ["--analyses", "surface,nope"]),
+        ("clark", {"n": 0}, "clark", ["--n", "0"]),
+        ("ablate", {"alpha": 1.0}, "ablate", ["--alpha", "1"]),
+        ("ablate", {"analyses": "disable,dance"}, "ablate", ["--analyses", "disable,dance"]),
+        ("prune", {"prune_step": 0.9}, "prune", ["--prune-step", "0.9"]),
+        ("prune", {"metric": "mcc"}, "prune", ["--metric", "mcc"]),
+        ("finetune_effect", {"conllu": "gold.conllu"}, "finetune_effect", ["--conllu", "gold.conllu"]),
+        ("finetune_effect", {"post": "runs/a:badtask"}, "finetune_effect", []),
+    ],
+)
+def test_the_other_calls_errors_are_the_clis_lines(call, keywords, main, flags, tmp_path, cli_error):
+    mains = {
+        "clark": clark_cli.main,
+        "ablate": ablate_cli.main,
+        "prune": prune_cli.main,
+        "finetune_effect": effect_cli.main,
+    }
+    if call == "finetune_effect":
+        post = keywords.pop("post", "q:mrpc")
+        argv = ["--pre", "p", "--post", post, *flags]
+        raising = lambda: api.finetune_effect("p", post, out=tmp_path / "api", **keywords)
+    else:
+        argv = ["--ckpt", "c", *flags]
+        raising = lambda: getattr(api, call)("c", out=tmp_path / "api", **keywords)
+    line = cli_error(mains[main], [*argv, "--out", str(tmp_path / "cli")])
+    with pytest.raises(UserError) as raised:
+        raising()
+    assert line == f"error: {' '.join(str(raised.value).split())}"
+    assert not (tmp_path / "api").exists() and not (tmp_path / "cli").exists()
+
+
+def test_a_split_the_cli_parser_checks_is_one_line_too():
+    with pytest.raises(UserError, match=r"^--split must be one of train, dev, validation, got 'test'$"):
+        api.ablate("c", split="test")
+    with pytest.raises(UserError, match=r"^--importance-split must be one of train, dev, validation, got 'x'$"):
+        api.prune("c", importance_split="x")

@@ -261,9 +261,17 @@ def test_python_examples_call_the_api_as_it_is():
     import inspect
 
     from analysis import api
+    from analysis.ablation.kovaleva import KovalevaConfig
+    from analysis.ablation.michel import MichelConfig
+    from analysis.attention.pipeline import ClarkConfig
     from analysis.heads.config import RolesConfig
 
-    flags = {f.name for f in dataclasses.fields(RolesConfig)}
+    # The settings each function takes as flags (the others: a RolesConfig's).
+    settings = {"clark": ClarkConfig, "ablate": KovalevaConfig, "prune": MichelConfig}
+    flags_of = lambda name: (
+        set(api.heads.EFFECT_FLAGS) if name == "finetune_effect"
+        else {f.name for f in dataclasses.fields(settings.get(name, RolesConfig))}
+    )  # fmt: skip
     blocks = [(rel(page), b) for page in PAGES for b in python_blocks(page)]
     assert any(page == "docs/python.md" for page, _ in blocks)
     for page, block in blocks:
@@ -277,6 +285,6 @@ def test_python_examples_call_the_api_as_it_is():
             parameters = inspect.signature(function).parameters
             takes_flags = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             for keyword in node.keywords:
-                assert keyword.arg in parameters or (takes_flags and keyword.arg in flags), (
+                assert keyword.arg in parameters or (takes_flags and keyword.arg in flags_of(node.func.attr)), (
                     f"{page}: api.{node.func.attr} takes no {keyword.arg}="
                 )

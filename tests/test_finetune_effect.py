@@ -150,18 +150,18 @@ def test_group_means_average_heads_and_fine_roles():
 
 
 def test_post_specs_and_labels(tmp_path):
-    assert effect.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
-    assert effect.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))
+    assert finetuning.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
+    assert finetuning.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))
     colon = tmp_path / "a:b"  # a ':' inside an existing path is part of the path
     colon.mkdir()
-    assert effect.parse_post(str(colon), "sst2") == (str(colon), ("sst2",))
+    assert finetuning.parse_post(str(colon), "sst2") == (str(colon), ("sst2",))
     with pytest.raises(UserError) as error:
-        effect.parse_post("runs/a:badtask", "sst2")
+        finetuning.parse_post("runs/a:badtask", "sst2")
     assert str(error.value) == (
         "--post runs/a:badtask: 'badtask' after the last ':' is not a task (choose from qnli, qqp, mrpc, sst2, all, "
         "or a comma-separated list) and runs/a:badtask is not an existing path"
     )
-    assert effect.post_labels(["runs/x", "other/x", "runs/y/checkpoints/7"]) == ["x#1", "x#2", "y@7"]
+    assert finetuning.post_labels(["runs/x", "other/x", "runs/y/checkpoints/7"]) == ["x#1", "x#2", "y@7"]
 
 
 @pytest.mark.parametrize(

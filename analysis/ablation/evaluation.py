@@ -93,6 +93,16 @@ def load_eval_set(
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
 
 
+# The GLUE splits with labels, which the metrics need (`--split`, `--importance-split`).
+SPLITS = ("train", "dev", "validation")
+
+
+def check_split(flag: str, split: str) -> None:
+    """argparse checks the choice on the command line; the Python API builds configs without it."""
+    if split not in SPLITS:
+        raise UserError(f"{flag} must be one of {', '.join(SPLITS)}, got {split!r}")
+
+
 def check_classifier(model: nnx.Module, ckpt: str, step: int | None, tasks: Sequence[str]) -> None:
     """A classifier trained for another label set, or on another task, still returns logits, so
     its metrics would be silently wrong: refuse it before any work. The task is checked where the

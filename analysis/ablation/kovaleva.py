@@ -21,6 +21,7 @@ from analysis.ablation.evaluation import (
     MaskedEvaluator,
     change_counts,
     check_classifier,
+    check_split,
     load_eval_set,
 )
 from analysis.ablation.features import FEATURES, feature_occurrences, feature_scores
@@ -80,6 +81,7 @@ class KovalevaConfig:
 
     def __post_init__(self) -> None:
         check_device_count(self.devices)
+        check_split("--split", self.split)
         if self.n is not None and self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if not 0.0 < self.alpha < 1.0:
@@ -157,13 +159,15 @@ def summarise_sequences(
     return AttentionSummary(counts, sums, present)
 
 
-def run(config: KovalevaConfig) -> dict[str, dict]:
-    """The whole analysis; returns per task what run.json records about it."""
+def run(config: KovalevaConfig, model=None, tokenizer=None) -> dict[str, dict]:
+    """The whole analysis; returns per task what run.json records about it. `model` and
+    `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
+    loading it again."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     formats = select_formats(config.figure_format)
     with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, tasks, tmp, started)
+        return _run(config, tasks, tmp, started, model, tokenizer)
 
 
 def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfinite: bool = False):
@@ -277,11 +281,15 @@ def _classifier_analyses(
     return result
 
 
-def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float) -> dict[str, dict]:
+def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float, model, tokenizer) -> dict[str, dict]:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
-    model, tokenizer = _load(config.ckpt, config.step, bool(classifier), config.allow_nonfinite)
+    if model is None:
+        model, loaded = _load(config.ckpt, config.step, bool(classifier), config.allow_nonfinite)
+        tokenizer = loaded if tokenizer is None else tokenizer
+    elif tokenizer is None:
+        tokenizer = load_tokenizer(config.ckpt, step=config.step)
     if classifier:
         check_classifier(model, config.ckpt, config.step, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its

@@ -14,7 +14,14 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from analysis.ablation.evaluation import ONE_POINT, MaskedEvaluator, check_classifier, full_mask, load_eval_set
+from analysis.ablation.evaluation import (
+    ONE_POINT,
+    MaskedEvaluator,
+    check_classifier,
+    check_split,
+    full_mask,
+    load_eval_set,
+)
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, select_formats
@@ -54,6 +61,8 @@ class MichelConfig:
     def __post_init__(self) -> None:
         check_device_count(self.devices)
         spec = glue.task_spec(self.task)
+        check_split("--split", self.split)
+        check_split("--importance-split", self.importance_split)
         if self.metric is not None and self.metric not in spec.metrics:
             raise UserError(f"--metric {self.metric!r}: task {self.task} reports {', '.join(spec.metrics)}")
         if not 0.0 < self.prune_step <= 0.5:
@@ -161,25 +170,29 @@ def heads_within_per_seed(random_runs: pd.DataFrame, tolerance: float = ONE_POIN
     return {"median": float(np.median(per_seed)), "min": min(per_seed), "max": max(per_seed), "per_seed": per_seed}
 
 
-def run(config: MichelConfig) -> dict:
-    """The whole analysis; returns what run.json records about the task."""
+def run(config: MichelConfig, model=None, tokenizer=None) -> dict:
+    """The whole analysis; returns what run.json records about the task. `model` and
+    `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
+    loading it again."""
     started = time.perf_counter()
     formats = select_formats(config.figure_format)
     with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, tmp, started)
+        return _run(config, tmp, started, model, tokenizer)
 
 
-def _run(config: MichelConfig, tmp: Path, started: float) -> dict:
+def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> dict:
     timings: dict[str, float] = {}
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
-    model = from_pretrained(
-        config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True,
-        allow_nonfinite=config.allow_nonfinite,
-    )  # fmt: skip
+    if model is None:
+        model = from_pretrained(
+            config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True,
+            allow_nonfinite=config.allow_nonfinite,
+        )  # fmt: skip
     check_classifier(model, config.ckpt, config.step, [task])
-    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_position_embeddings)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)

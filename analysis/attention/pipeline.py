@@ -22,6 +22,7 @@ from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
+from bertjax.model import BertForPreTraining
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
@@ -186,8 +187,10 @@ def head_labels(layers: int, heads: int) -> list[str]:
     return [f"{layer}-{head}" for layer in range(layers) for head in range(heads)]
 
 
-def run(config: ClarkConfig) -> dict:
-    """The selected analyses; outputs under config.out (written to a temporary sibling first)."""
+def run(config: ClarkConfig, model=None, tokenizer=None) -> dict:
+    """The selected analyses; outputs under config.out (written to a temporary sibling first).
+    `model` and `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading
+    it again."""
     out = Path(config.out).expanduser().resolve()
     formats = select_formats(config.figure_format)
     source = resolve(config.ckpt, config.step)
@@ -195,10 +198,10 @@ def run(config: ClarkConfig) -> dict:
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
     with runinfo.atomic_out(out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, source, gradients_ok, tmp)
+        return _run(config, source, gradients_ok, tmp, model, tokenizer)
 
 
-def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
+def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, tokenizer) -> dict:
     started = time.perf_counter()
     timings: dict[str, float] = {}
     results: dict = {"skipped": {}}
@@ -217,10 +220,17 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path) -> dict:
         print(f"coref: skipped, {gap_missing[0]} is missing")
 
     clock = time.perf_counter()
-    model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
-    model = from_pretrained(config.ckpt, model_class, step=config.step, allow_nonfinite=config.allow_nonfinite)
-    encoder = model.bert if "gradients" in wanted else model
-    tokenizer = load_tokenizer(config.ckpt, step=config.step)
+    if model is None:
+        model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
+        model = from_pretrained(config.ckpt, model_class, step=config.step, allow_nonfinite=config.allow_nonfinite)
+    elif "gradients" in wanted and not isinstance(model, BertForPreTraining):
+        raise UserError(
+            f"model: the gradients need {config.ckpt} loaded as BertForPreTraining (its MLM head), "
+            f"not {type(model).__name__}: bertjax.from_pretrained(ckpt, 'BertForPreTraining')"
+        )
+    encoder = model.bert if isinstance(model, BertForPreTraining) else model
+    if tokenizer is None:
+        tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, encoder.config.max_position_embeddings)
     layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
     punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))

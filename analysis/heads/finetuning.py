@@ -27,13 +27,14 @@ from analysis.common.examples import (
     load_tasks,
     make_parser,
     process_shares,
+    resolve_tasks,
 )
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices
 from analysis.heads.config import RolesConfig
 from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
 from analysis.heads.summary import layer_groups
-from bertjax import distributed, runinfo
+from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
@@ -69,6 +70,46 @@ class EffectConfig:
 
     data: RolesConfig
     posts: tuple[Post, ...]
+
+
+def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
+    """`CKPT` (tasks from --task) or `CKPT:TASK[,TASK]` when the suffix names tasks; a suffix that
+    names none must belong to an existing path."""
+    path, sep, suffix = spec.rpartition(":")
+    if sep and path:
+        try:
+            return path, tuple(resolve_tasks(suffix))
+        except UserError:
+            if not Path(spec).expanduser().exists():
+                raise UserError(
+                    f"--post {spec}: {suffix!r} after the last ':' is not a task (choose from {', '.join(glue.TASKS)}, "
+                    f"all, or a comma-separated list) and {spec} is not an existing path"
+                ) from None
+    return spec, tuple(resolve_tasks(default_tasks))
+
+
+def post_labels(paths: Sequence[str]) -> list[str]:
+    """The run's directory name (a step folder gets `<run>@<step>`), numbered when repeated."""
+    names = []
+    for text in paths:
+        path = Path(text).expanduser().resolve()
+        is_step = path.name.isdigit() and path.parent.name == "checkpoints"
+        names.append(f"{path.parent.parent.name}@{path.name}" if is_step else path.name)
+    return [f"{n}#{names[:i].count(n) + 1}" if names.count(n) > 1 else n for i, n in enumerate(names)]
+
+
+def effect_config(post: Sequence[str], data: RolesConfig) -> EffectConfig:
+    """The comparison of `data.ckpt` (--pre) with each `--post` spec; `data` holds the data and
+    output flags, its task the posts' default tasks (then the union of the posts' tasks)."""
+    if data.parser == "conllu" or data.conllu:
+        # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.
+        raise UserError("--parser conllu / --conllu: finetune_effect compares on GLUE tasks parsed by spaCy only; "
+                        "run analysis.roles --parser conllu on each checkpoint instead")  # fmt: skip
+    specs = [parse_post(spec, data.task) for spec in post]
+    labels = post_labels([path for path, _ in specs])
+    posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))
+    tasks = ",".join(dict.fromkeys(t for p in posts for t in p.tasks))
+    return EffectConfig(data=dataclasses.replace(data, task=tasks), posts=posts)
 
 
 def role_bars(role: str) -> list[str]:
@@ -173,8 +214,14 @@ def check_same_vocabulary(pre_tokenizer, post: str) -> None:
         raise UserError(f"--post {post}: its tokenizer's vocabulary differs from the pre-trained checkpoint's")
 
 
-def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
-    """Both comparisons for every post checkpoint; returns the tables (also written under --out)."""
+def run(
+    config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
+) -> dict[str, pd.DataFrame]:
+    """Both comparisons for every post checkpoint; returns the tables (also written under --out).
+    `model`, `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each post
+    checkpoint already loaded, in the order of `config.posts`."""
+    if post_models is not None and len(post_models) != len(config.posts):
+        raise UserError(f"post_models: {len(post_models)} models for {len(config.posts)} --post checkpoints")
     started = time.perf_counter()
     select_figures(config.data.figures, FIGURES)
     select_formats(config.data.figure_format)
@@ -188,13 +235,16 @@ def run(config: EffectConfig) -> dict[str, pd.DataFrame]:
     # Process 0 alone writes --out; the others score their shares (as analysis.roles does).
     writes = jax.process_index() == 0
     with runinfo.atomic_out(rc.out, rc.overwrite) if writes else contextlib.nullcontext() as tmp:
-        return _run(config, tmp, started)
+        return _run(config, tmp, started, model, tokenizer, post_models)
 
 
-def _run(config: EffectConfig, tmp: Path | None, started: float) -> dict[str, pd.DataFrame]:
+def _run(
+    config: EffectConfig, tmp: Path | None, started: float, pre, tokenizer, post_models: Sequence | None
+) -> dict[str, pd.DataFrame]:
     rc = config.data
     timings: dict[str, float] = {}
-    tokenizer = load_tokenizer(rc.ckpt)
+    if tokenizer is None:
+        tokenizer = load_tokenizer(rc.ckpt)
     for post in config.posts:
         check_same_vocabulary(tokenizer, post.ckpt)
     tasks = list(dict.fromkeys(t for post in config.posts for t in post.tasks))
@@ -204,14 +254,18 @@ def _run(config: EffectConfig, tmp: Path | None, started: float) -> dict[str, pd
     devices = Devices.local(rc.devices)
 
     clock = time.perf_counter()
-    pre = from_pretrained(rc.ckpt, allow_nonfinite=rc.allow_nonfinite)
+    if pre is None:
+        pre = from_pretrained(rc.ckpt, allow_nonfinite=rc.allow_nonfinite)
     timings["load_pre"] = time.perf_counter() - clock
     n_layers = pre.config.num_hidden_layers
 
     changes, means, similarity = [], [], []
-    for post in config.posts:
+    for i, post in enumerate(config.posts):
         clock = time.perf_counter()
-        comparer = make_comparer(pre, from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite), devices)
+        loaded = None if post_models is None else post_models[i]
+        if loaded is None:
+            loaded = from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite)
+        comparer = make_comparer(pre, loaded, devices)
         for task in post.tasks:
             with distributed.all_ok("scoring"):
                 before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")

@@ -1,28 +1,9 @@
-"""The analyses as Python functions, for notebooks: one call each, mirroring the CLIs.
-
-`roles(ckpt, task=..., n=...)`, `track(ckpt=[...])` and `report(run_dir)` take the flags of
-`python -m analysis.roles`, `analysis.track` and `analysis.report` as keyword arguments with the
-same names (`--max-length` is `max_length=`, `--no-special-rows` is `special_rows=False`,
-`--no-figures` is `figures="none"`) and defaults, check them with the same checks, and raise the
-CLI's one-line error as a `UserError`. They return a result holding the tables as DataFrames (the
-rows of the CSVs), the per-sequence scores, the settings and run.json; in Jupyter a result shows
-the report's role grid and head cards. `head_view` shows one head's attention on a sentence or pair
-of one's own.
-
-The entry points parse their flags into the same config and call `run_roles`, `run_track` and
-`run_report` here, so a CLI run and a call are one code path. The one difference is `out`: a call
-without `out=` writes into a temporary directory that lives as long as its result (`save(path)`
-copies it), so that repeated calls in a kernel need no fresh directory each.
-"""
+"""The heads analyses as calls (Pande et al. 2021): `roles`, `track`, `finetune_effect`, `report`
+and `head_view`; the results of roles and track show the report's role grid and head cards inline."""
 
 from __future__ import annotations
 
 import dataclasses
-import html
-import json
-import shutil
-import tempfile
-import weakref
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,22 +11,19 @@ import jax
 import numpy as np
 import pandas as pd
 
+from analysis.api.common import FigureFile, Output, TablesResult, frame, read_tables, run_json, save
+from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
+from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
-from analysis.heads import pipeline, tracking
 from analysis.heads.config import RolesConfig
 from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
 from analysis.heads.series import checkpoint_identity, hf_identity
-from bertjax import distributed, runinfo
+from bertjax import distributed
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import DEFAULT_ROLES, ROLES
-
-__all__ = [
-    "HeadView", "Report", "RolesResult", "TrackResult", "UserError", "head_view", "report", "roles", "roles_config",
-    "run_report", "run_roles", "run_track", "track",
-]  # fmt: skip
 
 # The flags of `analysis.roles` that `track` does not have (it scores with the published definitions).
 ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
@@ -92,51 +70,6 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     return RolesConfig(ckpt=str(ckpt), **settings)
 
 
-class _Output:
-    """An output directory: the one asked for, or a temporary one removed with its result."""
-
-    def __init__(self, out: str | Path | None, kind: str):
-        if out is None:
-            self._tmp = tempfile.mkdtemp(prefix=f"bertjax-{kind}-")
-            weakref.finalize(self, shutil.rmtree, self._tmp, True)
-            self.path = Path(self._tmp) / kind
-        else:
-            self.path = Path(out).expanduser()
-
-
-def _save(directory: Path, out: str | Path, overwrite: bool) -> Path:
-    """Copies `directory` to `out` as the CLIs write: whole or not at all."""
-    with runinfo.atomic_out(str(out), overwrite) as tmp:
-        shutil.copytree(directory, tmp, dirs_exist_ok=True)
-    return Path(out).expanduser()
-
-
-def _run_json(directory: Path) -> dict:
-    return json.loads((directory / "run.json").read_text())
-
-
-def _frame(page: str, height: int) -> str:
-    # An iframe keeps the page's script and style apart from the notebook's, in JupyterLab, the
-    # classic notebook and a static HTML export alike; srcdoc keeps it offline.
-    return (
-        f'<iframe class="bertjax-report" srcdoc="{html.escape(page, quote=True)}" '
-        f'style="width: 100%; height: {height}px; border: 1px solid #ddd;"></iframe>'
-    )
-
-
-class FigureFile:
-    """A figure the analysis wrote; Jupyter shows it (PNG) inline."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def _repr_png_(self) -> bytes | None:
-        return self.path.read_bytes() if self.path.suffix == ".png" else None
-
-    def __repr__(self) -> str:
-        return f"FigureFile({str(self.path)!r})"
-
-
 class _Result:
     """What the roles and track results share: the directory, its report and its figures."""
 
@@ -145,7 +78,7 @@ class _Result:
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
         """Copies the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        return _save(self.directory, out, overwrite)
+        return save(self.directory, out, overwrite)
 
     def report_html(self, examples: int | None = None) -> str:
         """The page `python -m analysis.report` writes for these outputs."""
@@ -155,7 +88,7 @@ class _Result:
     def _repr_html_(self) -> str:
         if not hasattr(self, "_page"):
             self._page = self.report_html()
-        return _frame(self._page, FRAME_HEIGHT)
+        return frame(self._page, FRAME_HEIGHT)
 
 
 @dataclasses.dataclass(eq=False)
@@ -171,7 +104,7 @@ class RolesResult(_Result):
     settings: RolesConfig
     info: dict
     directory: Path
-    output: _Output | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
 
     def figure(self, kind: str = "role_grid", task: str | None = None) -> list[FigureFile]:
         """The figures of `kind` (one of ROLES_FIGURES) for `task` (default: the first), drawn into
@@ -202,7 +135,7 @@ class TrackResult(_Result):
     settings: tracking.TrackConfig
     info: dict
     directory: Path
-    output: _Output | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
@@ -219,7 +152,7 @@ class Report:
     path: Path
 
     def _repr_html_(self) -> str:
-        return _frame(self.path.read_text(encoding="utf-8"), FRAME_HEIGHT)
+        return frame(self.path.read_text(encoding="utf-8"), FRAME_HEIGHT)
 
 
 # -- the analyses -------------------------------------------------------------------------------
@@ -235,7 +168,7 @@ def roles(
     conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
     syntactic_average, devices, distributed, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes)."""
-    output = _Output(out, "roles")
+    output = Output(out, "roles")
     config = roles_config(ckpt, settings | {"out": str(output.path)})
     if model is None and tokenizer is None:
         model, tokenizer = _loaded(config.ckpt, config.step)
@@ -260,7 +193,7 @@ def run_roles(config: RolesConfig, model=None, tokenizer=None, parser=None) -> R
         for key in stored.files:
             task, role, *index = key.split("/")
             (indices if index else scores).setdefault(task, {})[role] = stored[key]
-    info = _run_json(directory)
+    info = run_json(directory)
     return RolesResult(table, pd.read_csv(directory / "summary.csv"), scores, indices,
                        dataclasses.replace(config, max_length=info["config"]["max_length"]), info, directory)  # fmt: skip
 
@@ -287,7 +220,7 @@ def track(
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
         steps = tracking.parse_steps(steps)
-    output = _Output(out, "track")
+    output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
     config = tracking.TrackConfig(
         roles=roles_config(run or "", settings | {"out": str(output.path)}, fields),
@@ -316,7 +249,75 @@ def run_track(config: tracking.TrackConfig) -> TrackResult | None:
     if config.roles.html:
         pipeline.write_html(config.roles.out)
     directory = Path(config.roles.out).expanduser()
-    return TrackResult(table, pd.read_csv(directory / "onset.csv"), config, _run_json(directory), directory)
+    return TrackResult(table, pd.read_csv(directory / "onset.csv"), config, run_json(directory), directory)
+
+
+# The flags of `analysis.finetune_effect` besides --pre and --post: the data and output flags.
+EFFECT_FLAGS = (
+    "task", "glue_dir", "split", "n", "max_length", "batch_size", "roles", "window", "special_rows", "parser",
+    "spacy_model", "conllu", "cache_dir", "devices", "distributed", "allow_nonfinite", "out", "overwrite",
+    "figures", "figure_format", "html",
+)  # fmt: skip
+
+
+@dataclasses.dataclass(eq=False)
+class FinetuneEffectResult(TablesResult):
+    """`finetune_effect(...)`: `tables` holds beta_change.csv, head_means.csv and
+    attention_similarity.csv; `settings` is the EffectConfig, `info` run.json."""
+
+    def figure(self, name: str = "beta_change") -> list[FigureFile]:
+        """The figure `name` (one of FIGURES), drawn into the directory if the run did not draw it
+        (`figures=`)."""
+        if name not in finetuning.FIGURES:
+            raise UserError(f"--figures: unknown figure {name!r} (choose from {', '.join(finetuning.FIGURES)})")
+        paths = [p for p in sorted(self.directory.glob(f"{name}.*")) if p.suffix[1:] in FIGURE_FORMATS]
+        if not paths:
+            draw = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
+            with figure_formats(select_formats(self.settings.data.figure_format)):
+                paths = draw[name](self.tables[name], self.directory, name)
+        return [FigureFile(p) for p in paths]
+
+
+def finetune_effect(
+    pre: str,
+    post: str | Sequence[str],
+    *,
+    model=None,
+    tokenizer=None,
+    post_models: Sequence | None = None,
+    out: str | Path | None = None,
+    **settings,
+) -> FinetuneEffectResult | None:
+    """`python -m analysis.finetune_effect --pre PRE --post CKPT[:TASK] ...` as a call: the change in
+    mean β per coarse role and layer third, and the per-head cosine similarity of the attention
+    before and after fine-tuning. `post` is one spec or a list; the other keyword arguments are the
+    data and output flags (task, glue_dir, split, n, max_length, batch_size, roles, window,
+    special_rows, parser, spacy_model, conllu, cache_dir, devices, distributed, allow_nonfinite,
+    overwrite, figures, figure_format, html). `model`/`tokenizer`: PRE already loaded;
+    `post_models`: each post checkpoint already loaded, in the order of `post`."""
+    specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
+    output = Output(out, "finetune_effect")
+    data = roles_config(str(pre), settings | {"out": str(output.path)}, EFFECT_FLAGS)
+    result = run_finetune_effect(finetuning.effect_config(specs, data), model, tokenizer, post_models)
+    if result is not None:
+        result.output = output
+    return result
+
+
+def run_finetune_effect(
+    config: finetuning.EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
+) -> FinetuneEffectResult | None:
+    """The comparison of `config` (what `python -m analysis.finetune_effect` calls); None in a
+    process of a multi-process job other than the first, which writes nothing."""
+    finetuning.run(config, model, tokenizer, post_models)
+    if jax.process_index() != 0:
+        return None
+    if config.data.html:
+        pipeline.write_html(config.data.out)
+    directory = Path(config.data.out).expanduser()
+    info = run_json(directory)
+    data = dataclasses.replace(config.data, max_length=info["config"]["data"]["max_length"])
+    return FinetuneEffectResult(read_tables(directory), dataclasses.replace(config, data=data), info, directory)
 
 
 def report(
@@ -366,4 +367,4 @@ class HeadView:
 
     def _repr_html_(self) -> str:
         tokens = len(self.data["examples"][head_view_lib.TASK]["sequences"][0]["tokens"])
-        return _frame(self.html, head_view_lib.frame_height(tokens))
+        return frame(self.html, head_view_lib.frame_height(tokens))

@@ -1,0 +1,59 @@
+"""The analyses as Python functions, for notebooks: one call each, mirroring the CLIs.
+
+`roles(ckpt, task=..., n=...)`, `track(ckpt=[...])`, `finetune_effect(pre, post)`, `clark(ckpt)`,
+`ablate(ckpt)`, `prune(ckpt)` and `report(run_dir)` take the flags of `python -m analysis.roles`,
+`analysis.track`, ... as keyword arguments with the same names (`--max-length` is `max_length=`,
+`--no-special-rows` is `special_rows=False`, `--no-figures` is `figures="none"`) and defaults,
+check them with the same checks, and raise the CLI's one-line error as a `UserError`. They return
+a result holding every CSV as a DataFrame (its rows as written), the per-sequence scores where the
+CLI saves them, the settings and run.json; in Jupyter a roles or track result shows the report's
+role grid and head cards, the others their figures and tables. `head_view` shows one head's
+attention on a sentence or pair of one's own.
+
+The entry points parse their flags into the same config and call the `run_*` function here, so a
+CLI run and a call are one code path. The one difference is `out`: a call without `out=` writes
+into a temporary directory that lives as long as its result (`save(path)` copies it), so that
+repeated calls in a kernel need no fresh directory each.
+
+The heads analyses are in `analysis.api.heads`, Clark et al.'s in `analysis.api.attention`,
+Kovaleva et al.'s and Michel et al.'s in `analysis.api.ablation`; the results' shared parts in
+`analysis.api.common`.
+"""
+
+from analysis.api.ablation import (
+    AblateResult,
+    PruneResult,
+    ablate,
+    ablate_config,
+    prune,
+    prune_config,
+    run_ablate,
+    run_prune,
+)
+from analysis.api.attention import ClarkResult, clark, clark_config, run_clark
+from analysis.api.common import FigureFile, TablesResult
+from analysis.api.heads import (
+    FinetuneEffectResult,
+    HeadView,
+    Report,
+    RolesResult,
+    TrackResult,
+    finetune_effect,
+    head_view,
+    report,
+    roles,
+    roles_config,
+    run_finetune_effect,
+    run_report,
+    run_roles,
+    run_track,
+    track,
+)
+from bertjax.errors import UserError
+
+__all__ = [
+    "AblateResult", "ClarkResult", "FigureFile", "FinetuneEffectResult", "HeadView", "PruneResult", "Report",
+    "RolesResult", "TablesResult", "TrackResult", "UserError", "ablate", "ablate_config", "clark", "clark_config",
+    "finetune_effect", "head_view", "prune", "prune_config", "report", "roles", "roles_config", "run_ablate",
+    "run_clark", "run_finetune_effect", "run_prune", "run_report", "run_roles", "run_track", "track",
+]  # fmt: skip

@@ -1,0 +1,91 @@
+"""Kovaleva et al. and Michel et al. 2019 as calls: `ablate` (`python -m analysis.ablate`) and
+`prune` (`python -m analysis.prune`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from analysis.ablation import kovaleva, michel
+from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig
+from analysis.ablation.michel import MichelConfig
+from analysis.api.common import Output, TablesResult, comma_list, config_from, read_tables, run_json
+
+
+@dataclasses.dataclass(eq=False)
+class AblateResult(TablesResult):
+    """`ablate(...)`: `tables` holds the CSVs the analyses wrote (per task `<task>_patterns`,
+    `_features`, `_disable_heads`, `_disable_layers`, `_mask_one_head`, `_best_head_only`, and
+    `pattern_shares`); `settings` is the KovalevaConfig, `info` run.json (`info["tasks"]`: the
+    baselines, the counts of significant changes, the forward passes)."""
+
+
+@dataclasses.dataclass(eq=False)
+class PruneResult(TablesResult):
+    """`prune(...)`: `tables` holds pruning.csv (the curves), `<task>_importance`,
+    `<task>_pruning_order` and `<task>_pruning_random_seeds`; `settings` is the MichelConfig,
+    `info` run.json (`info["result"]`: the heads prunable within one point, the passes)."""
+
+    @property
+    def curve(self):
+        """pruning.csv: the metric after each pruning step, by importance and at random."""
+        return self.tables["pruning"]
+
+
+def ablate_config(ckpt: str, settings: dict) -> KovalevaConfig:
+    """A KovalevaConfig from keyword arguments named as the flags (`analyses`: the flag's
+    comma-separated text or a list); KovalevaConfig checks them as it does the flags' values."""
+    settings = dict(settings)
+    analyses = comma_list(settings.pop("analyses", None), ANALYSES)
+    return config_from(KovalevaConfig, {"ckpt": str(ckpt), "analyses": analyses}, settings)
+
+
+def prune_config(ckpt: str, settings: dict) -> MichelConfig:
+    """A MichelConfig from keyword arguments named as the flags; it checks them as the flags'."""
+    return config_from(MichelConfig, {"ckpt": str(ckpt)}, settings)
+
+
+def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> AblateResult:
+    """`python -m analysis.ablate --ckpt CKPT ...` as a call: attention patterns and features, and
+    the classifier with heads and layers disabled or masked.
+
+    Keyword arguments are the flags (see `KovalevaConfig`: step, task, glue_dir, split, n,
+    max_length, batch_size, analyses, alpha, compare_ckpt, compare_step, spacy_model, cache_dir,
+    overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT already
+    loaded (a BertForSequenceClassification)."""
+    output = Output(out, "ablate")
+    result = run_ablate(ablate_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    result.output = output
+    return result
+
+
+def run_ablate(config: KovalevaConfig, model=None, tokenizer=None) -> AblateResult:
+    """The ablate run of `config` (what `python -m analysis.ablate` calls)."""
+    kovaleva.run(config, model, tokenizer)
+    directory = Path(config.out).expanduser()
+    info = run_json(directory)
+    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
+    return AblateResult(read_tables(directory), settings, info, directory)
+
+
+def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> PruneResult:
+    """`python -m analysis.prune --ckpt CKPT ...` as a call: head importance and the pruning
+    curves against random orders.
+
+    Keyword arguments are the flags (see `MichelConfig`: step, task, glue_dir, split, n,
+    importance_split, importance_n, max_length, batch_size, metric, prune_step, reestimate,
+    random_seeds, overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT
+    already loaded (a BertForSequenceClassification)."""
+    output = Output(out, "prune")
+    result = run_prune(prune_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    result.output = output
+    return result
+
+
+def run_prune(config: MichelConfig, model=None, tokenizer=None) -> PruneResult:
+    """The prune run of `config` (what `python -m analysis.prune` calls)."""
+    michel.run(config, model, tokenizer)
+    directory = Path(config.out).expanduser()
+    info = run_json(directory)
+    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
+    return PruneResult(read_tables(directory), settings, info, directory)

@@ -1,0 +1,55 @@
+"""Clark et al. 2019 as a call: `clark` (`python -m analysis.clark`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from analysis.api.common import Output, TablesResult, comma_list, config_from, read_tables, run_json
+from analysis.attention import pipeline
+from analysis.attention.pipeline import ANALYSES, ClarkConfig
+
+
+@dataclasses.dataclass(eq=False)
+class ClarkResult(TablesResult):
+    """`clark(...)`: `tables` holds the CSVs the analyses wrote (surface, head_js_divergence,
+    head_mds, gradient_importance, dependency_heads, probes, coref_heads, coref_best_per_layer,
+    coref_baselines); `settings` is the ClarkConfig, `info` run.json (`info["results"]`: what was
+    skipped and why, the relations beating their baseline, the best coreference head)."""
+
+
+def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
+    """A ClarkConfig from keyword arguments named as the flags (`analyses`: "all", the flag's
+    comma-separated text or a list); ClarkConfig checks them as it does the flags' values."""
+    settings = dict(settings)
+    analyses = settings.pop("analyses", "all")
+    # Only an explicit choice makes a missing MLM head or GAP an error (the default skips them).
+    explicit = analyses != "all"
+    fixed = {"ckpt": str(ckpt), "analyses": comma_list(analyses, ANALYSES) if explicit else ANALYSES,
+             "analyses_explicit": explicit}  # fmt: skip
+    return config_from(ClarkConfig, fixed, settings)
+
+
+def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> ClarkResult:
+    """`python -m analysis.clark --ckpt CKPT ...` as a call: attention to special tokens and
+    neighbours, head clusters, gradients, dependency heads, probes and coreference heads.
+
+    Keyword arguments are the flags (see `ClarkConfig`: step, analyses, data_dir, inputs,
+    glue_dir, split, n, max_length, batch_size, cluster_n, gradient_n, ewt_n, gap_n, first_piece,
+    coref_target, min_count, probe_train_n, probe_epochs, probe_learning_rate, seed,
+    surface_weighting, baseline_offsets, all_relations_include_root, word_text, segment_ids,
+    overwrite, figure_format, allow_nonfinite). `model`/`tokenizer`: CKPT already loaded (a
+    `BertForPreTraining` when the gradients run, else a `BertModel`)."""
+    output = Output(out, "clark")
+    result = run_clark(clark_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    result.output = output
+    return result
+
+
+def run_clark(config: ClarkConfig, model=None, tokenizer=None) -> ClarkResult:
+    """The clark run of `config` (what `python -m analysis.clark` calls)."""
+    pipeline.run(config, model, tokenizer)
+    directory = Path(config.out).expanduser()
+    info = run_json(directory)
+    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
+    return ClarkResult(read_tables(directory), settings, info, directory)

@@ -1,0 +1,138 @@
+"""What the API's results share: their output directory (the one asked for, or a temporary one),
+copying it as `--out` would be written, the tables read back from their CSVs, the figures, and the
+inline views (the report's page in an iframe; for the analyses without a report, the figures and
+tables as plain HTML)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import html
+import json
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+
+import pandas as pd
+
+from bertjax import runinfo
+from bertjax.errors import UserError
+
+# The rows of a table an inline view shows (pandas elides the middle of longer ones).
+VIEW_ROWS = 12
+
+
+class Output:
+    """An output directory: the one asked for, or a temporary one removed with its result."""
+
+    def __init__(self, out: str | Path | None, kind: str):
+        if out is None:
+            self._tmp = tempfile.mkdtemp(prefix=f"bertjax-{kind}-")
+            weakref.finalize(self, shutil.rmtree, self._tmp, True)
+            self.path = Path(self._tmp) / kind
+        else:
+            self.path = Path(out).expanduser()
+
+
+def config_from(cls, fixed: dict, settings: dict, hidden: tuple[str, ...] = ()):
+    """`cls(**fixed, **settings)`: the keyword arguments of a call named as the flags' fields;
+    the dataclass checks their values as it does the flags'. Paths are kept as text, as the flags
+    give them (run.json records them)."""
+    allowed = {f.name for f in dataclasses.fields(cls)} - set(fixed) - set(hidden)
+    unknown = sorted(set(settings) - allowed)
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+    return cls(**(settings | fixed))
+
+
+def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A list flag's value: the flag's comma-separated text or a sequence of names."""
+    if value is None:
+        return default
+    if isinstance(value, str):
+        return tuple(x.strip() for x in value.split(",") if x.strip())
+    return tuple(value)
+
+
+def save(directory: Path, out: str | Path, overwrite: bool) -> Path:
+    """Copies `directory` to `out` as the CLIs write: whole or not at all."""
+    with runinfo.atomic_out(str(out), overwrite) as tmp:
+        shutil.copytree(directory, tmp, dirs_exist_ok=True)
+    return Path(out).expanduser()
+
+
+def run_json(directory: Path) -> dict:
+    return json.loads((directory / "run.json").read_text())
+
+
+def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
+    """Every CSV of `directory` by its name without `.csv`, rows as written: `to_csv(index=False)`
+    gives the file's bytes back (pandas 3 parses floats to the bit; tests/test_api.py checks it)."""
+    return {path.stem: pd.read_csv(path) for path in sorted(directory.glob("*.csv"))}
+
+
+def frame(page: str, height: int) -> str:
+    # An iframe keeps the page's script and style apart from the notebook's, in JupyterLab, the
+    # classic notebook and a static HTML export alike; srcdoc keeps it offline.
+    return (
+        f'<iframe class="bertjax-report" srcdoc="{html.escape(page, quote=True)}" '
+        f'style="width: 100%; height: {height}px; border: 1px solid #ddd;"></iframe>'
+    )
+
+
+class FigureFile:
+    """A figure the analysis wrote; Jupyter shows it (PNG) inline."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def _repr_png_(self) -> bytes | None:
+        return self.path.read_bytes() if self.path.suffix == ".png" else None
+
+    def __repr__(self) -> str:
+        return f"FigureFile({str(self.path)!r})"
+
+
+@dataclasses.dataclass(eq=False)
+class TablesResult:
+    """A run whose outputs are CSVs and figures: `tables[name]` is `<name>.csv` as a DataFrame,
+    `settings` the run's config, `info` its run.json, `directory` where they are."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: object
+    info: dict
+    directory: Path
+    output: Output | None = dataclasses.field(default=None, repr=False)
+
+    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+        """Copies the outputs (CSVs, figures, run.json) to `out`, as `--out` would have."""
+        return save(self.directory, out, overwrite)
+
+    def figure_names(self) -> list[str]:
+        """The figures the run drew, by file name without its format (`surface_by_layer`)."""
+        return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
+
+    def figure(self, name: str) -> list[FigureFile]:
+        """The files of the figure `name` (one per `figure_format`)."""
+        names = self.figure_names()
+        if name not in names:
+            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(names) or 'none'})")
+        return [FigureFile(self.directory / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
+
+    def _repr_html_(self) -> str:
+        # The figures as PNG data (offline, and kept by a static export), then each table's rows.
+        parts = [
+            f"<div class='bertjax-result'><b>{html.escape(type(self).__name__)}</b>: {html.escape(str(self.directory))}"
+        ]
+        for name in self.figure_names():
+            for figure in self.figure(name):
+                if figure.path.suffix == ".png":
+                    data = base64.b64encode(figure.path.read_bytes()).decode()
+                    parts.append(f"<figure><img alt='{html.escape(name)}' style='max-width: 100%' "
+                                 f"src='data:image/png;base64,{data}'><figcaption>{html.escape(name)}</figcaption></figure>")  # fmt: skip
+        for name, table in self.tables.items():
+            parts.append(f"<details><summary>{html.escape(name)}.csv: {len(table)} rows</summary>"
+                         f"{table.to_html(max_rows=VIEW_ROWS, index=False)}</details>")  # fmt: skip
+        return "\n".join([*parts, "</div>"])
