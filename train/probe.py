@@ -1,4 +1,4 @@
-"""Role probes inside pre-training: heads watched taking on roles while the run goes.
+"""Role probes and SAS inside pre-training: heads watched taking on roles while the run goes.
 
 A fixed probe set (the first `n` dev examples of a GLUE task, the first `n` lines of a `text:FILE`,
 or the first `n` gold trees of a `conllu:FILE`) is read, parsed and encoded once, when the run
