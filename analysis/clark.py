@@ -7,7 +7,8 @@ needs a checkpoint with a trained MLM head), `depheads` (dependency heads on UD 
 on dev, reported on test) and `probes` (attention-only, attention + embedding and distance +
 embedding dependency probes, trained on EWT train, UAS on EWT test) and `coref` (coreference
 heads on GAP, chosen on development, reported on test). Definitions are in the docstrings of
-`analysis.attention.surface`, `.gradients`, `.depheads`, `.probes`, `.wordattn` and `.coref`. Everything streams batch by batch; no analysis holds the attention of a whole
+`analysis.attention.surface`, `.gradients`, `.depheads`, `.probes` and `.coref`, and of
+`sieves.wordattn` (word-level attention) and `sieves.depattn` (the dependency-head counts). Everything streams batch by batch; no analysis holds the attention of a whole
 dataset.
 """
 
@@ -17,10 +18,11 @@ import argparse
 
 from analysis.api.attention import ClarkResult
 from analysis.api.attention import run_clark as run
-from analysis.attention import coref, depheads, surface
+from analysis.attention import coref, surface
 from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig
 from analysis.common.forward import add_nonfinite_argument
 from bertjax import cli
+from sieves import depattn
 
 
 def parse_args(argv: list[str] | None) -> ClarkConfig:
@@ -61,7 +63,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     )
     p.add_argument(
         "--baseline-offsets",
-        choices=list(depheads.BASELINE_OFFSETS),
+        choices=list(depattn.BASELINE_OFFSETS),
         default="paper",
         help="paper: ±1…3, unclipped; authors: −3…+2, clipped into the sentence (the authors' notebook)",
     )

@@ -15,9 +15,10 @@ import bertjax
 from analysis import clark
 from analysis.attention import depheads, gradients, probes, surface
 from analysis.attention import pipeline as attention_pipeline
-from analysis.attention.wordattn import WordAttention, pooling_matrices, word_attention
 from bertjax.config import BertConfig
+from sieves import depattn
 from sieves.align import EncodedSequence
+from sieves.wordattn import WordAttention, pooling_matrices, word_attention
 
 # ---------------------------------------------------------------------------------------------
 # Word-level attention
@@ -108,23 +109,23 @@ def test_a_head_whose_argmax_is_the_syntactic_head_scores_100_percent(first_piec
     rng = np.random.default_rng(0)
     relations = ["nsubj", "dobj", "amod", "det"]
     trees = [_random_tree(rng, int(rng.integers(3, 12))) for _ in range(40)]
-    dev = depheads.DependencyCounts(2, 3).consume(_planted_words(rng, trees[:20], relations, first_piece=first_piece))
-    test = depheads.DependencyCounts(2, 3).consume(_planted_words(rng, trees[20:], relations, first_piece=first_piece))
+    dev = depattn.DependencyCounts(2, 3).consume(_planted_words(rng, trees[:20], relations, first_piece=first_piece))
+    test = depattn.DependencyCounts(2, 3).consume(_planted_words(rng, trees[20:], relations, first_piece=first_piece))
     table = depheads.dependency_table(dev, test)
     assert list(table.columns) == list(depheads.TABLE_COLUMNS)
     found = table[table["direction"] == "dep2head"]
-    assert set(found["relation"]) == {*relations, depheads.ALL_RELATIONS}
+    assert set(found["relation"]) == {*relations, depattn.ALL_RELATIONS}
     assert (found["layer"] == 1).all() and (found["head"] == 2).all()
     assert (found["dev_accuracy"] == 1.0).all() and (found["test_accuracy"] == 1.0).all()
     arcs = sum(int(np.sum(t != np.arange(len(t)))) for t in trees[20:])
-    assert found.set_index("relation").loc[depheads.ALL_RELATIONS, "count"] == arcs
+    assert found.set_index("relation").loc[depattn.ALL_RELATIONS, "count"] == arcs
 
 
 def test_heads_and_offsets_are_chosen_on_dev_and_scored_on_test():
     """Clark et al. pick each relation's head (per direction) and baseline offset on dev and report
     their test accuracy. Here every choice made on test would differ from the one made on dev, so
     choosing on test, or reporting a dev number as the test one, changes the table."""
-    dev, test = depheads.DependencyCounts(2, 2), depheads.DependencyCounts(2, 2)
+    dev, test = depattn.DependencyCounts(2, 2), depattn.DependencyCounts(2, 2)
     dev.count = {"amod": 10, "nsubj": 10, "advmod": 3, "all": 23}
     test.count = {"amod": 20, "nsubj": 20, "all": 40}
     # found[relation][direction, layer, head]: the dev argmax, then the test one, of each block.
@@ -174,11 +175,11 @@ def test_head_to_dependent_finds_every_dependent_of_a_head():
     heads = np.zeros(5, np.int32)
     maps = rng.uniform(0, 0.1, size=(1, 1, 5, 5))
     maps[0, 0, 0, 1:] = 1.0
-    counts = depheads.DependencyCounts(1, 1)
+    counts = depattn.DependencyCounts(1, 1)
     counts.update(WordAttention(maps, maps[..., 0], maps[..., 0], np.zeros((5, 2)), np.ones(5, bool),
                                 ("dep",) * 5, heads, 0))  # fmt: skip
     assert counts.count["dep"] == 4
-    np.testing.assert_array_equal(counts.accuracy("dep")[list(depheads.DIRECTIONS).index("head2dep"), 0, 0], 1.0)
+    np.testing.assert_array_equal(counts.accuracy("dep")[list(depattn.DIRECTIONS).index("head2dep"), 0, 0], 1.0)
 
 
 def test_head_to_dependent_direction_on_chains():
@@ -186,7 +187,7 @@ def test_head_to_dependent_direction_on_chains():
     rng = np.random.default_rng(1)
     chains = [np.append(np.arange(1, w), w - 1).astype(np.int32) for w in range(3, 10)]  # i → i + 1
     layers, n_heads = 1, 2
-    counts = depheads.DependencyCounts(layers, n_heads)
+    counts = depattn.DependencyCounts(layers, n_heads)
     for heads in chains:
         width = len(heads)
         maps = rng.uniform(0, 0.1, size=(layers, n_heads, width, width))
@@ -201,7 +202,7 @@ def test_head_to_dependent_direction_on_chains():
 def test_most_attended_skips_self_and_words_without_pieces():
     maps = np.array([[0.9, 0.05, 0.05], [0.2, 0.7, 0.1], [0.1, 0.5, 0.4]])
     present = np.array([True, False, True])
-    np.testing.assert_array_equal(depheads.most_attended(maps, present), [2, 0, 0])
+    np.testing.assert_array_equal(depattn.most_attended(maps, present), [2, 0, 0])
 
 
 # ---------------------------------------------------------------------------------------------

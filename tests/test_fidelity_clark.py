@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 
 from analysis import clark
-from analysis.attention import depheads, surface
 from analysis.attention import pipeline as attention_pipeline
-from analysis.attention.wordattn import WordAttention
+from analysis.attention import surface
 from bertjax.errors import UserError
+from sieves import depattn
 from sieves.align import encode_batch
 from sieves.parse import Word
+from sieves.wordattn import WordAttention
 
 STAT = {name: s for s, name in enumerate(surface.STATISTICS)}
 
@@ -85,15 +86,15 @@ def planted_words(heads: list[int], deps: list[str]) -> WordAttention:
 
 
 def test_authors_offsets_are_clipped_into_root_and_the_last_word():
-    counts = depheads.DependencyCounts(1, 1, "authors")
+    counts = depattn.DependencyCounts(1, 1, "authors")
     assert counts.offsets == (-3, -2, -1, 0, 1, 2)
     predicted = counts.offset_predictions(np.arange(4), 4)
     # Rows: words 0..3; columns: offsets −3..2; −1 is ROOT, 3 the last word.
     np.testing.assert_array_equal(
         predicted, [[-1, -1, -1, 0, 1, 2], [-1, -1, 0, 1, 2, 3], [-1, 0, 1, 2, 3, 3], [0, 1, 2, 3, 3, 3]]
     )
-    unclipped = depheads.DependencyCounts(1, 1).offset_predictions(np.arange(4), 4)
-    outside = depheads.OUTSIDE
+    unclipped = depattn.DependencyCounts(1, 1).offset_predictions(np.arange(4), 4)
+    outside = depattn.OUTSIDE
     np.testing.assert_array_equal(unclipped[0], [outside, outside, outside, 1, 2, 3])
 
 
@@ -115,7 +116,7 @@ HEADS, DEPS = [1, 1, 1, 1], ["nsubj", "root", "dobj", "punct"]
     ],
 )
 def test_all_relations_row_by_hand(offsets, include_root, count, offset_found):
-    counts = depheads.DependencyCounts(1, 1, offsets, include_root)
+    counts = depattn.DependencyCounts(1, 1, offsets, include_root)
     counts.update(planted_words(HEADS, DEPS))
     assert counts.count["all"] == count
     np.testing.assert_array_equal(counts.offset_found["all"], offset_found)

@@ -16,6 +16,7 @@ from analysis import track
 from analysis.attention import sas
 from analysis.heads import onset, tracking
 from bertjax.pretrained import from_pretrained, load_tokenizer
+from sieves import depattn
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
 
@@ -46,11 +47,11 @@ def tracked(run_dir, shared_data, ud_english_ewt, tmp_path_factory):
 def test_sas_csv_equals_scoring_each_checkpoint_directly(tracked, run_dir):
     out, _, conllu = tracked
     table = pd.read_csv(out / tracking.SAS_CSV)
-    assert list(table.columns) == ["step", *sas.SAS_COLUMNS] and sorted(pd.unique(table["step"])) == list(STEPS)
+    assert list(table.columns) == ["step", *depattn.SAS_COLUMNS] and sorted(pd.unique(table["step"])) == list(STEPS)
     sentences = read_conllu(conllu, limit=SAS_N)
     seqs = encode_batch(load_tokenizer(run_dir), [(t,) for t, _ in sentences], [(w,) for _, w in sentences], 32)
     for step in STEPS:
-        expected = sas.sas_table(sas.score_sas(from_pretrained(run_dir, step=step), seqs, 8, 32))
+        expected = depattn.sas_table(sas.score_sas(from_pretrained(run_dir, step=step), seqs, 8, 32))
         rows = table[table["step"] == step].drop(columns="step").reset_index(drop=True)
         pd.testing.assert_frame_equal(rows, expected, check_exact=True)
         # "all" scores each word once whose piece (and whose head's piece) survived the cut at 32

@@ -1,4 +1,4 @@
-"""Role probes inside pre-training: heads watched taking on roles while the run goes.
+"""Role probes and SAS inside pre-training: heads watched taking on roles while the run goes.
 
 A fixed probe set (the first `n` dev examples of a GLUE task, the first `n` lines of a `text:FILE`,
 or the first `n` gold trees of a `conllu:FILE`) is read, parsed and encoded once, when the run
@@ -11,6 +11,14 @@ correction). Logged beside the loss (metrics.jsonl, TensorBoard), per role: `pro
 `probe/<role>/n` (sequences with a scored row). The batches are `analysis.track`'s (length-sorted,
 `batch_size` rows, padded to a multiple of 32 tokens), so the numbers equal its on the same
 checkpoint and settings (tests/test_probe.py).
+
+On gold trees (`conllu:FILE`) the same forward pass also gives SAS (Chen et al. 2023's syntactic
+attention structure, `sieves.depattn`), unless `sas: false`: the attention is pooled to words
+(`sieves.wordattn`) and each word's predicted head taken on the device, the arcs counted on the
+host, and logged: `probe/sas` (the best head's UAS over all words), `probe/sas/layer`,
+`probe/sas/head`, `probe/sas/direction` (0 dep2head, 1 head2dep), `probe/sas/baseline_uas` and
+`probe/sas/baseline_offset` (the best fixed offset), `probe/sas/count` (words scored), and the same
+under `probe/sas/<relation>` for each of `sas_relations` — `analysis.track --sas`'s `sas.csv` rows.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -32,11 +41,12 @@ from bertjax import cli, glue
 from bertjax.errors import UserError
 from bertjax.model import BertModel
 from bertjax.pretrained import abstract_model
-from sieves import stats
+from sieves import depattn, stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
 from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
 from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
+from sieves.wordattn import pooling_batch, word_maps
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,14 @@ class ProbeConfig:
     alpha: float = 0.05
     spacy_model: str | None = None  # for the syntactic roles of GLUE and text: sets
     parse_cache: str = str(cli.CACHE_ROOT)  # where spaCy parses are cached (the analyses' cache)
+    # SAS (Chen et al. 2023) needs gold trees: None is on for conllu:FILE, off otherwise.
+    sas: bool | None = None
+    sas_relations: list[str] = dataclasses.field(default_factory=list)  # logged beside the overall SAS
+
+
+def sas_enabled(config: ProbeConfig) -> bool:
+    gold = config.task is not None and config.task.startswith(CONLLU_PREFIX)
+    return gold if config.sas is None else config.sas
 
 
 def check_config(config: ProbeConfig, positions: int) -> None:
@@ -90,6 +108,14 @@ def check_config(config: ProbeConfig, positions: int) -> None:
         raise UserError(f"probe.tau must be a finite number, got {config.tau}")
     if not 0.0 < config.alpha < 1.0:
         raise UserError(f"probe.alpha must be in (0, 1), got {config.alpha}")
+    if config.sas and not task.startswith(CONLLU_PREFIX):
+        raise UserError(f"probe.sas needs gold trees: probe.task must be conllu:FILE, got {task}")
+    if config.sas_relations and not sas_enabled(config):
+        raise UserError("probe.sas_relations: SAS is off (probe.sas: false)")
+    if depattn.ALL_RELATIONS in config.sas_relations:
+        raise UserError("probe.sas_relations: the overall SAS (all) is always logged; name relations such as nsubj")
+    if len(set(config.sas_relations)) < len(config.sas_relations):
+        raise UserError(f"probe.sas_relations names a relation twice: {','.join(config.sas_relations)}")
 
 
 @dataclasses.dataclass
@@ -109,7 +135,15 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
     come with the file): the sequences `analysis.track` reads for the same task."""
     task = config.task
     if task.startswith(CONLLU_PREFIX):
-        sentences = read_conllu(Path(task[len(CONLLU_PREFIX) :]).expanduser(), limit=config.n)
+        path = Path(task[len(CONLLU_PREFIX) :]).expanduser()
+        sentences = read_conllu(path, limit=config.n)
+        arcs = {w.dep for _, words in sentences for i, w in enumerate(words) if w.head != i}
+        for relation in config.sas_relations:
+            if relation not in arcs:
+                raise UserError(
+                    f"probe.sas_relations: no {relation} arc in the first {len(sentences)} trees of {path}; "
+                    f"there: {', '.join(sorted(arcs))}"
+                )
         return ProbeSet([(text,) for text, _ in sentences], [(words,) for _, words in sentences],
                         list(range(len(sentences))))  # fmt: skip
     if task.startswith(TEXT_PREFIX):
@@ -139,14 +173,15 @@ class RoleProbe:
             log.info("probe: %s not defined on %s (single segments): not probed", ", ".join(absent), config.task)
         # Scored in float32 whatever the training's compute dtype, as `analysis.track` loads a
         # checkpoint, so the logged numbers are the analysis's.
-        encoder_config = dataclasses.replace(trainer.config, dtype="float32")
-        self.graphdef, self.abstract = abstract_model(BertModel, encoder_config)
+        self.encoder = dataclasses.replace(trainer.config, dtype="float32")
+        self.graphdef, self.abstract = abstract_model(BertModel, self.encoder)
         self.names = {name: f"bert{ckpt.SEP}{name}" for name in ckpt.flatten_params(self.abstract)}
         missing = sorted(set(self.names.values()) - set(trainer.abstract_params))
         if missing:
             raise ValueError(f"the trained model has no encoder tensor {missing[0]}")
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
         options = SieveOptions()
+        self.sas = sas_enabled(config)
         self.batches = []
         for chunk in batches(sequences, config.batch_size):
             length = min(bucketed(max(s.length for s in chunk)), config.max_length)
@@ -155,31 +190,57 @@ class RoleProbe:
             sieves = np.zeros((len(self.roles), config.batch_size, length, length), bool)
             rows[:, : len(chunk)], sieves[:, : len(chunk)] = build_batch(chunk, self.roles, options, length)
             inputs = (arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves)
+            trees, pooling = [], None
+            if self.sas:
+                words = pooling_batch(chunk, config.batch_size, length)
+                present = words.present
+                pooling = (words.from_words, words.to_words, present)
+                trees = [(s.word_dep, s.word_head, present[b, : len(s.word_dep)]) for b, s in enumerate(chunk)]
             # Every process holds the whole set; placed once, replicated, for every probe.
-            placed = tuple(jax.make_array_from_process_local_data(replicated, x) for x in inputs)
-            self.batches.append((len(chunk), placed))
+            placed = jax.tree.map(lambda x: jax.make_array_from_process_local_data(replicated, x), (inputs, pooling))
+            self.batches.append((len(chunk), *placed, trees))
         self.score = jax.jit(self._score, out_shardings=replicated)
         self.seconds = 0.0
 
-    def _score(self, params, input_ids, attention_mask, token_type_ids, rows, sieves):
+    def _score(self, params, inputs, pooling):
+        """(β scores, scored-row counts) of every role and, with `pooling`, each word's predicted
+        head in both directions [2, B, L, H, W] (`sieves.depattn.predicted_heads`)."""
+        input_ids, attention_mask, token_type_ids, rows, sieves = inputs
         state = ckpt.unflatten_params(self.abstract, {name: params[key] for name, key in self.names.items()})
         out = nnx.merge(self.graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-        return sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+        scores = sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+        if pooling is None:
+            return scores, None
+        from_words, to_words, present = pooling
+        maps = word_maps(jnp.stack(out.attentions, axis=1), from_words, to_words)  # [B, L, H, W, W]
+        # Only the argmax leaves the device, not the maps; padded word slots own no piece.
+        heads = depattn.predicted_heads(maps, present[:, None, None, :], jnp)
+        return scores, jnp.moveaxis(heads, 1, 0).astype(jnp.int32)
 
-    def role_scores(self, params) -> dict[str, np.ndarray]:
-        """role → per-sequence scores [n_f, L, H] of the sequences with a scored row (batch order)."""
+    def scores(self, params) -> tuple[dict[str, np.ndarray], depattn.DependencyCounts | None]:
+        """role → per-sequence scores [n_f, L, H] of the sequences with a scored row (batch order),
+        and the SAS counts (None when SAS is off)."""
         kept: dict[str, list[np.ndarray]] = {role: [] for role in self.roles}
-        for size, arrays in self.batches:
-            scores, counts = jax.device_get(self.score(params, *arrays))
+        counts = None
+        if self.sas:
+            counts = depattn.sas_counts(self.encoder.num_hidden_layers, self.encoder.num_attention_heads)
+        for size, inputs, pooling, trees in self.batches:
+            (scores, rows), predicted = jax.device_get(self.score(params, inputs, pooling))
             for r, role in enumerate(self.roles):
-                kept[role].append(scores[r, :size][counts[r, :size] > 0])
-        return {role: np.concatenate(parts) for role, parts in kept.items()}
+                kept[role].append(scores[r, :size][rows[r, :size] > 0])
+            if counts is not None:
+                for (word_dep, word_head, present), heads in zip(trees, predicted[:size], strict=True):
+                    counts.add(word_dep, word_head, present, heads)
+        return {role: np.concatenate(parts) for role, parts in kept.items()}, counts
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
         # The steps dispatched before this one finish first: their time is the training's.
         jax.block_until_ready(params)
         started = time.perf_counter()
-        metrics = summarise(self.role_scores(params), self.config.tau, self.config.alpha)
+        scores, counts = self.scores(params)
+        metrics = summarise(scores, self.config.tau, self.config.alpha)
+        if counts is not None:
+            metrics |= summarise_sas(depattn.sas_table(counts), self.config.sas_relations)
         elapsed = time.perf_counter() - started
         self.seconds += elapsed
         return metrics | {"probe/seconds": elapsed}
@@ -198,4 +259,25 @@ def summarise(scores: dict[str, np.ndarray], tau: float, alpha: float) -> dict[s
             metrics[f"probe/{role}/max_beta"] = float(test.mean[layer, head])
             metrics[f"probe/{role}/max_layer"] = int(layer)
             metrics[f"probe/{role}/max_head"] = int(head)
+    return metrics
+
+
+def summarise_sas(table: pd.DataFrame, relations: list[str]) -> dict[str, float]:
+    """`probe/sas` and its head, direction and baseline from the "all" row of `sas_table`, and the
+    same under `probe/sas/<relation>` for `relations` (one the probe set kept no arc of after
+    truncation is left out)."""
+    metrics: dict[str, float] = {}
+    rows = table.set_index("relation")
+    for relation in (depattn.ALL_RELATIONS, *relations):
+        if relation not in rows.index:
+            continue
+        row = rows.loc[relation]
+        prefix = "probe/sas" if relation == depattn.ALL_RELATIONS else f"probe/sas/{relation}"
+        metrics[prefix] = float(row["uas"])
+        metrics[f"{prefix}/layer"] = int(row["layer"])
+        metrics[f"{prefix}/head"] = int(row["head"])
+        metrics[f"{prefix}/direction"] = depattn.DIRECTIONS.index(row["direction"])
+        metrics[f"{prefix}/baseline_uas"] = float(row["baseline_uas"])
+        metrics[f"{prefix}/baseline_offset"] = int(row["baseline_offset"])
+        metrics[f"{prefix}/count"] = int(row["count"])
     return metrics

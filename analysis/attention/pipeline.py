@@ -24,6 +24,7 @@ from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
 
@@ -92,7 +93,7 @@ class ClarkConfig:
             glue.resolve_tasks(self.inputs)
         for flag, value, choices in (
             ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
-            ("baseline-offsets", self.baseline_offsets, tuple(depheads.BASELINE_OFFSETS)),
+            ("baseline-offsets", self.baseline_offsets, tuple(depattn.BASELINE_OFFSETS)),
             ("word-text", self.word_text, WORD_TEXTS),
             ("segment-ids", self.segment_ids, SEGMENT_IDS),
             ("coref-target", self.coref_target, coref.TARGETS),
@@ -287,7 +288,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
         counts = {}
         test_probe: list[probes.ProbeSentence] = []
         for split in ("dev", "test"):
-            counts[split] = depheads.DependencyCounts(
+            counts[split] = depattn.DependencyCounts(
                 layers, heads, config.baseline_offsets, config.all_relations_include_root
             )
             for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):

@@ -22,7 +22,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
-from analysis.attention.wordattn import WordAttention
+from sieves.wordattn import WordAttention
 
 MAX_DISTANCE = 10
 WIDTH_BUCKET = 16

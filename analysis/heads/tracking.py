@@ -50,6 +50,7 @@ from analysis.heads.tracking_figures import format_fractions, plot_emergence, pl
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
+from sieves import depattn
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
 
@@ -384,8 +385,8 @@ def _run(
     sas_table, sas_curve = None, None
     if config.sas is not None:
         sas_table = pd.concat(
-            [sas_lib.sas_table(sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
-        )[["step", *sas_lib.SAS_COLUMNS]]
+            [depattn.sas_table(sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
+        )[["step", *depattn.SAS_COLUMNS]]
         sas_table.to_csv(tmp / SAS_CSV, index=False)
         sas_curve = sas_table[sas_table["relation"] == "all"].set_index("step")["uas"]
     curves = onset.curve_onsets(track, heldout, sas_curve)
