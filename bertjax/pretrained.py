@@ -343,8 +343,13 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None):
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")
     # Ids past the embedding table would give NaN embeddings (jnp.take's fill), not an error; a
-    # shorter vocabulary (a truncated vocab.txt) turns the words it lost into [UNK], silently.
-    if len(tokenizer) != vocab_size:
+    # shorter vocabulary (a truncated vocab.txt) turns the words it lost into [UNK], silently. A
+    # table padded to a multiple of 8 (fewer than 128 unused rows: MosaicBERT's 30528, TPU-friendly
+    # sizes) is a model of this tokenizer: its extra rows are never looked up.
+    padded = vocab_size % 8 == 0 and 0 < vocab_size - len(tokenizer) < 128
+    if padded:
+        log.info("%s: the embedding table is padded to %d rows for %d tokens", location, vocab_size, len(tokenizer))
+    elif len(tokenizer) != vocab_size:
         raise UserError(
             f"{location}: the tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab_size}; "
             "they do not belong together"

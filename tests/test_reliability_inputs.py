@@ -375,6 +375,22 @@ def test_a_vocabulary_shorter_than_the_models_is_one_line(tiny_hf, shared_data, 
     assert not out.exists()
 
 
+@pytest.mark.parametrize(("vocab_size", "accepted"), [(30528, True), (30592, True), (30524, False), (30720, False)])
+def test_an_embedding_table_padded_to_a_multiple_of_8_is_accepted(tiny_hf, tmp_path, vocab_size, accepted):
+    """30522 WordPiece tokens in a table padded to 30528 (or to 30592, a multiple of 128) is one
+    model; 2 rows more is not a padding, and 198 rows more is not one either."""
+    directory = _copy_of(tiny_hf, tmp_path)
+    config = json.loads((directory / "config.json").read_text())
+    tokens = len(bertjax.load_tokenizer(directory))
+    assert config["vocab_size"] == tokens == 30522
+    (directory / "config.json").write_text(json.dumps(config | {"vocab_size": vocab_size}))
+    if accepted:
+        assert len(bertjax.load_tokenizer(directory)) == tokens
+    else:
+        with pytest.raises(UserError, match="they do not belong together"):
+            bertjax.load_tokenizer(directory)
+
+
 # -- the report trusts nothing it reads (issue 30) ----------------------------------------------
 
 
