@@ -311,8 +311,9 @@ def one_writer(workdir: str | Path, flag: str = "--workdir") -> Iterator[None]:
         with exclusive(workdir, flag):
             yield
     except UserError:
-        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost.
-        if created is not None and not any((workdir / "checkpoints").glob("[0-9]*")):
+        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost,
+        # a fine-tuning seed's in seed-<n>/checkpoints too.
+        if created is not None and not any(workdir.rglob("checkpoints/[0-9]*")):
             shutil.rmtree(created, ignore_errors=True)
         raise
 

@@ -260,6 +260,36 @@ def test_a_second_pretraining_run_on_a_workdir_stops_at_once(tmp_path, cli_error
     assert list(tmp_path.iterdir()) == []  # the lock went with its holder; no workdir was made
 
 
+def test_a_second_finetuning_run_on_a_workdir_stops_at_once(tmp_path, cli_error):
+    import os
+
+    from bertjax import runinfo
+    from train import finetune
+
+    workdir = tmp_path / "work"
+    with runinfo.one_writer(workdir):  # the first run; the second stops before reading --init
+        message = cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir)])
+    assert message == (
+        f"error: --workdir {workdir} is being written by another run (pid {os.getpid()}); "
+        "wait for it to end or choose another --workdir"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_keeps_a_workdir_holding_a_fine_tuning_seeds_checkpoint(tmp_path):
+    from bertjax import runinfo
+
+    workdir = tmp_path / "work"
+    with pytest.raises(UserError), runinfo.one_writer(workdir):
+        (workdir / "seed-1" / "checkpoints" / "3").mkdir(parents=True)  # seed 1 trained, seed 2 refused
+        raise UserError("refused")
+    assert (workdir / "seed-1" / "checkpoints" / "3").is_dir()
+    with pytest.raises(UserError), runinfo.one_writer(tmp_path / "other"):
+        (tmp_path / "other" / "seed-1" / "checkpoints").mkdir(parents=True)  # nothing saved yet
+        raise UserError("refused")
+    assert not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
