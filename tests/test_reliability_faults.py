@@ -155,3 +155,21 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_partial_step
     # Orbax's writer threads logged one error with a traceback per array (~300 lines); held back.
     assert not [line for line in lines if "ERROR" in line or "OUT_OF_RANGE" in line], result.stderr[-3000:]
     assert list((workdir / "checkpoints").iterdir()) == []  # nothing a resume would try to read
+
+
+def test_a_full_disk_is_told_from_other_write_errors_through_the_exception_chain():
+    import errno
+
+    from bertjax.runinfo import no_space
+
+    tensorstore = ValueError("OUT_OF_RANGE: Error writing \"x/0\": Failed to write 3 bytes [os_error_code='28']")
+    assert no_space(tensorstore) == os.strerror(errno.ENOSPC)
+    try:
+        try:
+            raise OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "f")
+        except OSError as e:
+            raise RuntimeError("orbax's wrapper") from e
+    except RuntimeError as wrapped:
+        assert no_space(wrapped) == os.strerror(errno.EDQUOT)
+    assert no_space(OSError(errno.EACCES, "Permission denied")) is None
+    assert no_space(ValueError("[os_error_code='13']")) is None
