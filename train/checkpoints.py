@@ -145,6 +145,7 @@ class Checkpointer:
         self.directory = Path(workdir).resolve() / ckpt.CHECKPOINTS
         self.explicit = sorted(set(config.steps) | set(log_spaced_steps(config.log_spaced, total_steps)))
         self.every = config.every
+        self._failed_save_errors: _HeldThreadErrors | None = None
         self.total_steps = total_steps
         # Orbax applies the policy to every step in the directory, and this phase's log-spaced
         # steps are not the earlier phase's: without this, phase 2 deleted most of phase 1's.
@@ -197,16 +198,17 @@ class Checkpointer:
         absl_log = logging.getLogger("absl")
         absl_log.addFilter(held)
         try:
-            try:
-                self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
-                self.manager.wait_until_finished()
-            finally:
-                absl_log.removeFilter(held)
+            self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
+            self.manager.wait_until_finished()
         except Exception as e:
             reason = runinfo.no_space(e)
             if reason is None:
+                absl_log.removeFilter(held)
                 held.release(absl_log)
                 raise
+            # The filter stays until `close`: orbax's other writer threads may log their failures
+            # after this one's has reached us.
+            self._failed_save_errors = held
             self._remove_partial(step)
             kept = self._stored_steps()
             raise UserError(
@@ -214,6 +216,7 @@ class Checkpointer:
                 f"step was removed; {f'the last saved step is {kept[-1]}' if kept else 'no step was saved'}: "
                 "make room and run the same command again to resume"
             ) from None
+        absl_log.removeFilter(held)
         held.release(absl_log)
 
     def _remove_partial(self, step: int) -> None:
@@ -285,8 +288,13 @@ class Checkpointer:
         return target
 
     def close(self) -> None:
-        self.manager.wait_until_finished()
-        self.manager.close()
+        try:
+            self.manager.wait_until_finished()
+            self.manager.close()
+        finally:
+            if self._failed_save_errors is not None:  # the failure was told in one line
+                logging.getLogger("absl").removeFilter(self._failed_save_errors)
+                self._failed_save_errors = None
 
 
 def abstract_with_shardings(tree, shardings):
