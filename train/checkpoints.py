@@ -119,23 +119,27 @@ def tree_signature(tree: Any) -> str:
 
 
 class _HeldThreadErrors(logging.Filter):
-    """Holds back the errors orbax's writer threads log (each with its traceback, one per array:
-    ~300 lines for a tiny model) while a save runs: a save that fails for lack of room is then one
-    line, and any other outcome logs them after all."""
+    """Holds back the errors orbax's writer threads (through absl) and asyncio log while a save
+    runs, each with its traceback, one per array (~300 lines for a tiny model): a save that fails
+    for lack of room is then one line, and any other outcome logs them after all."""
 
     def __init__(self) -> None:
         super().__init__()
         self.records: list[logging.LogRecord] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno >= logging.ERROR and "raised an exception" in str(record.msg):
+        message = str(record.msg)
+        if record.levelno >= logging.ERROR and ("raised an exception" in message or "never retrieved" in message):
             self.records.append(record)
             return False
         return True
 
-    def release(self, logger: logging.Logger) -> None:
+    def release(self, loggers: list[logging.Logger]) -> None:
+        """Stops holding, and logs what was held."""
+        for logger in loggers:
+            logger.removeFilter(self)
         for record in self.records:
-            logger.handle(record)
+            logging.getLogger(record.name).handle(record)
         self.records = []
 
 
@@ -145,7 +149,6 @@ class Checkpointer:
         self.directory = Path(workdir).resolve() / ckpt.CHECKPOINTS
         self.explicit = sorted(set(config.steps) | set(log_spaced_steps(config.log_spaced, total_steps)))
         self.every = config.every
-        self._failed_save_errors: _HeldThreadErrors | None = None
         self.total_steps = total_steps
         # Orbax applies the policy to every step in the directory, and this phase's log-spaced
         # steps are not the earlier phase's: without this, phase 2 deleted most of phase 1's.
@@ -195,20 +198,20 @@ class Checkpointer:
             TRAINER: ocp.args.JsonSave(trainer),
         }
         held = _HeldThreadErrors()
-        absl_log = logging.getLogger("absl")
-        absl_log.addFilter(held)
+        loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+        for logger in loggers:
+            logger.addFilter(held)
         try:
             self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
             self.manager.wait_until_finished()
         except Exception as e:
             reason = runinfo.no_space(e)
             if reason is None:
-                absl_log.removeFilter(held)
-                held.release(absl_log)
+                held.release(loggers)
                 raise
-            # The filter stays until `close`: orbax's other writer threads may log their failures
-            # after this one's has reached us.
-            self._failed_save_errors = held
+            # The filter stays for the rest of the process, which this error ends: orbax's other
+            # writer threads log their failures after the first has reached us, and asyncio its
+            # unretrieved ones when they are collected, at exit.
             self._remove_partial(step)
             kept = self._stored_steps()
             raise UserError(
@@ -216,8 +219,7 @@ class Checkpointer:
                 f"step was removed; {f'the last saved step is {kept[-1]}' if kept else 'no step was saved'}: "
                 "make room and run the same command again to resume"
             ) from None
-        absl_log.removeFilter(held)
-        held.release(absl_log)
+        held.release(loggers)
 
     def _remove_partial(self, step: int) -> None:
         """Removes what a failed save wrote: orbax's temporary for `step` (the step's folder
@@ -288,13 +290,8 @@ class Checkpointer:
         return target
 
     def close(self) -> None:
-        try:
-            self.manager.wait_until_finished()
-            self.manager.close()
-        finally:
-            if self._failed_save_errors is not None:  # the failure was told in one line
-                logging.getLogger("absl").removeFilter(self._failed_save_errors)
-                self._failed_save_errors = None
+        self.manager.wait_until_finished()
+        self.manager.close()
 
 
 def abstract_with_shardings(tree, shardings):
