@@ -179,7 +179,10 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
         except OSError as e:
             shutil.rmtree(tmp, ignore_errors=True)
             if e.errno in _NO_SPACE:
-                where = e.filename or "the output"
+                # A copy's error names its source first (shutil.copyfile): the file written is the second.
+                where = e.filename2 or e.filename or "the output"
+                if Path(where).is_relative_to(tmp):  # the temporary is gone: name where it would be
+                    where = out / Path(where).relative_to(tmp)
                 raise UserError(f"no space left writing {where} ({e.strerror}); --out {out} was not written") from None
             raise
         except BaseException:
@@ -189,6 +192,22 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
 
 # A full disk, a quota, a file-size limit: what the user can fix by making room.
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def no_space(error: BaseException) -> str | None:
+    """The reason (`os.strerror`) when `error`, or an exception it was raised from, is a write
+    that failed for lack of room; None otherwise. TensorStore (orbax's array writes) raises a
+    ValueError whose text carries the errno as `[os_error_code='28']`."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in _NO_SPACE:
+            return error.strerror
+        for code in _NO_SPACE:
+            if f"[os_error_code='{code}']" in str(error):
+                return os.strerror(code)
+        error = error.__cause__ or error.__context__
+    return None
 
 
 # A temporary is `.<out name>.tmp-<pid>-<random>`: the pid tells a killed run's from a live one's.
@@ -292,8 +311,9 @@ def one_writer(workdir: str | Path, flag: str = "--workdir") -> Iterator[None]:
         with exclusive(workdir, flag):
             yield
     except UserError:
-        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost.
-        if created is not None and not any((workdir / "checkpoints").glob("[0-9]*")):
+        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost,
+        # a fine-tuning seed's in seed-<n>/checkpoints too.
+        if created is not None and not any(workdir.rglob("checkpoints/[0-9]*")):
             shutil.rmtree(created, ignore_errors=True)
         raise
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,6 +33,8 @@ _CACHE_FILE = "spacy_parses.sqlite3"
 _CACHE_SCHEMA = 2
 # SQLite's default host-parameter limit is 32766 in modern builds but 999 in old ones.
 _SQL_CHUNK = 900
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,24 @@ def parse_to_json(words: Parse) -> str:
 
 def parse_from_json(payload: str) -> Parse:
     return tuple(Word(*fields) for fields in json.loads(payload))
+
+
+def _cached_parse(text: str, payload: str) -> Parse | None:
+    """The parse a cache row holds, or None when the row cannot be the parse of `text`: not JSON,
+    not a list of words, a span outside the text or a head outside the sentence, or no words for a
+    text that is not blank (spaCy gives a non-blank text at least one word)."""
+    try:
+        words = parse_from_json(payload)
+    except (ValueError, TypeError):
+        return None
+    types = (int, int, str, int, str)
+    well_formed = all(
+        all(type(value) is kind for value, kind in zip(vars(w).values(), types, strict=True))
+        and 0 <= w.start < w.end <= len(text)
+        and 0 <= w.head < len(words)
+        for w in words
+    )
+    return words if well_formed and bool(words) == bool(text.strip()) else None
 
 
 def _doc_to_words(doc: spacy.tokens.Doc) -> Parse:
@@ -183,8 +204,20 @@ class SpacyParser:
         try:
             connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
             cached = _lookup(connection, list(keys.values()))
-            parsed = {text: parse_from_json(cached[keys[text]]) for text in unique if keys[text] in cached}
-            todo = [text for text in unique if keys[text] not in cached]
+            parsed = {}
+            for text in unique:
+                if keys[text] in cached and (words := _cached_parse(text, cached[keys[text]])) is not None:
+                    parsed[text] = words
+            todo = [text for text in unique if text not in parsed]
+            broken = [text for text in todo if keys[text] in cached]
+            if broken:
+                # A damaged row is a cache miss, as in any cache that can recompute: parsing again
+                # costs seconds, and trusting it would give wrong roles with no sign of it.
+                log.warning(
+                    "%s: %d entr%s not a parse of %s text (%r%s); parsed again and replaced",
+                    self.cache_path, len(broken), "y is" if len(broken) == 1 else "ies are",
+                    "its" if len(broken) == 1 else "their", broken[0][:60], "" if len(broken) == 1 else ", …",
+                )  # fmt: skip
             pending: list[tuple[str, str]] = []
             for text, words in zip(todo, self._run_spacy(todo), strict=True):
                 parsed[text] = words

@@ -260,6 +260,36 @@ def test_a_second_pretraining_run_on_a_workdir_stops_at_once(tmp_path, cli_error
     assert list(tmp_path.iterdir()) == []  # the lock went with its holder; no workdir was made
 
 
+def test_a_second_finetuning_run_on_a_workdir_stops_at_once(tmp_path, cli_error):
+    import os
+
+    from bertjax import runinfo
+    from train import finetune
+
+    workdir = tmp_path / "work"
+    with runinfo.one_writer(workdir):  # the first run; the second stops before reading --init
+        message = cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir)])
+    assert message == (
+        f"error: --workdir {workdir} is being written by another run (pid {os.getpid()}); "
+        "wait for it to end or choose another --workdir"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_refused_run_keeps_a_workdir_holding_a_fine_tuning_seeds_checkpoint(tmp_path):
+    from bertjax import runinfo
+
+    workdir = tmp_path / "work"
+    with pytest.raises(UserError), runinfo.one_writer(workdir):
+        (workdir / "seed-1" / "checkpoints" / "3").mkdir(parents=True)  # seed 1 trained, seed 2 refused
+        raise UserError("refused")
+    assert (workdir / "seed-1" / "checkpoints" / "3").is_dir()
+    with pytest.raises(UserError), runinfo.one_writer(tmp_path / "other"):
+        (tmp_path / "other" / "seed-1" / "checkpoints").mkdir(parents=True)  # nothing saved yet
+        raise UserError("refused")
+    assert not (tmp_path / "other").exists()
+
+
 @pytest.mark.parametrize(
     ("override", "expected"),
     [
@@ -295,6 +325,30 @@ def test_a_run_refused_after_its_start_leaves_no_workdir_it_created(tmp_path, cl
     argv = _pretrain_argv(workdir, "data.train_vocab=false", f"data.vocab_file={missing}")
     assert cli_error(pretrain.main, argv) == f"error: {missing}: vocab_file does not exist"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_batch_larger_than_the_data_is_refused_once_the_data_is_prepared(shared_data, tmp_path, cli_error):
+    """Refused before the tokenizer, config.yaml or checkpoints/ are written: a workdir the run made
+    is removed, and one the user made keeps only the prepared shards (complete, and reused)."""
+    from train import pretrain
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes((shared_data / "gutenberg" / "blake-poems.txt").read_bytes()[:20000])
+    settings = (
+        f"data.corpora=[{{name: books, source: local, path: {corpus}, kind: gutenberg}}]", "data.train_vocab=true",
+        "data.vocab_size=300", "data.max_seq_length=64", "data.max_predictions_per_seq=10",
+        "data.segmenter=sentencizer", "model.max_position_embeddings=64", "train.global_batch_size=100000",
+    )  # fmt: skip
+    (tmp_path / "mine").mkdir()
+    for workdir in (tmp_path / "new" / "work", tmp_path / "mine"):
+        message = cli_error(pretrain.main, _pretrain_argv(workdir, *settings))
+        assert message == (
+            f"error: train.global_batch_size: 100000 exceeds the 124 sequences prepared in {workdir / 'data-T64'}; "
+            "lower it, or give the run more text"
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "mine"]
+    assert [p.name for p in (tmp_path / "mine").iterdir()] == ["data-T64"]
 
 
 # -- weights and vocabularies that would give silent wrong results (issue 30) -------------------

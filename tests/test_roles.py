@@ -246,6 +246,45 @@ def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny
         assert (rows.n == len(expected)).all() and rows["mean"].notna().all(), role
 
 
+class _WhitespaceParser:
+    """A stand-in for spaCy: one word per whitespace-separated token, each headed by the first."""
+
+    name, version = "whitespace", "0"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def parse(self, texts):
+        import re
+
+        from sieves.parse import Word
+
+        self.calls.append(len(texts))
+        return [tuple(Word(m.start(), m.end(), "dep", 0, "X") for m in re.finditer(r"\S+", t)) for t in texts]
+
+
+def test_tasks_are_parsed_and_encoded_in_chunks_giving_what_one_call_gives(tiny_hf, shared_data, monkeypatch, capsys):
+    """Chunks of ENCODE_CHUNK examples (5 here: 24 examples in 5 chunks) hold memory to a chunk's
+    intermediates; the sequences equal one parse and one encoding of the whole task, field by field."""
+    from sieves.align import encode_batch
+    from sieves.parse import parse_examples
+
+    config = roles_config.RolesConfig(ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24)
+    data = examples.load_tasks(config, ["mrpc"])
+    tokenizer = bertjax.load_tokenizer(str(tiny_hf))
+    whole = encode_batch(tokenizer, data["mrpc"].segments, parse_examples(_WhitespaceParser(), data["mrpc"].segments),
+                         config.max_length, data["mrpc"].indices)  # fmt: skip
+    monkeypatch.setattr(examples, "ENCODE_CHUNK", 5)
+    parser = _WhitespaceParser()
+    chunked = examples.encode_tasks(config, data, tokenizer, parser, {})["mrpc"]
+    assert parser.calls == [10, 10, 10, 10, 8]  # two segments an example
+    assert len(chunked) == len(whole) == 24
+    for got, want in zip(chunked, whole, strict=True):
+        for field in dataclasses.fields(EncodedSequence):
+            np.testing.assert_array_equal(getattr(got, field.name), getattr(want, field.name), err_msg=field.name)
+    assert "mrpc encode: 100%" in capsys.readouterr().err  # the progress bar over the examples
+
+
 def test_a_correction_spans_every_test_of_the_run():
     """--correction adjusts the p-values of all tasks, layers, heads and roles as one family, and a
     role is assigned on the adjusted p-value."""

@@ -254,3 +254,25 @@ def test_the_parser_loads_spacy_only_for_texts_not_in_the_cache(tmp_path):
     first = run("The cat sat.")
     assert first[2] == "True"  # a new text: spaCy parsed it
     assert run("The cat sat.") == [*first[:2], "False"]  # cached: the same key, no spaCy
+
+
+@pytest.mark.parametrize(
+    "payload",
+    ["[]", "{not json", '"words"', '[[0,4,"nsubj",1,"NOUN"]]', '[[0,99,"root",0,"NOUN"]]', '[[0,4,"root",0,null]]'],
+)
+def test_a_damaged_cache_row_is_parsed_again_with_a_warning(tmp_path: Path, payload: str, caplog) -> None:
+    """A row that cannot be its text's parse (not JSON, not words, no words for a non-blank text,
+    a head or span outside the sentence) is a miss: parsed again, replaced, and said so."""
+    import sqlite3
+
+    text = "Dogs bark."
+    expected = SpacyParser(cache_dir=tmp_path).parse([text])
+    with sqlite3.connect(tmp_path / "spacy_parses.sqlite3") as connection:
+        assert connection.execute("UPDATE parses SET words = ?", (payload,)).rowcount == 1
+    with caplog.at_level("WARNING", logger="sieves.parse"):
+        assert SpacyParser(cache_dir=tmp_path).parse([text, "  "]) == [*expected, ()]
+    assert "spacy_parses.sqlite3: 1 entry is not a parse of its text ('Dogs bark.'); parsed again" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sieves.parse"):
+        assert SpacyParser(cache_dir=tmp_path).parse([text, "  "]) == [*expected, ()]  # replaced, and `()` kept
+    assert not caplog.text

@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import operator
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers
 
 from bertjax import checkpoint as ckpt
+from bertjax import runinfo
 from bertjax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,31 @@ def tree_signature(tree: Any) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+class _HeldThreadErrors(logging.Filter):
+    """Holds back the errors orbax's writer threads (through absl) and asyncio log while a save
+    runs, each with its traceback, one per array (~300 lines for a tiny model): a save that fails
+    for lack of room is then one line, and any other outcome logs them after all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = str(record.msg)
+        if record.levelno >= logging.ERROR and ("raised an exception" in message or "never retrieved" in message):
+            self.records.append(record)
+            return False
+        return True
+
+    def release(self, loggers: list[logging.Logger]) -> None:
+        """Stops holding, and logs what was held."""
+        for logger in loggers:
+            logger.removeFilter(self)
+        for record in self.records:
+            logging.getLogger(record.name).handle(record)
+        self.records = []
+
+
 class Checkpointer:
     def __init__(self, workdir: Path, config: CheckpointConfig, total_steps: int, first_step: int = 0):
         """`first_step`: where this phase of the run begins."""
@@ -170,8 +197,36 @@ class Checkpointer:
             OPT_STATE: ocp.args.StandardSave(opt_state),
             TRAINER: ocp.args.JsonSave(trainer),
         }
-        self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
-        self.manager.wait_until_finished()
+        held = _HeldThreadErrors()
+        loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+        for logger in loggers:
+            logger.addFilter(held)
+        try:
+            self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
+            self.manager.wait_until_finished()
+        except Exception as e:
+            reason = runinfo.no_space(e)
+            if reason is None:
+                held.release(loggers)
+                raise
+            # The filter stays for the rest of the process, which this error ends: orbax's other
+            # writer threads log their failures after the first has reached us, and asyncio its
+            # unretrieved ones when they are collected, at exit.
+            self._remove_partial(step)
+            kept = self._stored_steps()
+            raise UserError(
+                f"no space left saving checkpoint step {step} into {self.directory} ({reason}); the partial "
+                f"step was removed; {f'the last saved step is {kept[-1]}' if kept else 'no step was saved'}: "
+                "make room and run the same command again to resume"
+            ) from None
+        held.release(loggers)
+
+    def _remove_partial(self, step: int) -> None:
+        """Removes what a failed save wrote: orbax's temporary for `step` (the step's folder
+        itself appears only when the save is complete), so nothing is left for a resume to try."""
+        if jax.process_index() == 0:
+            for partial in self.directory.glob(f"{step}.orbax-checkpoint-tmp*"):
+                shutil.rmtree(partial, ignore_errors=True)
 
     def steps(self) -> list[int]:
         return sorted(self.manager.all_steps())

@@ -34,6 +34,11 @@ def load_meta(data_dir: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def num_examples(meta: dict[str, Any]) -> int:
+    """The number of sequences a prepared directory holds, from its `load_meta`."""
+    return sum(int(shard["count"]) for shard in meta["shards"])
+
+
 class EpochBatches:
     """The position bookkeeping of a deterministic, resumable batch iterator: batch `index` of
     epoch `epoch`, in `batches_per_epoch` batches an epoch, forever or for `epochs` epochs.
@@ -131,7 +136,7 @@ class PretrainingData(EpochBatches):
         ]
         counts = [s["count"] for s in self.meta["shards"]]
         self._offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.num_examples = int(self._offsets[-1])
+        self.num_examples = num_examples(self.meta)
         self.batches_per_epoch = self.num_examples // global_batch_size
         if self.batches_per_epoch == 0:
             raise UserError(

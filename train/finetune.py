@@ -17,6 +17,7 @@ the best under `best`), `config.yaml`, `run.json`. With `--seeds K > 1`: one suc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -356,6 +357,12 @@ def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
     """Fine-tunes `config.seeds` seeds; returns eval.json's content (one seed) or seeds.json's,
     or None when preempted."""
     workdir = Path(workdir)
+    # One run writes a workdir, as in train.pretrain; process 0 writes, the others only read.
+    with runinfo.one_writer(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
+        return _run(config, workdir)
+
+
+def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
     prepared = prepare(config)
     mesh = sharding.make_mesh(config.mesh)
     if config.seeds == 1:

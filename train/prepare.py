@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import io
 import itertools
 import json
 import logging
+import os
+import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -206,7 +209,14 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
         wordpieces_prefix="##",
         show_progress=False,
     )
-    tokenizer.save_model(str(out_dir))
+    try:
+        tokenizer.save_model(str(out_dir))
+    except Exception as e:  # tokenizers raises a bare Exception for Rust's io errors
+        # Rust's io::Error reads "File too large (os error 27)": its errno, for the full-disk line.
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(out_dir / "vocab.txt")) from None
     return out_dir / "vocab.txt"
 
 
@@ -244,8 +254,19 @@ class ShardWriter:
         shard_dir.mkdir()
         for key, value in merged.items():
             dtype = self.ids_dtype if key in ("input_ids", "masked_ids") else value.dtype
-            np.save(shard_dir / f"{key}.npy", np.ascontiguousarray(value[:n], dtype=dtype))
+            _save_npy(shard_dir / f"{key}.npy", np.ascontiguousarray(value[:n], dtype=dtype))
         self.shards.append({"name": name, "count": n})
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    """`np.save`, but a failed write is an OSError with its errno and `path`: numpy's own write
+    to a full disk says only `7936 requested and 686 written`, which cannot be told from a bug."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    try:
+        path.write_bytes(buffer.getbuffer())
+    except OSError as e:
+        raise OSError(e.errno, e.strerror, str(path)) from None
 
 
 def _instance_arrays(

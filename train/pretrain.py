@@ -26,7 +26,7 @@ from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from train import config as config_lib
 from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
-from train.data import PretrainingData, load_meta
+from train.data import PretrainingData, load_meta, num_examples
 from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
@@ -120,6 +120,17 @@ def check_prepared_with(config: PrepareConfig, directory: Path) -> None:
         )
 
 
+def check_batch_fits(setting: str, batch_size: int, data_dir: Path) -> None:
+    """A batch larger than the prepared data cannot make a step: refused as soon as the count is
+    known, before the tokenizer, the resolved config or the checkpoint directory is written."""
+    count = num_examples(load_meta(data_dir))
+    if batch_size > count:
+        raise UserError(
+            f"{setting}: {batch_size} exceeds the {count} sequences prepared in {data_dir}; "
+            "lower it, or give the run more text"
+        )
+
+
 def model_config(settings: ModelSettings, vocab_size: int) -> BertConfig:
     shape = {
         key: value
@@ -205,7 +216,6 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             "preparing the data to pre-train" if prepare_only else "pre-training", config.model.preset, config.train.steps, config.train.global_batch_size, p1.max_seq_length,
             "" if p2 is None else f", then {p2.steps} at T = {p2.max_seq_length}", workdir,
         )  # fmt: skip
-        config_lib.save_resolved(config, workdir / "config.yaml")
     mesh = sharding.make_mesh(config.mesh)
 
     phases = [(config.data, config.train, config.optimizer, config.data_dir)]
@@ -227,6 +237,12 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
     start, outcome = 0, None
     for index, (data_config, loop, optimizer, explicit_dir) in enumerate(phases, start=1):
         data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
+        check_batch_fits(
+            "train.global_batch_size" if index == 1 else "phase2.global_batch_size", loop.global_batch_size, data_dir
+        )
+        if index == 1 and jax.process_index() == 0:
+            # Once the first phase's data is known to fit: a refused run writes nothing else.
+            config_lib.save_resolved(config, workdir / "config.yaml")
         meta = load_meta(data_dir)
         heldout_dir = None
         if config.heldout.corpora:

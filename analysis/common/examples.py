@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import jax
+from tqdm import tqdm
 
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
@@ -156,15 +157,36 @@ def make_parser(config: ExampleSettings) -> SpacyParser | None:
     return None
 
 
+# Examples parsed and encoded at a time: what a chunk needs on the way (its parses, the tokenizer's
+# offsets as Python lists, ~3 kB an example) is freed before the next, so a 100,000-pair task holds
+# only its encoded sequences, not the whole task's intermediates at once.
+ENCODE_CHUNK = 4096
+
+
 def encode_tasks(
     config: ExampleSettings, data: dict[str, TaskData], tokenizer, parser, timings: dict[str, float]
 ) -> dict[str, list[EncodedSequence]]:
-    """Parses (cached on disk) and encodes every task once; any number of models can score them."""
+    """Parses (cached on disk) and encodes every task once, a chunk of examples at a time with a
+    progress bar; any number of models can score them. Each example is parsed and encoded on its
+    own, so the chunks give the sequences one call over the whole task would."""
     sequences = {}
     for task, d in data.items():
         clock = time.perf_counter()
-        parses = parse_segments(config, task, d.segments, parser) if parser or task == CONLLU_TASK else None
-        sequences[task] = encode_batch(tokenizer, d.segments, parses, config.max_length, d.indices)
+        trees = parse_segments(config, task, d.segments, None) if task == CONLLU_TASK else None
+        encoded: list[EncodedSequence] = []
+        with tqdm(total=len(d.segments), desc=f"{task} encode", unit="example",
+                  disable=len(d.segments) <= ENCODE_CHUNK or jax.process_index() != 0) as progress:  # fmt: skip
+            for begin in range(0, len(d.segments), ENCODE_CHUNK):
+                part = slice(begin, begin + ENCODE_CHUNK)
+                if trees is not None:
+                    parses = trees[part]
+                elif parser is not None:
+                    parses = parse_segments(config, task, d.segments[part], parser)
+                else:
+                    parses = None
+                encoded += encode_batch(tokenizer, d.segments[part], parses, config.max_length, d.indices[part])
+                progress.update(len(d.segments[part]))
+        sequences[task] = encoded
         timings[f"{task}/prepare"] = time.perf_counter() - clock
     return sequences
 
