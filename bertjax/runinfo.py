@@ -42,7 +42,15 @@ def sha256(path: Path) -> str:
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=5, check=False
+            # --no-optional-locks: `git status` would otherwise refresh the index under
+            # .git/index.lock, colliding with the user's own git commands while a run starts (and
+            # leaving the lock behind when killed, as a full disk's SIGXFSZ does).
+            ["git", "--no-optional-locks", *args],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
         )
     except OSError:
         return None

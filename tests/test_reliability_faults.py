@@ -66,16 +66,19 @@ def _interrupted_run(tiny_hf, shared_data, tmp_path) -> tuple[int, str]:
 
 
 def test_ctrl_c_cleans_up_and_exits_130(tiny_hf, shared_data, tmp_path):
-    status, err = _interrupted_run(tiny_hf, shared_data, tmp_path / "first")
+    where = tmp_path / "first"
+    status, err = _interrupted_run(tiny_hf, shared_data, where)
     if status == 0:
         # Once, in a full test run on 2 loaded cores, the Ctrl-C was lost and the run completed.
         # CPython raises a signal's KeyboardInterrupt wherever the main thread is, and inside a
         # finaliser or a garbage-collection callback it is printed ("Exception ignored") and
         # dropped: the likeliest cause. A user presses it again; the test tries once more (a
         # Ctrl-C that is always ignored still fails it).
-        status, err = _interrupted_run(tiny_hf, shared_data, tmp_path / "again")
+        where = tmp_path / "again"
+        status, err = _interrupted_run(tiny_hf, shared_data, where)
     assert status == 130 and err.strip().splitlines()[-1] == "error: interrupted", err[-2000:]
-    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+    # The interrupted run's folder only: a first run that completed left its finished output.
+    assert [p for p in where.rglob("*") if p.is_file()] == []
 
 
 # -- a full disk while pre-training data or a checkpoint is written (issue 30) ------------------
@@ -85,8 +88,14 @@ def _limited(command: list[str], limit: int, tmp_path: Path) -> subprocess.Compl
     """`command` with every file it writes capped at `limit` bytes (a full disk, as above), and
     JAX's compilation cache off: a cache entry cut short by the limit would warn in later runs."""
     env = {**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"}
-    return subprocess.run(command, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    lock = ROOT / ".git" / "index.lock"
+    locked = lock.exists()
+    done = subprocess.run(command, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
                           capture_output=True, text=True, timeout=600, check=False, cwd=ROOT, env=env)  # fmt: skip
+    # run.json's `git status` once refreshed the index and, killed by SIGXFSZ, left this lock in
+    # the checkout; it must not write there at all.
+    assert locked or not lock.exists(), "a run left .git/index.lock behind"
+    return done
 
 
 @pytest.fixture(scope="module")
