@@ -112,22 +112,32 @@ def test_metrics_under_masks_equal_a_direct_forward_of_each_example(evaluator, m
 
 
 def test_masks_are_inputs_so_new_masks_never_recompile(evaluator):
+    # The evaluation functions are shared by every evaluator of the architecture in the process:
+    # from empty caches, the counts are this evaluator's alone.
+    jax.clear_caches()
+    before = evaluator.compiled_shapes()
     evaluator.metrics()
     compiled = evaluator.logits_fn._cache_size()
     assert compiled == len(evaluator.eval_set.shapes)  # one executable per batch shape, not per mask
+    assert evaluator.compiled_shapes() - before == compiled
     rng = np.random.default_rng(0)
     for _ in range(4):
         evaluator.metrics(rng.random((N_LAYERS, N_HEADS)).astype(np.float32), rng.random((N_LAYERS, N_HEADS)) < 0.3)
-    assert evaluator.logits_fn._cache_size() == compiled
+    assert evaluator.logits_fn._cache_size() == compiled == evaluator.compiled_shapes() - before
 
 
 def test_one_shape_eval_set_compiles_exactly_once(model, mrpc_arrays):
+    jax.clear_caches()
     short = {k: v[:6] for k, v in mrpc_arrays.items()}
     one = evaluation.MaskedEvaluator(model, evaluation.make_eval_set(short, 8, ("accuracy",)))
     masks = [np.eye(N_LAYERS, N_HEADS, k=k, dtype=bool) for k in range(3)]
     for disable in masks:
         one.metrics(disable=disable)
-    assert one.logits_fn._cache_size() == 1
+    assert one.logits_fn._cache_size() == one.compiled_shapes() == 1
+    # A second evaluator of the same architecture and shape compiles nothing.
+    again = evaluation.MaskedEvaluator(model, evaluation.make_eval_set(short, 8, ("accuracy",)))
+    again.metrics()
+    assert again.logits_fn is one.logits_fn and again.compiled_shapes() == 0
 
 
 def test_disable_sweep_rows_are_single_heads_and_whole_layers(evaluator):
@@ -170,6 +180,7 @@ def test_cli_writes_tables_figures_and_run_json(tiny_ckpt, shared_data, tmp_path
     out = tmp_path / "out"
     argv = ["--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12",
             "--batch-size", "8", "--analyses", "disable,mask", "--out", str(out), "--figure-format", "png,svg"]  # fmt: skip
+    jax.clear_caches()  # run.json counts the run's compiles: none of an earlier test's
     ablate.main(argv)
     metric_columns = "accuracy,f1,loss,accuracy_change,f1_change,loss_change"
     for name, rows in (

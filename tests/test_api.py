@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -235,6 +236,77 @@ def test_repeated_calls_compile_nothing_new_and_keep_memory(minilm_path, shared_
     assert third["peak_rss_kb"] <= 1.05 * first["peak_rss_kb"], (first, second, third)
 
 
+REPEATED_TOOLS = r"""
+import json, resource, sys
+import jax
+from analysis import api
+
+compiles = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None
+)
+encoder, post, classifier, data, cache = sys.argv[1:6]
+glue, small = f"{data}/glue", dict(n=8, batch_size=8, max_length=32)
+calls = {
+    "clark": lambda: api.clark(encoder, analyses="surface,depheads", inputs="mrpc", glue_dir=glue, data_dir=data,
+                               ewt_n=8, **small),
+    "ablate": lambda: api.ablate(classifier, task="mrpc", glue_dir=glue, analyses="patterns,disable", **small),
+    "prune": lambda: api.prune(classifier, task="mrpc", glue_dir=glue, prune_step=0.5, random_seeds=1, **small),
+    "finetune_effect": lambda: api.finetune_effect(encoder, f"{post}:mrpc", glue_dir=glue, cache_dir=cache,
+                                                   figures="none", **small),
+}
+measured = {}
+for name, call in calls.items():
+    measured[name] = []
+    for _ in range(3):
+        before = len(compiles)
+        result = call()
+        del result
+        measured[name].append({"compiles": len(compiles) - before,
+                               "peak_rss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss})
+print(json.dumps(measured))
+"""
+
+
+def test_repeated_calls_of_every_tool_compile_nothing_new_and_keep_memory(
+    tiny_hf, second_hf, tiny_classifier, shared_data, ud_english_ewt, tmp_path
+):
+    # One fresh process for the four tools (one start-up, one import of jax), each called three
+    # times in turn; the peak RSS is the process's so far, so each tool is held to its first call's.
+    done = subprocess.run(
+        [sys.executable, "-c", REPEATED_TOOLS, str(tiny_hf), str(second_hf), str(tiny_classifier), str(shared_data),
+         str(tmp_path / "parses")],
+        capture_output=True, text=True, timeout=600, check=False, cwd=Path(__file__).resolve().parents[1],
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    assert sorted(measured) == ["ablate", "clark", "finetune_effect", "prune"]
+    for name, (first, second, third) in measured.items():
+        assert first["compiles"] > 0, name
+        assert second["compiles"] == third["compiles"] == 0, (name, first, second, third)
+        assert third["peak_rss_kb"] <= 1.05 * first["peak_rss_kb"], (name, first, second, third)
+
+
+def test_roles_loads_as_allow_nonfinite_says_and_keeps_the_two_loads_apart(tiny_hf, shared_data, tmp_path, caplog):
+    from safetensors.numpy import load_file, save_file
+
+    directory = tmp_path / "nan"
+    shutil.copytree(tiny_hf, directory)
+    tensors = load_file(directory / "model.safetensors")
+    tensors["encoder.layer.1.attention.self.query.weight"][0, 0] = float("nan")
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    settings = dict(task="mrpc", roles="local,cls", glue_dir=str(shared_data / "glue"), n=4, batch_size=4,
+                    figures="none")  # fmt: skip
+    with pytest.raises(UserError, match="holds 1 non-finite value"):
+        api.roles(str(directory), **settings)
+    result = api.roles(str(directory), allow_nonfinite=True, **settings)
+    assert "analysed anyway (--allow-nonfinite)" in caplog.text
+    assert result.info["config"]["allow_nonfinite"] is True
+    # The model kept from the call that allowed NaN weights is not one a refusing call may use.
+    with pytest.raises(UserError, match="holds 1 non-finite value"):
+        api.roles(str(directory), **settings)
+
+
 def test_results_are_dataclasses_with_the_run_settings(roles_pair):
     _, result = roles_pair
     assert dataclasses.is_dataclass(result) and result.settings.n == 12
@@ -329,7 +401,10 @@ def test_prune_call_gives_the_clis_tables_with_the_model_passed(work, tiny_class
     result = api.prune(str(tiny_classifier), model=model, **settings)
     _same_tables(result, cli_out)
     assert result.curve["order"].tolist() == ["importance"] * 3 + ["random"] * 3  # 0, 2 and 4 of 4 heads
-    assert result.info["result"] == json.loads((cli_out / "run.json").read_text())["result"]
+    cli_result = json.loads((cli_out / "run.json").read_text())["result"]
+    # The call reuses the executables the CLI run compiled in this process, and run.json says so.
+    assert cli_result.pop("compiled_executables") > 0 and result.info["result"].pop("compiled_executables") == 0
+    assert result.info["result"] == cli_result
     assert [f.path.name for f in result.figure("mrpc_pruning")] == ["mrpc_pruning.png"]
 
 

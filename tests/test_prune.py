@@ -351,6 +351,7 @@ def test_cli_writes_the_pruning_curve_importance_and_run_json(tiny_ckpt, shared_
 
 def test_cli_with_its_own_importance_set_counts_both_sets_compiles(tiny_ckpt, shared_data, tmp_path):
     out, glue_dir = tmp_path / "out", shared_data / "glue"
+    jax.clear_caches()  # run.json counts the run's compiles: none of an earlier test's
     prune.main([
         "--ckpt", str(tiny_ckpt), "--task", "mrpc", "--glue-dir", str(glue_dir), "--n", "8", "--importance-n", "5",
         "--batch-size", "8", "--prune-step", "0.5", "--random-seeds", "0", "--out", str(out),

@@ -304,6 +304,34 @@ def test_a_correction_spans_every_test_of_the_run():
     assert roles_cli.parse_args(["--ckpt", "x", "--correction", "bh"]).correction == "bh"
 
 
+def _build(graphdef, *static):
+    return object()  # a new object per build: the test tells builds apart by identity
+
+
+def test_compiled_builds_once_per_site_architecture_and_static_choice():
+    from flax import nnx
+
+    tiny = bertjax.preset("tiny", max_position_embeddings=128)
+    first, second = (bertjax.init_model(tiny, seed=seed) for seed in (1, 2))
+    built, (state,) = forward.compiled(_build, first)
+    again, (second_state,) = forward.compiled(_build, second)
+    # Another checkpoint of the architecture shares the build, but passes its own weights.
+    assert again is built
+    query = ("encoder", "layer", 0, "attention", "self", "query", "kernel")
+    kernel = lambda state: np.asarray(dict(nnx.to_flat_state(state))[query].get_value())
+    np.testing.assert_array_equal(kernel(second_state), kernel(nnx.state(second)))
+    assert not np.array_equal(kernel(state), kernel(second_state))
+    assert forward.compiled(_build, first, static=("js",))[0] is not built
+    one_layer = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128, num_hidden_layers=1))
+    assert forward.compiled(_build, one_layer)[0] is not built
+
+    def per_call(graphdef):
+        return object()
+
+    with pytest.raises(TypeError, match="module-level build"):
+        forward.compiled(per_call, first)
+
+
 def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_data, tmp_path):
     config = roles_config.RolesConfig(
         ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8

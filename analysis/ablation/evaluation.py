@@ -28,7 +28,7 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
-from analysis.common.forward import Devices
+from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
 from bertjax.pretrained import resolve, trained_task
@@ -150,8 +150,10 @@ class MaskedEvaluator:
         config = model.config
         self.n_layers, self.n_heads = config.num_hidden_layers, config.num_attention_heads
         self.eval_set = eval_set
-        self.forward_passes = self.gradient_passes = 0
-        graphdef, state = nnx.split(model)
+        self.forward_passes = self.gradient_passes = self.compiles = 0
+        # Shared by every evaluator of this architecture in the process: an importance set, a
+        # second run in a notebook reuse the executables of the shapes already compiled.
+        (self.logits_fn, self.gradients_fn), (state,) = compiled(_jit_evaluation, model)
         if devices is None:
             self._state, self._batches = state, eval_set.batches
         else:
@@ -159,31 +161,6 @@ class MaskedEvaluator:
             self._batches = tuple(sharding.shard_batch(_topped_up(b, devices.rows(len(b["valid"]))), devices.mesh)
                                   for b in eval_set.batches)  # fmt: skip
         self._valid = tuple(np.asarray(b["valid"]) for b in self._batches)
-
-        def logits(state, batch, head_mask, disable):
-            out = nnx.merge(graphdef, state)(
-                batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
-                head_mask=head_mask, disable_heads=disable,
-            )  # fmt: skip
-            return out.logits
-
-        def example_loss(head_mask, state, disable, input_ids, attention_mask, token_type_ids, label):
-            one = {"input_ids": input_ids[None], "attention_mask": attention_mask[None],
-                   "token_type_ids": token_type_ids[None]}  # fmt: skip
-            one_logits = logits(state, one, head_mask, disable)
-            return optax.softmax_cross_entropy_with_integer_labels(one_logits, label[None])[0]
-
-        def mask_gradients(state, batch, head_mask, disable):
-            # Michel's I_h averages |∂L(x)/∂ξ_h| over examples, so each example needs its own
-            # gradient: one vmapped batch-of-one backward pass instead of B separate ones.
-            per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, None, None, 0, 0, 0, 0))(
-                head_mask, state, disable,
-                batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"],
-            )  # fmt: skip
-            return jnp.where(batch["valid"][:, None, None], jnp.abs(per_example), 0.0).sum(axis=0)
-
-        self.logits_fn = jax.jit(logits)
-        self.gradients_fn = jax.jit(mask_gradients)
 
     def _masks(self, head_mask, disable) -> tuple[jax.Array, jax.Array]:
         shape = (self.n_layers, self.n_heads)
@@ -197,7 +174,7 @@ class MaskedEvaluator:
         """[N, C] logits in the eval set's (length-sorted) order."""
         head_mask, disable = self._masks(head_mask, disable)
         self.forward_passes += 1
-        outputs = [self.logits_fn(self._state, batch, head_mask, disable) for batch in self._batches]
+        outputs = [self._counted(self.logits_fn, batch, head_mask, disable) for batch in self._batches]
         return np.concatenate([np.asarray(o)[valid] for o, valid in zip(outputs, self._valid, strict=True)])
 
     def score(self, head_mask=None, disable=None) -> Scored:
@@ -215,12 +192,47 @@ class MaskedEvaluator:
         """E_x |∂L(x)/∂ξ| [L, H] at `head_mask`, L the cross-entropy with the gold label."""
         head_mask, disable = self._masks(head_mask, disable)
         self.gradient_passes += 1
-        total = sum(self.gradients_fn(self._state, batch, head_mask, disable) for batch in self._batches)
+        total = sum(self._counted(self.gradients_fn, batch, head_mask, disable) for batch in self._batches)
         return np.asarray(total, np.float64) / self.eval_set.size
 
+    def _counted(self, fn, *arrays):
+        cached = fn._cache_size()
+        out = fn(self._state, *arrays)
+        self.compiles += fn._cache_size() - cached
+        return out
+
     def compiled_shapes(self) -> int:
-        """How many executables the evaluation functions hold (one per batch shape when masks are inputs)."""
-        return self.logits_fn._cache_size() + self.gradients_fn._cache_size()
+        """How many executables this evaluator's passes compiled: one per batch shape when masks are
+        inputs, fewer where an earlier evaluator of the architecture compiled a shape."""
+        return self.compiles
+
+
+def _jit_evaluation(graphdef):
+    """(logits, mask gradients), jitted, of the classifier under the masks."""
+
+    def logits(state, batch, head_mask, disable):
+        out = nnx.merge(graphdef, state)(
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+            head_mask=head_mask, disable_heads=disable,
+        )  # fmt: skip
+        return out.logits
+
+    def example_loss(head_mask, state, disable, input_ids, attention_mask, token_type_ids, label):
+        one = {"input_ids": input_ids[None], "attention_mask": attention_mask[None],
+               "token_type_ids": token_type_ids[None]}  # fmt: skip
+        one_logits = logits(state, one, head_mask, disable)
+        return optax.softmax_cross_entropy_with_integer_labels(one_logits, label[None])[0]
+
+    def mask_gradients(state, batch, head_mask, disable):
+        # Michel's I_h averages |∂L(x)/∂ξ_h| over examples, so each example needs its own
+        # gradient: one vmapped batch-of-one backward pass instead of B separate ones.
+        per_example = jax.vmap(jax.grad(example_loss), in_axes=(None, None, None, 0, 0, 0, 0))(
+            head_mask, state, disable,
+            batch["input_ids"], batch["attention_mask"], batch["token_type_ids"], batch["labels"],
+        )  # fmt: skip
+        return jnp.where(batch["valid"][:, None, None], jnp.abs(per_example), 0.0).sum(axis=0)
+
+    return jax.jit(logits), jax.jit(mask_gradients)
 
 
 def _topped_up(batch: dict[str, np.ndarray], rows: int) -> dict[str, np.ndarray]:

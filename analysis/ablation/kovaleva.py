@@ -42,7 +42,7 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import Devices, check_device_count, padded_batches
+from analysis.common.forward import Devices, check_device_count, compiled, padded_batches
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -96,8 +96,11 @@ class KovalevaConfig:
 def make_summariser(model: nnx.Module):
     """One jitted function per batch: forward with attentions → pattern quantities and column mass,
     so only [L, B, H] and [L, B, H, T] summaries leave the device."""
-    graphdef, state = nnx.split(model)
+    summarise, (state,) = compiled(_jit_summariser, model)
+    return lambda *arrays: summarise(state, *arrays)
 
+
+def _jit_summariser(graphdef):
     @jax.jit
     def summarise(state, input_ids, attention_mask, token_type_ids, special):
         out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
@@ -105,7 +108,7 @@ def make_summariser(model: nnx.Module):
         real = attention_mask.astype(bool)
         return pattern_quantities(attn, real, special, token_type_ids), column_mass(attn, real)
 
-    return lambda *arrays: summarise(state, *arrays)
+    return summarise
 
 
 @dataclasses.dataclass
@@ -159,15 +162,25 @@ def summarise_sequences(
     return AttentionSummary(counts, sums, present)
 
 
-def run(config: KovalevaConfig, model=None, tokenizer=None) -> dict[str, dict]:
+def run(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> dict[str, dict]:
     """The whole analysis; returns per task what run.json records about it. `model` and
     `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
-    loading it again."""
+    loading it again; `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     formats = select_formats(config.figure_format)
     with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, tasks, tmp, started, model, tokenizer)
+        return _run(config, tasks, tmp, started, model, tokenizer, compare)
+
+
+def trained_heads(config: KovalevaConfig) -> bool:
+    """Whether the analyses read the classifier's output (disable, mask), so need a trained one."""
+    return any(a in CLASSIFIER_ANALYSES for a in config.analyses)
+
+
+def compares(config: KovalevaConfig) -> bool:
+    """Whether the features are compared with `--compare-ckpt`'s (patterns are of the checkpoint only)."""
+    return "features" in config.analyses and bool(config.compare_ckpt)
 
 
 def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfinite: bool = False):
@@ -281,12 +294,14 @@ def _classifier_analyses(
     return result
 
 
-def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float, model, tokenizer) -> dict[str, dict]:
+def _run(
+    config: KovalevaConfig, tasks: list[str], tmp: Path, started: float, model, tokenizer, compare
+) -> dict[str, dict]:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
     if model is None:
-        model, loaded = _load(config.ckpt, config.step, bool(classifier), config.allow_nonfinite)
+        model, loaded = _load(config.ckpt, config.step, trained_heads(config), config.allow_nonfinite)
         tokenizer = loaded if tokenizer is None else tokenizer
     elif tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
@@ -295,11 +310,10 @@ def _run(config: KovalevaConfig, tasks: list[str], tmp: Path, started: float, mo
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
-    if "features" in config.analyses and config.compare_ckpt:
-        checkpoints = {
-            "fine-tuned": (model, tokenizer),
-            "pre-trained": _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite),
-        }
+    if compares(config):
+        if compare is None:
+            compare = _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)
+        checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": compare}
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)

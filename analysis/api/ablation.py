@@ -9,7 +9,20 @@ from pathlib import Path
 from analysis.ablation import kovaleva, michel
 from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig
 from analysis.ablation.michel import MichelConfig
-from analysis.api.common import Output, TablesResult, comma_list, config_from, read_tables, run_json
+from analysis.api.common import (
+    Checkpoint,
+    Output,
+    TablesResult,
+    collect_garbage,
+    comma_list,
+    config_from,
+    loaded,
+    read_tables,
+    run_json,
+)
+
+# Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
+CLASSIFIER = "BertForSequenceClassification"
 
 
 @dataclasses.dataclass(eq=False)
@@ -53,15 +66,29 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
     max_length, batch_size, analyses, alpha, compare_ckpt, compare_step, spacy_model, cache_dir,
     overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT already
     loaded (a BertForSequenceClassification)."""
+    collect_garbage()
     output = Output(out, "ablate")
-    result = run_ablate(ablate_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    config = ablate_config(ckpt, settings | {"out": str(output.path)})
+    compare = None
+    if model is None:
+        checkpoints = [
+            Checkpoint(config.ckpt, config.step, CLASSIFIER, kovaleva.trained_heads(config), config.allow_nonfinite)
+        ]
+        if kovaleva.compares(config):
+            checkpoints.append(Checkpoint(config.compare_ckpt, config.compare_step, CLASSIFIER,
+                                          allow_nonfinite=config.allow_nonfinite))  # fmt: skip
+        (model, kept_tokenizer), *others = loaded(checkpoints)
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        compare = others[0] if others else None
+    result = run_ablate(config, model, tokenizer, compare)
     result.output = output
     return result
 
 
-def run_ablate(config: KovalevaConfig, model=None, tokenizer=None) -> AblateResult:
-    """The ablate run of `config` (what `python -m analysis.ablate` calls)."""
-    kovaleva.run(config, model, tokenizer)
+def run_ablate(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> AblateResult:
+    """The ablate run of `config` (what `python -m analysis.ablate` calls); `compare`: (model,
+    tokenizer) of `--compare-ckpt` already loaded."""
+    kovaleva.run(config, model, tokenizer, compare)
     directory = Path(config.out).expanduser()
     info = run_json(directory)
     settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
@@ -76,8 +103,15 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     importance_split, importance_n, max_length, batch_size, metric, prune_step, reestimate,
     random_seeds, overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT
     already loaded (a BertForSequenceClassification)."""
+    collect_garbage()
     output = Output(out, "prune")
-    result = run_prune(prune_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    config = prune_config(ckpt, settings | {"out": str(output.path)})
+    if model is None:
+        ((model, kept_tokenizer),) = loaded(
+            [Checkpoint(config.ckpt, config.step, CLASSIFIER, True, config.allow_nonfinite)]
+        )
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    result = run_prune(config, model, tokenizer)
     result.output = output
     return result
 

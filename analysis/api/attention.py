@@ -5,7 +5,17 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from analysis.api.common import Output, TablesResult, comma_list, config_from, read_tables, run_json
+from analysis.api.common import (
+    Checkpoint,
+    Output,
+    TablesResult,
+    collect_garbage,
+    comma_list,
+    config_from,
+    loaded,
+    read_tables,
+    run_json,
+)
 from analysis.attention import pipeline
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
 
@@ -40,8 +50,16 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     surface_weighting, baseline_offsets, all_relations_include_root, word_text, segment_ids,
     overwrite, figure_format, allow_nonfinite). `model`/`tokenizer`: CKPT already loaded (a
     `BertForPreTraining` when the gradients run, else a `BertModel`)."""
+    collect_garbage()
     output = Output(out, "clark")
-    result = run_clark(clark_config(ckpt, settings | {"out": str(output.path)}), model, tokenizer)
+    config = clark_config(ckpt, settings | {"out": str(output.path)})
+    if model is None:
+        checkpoint = Checkpoint(
+            config.ckpt, config.step, pipeline.model_class(config), allow_nonfinite=config.allow_nonfinite
+        )
+        ((model, kept_tokenizer),) = loaded([checkpoint])
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    result = run_clark(config, model, tokenizer)
     result.output = output
     return result
 

@@ -11,7 +11,18 @@ import jax
 import numpy as np
 import pandas as pd
 
-from analysis.api.common import FigureFile, Output, TablesResult, frame, read_tables, run_json, save
+from analysis.api.common import (
+    Checkpoint,
+    FigureFile,
+    Output,
+    TablesResult,
+    collect_garbage,
+    frame,
+    loaded,
+    read_tables,
+    run_json,
+    save,
+)
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
@@ -19,33 +30,14 @@ from analysis.heads.config import RolesConfig
 from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
-from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import distributed
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import DEFAULT_ROLES, ROLES
 
 # The flags of `analysis.roles` that `track` does not have (it scores with the published definitions).
 ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
 FRAME_HEIGHT = 900
-
-
-# The checkpoint the last call loaded, kept for the next call on the same files (a notebook re-runs
-# a cell with other settings): loading again costs seconds, and each load's transient copies raise
-# the process's peak memory anew, the allocator reusing the last load's freed memory piecemeal.
-_LOADED: dict = {}
-
-
-def _loaded(ckpt: str, step: int | None) -> tuple:
-    """(model, tokenizer) of `ckpt`, loaded unless its files are the last call's."""
-    source = resolve(ckpt, step)
-    identity = hf_identity(source.path, 0) if source.kind == "hf" else checkpoint_identity(source.path, source.step)
-    if _LOADED.get("identity") != identity:
-        _LOADED.clear()
-        _LOADED.update(model=from_pretrained(ckpt, step=step), tokenizer=load_tokenizer(ckpt, step=step))
-        _LOADED["identity"] = identity
-    return _LOADED["model"], _LOADED["tokenizer"]
 
 
 def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None) -> RolesConfig:
@@ -168,10 +160,14 @@ def roles(
     conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
     syntactic_average, devices, distributed, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes)."""
+    collect_garbage()
     output = Output(out, "roles")
     config = roles_config(ckpt, settings | {"out": str(output.path)})
-    if model is None and tokenizer is None:
-        model, tokenizer = _loaded(config.ckpt, config.step)
+    if model is None:
+        ((model, kept_tokenizer),) = loaded(
+            [Checkpoint(config.ckpt, config.step, allow_nonfinite=config.allow_nonfinite)]
+        )
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     result = run_roles(config, model, tokenizer, parser)
     if result is not None:
         result.output = output
@@ -220,6 +216,7 @@ def track(
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
         steps = tracking.parse_steps(steps)
+    collect_garbage()
     output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
     config = tracking.TrackConfig(
@@ -296,9 +293,18 @@ def finetune_effect(
     overwrite, figures, figure_format, html). `model`/`tokenizer`: PRE already loaded;
     `post_models`: each post checkpoint already loaded, in the order of `post`."""
     specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
+    collect_garbage()
     output = Output(out, "finetune_effect")
     data = roles_config(str(pre), settings | {"out": str(output.path)}, EFFECT_FLAGS)
-    result = run_finetune_effect(finetuning.effect_config(specs, data), model, tokenizer, post_models)
+    config = finetuning.effect_config(specs, data)
+    if model is None and post_models is None:
+        checkpoints = [
+            Checkpoint(c, allow_nonfinite=data.allow_nonfinite) for c in (data.ckpt, *(p.ckpt for p in config.posts))
+        ]
+        (model, kept_tokenizer), *posts = loaded(checkpoints)
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        post_models = [post_model for post_model, _ in posts]
+    result = run_finetune_effect(config, model, tokenizer, post_models)
     if result is not None:
         result.output = output
     return result

@@ -36,7 +36,7 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
-from analysis.common.forward import padded_batches
+from analysis.common.forward import compiled, padded_batches
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
@@ -214,14 +214,17 @@ def candidate_attention(attention: jax.Array, from_weights: jax.Array, to_masks:
 
 def make_candidate_attention_fn(model: nnx.Module):
     """A jitted forward returning `candidate_attention` of each batch."""
-    graphdef, state = nnx.split(model)
+    run, (state,) = compiled(_jit_candidate_attention, model)
+    return lambda *arrays: run(state, *arrays)
 
+
+def _jit_candidate_attention(graphdef):
     @jax.jit
     def run(state, input_ids, attention_mask, token_type_ids, from_weights, to_masks):
         out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
         return candidate_attention(jnp.stack(out.attentions, axis=1), from_weights, to_masks)
 
-    return lambda *arrays: run(state, *arrays)
+    return run
 
 
 def candidate_scores(

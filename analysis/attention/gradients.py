@@ -20,6 +20,7 @@ import optax
 from flax import nnx
 
 from analysis.attention.surface import key_flag_batches
+from analysis.common.forward import compiled
 from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
 from bertjax.pretrained import SAFETENSORS, SAFETENSORS_INDEX, Source
@@ -85,22 +86,26 @@ def mlm_loss(model: nnx.Module, offsets, input_ids, attention_mask, token_type_i
 
 def make_gradient_fn(model: nnx.Module):
     """Jitted: (inputs, key kinds [K, B, T], real rows [B, T]) → (Σ|g| [L, K], counts [K])."""
-    graphdef, state = nnx.split(model)
-    layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
+    run, (state,) = compiled(_jit_gradients, model)
+    return lambda *arrays: run(state, *arrays)
 
+
+def _jit_gradients(graphdef):
     @jax.jit
     def run(state, input_ids, attention_mask, token_type_ids, positions, labels, weights, kinds, real):
+        model = nnx.merge(graphdef, state)
+        layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
         batch, length = input_ids.shape
         zeros = jnp.zeros((layers, batch, heads, length, length), jnp.float32)
         loss = lambda offsets: mlm_loss(
-            nnx.merge(graphdef, state), offsets, input_ids, attention_mask, token_type_ids, positions, labels, weights
+            model, offsets, input_ids, attention_mask, token_type_ids, positions, labels, weights
         )
         grad = jnp.abs(jax.grad(loss)(zeros))
         cells = real[None, :, :, None] * kinds[:, :, None, :]  # [K, B, T(query), T(key)]
         sums = jnp.einsum("lbhts,kbts->lk", grad, cells) / heads
         return sums, cells.sum(axis=(1, 2, 3))
 
-    return lambda *arrays: run(state, *arrays)
+    return run
 
 
 def gradient_importance(

@@ -188,6 +188,13 @@ def head_labels(layers: int, heads: int) -> list[str]:
     return [f"{layer}-{head}" for layer in range(layers) for head in range(heads)]
 
 
+def model_class(config: ClarkConfig) -> str:
+    """The class the analyses load the checkpoint as: with its MLM head when the gradients run
+    (asked for, and the checkpoint has a trained head), else the bare encoder."""
+    with_head = "gradients" in config.analyses and gradients.has_mlm_head(resolve(config.ckpt, config.step))
+    return "BertForPreTraining" if with_head else "BertModel"
+
+
 def run(config: ClarkConfig, model=None, tokenizer=None) -> dict:
     """The selected analyses; outputs under config.out (written to a temporary sibling first).
     `model` and `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading
@@ -222,8 +229,9 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
 
     clock = time.perf_counter()
     if model is None:
-        model_class = "BertForPreTraining" if "gradients" in wanted else "BertModel"
-        model = from_pretrained(config.ckpt, model_class, step=config.step, allow_nonfinite=config.allow_nonfinite)
+        model = from_pretrained(
+            config.ckpt, model_class(config), step=config.step, allow_nonfinite=config.allow_nonfinite
+        )
     elif "gradients" in wanted and not isinstance(model, BertForPreTraining):
         raise UserError(
             f"model: the gradients need {config.ckpt} loaded as BertForPreTraining (its MLM head), "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -139,30 +140,35 @@ def train_probe(
     chunks = [pad([train[i] for i in order[b : b + batch_size]], kind) for b in range(0, len(order), batch_size)]
     first = chunks[0]
     params = init_params(first["features"].shape[-1], first["embeddings"].shape[-1], with_embeddings)
-    optimizer = optax.adam(learning_rate)
-    state = optimizer.init(params)
-
-    @jax.jit
-    def step(params, state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, state = optimizer.update(grads, state, params)
-        return optax.apply_updates(params, updates), state, loss
-
+    state = optax.adam(learning_rate).init(params)
     rng = np.random.default_rng(seed)
     for _ in tqdm(range(epochs), desc=desc, unit="epoch"):
         for c in rng.permutation(len(chunks)):
-            params, state, _ = step(params, state, chunks[c])
+            params, state, _ = _adam_step(params, state, chunks[c], learning_rate)
     return params
+
+
+# Module-level, so that a second probe run in the process compiles nothing new (the rate is
+# static: a jit built per call around its optimizer compiled on every call).
+@partial(jax.jit, static_argnames="learning_rate")
+def _adam_step(params, state, batch, learning_rate: float):
+    loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    updates, state = optax.adam(learning_rate).update(grads, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+
+@jax.jit
+def _predict(params, batch):
+    return jnp.argmax(scores(params, batch["features"], batch["embeddings"], batch["allowed"]), axis=-1)
 
 
 def uas(params, sentences: Sequence[ProbeSentence], kind: str, batch_size: int) -> tuple[float, int]:
     """(unlabelled attachment score over scored non-punctuation words, number of such words)."""
-    predict = jax.jit(lambda p, b: jnp.argmax(scores(p, b["features"], b["embeddings"], b["allowed"]), axis=-1))
     order = sorted(range(len(sentences)), key=lambda i: len(sentences[i].gold))
     correct = total = 0
     for begin in range(0, len(order), batch_size):
         batch = pad([sentences[i] for i in order[begin : begin + batch_size]], kind)
-        predicted = np.asarray(predict(params, batch))
+        predicted = np.asarray(_predict(params, batch))
         counted = batch["scored"] & ~batch["punct"]
         correct += int(np.sum((predicted == batch["gold"]) & counted))
         total += int(counted.sum())

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from analysis.common.forward import padded_batches
+from analysis.common.forward import compiled, padded_batches
 from sieves.align import EncodedSequence
 
 WEIGHTINGS = ("tokens", "sequences")
@@ -125,18 +125,31 @@ def key_flag_batches(
         yield arrays
 
 
-def _jit_attention_fn(model: nnx.Module, reduce):
-    """Jitted forward whose stacked attention [L, B, H, T, T] goes straight into `reduce`."""
-    graphdef, state = nnx.split(model)
+def _attention_fn(model: nnx.Module, reduce, *options):
+    """Jitted forward whose stacked attention [L, B, H, T, T] goes straight into
+    `reduce(attention, arrays, *options)` (`reduce` a module-level function: part of the key
+    of the compiled function, as `options` are)."""
+    run, (state,) = compiled(_jit_attention_fn, model, static=(reduce, *options))
+    return lambda arrays: run(state, arrays)
 
+
+def _jit_attention_fn(graphdef, reduce, *options):
     @jax.jit
     def run(state, arrays):
         out = nnx.merge(graphdef, state)(
             arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True
         )
-        return reduce(jnp.stack(out.attentions), arrays)
+        return reduce(jnp.stack(out.attentions), arrays, *options)
 
-    return lambda arrays: run(state, arrays)
+    return run
+
+
+def _surface_reduce(attention, arrays, weighting):
+    return surface_sums(attention, arrays["real"], arrays["is_cls"], arrays["is_sep"], arrays["is_punct"], weighting)
+
+
+def _js_reduce(attention, arrays):
+    return js_sums(attention, arrays["real"])
 
 
 def surface_statistics(
@@ -151,9 +164,7 @@ def surface_statistics(
     the module docstring), streamed by batch."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    run = _jit_attention_fn(
-        model, lambda att, a: surface_sums(att, a["real"], a["is_cls"], a["is_sep"], a["is_punct"], weighting)
-    )
+    run = _attention_fn(model, _surface_reduce, weighting)
     total_sums, total_counts = 0.0, 0.0
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):
         sums, counts = run(arrays)
@@ -166,7 +177,7 @@ def head_js_divergence(
     model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int, max_length: int
 ) -> np.ndarray:
     """[L·H, L·H] JS divergence between heads (nats), averaged over every real row of `seqs`."""
-    run = _jit_attention_fn(model, lambda att, a: js_sums(att, a["real"]))
+    run = _attention_fn(model, _js_reduce)
     total, rows = 0.0, 0.0
     for arrays in key_flag_batches(seqs, batch_size, max_length, (), "head distances"):
         total = total + np.asarray(run(arrays), np.float64)

@@ -17,21 +17,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from analysis.common.forward import padded_batches
+from analysis.common.forward import compiled, padded_batches
 from sieves.align import EncodedSequence
 from sieves.wordattn import WordAttention, pooling_batch, special_maps, word_maps
-
-# Keyed by class and config, as the sieve scorer's: the checkpoints of one run share one compile.
-_WORD_ATTENTION_FNS: dict = {}
 
 
 def make_word_attention_fn(model: nnx.Module):
     """A jitted forward that returns word maps, special-token columns/rows and pooled embeddings."""
-    graphdef, state = nnx.split(model)
-    key = (type(model), model.config)
-    if key not in _WORD_ATTENTION_FNS:
-        _WORD_ATTENTION_FNS[key] = _jit_word_attention(graphdef)
-    return lambda *arrays: _WORD_ATTENTION_FNS[key](state, *arrays)
+    run, (state,) = compiled(_jit_word_attention, model)
+    return lambda *arrays: run(state, *arrays)
 
 
 def _jit_word_attention(graphdef):

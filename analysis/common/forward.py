@@ -5,7 +5,8 @@ compute) and to a fixed number of rows (one shape per bucket). `Devices` runs a 
 data parallel over this process's devices: the model replicated on each, every batch split along
 its batch axis, the rows rounded up to a multiple of the device count (padding rows, like the
 last batch's, hold no example and their outputs are dropped), so a result does not depend on how
-many devices computed it beyond the order of float32 sums.
+many devices computed it beyond the order of float32 sums. `compiled` keeps every jitted forward
+once per architecture in a process, so that no call compiles what an earlier one did.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh
 from tqdm import tqdm
 
@@ -25,6 +27,11 @@ from bertjax.errors import UserError
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
 log = logging.getLogger(__name__)
+
+# The jitted functions of every forward site, by site, architecture and static choices: kept for
+# the process, since each load makes a fresh graphdef and a jit built around it compiles anew (a
+# notebook re-running a cell, a series' checkpoints, the evaluators of one run).
+_COMPILED: dict[tuple, Any] = {}
 
 
 def padded_batches(
@@ -63,6 +70,24 @@ class Devices:
     def record(self) -> dict[str, int]:
         """run.json's `"mesh"`: {axis: size}."""
         return sharding.mesh_record(self.mesh)
+
+
+def compiled(build: Callable, *models: nnx.Module, static: tuple = ()) -> tuple[Any, tuple]:
+    """(`build(*graphdefs, *static)`, the models' states): `build` returns jitted functions that take
+    the states as arguments; it runs once per (build, the models' classes and configs, `static`) in
+    a process and what it returned is used again for every later model of the same architecture.
+    So it must close over nothing but its arguments: a module-level function, any per-call choice
+    (a reduce function, an analysis kind) passed in `static` (hashable) rather than captured."""
+    if "<locals>" in build.__qualname__:
+        # A closure is a new key per call: the cache would grow and compile on every call.
+        raise TypeError(f"{build.__qualname__}: compiled() needs a module-level build function")
+    graphdefs, states = zip(*(nnx.split(model) for model in models), strict=True)
+    # Keyed by class and config, not by the graphdef (a new one per instance): every checkpoint of
+    # one architecture shares one compiled function.
+    key = (build, *((type(model), model.config) for model in models), *static)
+    if key not in _COMPILED:
+        _COMPILED[key] = build(*graphdefs, *static)
+    return _COMPILED[key], states
 
 
 class DataParallel:

@@ -30,7 +30,7 @@ from analysis.common.examples import (
     resolve_tasks,
 )
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
-from analysis.common.forward import DataParallel, Devices
+from analysis.common.forward import DataParallel, Devices, compiled
 from analysis.heads.config import RolesConfig
 from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
 from analysis.heads.summary import layer_groups
@@ -51,8 +51,6 @@ SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "voca
 
 # The figure kinds, for `--figures`.
 FIGURES = ("beta_change", "attention_similarity")
-
-_COMPARERS: dict[tuple, object] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,27 +158,23 @@ def make_comparer(pre: nnx.Module, post: nnx.Module, devices: Devices | None = N
     """One jitted function, one forward pass of each model: β of every role, layer and head for
     both, the rows' counts, and the per-example cosine of every head's attention maps; data
     parallel over `devices`."""
-    pre_graph, pre_state = nnx.split(pre)
-    post_graph, post_state = nnx.split(post)
-    key = (type(pre), pre.config, type(post), post.config)
-    if key not in _COMPARERS:
+    compare, states = compiled(_jit_comparer, pre, post)
+    return DataParallel(lambda states, *arrays: compare(*states, *arrays), states, devices, SCORER_BATCH_AXES)
 
-        @jax.jit
-        def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
-            real = attention_mask.astype(bool)
-            attend = lambda graph, state: jnp.stack(
-                nnx.merge(graph, state)(input_ids, attention_mask, token_type_ids, output_attentions=True).attentions
-            )
-            a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
-            pre_scores, counts = sieve_scores(a, real, rows, sieves)
-            post_scores, _ = sieve_scores(b, real, rows, sieves)
-            return pre_scores, post_scores, counts, attention_cosine(a, b, real)
 
-        _COMPARERS[key] = compare
-    compare = _COMPARERS[key]
-    return DataParallel(
-        lambda states, *arrays: compare(*states, *arrays), (pre_state, post_state), devices, SCORER_BATCH_AXES
-    )
+def _jit_comparer(pre_graph, post_graph):
+    @jax.jit
+    def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
+        real = attention_mask.astype(bool)
+        attend = lambda graph, state: jnp.stack(
+            nnx.merge(graph, state)(input_ids, attention_mask, token_type_ids, output_attentions=True).attentions
+        )
+        a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
+        pre_scores, counts = sieve_scores(a, real, rows, sieves)
+        post_scores, _ = sieve_scores(b, real, rows, sieves)
+        return pre_scores, post_scores, counts, attention_cosine(a, b, real)
+
+    return compare
 
 
 def compare_task(

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
-from analysis.common.forward import DataParallel, Devices, padded_batches
+from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
 from sieves import stats
@@ -29,7 +29,6 @@ from sieves.kernel import sieve_scores
 
 log = logging.getLogger(__name__)
 
-_SCORERS: dict[tuple, object] = {}
 # The batch axis of each scorer input: input_ids, attention_mask, token_type_ids [B, T]; rows and
 # row weights [R, B, T]; sieves [R, B, T, T].
 SCORER_BATCH_AXES = (0, 0, 0, 1, 1, 1)
@@ -53,13 +52,9 @@ def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
 def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = (), devices: Devices | None = None) -> DataParallel:
     """One jitted function: forward pass with attentions, then β for every role/layer/head
     (times the row entropy for the roles `entropy` marks); data parallel over `devices`."""
-    graphdef, state = nnx.split(model)
-    # Keyed by class and config, not by the graphdef (a new one per instance), so all checkpoints
-    # of one architecture share one compiled function: tracking a run compiles once.
-    key = (type(model), model.config)
-    if key not in _SCORERS:
-        _SCORERS[key] = _jit_scorer(graphdef)
-    return DataParallel(partial(_SCORERS[key], entropy_roles=entropy), state, devices, SCORER_BATCH_AXES)
+    # One compiled function per architecture: tracking a run compiles once.
+    score, (state,) = compiled(_jit_scorer, model)
+    return DataParallel(partial(score, entropy_roles=entropy), state, devices, SCORER_BATCH_AXES)
 
 
 def _jit_scorer(graphdef):
