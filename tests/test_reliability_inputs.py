@@ -351,6 +351,32 @@ def test_a_batch_larger_than_the_data_is_refused_once_the_data_is_prepared(share
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["data-T64"]
 
 
+def test_more_heldout_sequences_than_prepared_are_refused_before_anything_else_is_written(
+    shared_data, tmp_path, cli_error
+):
+    from train import pretrain
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes((shared_data / "gutenberg" / "blake-poems.txt").read_bytes()[:20000])
+    heldout = tmp_path / "heldout.txt"
+    heldout.write_bytes((shared_data / "gutenberg" / "blake-poems.txt").read_bytes()[20000:26000])
+    settings = (
+        f"data.corpora=[{{name: books, source: local, path: {corpus}, kind: gutenberg}}]", "data.train_vocab=true",
+        "data.vocab_size=300", "data.max_seq_length=64", "data.max_predictions_per_seq=10",
+        "data.segmenter=sentencizer", "model.max_position_embeddings=64", "train.global_batch_size=8",
+        f"heldout.corpora=[{{name: held, source: local, path: {heldout}, kind: plain}}]",
+        "heldout.batch_size=8", "heldout.sequences=4096",
+    )  # fmt: skip
+    workdir = tmp_path / "mine"
+    workdir.mkdir()
+    message = cli_error(pretrain.main, _pretrain_argv(workdir, *settings))
+    assert message.startswith("error: heldout.sequences: 4096 must lie in [heldout.batch_size 8, the ")
+    assert message.endswith(f" instances of {workdir / 'heldout-T64'}]")
+    # Only the prepared data: no config.yaml, tokenizer/ or checkpoints/.
+    assert sorted(p.name for p in workdir.iterdir()) == ["data-T64", "heldout-T64"]
+
+
 # -- weights and vocabularies that would give silent wrong results (issue 30) -------------------
 
 

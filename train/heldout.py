@@ -19,7 +19,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import sharding
 from bertjax.errors import UserError
 from train.corpora import CorpusConfig
-from train.data import PretrainingData
+from train.data import PretrainingData, load_meta, num_examples
 from train.losses import pretraining_sums
 
 
@@ -46,6 +46,17 @@ def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) ->
                 raise UserError(f"heldout.corpora.{i}: {corpus.path} overlaps the training corpus {other}")
 
 
+def check_sequences(config: HeldOutConfig, data_dir: Path) -> None:
+    """`heldout.sequences` against the prepared held-out data: checked as soon as it is prepared,
+    before the run writes its config, tokenizer or checkpoint directory."""
+    count = num_examples(load_meta(data_dir))
+    if config.sequences < config.batch_size or config.sequences > count:
+        raise UserError(
+            f"heldout.sequences: {config.sequences} must lie in [heldout.batch_size {config.batch_size}, "
+            f"the {count} instances of {data_dir}]"
+        )
+
+
 class HeldOutEvaluator:
     """The Trainer's `evaluate` hook: `heldout_mlm_{loss,accuracy}` of the params, and the pair
     task's (`heldout_nsp_*` or `heldout_sop_*`; none when MLM only, as in training)."""
@@ -56,11 +67,7 @@ class HeldOutEvaluator:
             data_dir, config.batch_size, seed=config.seed, process_index=jax.process_index(),
             process_count=jax.process_count(), epochs=1,
         )  # fmt: skip
-        if config.sequences < config.batch_size or config.sequences > data.num_examples:
-            raise UserError(
-                f"heldout.sequences: {config.sequences} must lie in [heldout.batch_size {config.batch_size}, "
-                f"the {data.num_examples} instances of {data_dir}]"
-            )
+        check_sequences(config, data_dir)
         # Whole batches only, so the set is the same on any number of hosts.
         self.batches = [next(data) for _ in range(config.sequences // config.batch_size)]
         self.trainer = trainer

@@ -27,7 +27,7 @@ from bertjax.model import BertForPreTraining
 from train import config as config_lib
 from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
 from train.data import PretrainingData, load_meta, num_examples
-from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint
+from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint, check_sequences
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
 from train.prepare import PrepareConfig, prepare
@@ -240,9 +240,6 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
         check_batch_fits(
             "train.global_batch_size" if index == 1 else "phase2.global_batch_size", loop.global_batch_size, data_dir
         )
-        if index == 1 and jax.process_index() == 0:
-            # Once the first phase's data is known to fit: a refused run writes nothing else.
-            config_lib.save_resolved(config, workdir / "config.yaml")
         meta = load_meta(data_dir)
         heldout_dir = None
         if config.heldout.corpora:
@@ -253,6 +250,10 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
                 data_config, corpora=config.heldout.corpora, vocab_file=vocab, train_vocab=False
             )
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
+            check_sequences(config.heldout, heldout_dir)
+        if index == 1 and jax.process_index() == 0:
+            # Once the first phase's data is known to fit: a refused run writes nothing else.
+            config_lib.save_resolved(config, workdir / "config.yaml")
         if prepare_only:
             continue
         save_tokenizer(data_dir, data_config.lowercase, workdir)
