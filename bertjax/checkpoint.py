@@ -15,7 +15,10 @@ module only fixes the layout so analysis can load params without knowing about t
 
 from __future__ import annotations
 
+import contextlib
 import re
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +100,34 @@ def resolve_step(path: Path, step: int | None) -> tuple[Path, int]:
     return directory, step
 
 
+def _orbax_race(unraisable) -> bool:
+    """Whether an unraisable error is what orbax and TensorStore report after a read or write has
+    failed: orbax closes its event loop while other arrays' operations are in flight, and each
+    completes as a TensorStore callback finding the loop closed (`RuntimeError: Event loop is
+    closed`, ~120 tracebacks for a 1-layer model's save) or as an orbax coroutine collected
+    unfinished, its TensorStore error unretrieved."""
+    value, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    closed_loop = isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+    return closed_loop or (code is not None and "orbax" in code.co_filename)
+
+
+@contextlib.contextmanager
+def orbax_race_reports_held() -> Iterator[None]:
+    """Around an orbax read or write: the race's reports (`_orbax_race`) are dropped, so that a
+    failure is the one line the caller raises. After a failure the filter stays, since the reports
+    keep coming until the in-flight operations end, at the latest at exit; other unraisable errors
+    are reported as before."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if not _orbax_race(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    yield
+    sys.unraisablehook = previous
+
+
 def read_meta(directory: Path, step: int) -> dict[str, Any]:
     manager = ocp.CheckpointManager(directory, item_names=(META,), options=_read_only())
     try:
@@ -110,7 +141,8 @@ def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeSt
     # Orbax's array restore refuses relative paths (`--ckpt runs/tiny` would fail).
     manager = ocp.CheckpointManager(Path(directory).absolute(), item_names=(PARAMS,), options=_read_only())
     try:
-        restored = manager.restore(step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)}))
+        with orbax_race_reports_held():
+            restored = manager.restore(step, args=ocp.args.Composite(**{PARAMS: ocp.args.StandardRestore(abstract)}))
     except (FileNotFoundError, KeyError) as e:
         raise UserError(f"{directory / str(step)}: cannot restore params ({e})") from None
     except Exception as e:  # noqa: BLE001 (orbax wraps TensorStore's errors, a truncated file among them, in a bare Exception)

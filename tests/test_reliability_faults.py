@@ -161,9 +161,10 @@ def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_partial_step
         "partial step was removed; no step was saved: make room and run the same command again to resume"
     )
     # Orbax's writer threads logged one error with a traceback per array (~300 lines), asyncio its
-    # unretrieved ones at exit: held back. TensorStore's callbacks may still print `Event loop is
-    # closed` tracebacks (orbax closes its loop while other writes are pending; docs/errors.md).
-    assert not [line for line in lines if " ERROR " in line or "OUT_OF_RANGE" in line], result.stderr[-3000:]
+    # unretrieved ones at exit, and TensorStore's callbacks of the pending writes reported `Event
+    # loop is closed` as unraisable (~120 tracebacks): all held back.
+    noise = [line for line in lines if " ERROR " in line or "OUT_OF_RANGE" in line or "Traceback" in line]
+    assert not noise, result.stderr[-3000:]
     assert list((workdir / "checkpoints").iterdir()) == []  # nothing a resume would try to read
 
 

@@ -202,16 +202,18 @@ class Checkpointer:
         for logger in loggers:
             logger.addFilter(held)
         try:
-            self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
-            self.manager.wait_until_finished()
+            with ckpt.orbax_race_reports_held():
+                self.manager.save(step, args=ocp.args.Composite(**args), metrics=metrics, force=True)
+                self.manager.wait_until_finished()
         except Exception as e:
             reason = runinfo.no_space(e)
             if reason is None:
                 held.release(loggers)
                 raise
-            # The filter stays for the rest of the process, which this error ends: orbax's other
-            # writer threads log their failures after the first has reached us, and asyncio its
-            # unretrieved ones when they are collected, at exit.
+            # The filters stay for the rest of the process, which this error ends: orbax's other
+            # writer threads log their failures after the first has reached us, asyncio its
+            # unretrieved ones when they are collected, at exit, and TensorStore's callbacks of the
+            # pending writes find orbax's event loop closed until then.
             self._remove_partial(step)
             kept = self._stored_steps()
             raise UserError(
@@ -253,16 +255,17 @@ class Checkpointer:
                     f"(optimizer.name differs from the one it was saved with); resume with the run's config or use a new --workdir"
                 )
             try:
-                restored = self.manager.restore(
-                    step,
-                    args=ocp.args.Composite(
-                        **{
-                            ckpt.PARAMS: ocp.args.StandardRestore(abstract_params),
-                            OPT_STATE: ocp.args.StandardRestore(abstract_opt),
-                            TRAINER: ocp.args.JsonRestore(),
-                        }
-                    ),
-                )
+                with ckpt.orbax_race_reports_held():
+                    restored = self.manager.restore(
+                        step,
+                        args=ocp.args.Composite(
+                            **{
+                                ckpt.PARAMS: ocp.args.StandardRestore(abstract_params),
+                                OPT_STATE: ocp.args.StandardRestore(abstract_opt),
+                                TRAINER: ocp.args.JsonRestore(),
+                            }
+                        ),
+                    )
             except Exception as e:  # noqa: BLE001 (orbax raises many types for truncated or missing files)
                 log.error(
                     "checkpoint step %d is corrupt or partial (%s: %s); moved to %s, trying the previous one",
