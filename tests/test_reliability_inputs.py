@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -321,10 +322,13 @@ def test_a_batch_larger_than_the_data_is_refused_once_the_data_is_prepared(share
     (tmp_path / "mine").mkdir()
     for workdir in (tmp_path / "new" / "work", tmp_path / "mine"):
         message = cli_error(pretrain.main, _pretrain_argv(workdir, *settings))
-        assert message == (
-            f"error: train.global_batch_size: 100000 exceeds the 124 sequences prepared in {workdir / 'data-T64'}; "
-            "lower it, or give the run more text"
-        )
+        # About 124 sequences: the trained vocabulary, and so the count, may differ from run to run
+        # (the WordPiece trainer breaks ties between equally frequent merges in hash-map order).
+        assert re.fullmatch(
+            rf"error: train\.global_batch_size: 100000 exceeds the 1[12]\d sequences prepared in "
+            rf"{re.escape(str(workdir / 'data-T64'))}; lower it, or give the run more text",
+            message,
+        ), message
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "mine"]
     assert [p.name for p in (tmp_path / "mine").iterdir()] == ["data-T64"]
 

@@ -696,6 +696,10 @@ def test_train_vocab(tmp_path: Path, handmade_dir: Path) -> None:
     meta = prepare(config, tmp_path / "out")
     vocab = (tmp_path / "out" / "vocab.txt").read_text().splitlines()
     assert vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    # Ids in a fixed order, not the trainer's hash-map order (another in every process): word
+    # starts, then continuations, shortest first, then by code point.
+    rest = [(token.startswith("##"), len(token.removeprefix("##")), token.removeprefix("##")) for token in vocab[5:]]
+    assert rest == sorted(rest) and rest[0][:2] == (False, 1) and rest[-1][0]
     assert meta["vocab_size"] == len(vocab) <= 150 and meta["vocab_source"]["trained"]
     assert meta["counts"]["instances"] > 0
 

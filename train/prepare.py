@@ -209,6 +209,11 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
         wordpieces_prefix="##",
         show_progress=False,
     )
+    # Its ids in an order of our own: the trainer numbers tokens in hash-map order, different in
+    # every process, so the same vocabulary gave other ids, and other shards, each time.
+    trained = tokenizer.get_vocab()
+    ordered = sorted(trained, key=lambda token: (token not in SPECIAL_TOKENS, _canonical_key(token)))
+    tokenizer = BertWordPieceTokenizer({token: i for i, token in enumerate(ordered)}, lowercase=config.lowercase)
     try:
         tokenizer.save_model(str(out_dir))
     except Exception as e:  # tokenizers raises a bare Exception for Rust's io errors
@@ -218,6 +223,15 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
             raise
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(out_dir / "vocab.txt")) from None
     return out_dir / "vocab.txt"
+
+
+def _canonical_key(token: str) -> tuple:
+    """The special tokens in SPECIAL_TOKENS' order, then word starts before "##" continuations,
+    each shortest first, then by code point."""
+    if token in SPECIAL_TOKENS:
+        return (SPECIAL_TOKENS.index(token),)
+    piece = token.removeprefix("##")
+    return (token.startswith("##"), len(piece), piece)
 
 
 # --- writing ------------------------------------------------------------------------------------
