@@ -413,3 +413,36 @@ def test_probe_and_heldout_settings_may_change_on_a_resume_the_recipe_may_not():
     assert setting_changes(before, now) == []
     changed = setting_changes(before, {**now, "model": {"layer_norm_position": "pre"}})
     assert len(changed) == 1 and "model.layer_norm_position" in changed[0]
+
+
+def test_phase_two_tokenises_with_phase_ones_trained_vocabulary(shared_data, tmp_path):
+    """BERT's two-phase recipe on a vocabulary trained from the corpora: phase 2 (T = 64) reads
+    phase 1's vocab.txt, not a vocabulary trained again (another numbering, or other tokens,
+    under the embeddings phase 1 trained), and both phases train."""
+    import json
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_bytes((shared_data / "gutenberg" / "blake-poems.txt").read_bytes()[:20000])
+    config = tmp_path / "two-phase.yaml"
+    config.write_text(
+        (ROOT / "configs/pretrain/tiny.yaml").read_text()
+        + "\nphase2: {steps: 2, max_seq_length: 64, max_predictions_per_seq: 10, global_batch_size: 8, warmup_steps: 0}\n"
+    )
+    workdir = tmp_path / "work"
+    pretrain.main([
+        "--config", str(config), "--workdir", str(workdir),
+        f"data.corpora=[{{name: books, source: local, path: {corpus}, kind: gutenberg}}]", "data.train_vocab=true",
+        "data.vocab_size=300", "data.max_seq_length=32", "data.max_predictions_per_seq=5",
+        "data.segmenter=sentencizer", "model.max_position_embeddings=64", "model.num_hidden_layers=1",
+        "model.hidden_size=32", "model.num_attention_heads=2", "train.steps=2", "train.global_batch_size=8",
+        "checkpoint.every=0", "checkpoint.log_spaced=0",
+    ])  # fmt: skip
+    first, second = workdir / "data-T32", workdir / "data-T64"
+    assert (second / "vocab.txt").read_bytes() == (first / "vocab.txt").read_bytes()
+    meta = json.loads((second / "meta.json").read_text())
+    assert meta["config"]["train_vocab"] is False and meta["config"]["vocab_file"] == str(
+        (first / "vocab.txt").resolve()
+    )
+    assert json.loads((workdir / "run.json").read_text())["phase"] == 2
+    assert (workdir / "checkpoints" / "4").is_dir()  # phase 2's last step: 2 + 2

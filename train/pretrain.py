@@ -234,13 +234,19 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
     # Read and parsed once, before any data is prepared; encoded once the tokenizer exists.
     probe_set = read_probe_set(config.probe) if config.probe.task else None
     probe_sequences = None
-    start, outcome = 0, None
-    for index, (data_config, loop, optimizer, explicit_dir) in enumerate(phases, start=1):
+    # Every phase's data is prepared and checked before any training, so that a setting that does
+    # not fit phase 2 is refused now rather than after phase 1's hours.
+    prepared = []
+    for index, (data_config, loop, _, explicit_dir) in enumerate(phases, start=1):
+        if prepared and data_config.train_vocab:
+            # A later phase tokenises with the first phase's trained vocabulary: trained again, it
+            # would number the tokens otherwise (or hold others) under the same embeddings.
+            first_vocab = str((prepared[0][0] / "vocab.txt").resolve())
+            data_config = dataclasses.replace(data_config, vocab_file=first_vocab, train_vocab=False)
         data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
         check_batch_fits(
             "train.global_batch_size" if index == 1 else "phase2.global_batch_size", loop.global_batch_size, data_dir
         )
-        meta = load_meta(data_dir)
         heldout_dir = None
         if config.heldout.corpora:
             # The training data's own vocabulary, trained or copied, so both tokenise alike; by its
@@ -251,11 +257,18 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             )
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
             check_sequences(config.heldout, heldout_dir)
-        if index == 1 and jax.process_index() == 0:
-            # Once the first phase's data is known to fit: a refused run writes nothing else.
-            config_lib.save_resolved(config, workdir / "config.yaml")
-        if prepare_only:
-            continue
+        prepared.append((data_dir, heldout_dir, data_config))
+    if jax.process_index() == 0:
+        # Once the data is known to fit: a refused run writes nothing else.
+        config_lib.save_resolved(config, workdir / "config.yaml")
+    if prepare_only:
+        return {}
+
+    start, outcome = 0, None
+    for index, ((data_dir, heldout_dir, data_config), (_, loop, optimizer, _)) in enumerate(
+        zip(prepared, phases, strict=True), start=1
+    ):
+        meta = load_meta(data_dir)
         save_tokenizer(data_dir, data_config.lowercase, workdir)
         trainer = Trainer(
             workdir=workdir,
