@@ -212,7 +212,7 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
     # Its ids in an order of our own: the trainer numbers tokens in hash-map order, different in
     # every process, so the same vocabulary gave other ids, and other shards, each time.
     trained = tokenizer.get_vocab()
-    ordered = sorted(trained, key=lambda token: (token not in SPECIAL_TOKENS, _canonical_key(token)))
+    ordered = sorted(trained, key=_canonical_key)
     tokenizer = BertWordPieceTokenizer({token: i for i, token in enumerate(ordered)}, lowercase=config.lowercase)
     try:
         tokenizer.save_model(str(out_dir))
@@ -229,9 +229,9 @@ def _canonical_key(token: str) -> tuple:
     """The special tokens in SPECIAL_TOKENS' order, then word starts before "##" continuations,
     each shortest first, then by code point."""
     if token in SPECIAL_TOKENS:
-        return (SPECIAL_TOKENS.index(token),)
+        return (0, SPECIAL_TOKENS.index(token))
     piece = token.removeprefix("##")
-    return (token.startswith("##"), len(piece), piece)
+    return (1, token.startswith("##"), len(piece), piece)
 
 
 # --- writing ------------------------------------------------------------------------------------

@@ -17,8 +17,6 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
-    read_tables,
-    run_json,
 )
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
@@ -89,10 +87,7 @@ def run_ablate(config: KovalevaConfig, model=None, tokenizer=None, compare=None)
     """The ablate run of `config` (what `python -m analysis.ablate` calls); `compare`: (model,
     tokenizer) of `--compare-ckpt` already loaded."""
     kovaleva.run(config, model, tokenizer, compare)
-    directory = Path(config.out).expanduser()
-    info = run_json(directory)
-    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
-    return AblateResult(read_tables(directory), settings, info, directory)
+    return AblateResult.of_run(config)
 
 
 def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> PruneResult:
@@ -119,7 +114,4 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
 def run_prune(config: MichelConfig, model=None, tokenizer=None) -> PruneResult:
     """The prune run of `config` (what `python -m analysis.prune` calls)."""
     michel.run(config, model, tokenizer)
-    directory = Path(config.out).expanduser()
-    info = run_json(directory)
-    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
-    return PruneResult(read_tables(directory), settings, info, directory)
+    return PruneResult.of_run(config)

@@ -13,8 +13,6 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
-    read_tables,
-    run_json,
 )
 from analysis.attention import pipeline
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
@@ -67,7 +65,4 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
 def run_clark(config: ClarkConfig, model=None, tokenizer=None) -> ClarkResult:
     """The clark run of `config` (what `python -m analysis.clark` calls)."""
     pipeline.run(config, model, tokenizer)
-    directory = Path(config.out).expanduser()
-    info = run_json(directory)
-    settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
-    return ClarkResult(read_tables(directory), settings, info, directory)
+    return ClarkResult.of_run(config)

@@ -166,6 +166,15 @@ class TablesResult:
     directory: Path
     output: Output | None = dataclasses.field(default=None, repr=False)
 
+    @classmethod
+    def of_run(cls, config):
+        """What a run of `config` wrote into `config.out`; `settings` is `config` with the
+        max_length the run used (fitted to the model's positions)."""
+        directory = Path(config.out).expanduser()
+        info = run_json(directory)
+        settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
+        return cls(read_tables(directory), settings, info, directory)
+
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
         """Copies the outputs (CSVs, figures, run.json) to `out`, as `--out` would have."""
         return save(self.directory, out, overwrite)
