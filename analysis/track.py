@@ -37,7 +37,7 @@ import argparse
 
 from analysis.api import run_track as run
 from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
-from analysis.heads.tracking import FIGURES, TrackConfig, parse_steps
+from analysis.heads.tracking import CORRECTION_SCOPES, FIGURES, TrackConfig, parse_steps
 from bertjax import cli, distributed
 
 # -- command line -------------------------------------------------------------------------------
@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
                    help="also the syntactic attention structure (Chen et al. 2023) of each step on this CoNLL-U "
                         "file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
     p.add_argument("--sas-n", type=int, default=1000, help="with --sas: the first N trees of the file")
+    p.add_argument("--persistence", type=int, default=TrackConfig.persistence, metavar="K",
+                   help="an onset needs the role held at K consecutive analysed steps (1: the last ones alone)")  # fmt: skip
+    p.add_argument("--correction-scope", choices=CORRECTION_SCOPES, default=TrackConfig.correction_scope,
+                   help="the family of --correction: the tests of each step, or of the whole series")  # fmt: skip
     add_data_arguments(p)
     add_test_arguments(p)
     add_output_arguments(p, "track_out", FIGURES)
@@ -76,6 +80,8 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
         shard=shard,
         sas=a.sas,
         sas_n=a.sas_n,
+        persistence=a.persistence,
+        correction_scope=a.correction_scope,
     )
 
 

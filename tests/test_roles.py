@@ -169,7 +169,7 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
     out, _, _ = tiny_run
     table = pd.read_csv(out / "roles.csv")
     assert list(table.columns) == [
-        "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high", "t", "p_value", "p_adjusted", "assigned"
+        "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high", "lower_bound", "t", "p_value", "p_adjusted", "assigned"
     ]  # fmt: skip
     assert set(table.task) == {"mrpc", "sst2"}
     assert set(table.role[table.task == "sst2"]) == set(DEFAULT_ROLES) - {"block"}  # SST-2 is single-segment

@@ -82,7 +82,7 @@ def test_outputs_cover_every_step_and_role(tracked):
     out, _ = tracked
     table = pd.read_csv(out / tracking.TRACK_CSV)
     assert list(table.columns) == ["step", "task", "layer", "head", "role", "n", "mean", "std", "ci_low", "ci_high",
-                                   "t", "p_value", "p_adjusted", "assigned"]  # fmt: skip
+                                   "lower_bound", "t", "p_value", "p_adjusted", "assigned"]  # fmt: skip
     assert sorted(pd.unique(table["step"])) == list(STEPS)
     # per step: mrpc 12 roles, sst2 11 (no block), each over 2 layers × 2 heads
     assert (table.groupby("step").size() == (12 + 11) * 4).all()
@@ -97,7 +97,14 @@ def test_onset_csv_holds_the_onsets_of_the_track(tracked):
     assert list(written.columns) == onset.ONSET_COLUMNS
     assert len(written) == len(table[["task", "layer", "head", "role"]].drop_duplicates())
     expected = onset.role_onsets(table).reset_index(drop=True)
-    pd.testing.assert_frame_equal(written, expected, check_dtype=False)
+    point = ["task", "layer", "head", "role", "onset_step", "status", "mean_at_onset", "held_at_last_step"]
+    pd.testing.assert_frame_equal(written[point], expected[point], check_dtype=False)
+    # The intervals of the default 1000 replicates: shares are proportions, bounds are steps.
+    assert written["no_onset_share"].between(0, 1).all() and written["held_at_last_share"].between(0, 1).all()
+    assert set(written["onset_low"].dropna()) <= set(STEPS) and set(written["onset_high"].dropna()) <= set(STEPS)
+    run = json.loads((out / "run.json").read_text())
+    assert run["onsets"]["persistence"] == 2 and run["onsets"]["replicates"] == 1000
+    assert run["tests"]["count"] == table["p_value"].notna().sum()
 
 
 @pytest.mark.parametrize("tau", ["3", "auto"])

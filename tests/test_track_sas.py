@@ -8,6 +8,7 @@ import re
 import shlex
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from test_track import write_run
@@ -27,8 +28,12 @@ SAS_N = 6
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, shared_data) -> Path:
     workdir = write_run(tmp_path_factory.mktemp("run"), shared_data, STEPS)
-    losses = {2: 9.0, 5: 8.5, 40: 6.0}
-    rows = [{"step": s, "heldout_mlm_accuracy": 0.1, "heldout_mlm_loss": loss} for s, loss in losses.items()]
+    # Evaluations between the checkpoints too (heldout.every): flat in log step to 8, a steep drop
+    # to 20, slow after; the curve is read at all of them.
+    evaluations = np.array([1, 2, 3, 4, 5, 6, 8, 10, 13, 16, 20, 25, 32, 40])
+    x = np.log1p(evaluations)
+    losses = 9.0 - 0.02 * x - 3.0 * np.clip(x - np.log(9), 0, np.log(21 / 9)) - 0.1 * np.clip(x - np.log(21), 0, None)
+    rows = [{"step": int(s), "heldout_mlm_accuracy": 0.1, "heldout_mlm_loss": float(v)} for s, v in zip(evaluations, losses)]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return workdir
 
@@ -75,8 +80,11 @@ def test_curve_onsets_and_the_onset_figure(tracked):
         "heads:cls",
     ]
     loss = curves.set_index("curve").loc["heldout_mlm_loss"]
-    # per e-fold of 1 + step: 9.0 → 8.5 over ln(6/3) (−0.72) and 8.5 → 6.0 over ln(41/6) (−1.30)
-    assert (loss["steepest_from"], loss["steepest_to"]) == (5, 40)
+    # Read at its 14 evaluations, not the 3 checkpoints: the drop begins at the kink, step 8, which
+    # the last flat or the first steep segment may hold; its interval holds the kink.
+    assert loss["points"] == 14 and loss["reference"]
+    assert loss["changepoint_step"] in (8, 10) and loss["changepoint_low"] <= 8 <= loss["changepoint_high"]
+    assert loss["slope_per_efold"] == pytest.approx(-3.0, rel=0.05)
     assert (out / "mrpc_onset.png").is_file()
     run = json.loads((out / "run.json").read_text())
     assert run["sas"]["sentences"] == SAS_N and run["sas"]["computed_steps"] == list(STEPS)

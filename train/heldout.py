@@ -29,6 +29,13 @@ class HeldOutConfig:
     sequences: int = 1024  # the evaluation set: this many instances, the same at every checkpoint
     batch_size: int = 64
     seed: int = 0  # which instances and which masked tokens
+    # Steps between evaluations besides those at every checkpoint (0: at checkpoints only): a loss
+    # changepoint is placed on the evaluation grid, which checkpoints alone make coarse.
+    every: int = 0
+
+    def __post_init__(self) -> None:
+        if self.every < 0:
+            raise UserError(f"heldout.every: must be an integer ≥ 0 (0: at checkpoints only), got {self.every}")
 
 
 def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) -> None:

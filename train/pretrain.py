@@ -312,7 +312,12 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
 
         log.info("phase %d: steps %d → %d, T = %d", index, trainer.start, trainer.end, meta["max_seq_length"])
         outcome = trainer.run(
-            make_data, evaluate=evaluator, eval_at_saves=True, probe=probe, probe_every=config.probe.every
+            make_data,
+            evaluate=evaluator,
+            eval_every=config.heldout.every,
+            eval_at_saves=True,
+            probe=probe,
+            probe_every=config.probe.every,
         )
         if jax.process_index() == 0:
             runinfo.write_run_json(

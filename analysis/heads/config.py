@@ -27,7 +27,7 @@ BLOCK_FIRST_SEPS = ("a", "b")
 # builds a RolesConfig without argparse, so __post_init__ checks them too.
 CHOICES = {
     "split": ("train", "dev", "validation", "test"),
-    "test": ("t", "z"),
+    "test": ("t", "z", "bootstrap"),
     "correction": ("none", "holm", "bh"),
     "parser": ("spacy", "conllu"),
 }
@@ -52,6 +52,10 @@ class RolesConfig:
     alpha: float = 0.05
     test: str = "t"
     correction: str = "none"
+    # Resamples of the bootstrap-t test (--test bootstrap) and of track's onset intervals, and
+    # their seed: the same seed gives the same resamples, so a re-run reproduces every bound.
+    bootstrap: int = 1000
+    bootstrap_seed: int = 0
     parser: str = "spacy"
     spacy_model: str | None = None
     conllu: str | None = None
@@ -93,6 +97,12 @@ class RolesConfig:
         check_device_count(self.devices)
         if self.window < 1:
             raise UserError(f"--window must be at least 1, got {self.window}")
+        if self.bootstrap < 0 or (self.test == "bootstrap" and self.bootstrap < 100):
+            raise UserError(
+                f"--bootstrap must be an integer ≥ 0 (≥ 100 with --test bootstrap), got {self.bootstrap}"
+            )
+        if self.bootstrap_seed < 0:
+            raise UserError(f"--bootstrap-seed must be an integer ≥ 0, got {self.bootstrap_seed}")
         if not 0.0 < self.alpha < 1.0:
             raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         if self.tau != "auto":
@@ -142,8 +152,13 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the hypothesis tests."""
     p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
     p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--test", choices=CHOICES["test"], default="t")
+    p.add_argument("--test", choices=CHOICES["test"], default="t",
+                   help="t: one-sided t-test (ddof 1); z: normal tail; bootstrap: bootstrap-t, for skewed β")  # fmt: skip
     p.add_argument("--correction", choices=CHOICES["correction"], default="none")
+    p.add_argument("--bootstrap", type=int, default=RolesConfig.bootstrap, metavar="B",
+                   help="resamples of --test bootstrap and of track's onset intervals (track: 0 = no intervals)")  # fmt: skip
+    p.add_argument("--bootstrap-seed", type=int, default=RolesConfig.bootstrap_seed,
+                   help="seed of those resamples")  # fmt: skip
 
 
 def add_output_arguments(
@@ -175,7 +190,7 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     given = vars(a)
     # Flags whose argparse dest is the RolesConfig field's name.
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
-            "correction", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
+            "correction", "bootstrap", "bootstrap_seed", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
             "figure_format", "html", "block_score", "block_first_sep", "syntactic_average", "devices",
             "distributed", "allow_nonfinite")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}

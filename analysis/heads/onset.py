@@ -1,25 +1,19 @@
 """When each head takes on each role during training, read against how well the model has learnt.
 
 A head's *onset* for a role is the first analysed step from which it holds the role at every later
-analysed step: a role that flickers on and off dates from when it last came on, and a role lost by
-the last step has no onset. Learning is read from the held-out metrics a bertjax pre-training run
-writes into `metrics.jsonl` at every checkpoint (`heldout.corpora` in the pre-training config).
+analysed step, provided that is at least K consecutive analysed steps (`--persistence`, default 2):
+a role held only at the last step (fewer than K steps) is reported as `end_only`, not as an onset;
+a role lost by the last step has none (`not_held`). K = 1 is the rule before K existed.
+Uncertainty comes from resampling the sequences (`analysis.heads.intervals`): every replicate
+redoes every step's tests, giving an interval for the onset step, the share of replicates with no
+onset and the share holding the role at the last step.
 
-Curves get onsets too (`curve_onsets`, docs/tracking.md): the held-out MLM loss, the SAS
-(`analysis.attention.sas`) and each role's count of heads holding it. Two readings per curve, both
-on the analysed steps in linear step units and in the curve's improving direction (the loss falls,
-the others rise):
-
-- the *steepest change*: the consecutive analysed steps (a, b) over which the curve improves fastest
-  per e-fold of steps, (y_b − y_a) / ln((1 + b) / (1 + a)) for a rising curve. Per e-fold, not per
-  step, because tracked checkpoints are log-spaced: per step, the first few checkpoints (1, 2, 4,
-  …), where any curve moves off its initial value, would always win over a later, larger drop (on
-  the synthetic language, 4 → 16 instead of the drop that comes with the heads, 251 → 1000);
-- the *onset* (break point): the curve is fit by least squares with a ramp
-  y = p + q · clip(s − b, 0, e − b), flat up to b, straight from b to e, flat after, for every pair
-  of analysed steps b < e; the onset is the b of the smallest residual sum of squares (the earliest
-  on a tie), and there is none when that ramp does not rise (q ≤ 0) or the curve has under three
-  points. A monotone curve without plateau is fit by e = its last step, a hinge.
+Learning is read from the held-out metrics a bertjax pre-training run writes into `metrics.jsonl`,
+at every evaluation recorded (`heldout.every` adds evaluations between checkpoints). Curves (the
+held-out MLM loss, the reference fixed in advance; the accuracy; the SAS; each role's count of
+heads) get a changepoint with an interval (`analysis.common.changepoint`). A role's onset
+*coincides* with the loss's changepoint only when their intervals overlap; `onset.csv` and
+`curve_onsets.csv` say before / overlapping / after.
 """
 
 from __future__ import annotations
@@ -32,109 +26,149 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
+from analysis.common import changepoint
 from analysis.common.figures import save_figure, step_axis
 from analysis.heads.figures import role_colours
+from analysis.heads.intervals import onset_index
 from analysis.heads.summary import ordered_roles
 from bertjax.errors import UserError
 
+PERSISTENCE = 2
 ONSET_CSV = "onset.csv"
-ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "mean_at_onset", "held_at_last_step"]
+ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "status", "mean_at_onset", "held_at_last_step",
+                 "onset_low", "onset_high", "no_onset_share", "held_at_last_share", "vs_loss"]  # fmt: skip
 CURVE_ONSETS_CSV = "curve_onsets.csv"
-CURVE_COLUMNS = ["curve", "task", "onset_step", "steepest_from", "steepest_to", "steepest_rate"]
+CURVE_COLUMNS = ["curve", "task", "reference", "points", "segments", "changepoint_step", "changepoint_low",
+                 "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss"]  # fmt: skip
 LOSS_CURVE = "heldout_mlm_loss"
 ACCURACY_CURVE = "heldout_mlm_accuracy"
 SAS_CURVE = "sas"
+# The reference curve, fixed before any run was read: the held-out MLM loss.
+REFERENCE_CURVE = LOSS_CURVE
+INTERVAL_COLUMNS = ["onset_low", "onset_high", "no_onset_share", "held_at_last_share"]
 
 
-def role_onsets(track: pd.DataFrame) -> pd.DataFrame:
-    """One row per (task, layer, head, role) of `track` (the `track.csv` table): `onset_step` is
-    the first step from which `assigned` holds at every later step (NaN if it does not hold at the
-    last step), `mean_at_onset` the head's mean β at that step. An untested step is not held."""
-    rows = track.sort_values("step")
+def role_onsets(track: pd.DataFrame, persistence: int = PERSISTENCE, intervals: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per (task, layer, head, role) of `track` (the `track.csv` table): `onset_step` as in
+    the module doc (NaN without one), `status` onset | end_only | not_held, `mean_at_onset` the
+    head's mean β at the onset, and the interval columns from `intervals`
+    (`intervals.onset_interval_table`; empty without). An untested step is not held."""
+    rows = track.sort_values("step", kind="stable")
     out = []
     for (task, layer, head, role), part in rows.groupby(["task", "layer", "head", "role"], sort=False):
         held = part["assigned"].fillna(False).astype(bool).to_numpy()
-        # The onset is the step after the last step the role was not held (the first step if never lost).
-        lost = np.flatnonzero(~held)
-        start = 0 if lost.size == 0 else lost[-1] + 1
-        if start < held.size:
-            onset_step, mean = int(part["step"].iloc[start]), float(part["mean"].iloc[start])
+        index, trailing = (int(v) for v in onset_index(held, persistence))
+        if index < held.size:
+            onset_step, mean, status = int(part["step"].iloc[index]), float(part["mean"].iloc[index]), "onset"
         else:
-            onset_step, mean = np.nan, np.nan
-        out.append((task, layer, head, role, onset_step, mean, bool(held[-1])))
-    table = pd.DataFrame(out, columns=ONSET_COLUMNS).astype({"onset_step": "Int64"})
+            onset_step, mean, status = np.nan, np.nan, "end_only" if trailing else "not_held"
+        out.append((task, layer, head, role, onset_step, status, mean, bool(held[-1])))
+    table = pd.DataFrame(out, columns=ONSET_COLUMNS[:8]).astype({"onset_step": "Int64"})
+    if intervals is not None:
+        table = table.merge(intervals, on=["task", "layer", "head", "role"], how="left")
+    else:
+        table = table.assign(
+            onset_low=pd.array([pd.NA] * len(table), dtype="Int64"),
+            onset_high=pd.array([pd.NA] * len(table), dtype="Int64"),
+            no_onset_share=np.nan,
+            held_at_last_share=np.nan,
+        )
+    table["vs_loss"] = ""
     order = {role: i for i, role in enumerate(ordered_roles(table["role"]))}
-    return table.sort_values(["task", "role", "layer", "head"], key=lambda c: c.map(order) if c.name == "role" else c)
+    return table[ONSET_COLUMNS].sort_values(
+        ["task", "role", "layer", "head"], key=lambda c: c.map(order) if c.name == "role" else c
+    )
 
 
-def steepest_change(steps: np.ndarray, values: np.ndarray) -> tuple[int, int, float] | None:
-    """(a, b, rate): the consecutive steps over which a rising curve rises fastest per e-fold of
-    (1 + step) (the first such pair on a tie); None with fewer than two points or no rise."""
-    steps, values = np.asarray(steps, np.float64), np.asarray(values, np.float64)
-    if steps.size < 2:
-        return None
-    rates = np.diff(values) / np.diff(np.log1p(steps))
-    best = int(np.argmax(rates))
-    if not rates[best] > 0:
-        return None
-    return int(steps[best]), int(steps[best + 1]), float(rates[best])
+def relation(low, high, ref_low, ref_high) -> str:
+    """before / overlapping / after of an interval [low, high] against the reference's; NA bounds:
+    a missing high is "no onset" (later than any step), a missing low "before the first step"."""
+    if pd.isna(ref_low) and pd.isna(ref_high):
+        return ""
+    if pd.isna(low) and pd.isna(high):
+        return ""
+    lo = -np.inf if pd.isna(low) else float(low)
+    hi = np.inf if pd.isna(high) else float(high)
+    ref_lo = -np.inf if pd.isna(ref_low) else float(ref_low)
+    ref_hi = np.inf if pd.isna(ref_high) else float(ref_high)
+    if hi < ref_lo:
+        return "before"
+    if lo > ref_hi:
+        return "after"
+    return "overlapping"
 
 
-def ramp_onset(steps: np.ndarray, values: np.ndarray) -> int | None:
-    """The break of a rising curve: the b of the least-squares ramp p + q · clip(s − b, 0, e − b)
-    (flat, a straight rise from b to e, flat) over every pair of analysed steps b < e, the earliest
-    b (then e) on a tie; None when the best ramp does not rise (q ≤ 0) or there are under 3 points."""
-    steps, values = np.asarray(steps, np.float64), np.asarray(values, np.float64)
-    if steps.size < 3:
-        return None
-    best = (np.inf, None)
-    # Residuals of equally good fits differ by rounding (~ n·eps·Σy²): those count as ties.
-    tolerance = 64 * steps.size * np.finfo(float).eps * max(1.0, float(np.sum(values**2)))
-    for i, b in enumerate(steps[:-1]):
-        ends = steps[i + 1 :, None]
-        x = np.clip(steps[None, :] - b, 0.0, ends - b)  # [ends, points]
-        xc = x - x.mean(axis=1, keepdims=True)
-        q = (xc @ (values - values.mean())) / np.sum(xc**2, axis=1)
-        residual = np.sum((values - values.mean() - q[:, None] * xc) ** 2, axis=1)
-        k = int(np.argmin(residual))
-        if residual[k] < best[0] - tolerance:
-            best = (float(residual[k]), (int(b), float(q[k])))
-    b, q = best[1]
-    return b if q > 0 else None
+def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: int, seed: int,
+              curve_replicates: np.ndarray | None = None) -> dict:  # fmt: skip
+    """One row of `curve_onsets.csv` (steps in the step units of the run)."""
+    steps = np.asarray(steps)
+    found = changepoint.curve_changepoint(steps, values, falling, replicates, seed, curve_replicates)
+    row = {"curve": curve, "task": task, "reference": curve == REFERENCE_CURVE, "points": int(steps.size),
+           "segments": pd.NA, "changepoint_step": pd.NA, "changepoint_low": pd.NA, "changepoint_high": pd.NA,
+           "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": ""}  # fmt: skip
+    if found is None:
+        return row
+    row["segments"] = found.segments
+    if found.first >= 0:
+        row["changepoint_step"] = int(steps[found.first])
+        row["slope_per_efold"] = found.slope
+    if found.low is not None:
+        row["no_change_share"] = found.no_change_share
+        if found.high is not None and (found.first >= 0 or found.no_change_share < 1):
+            row["changepoint_low"] = int(steps[found.low]) if found.low >= 0 else int(steps[0])
+            row["changepoint_high"] = int(steps[found.high]) if found.high >= 0 else pd.NA
+    return row
 
 
-def curve_onset_row(curve: str, task: str, steps, values, falling: bool = False) -> dict:
-    """One row of `curve_onsets.csv`: a falling curve (the loss) is read as its negation."""
-    values = -np.asarray(values, np.float64) if falling else np.asarray(values, np.float64)
-    steepest = steepest_change(steps, values)
-    start, end, rate = (None, None, np.nan) if steepest is None else steepest
-    onset_step = ramp_onset(steps, values)
-    return {"curve": curve, "task": task, "onset_step": onset_step, "steepest_from": start, "steepest_to": end,
-            "steepest_rate": -rate if falling else rate}  # fmt: skip
-
-
-def curve_onsets(track: pd.DataFrame, heldout: pd.DataFrame | None, sas: pd.Series | None) -> pd.DataFrame:
-    """The onsets of the held-out MLM loss and accuracy (at the analysed steps they were recorded), of the SAS and
-    of each task's role counts; `steepest_rate` is per e-fold of (1 + step), negative for the loss."""
+def curve_onsets(
+    track: pd.DataFrame,
+    heldout: pd.DataFrame | None,
+    sas: pd.Series | None,
+    replicates: int = 0,
+    seed: int = 0,
+    count_replicates: dict[tuple[str, str], np.ndarray] | None = None,
+) -> pd.DataFrame:
+    """The changepoints of the held-out MLM loss (the reference) and accuracy at every evaluation
+    recorded, of the SAS and of each task's role counts, each with its interval and its relation
+    to the loss's (`count_replicates`: the counts under the paired resampling of sequences)."""
     rows = []
-    steps = np.sort(pd.unique(track["step"]))
-    # Both held-out curves: the loss's steepest drop is often its first descent, from the initial
-    # guess to the unigram plateau, which leaves the accuracy near zero; the accuracy rises fastest
-    # when the model starts to read context (the real-text run in docs/emergence.md: 36 → 66 for
-    # the loss, 1326 → 2414 for the accuracy, where the positional heads form).
     for curve, falling in ((LOSS_CURVE, True), (ACCURACY_CURVE, False)):
         if heldout is not None and curve in heldout:
-            values = heldout.loc[heldout.index.isin(steps), curve].dropna()
-            rows.append(curve_onset_row(curve, "", values.index.to_numpy(), values.to_numpy(), falling=falling))
+            values = heldout[curve].dropna()
+            rows.append(curve_row(curve, "", values.index.to_numpy(), values.to_numpy(), falling, replicates, seed))
     if sas is not None:
-        rows.append(curve_onset_row(SAS_CURVE, "", sas.index.to_numpy(), sas.to_numpy()))
+        rows.append(curve_row(SAS_CURVE, "", sas.index.to_numpy(), sas.to_numpy(), False, replicates, seed))
     for task in pd.unique(track["task"]):
         counts = heads_holding(track, task)
         for role in counts.columns:
-            rows.append(curve_onset_row(f"heads:{role}", task, counts.index.to_numpy(), counts[role].to_numpy()))
-    return pd.DataFrame(rows, columns=CURVE_COLUMNS).astype(
-        {"onset_step": "Int64", "steepest_from": "Int64", "steepest_to": "Int64"}
-    )
+            reps = None if count_replicates is None else count_replicates.get((task, role))
+            rows.append(curve_row(f"heads:{role}", task, counts.index.to_numpy(), counts[role].to_numpy(), False,
+                                  replicates if reps is None else 0, seed, reps))  # fmt: skip
+    table = pd.DataFrame(rows, columns=CURVE_COLUMNS)
+    reference = table[table["curve"] == REFERENCE_CURVE]
+    if not reference.empty:
+        ref = reference.iloc[0]
+        table["vs_loss"] = [
+            "" if r.curve == REFERENCE_CURVE else relation(r.changepoint_low, r.changepoint_high,
+                                                           ref.changepoint_low, ref.changepoint_high)
+            for r in table.itertuples()
+        ]  # fmt: skip
+    return table.astype({c: "Int64" for c in ("segments", "changepoint_step", "changepoint_low", "changepoint_high")})
+
+
+def relate_onsets(onsets: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
+    """`onsets` with `vs_loss`: each onset interval before / overlapping / after the loss's
+    changepoint interval (empty without an onset, an interval or a loss curve)."""
+    reference = curves[curves["curve"] == REFERENCE_CURVE]
+    if reference.empty:
+        return onsets
+    ref = reference.iloc[0]
+    vs = [
+        relation(r.onset_low, r.onset_high, ref.changepoint_low, ref.changepoint_high)
+        if r.status == "onset" and not (pd.isna(r.onset_low) and pd.isna(r.onset_high)) else ""
+        for r in onsets.itertuples()
+    ]  # fmt: skip
+    return onsets.assign(vs_loss=vs)
 
 
 def read_heldout(workdir: Path) -> pd.DataFrame | None:
@@ -173,17 +207,21 @@ def heads_holding(track: pd.DataFrame, task: str) -> pd.DataFrame:
 
 
 def format_onsets(track: pd.DataFrame, onsets: pd.DataFrame) -> str:
-    """Per task and role: the first step any head holds it, the earliest onset (held from then on)
-    and the heads holding it at the last step."""
+    """Per task and role: the first step any head holds it, the earliest onset (held from then on,
+    for at least the persistence), the heads with an onset, those holding it at the last steps only
+    (end_only) and the heads holding it at the last step."""
     lines = []
     for task in pd.unique(track["task"]):
         counts = heads_holding(track, task)
         task_onsets = onsets[onsets["task"] == task]
         earliest = task_onsets.groupby("role")["onset_step"].min()
+        status = task_onsets.groupby("role")["status"]
         table = pd.DataFrame(
             {
                 "first held": [_step_text(_first_step(counts[role])) for role in counts.columns],
-                "held from (earliest onset)": [_step_text(earliest.get(role)) for role in counts.columns],
+                "earliest onset": [_step_text(earliest.get(role)) for role in counts.columns],
+                "onsets": [int((status.get_group(r) == "onset").sum()) for r in counts.columns],
+                "end only": [int((status.get_group(r) == "end_only").sum()) for r in counts.columns],
                 "heads at last step": [int(counts[role].iloc[-1]) for role in counts.columns],
             },
             index=pd.Index(counts.columns, name="role"),
@@ -214,52 +252,91 @@ def plot_onset(
     stem: str,
     heldout: pd.DataFrame | None = None,
     sas: pd.DataFrame | None = None,
+    curves: pd.DataFrame | None = None,
+    onsets: pd.DataFrame | None = None,
 ) -> list[Path]:
-    """On one step axis, top to bottom: the run's held-out MLM loss (when it recorded one), the SAS
-    with its best offset baseline (when tracked; `sas` is the `sas.csv` table), and per role the
-    number of heads holding it. The loss's steepest drop is shaded and the SAS onset dashed."""
+    """On one step axis, top to bottom: the run's held-out MLM loss at every evaluation (when it
+    recorded one), the SAS with its best offset baseline (when tracked; `sas` is the `sas.csv`
+    table), per role the number of heads holding it, and each head's onset with its interval (when
+    `onsets` has intervals). The loss's changepoint interval (`curves`) is shaded on every panel."""
     counts = heads_holding(track, task)
     steps = counts.index.to_numpy()
-    loss = (
-        None
-        if heldout is None or LOSS_CURVE not in heldout
-        else heldout.loc[heldout.index.isin(steps), LOSS_CURVE].dropna()
-    )
+    loss = None if heldout is None or LOSS_CURVE not in heldout else heldout[LOSS_CURVE].dropna()
     overall = None if sas is None else sas[sas["relation"] == "all"].set_index("step").sort_index()
-    panels = ["loss"] * (loss is not None and not loss.empty) + ["sas"] * (overall is not None) + ["roles"]
-    fig = Figure(figsize=(7.2, 2.0 + 1.6 * len(panels)), layout="constrained")
-    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=[1] * (len(panels) - 1) + [1.6])[:, 0]
-    drop = None if "loss" not in panels else steepest_change(loss.index.to_numpy(), -loss.to_numpy())
-    sas_onset = None if overall is None else ramp_onset(overall.index.to_numpy(), overall["uas"].to_numpy())
+    task_onsets = None if onsets is None else onsets[(onsets["task"] == task) & (onsets["status"] == "onset")]
+    with_intervals = bool(task_onsets is not None and not task_onsets.empty and task_onsets["onset_low"].notna().any())
+    panels = (["loss"] * (loss is not None and not loss.empty) + ["sas"] * (overall is not None) + ["roles"]
+              + ["onsets"] * with_intervals)  # fmt: skip
+    heights = {"loss": 1.0, "sas": 1.0, "roles": 1.6, "onsets": 0.5 + 0.12 * (0 if not with_intervals else len(task_onsets))}
+    fig = Figure(figsize=(7.2, 1.2 + sum(heights[p] for p in panels)), layout="constrained")
+    axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=[heights[p] for p in panels])[:, 0]
+    shade = _changepoint(curves, LOSS_CURVE, "")
+    sas_point = _changepoint(curves, SAS_CURVE, "")
+    colours = role_colours(list(counts.columns))
     for ax, panel in zip(axes, panels, strict=True):
         if panel == "loss":
-            ax.plot(loss.index, loss.to_numpy(), color="black", marker="o", markersize=3)
+            ax.plot(loss.index, loss.to_numpy(), color="black", marker="o", markersize=2)
             ax.set_ylabel("held-out\nMLM loss")
         elif panel == "sas":
             ax.plot(overall.index, overall["uas"], color="#1f77b4", marker="o", markersize=3, label="SAS (best head)")
             ax.plot(overall.index, overall["baseline_uas"], color="grey", linestyle=":", label="best offset")
             ax.set_ylabel("UAS, all words")
             ax.legend(fontsize=7, loc="upper left")
-        else:
-            colours = role_colours(list(counts.columns))
+            if sas_point is not None and sas_point[0] is not None:
+                ax.axvline(sas_point[0], color="#1f77b4", linestyle="--", linewidth=1)
+        elif panel == "roles":
             for role in counts.columns:
                 ax.plot(steps, counts[role], marker="o", markersize=3, color=colours[role], label=role)
             ax.set_ylabel(f"heads holding the role\n(of {track_heads(track, task)})")
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylim(-0.3, max(1, int(counts.to_numpy().max())) + 0.3)
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-        if drop is not None:
-            ax.axvspan(drop[0], drop[1], color="#ff7f0e", alpha=0.15, linewidth=0)
-        if sas_onset is not None:
-            ax.axvline(sas_onset, color="#1f77b4", linestyle="--", linewidth=1)
+        else:
+            _plot_onset_intervals(ax, task_onsets, steps, colours)
+        if shade is not None and shade[1] is not None:
+            ax.axvspan(shade[1], shade[2] if shade[2] is not None else steps.max(), color="#ff7f0e", alpha=0.15, linewidth=0)
     step_axis(axes[-1], steps)
-    notes = []
-    if drop is not None:
-        notes.append(f"; steepest loss drop {drop[0]}–{drop[1]} (shaded)")
-    if sas_onset is not None:
-        notes.append(f"; SAS onset {sas_onset} (dashed)")
-    axes[0].set_title(
-        f"{task}: loss, syntactic attention and head roles during training" + "".join(notes),
-        fontsize=9,
-    )
+    n = int(track[track["task"] == task]["n"].max()) if "n" in track else None
+    notes = [f"N ≤ {n}" if n is not None else ""]
+    if shade is not None and shade[0] is not None:
+        notes.append(f"loss changepoint {shade[0]}, 90% interval {_step_text(shade[1])}–{_step_text(shade[2])} (shaded)")
+    if sas_point is not None and sas_point[0] is not None:
+        notes.append(f"SAS changepoint {sas_point[0]} (dashed)")
+    what = ", ".join(["held-out loss"] * ("loss" in panels) + ["syntactic attention"] * ("sas" in panels) + ["head roles"])
+    axes[0].set_title(f"{task}: {what} during training\n" + "; ".join(x for x in notes if x), fontsize=9)
     return save_figure(fig, out_dir, stem)
+
+
+def _changepoint(curves: pd.DataFrame | None, curve: str, task: str):
+    """(step, low, high) of a curve's changepoint in `curves`, None when it has no row."""
+    if curves is None:
+        return None
+    rows = curves[(curves["curve"] == curve) & (curves["task"].fillna("") == task)]
+    if rows.empty:
+        return None
+    row = rows.iloc[0]
+
+    def step(v):
+        return None if pd.isna(v) else int(v)
+
+    return step(row["changepoint_step"]), step(row["changepoint_low"]), step(row["changepoint_high"])
+
+
+def _plot_onset_intervals(ax, onsets: pd.DataFrame, steps: np.ndarray, colours: dict) -> None:
+    """One line per head with an onset: its 90% interval (an arrow to the last step when the
+    interval reaches "no onset") and the onset step as a dot."""
+    ordered = onsets.sort_values(["role", "onset_step", "layer", "head"], key=lambda c: c.map(
+        {r: i for i, r in enumerate(colours)}) if c.name == "role" else c)  # fmt: skip
+    for y, row in enumerate(ordered.itertuples()):
+        colour = colours.get(row.role, "black")
+        low = steps.min() if pd.isna(row.onset_low) else row.onset_low
+        high = steps.max() if pd.isna(row.onset_high) else row.onset_high
+        ax.plot([low, high], [y, y], color=colour, linewidth=1.5, solid_capstyle="butt")
+        if pd.isna(row.onset_high):
+            ax.plot([high], [y], marker=">", color=colour, markersize=4)
+        ax.plot([row.onset_step], [y], marker="o", color=colour, markersize=3)
+    ax.set_yticks(range(len(ordered)))
+    ax.set_yticklabels([f"{r.role} {r.layer}-{r.head}" for r in ordered.itertuples()], fontsize=6)
+    ax.set_ylim(-0.7, len(ordered) - 0.3)
+    ax.invert_yaxis()
+    ax.set_ylabel("onsets, 90%\nintervals", fontsize=8)

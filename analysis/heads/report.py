@@ -37,6 +37,8 @@ TABLES = {"roles": "roles.csv", "track": "track.csv", "effect": "head_means.csv"
 COREF_TABLE = "coref_heads.csv"
 
 STAT_FIELDS = ("n", "mean", "std", "ci_low", "ci_high", "t", "p_value", "p_adjusted", "assigned")
+# Shown when the table has it (runs written before it was added have not).
+OPTIONAL_STAT_FIELDS = ("lower_bound",)
 
 # Sequences longer than this make unreadable line views and large pages; the pool is drawn from
 # the shorter ones (the shortest are taken when none is this short).
@@ -272,7 +274,10 @@ def stats_data(run: Run, layers: int, heads: int) -> dict:
     for task in pd.unique(table["task"]):
         part = table[table["task"] == task]
         data[task] = {
-            role: {f: [grid_of(s, f, layers, heads) for _, s in g.groupby("step", sort=True)] for f in STAT_FIELDS}
+            role: {
+                f: [grid_of(s, f, layers, heads) for _, s in g.groupby("step", sort=True)]
+                for f in (*STAT_FIELDS, *(f for f in OPTIONAL_STAT_FIELDS if f in part))
+            }
             for role, g in part.groupby("role", sort=False)
         }
     return data

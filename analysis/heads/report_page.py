@@ -183,13 +183,15 @@ function openCard(l, h) {
 function cellTd(tr, field, value, text) { const td = el("td", { "data-field": field }, text); if (value !== null && value !== undefined) td.dataset.value = String(value); tr.appendChild(td); }
 function statsTable(l, h) {
   const st = headStats(S.task, l, h, S.step), t = $("card-stats"); t.innerHTML = "";
-  const head = el("tr"); for (const c of ["role", "mean β", "95% CI", "t", "p", `p adjusted (${D.settings.correction})`, "n", "held"]) head.appendChild(el("th", {}, c));
+  const head = el("tr"); for (const c of ["role", "mean β", "95% CI", `one-sided ${fmt(100 * (1 - D.settings.alpha))}% bound`, "t", "p", `p adjusted (${D.settings.correction})`, "n", "held"]) head.appendChild(el("th", {}, c));
   t.appendChild(head);
   for (const role of Object.keys(st)) {
     const s = st[role], tr = el("tr", { "data-role": role }); if (s.assigned) tr.className = "held";
     cellTd(tr, "role", role, role);
     cellTd(tr, "mean", s.mean, fmt(s.mean));
     const ci = el("td", { "data-field": "ci" }, `${fmt(s.ci_low)} – ${fmt(s.ci_high)}`); ci.dataset.low = String(s.ci_low); ci.dataset.high = String(s.ci_high); tr.appendChild(ci);
+    // The bound that matches the one-sided test: held (uncorrected) exactly when it exceeds τ.
+    cellTd(tr, "lower_bound", s.lower_bound, s.lower_bound === undefined ? "–" : `> ${fmt(s.lower_bound)}`);
     cellTd(tr, "t", s.t, fmt(s.t));
     cellTd(tr, "p_value", s.p_value, fmtP(s.p_value));
     cellTd(tr, "p_adjusted", s.p_adjusted, fmtP(s.p_adjusted));

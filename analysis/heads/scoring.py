@@ -140,7 +140,10 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     frames = []
     for task, result in results.items():
         for role, scores in result.scores.items():
-            test = stats.one_sided_test(scores, tau, axis=0, test=config.test)
+            test = stats.one_sided_test(
+                scores, tau, axis=0, test=config.test, alpha=config.alpha,
+                replicates=config.bootstrap, seed=config.bootstrap_seed,
+            )  # fmt: skip
             layers, heads = np.meshgrid(np.arange(scores.shape[1]), np.arange(scores.shape[2]), indexing="ij")
             frames.append(
                 pd.DataFrame(
@@ -154,6 +157,7 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
                         "std": test.std.ravel(),
                         "ci_low": test.ci_low.ravel(),
                         "ci_high": test.ci_high.ravel(),
+                        "lower_bound": test.lower_bound.ravel(),
                         "t": test.statistic.ravel(),
                         "p_value": test.p_value.ravel(),
                     }

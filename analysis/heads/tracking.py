@@ -25,6 +25,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from analysis.attention import sas as sas_lib
+from analysis.common import changepoint
 from analysis.common import figures as common_figures
 from analysis.common.examples import (
     data_file_hashes,
@@ -42,7 +43,7 @@ from analysis.common.figures import (
 )
 from analysis.common.forward import Devices
 from analysis.heads import figures as heads_figures
-from analysis.heads import onset, tracking_figures
+from analysis.heads import intervals, onset, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
@@ -50,7 +51,7 @@ from analysis.heads.tracking_figures import format_fractions, plot_emergence, pl
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
-from sieves import depattn
+from sieves import depattn, stats
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
 
@@ -60,6 +61,8 @@ SAS_CSV = "sas.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 SAS_FORMAT = 1
+
+CORRECTION_SCOPES = ("step", "series")
 
 # The figure kinds drawn per task, for `--figures`.
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
@@ -84,10 +87,20 @@ class TrackConfig:
     # `--sas FILE`: also the SAS (analysis.attention.sas) of each step on the first `sas_n` trees.
     sas: str | None = None
     sas_n: int = 1000
+    # An onset needs the role held at this many consecutive analysed steps (analysis.heads.onset).
+    persistence: int = onset.PERSISTENCE
+    # The family of --correction: the tests of one step (as analysis.roles) or of the whole series.
+    correction_scope: str = "step"
 
     def __post_init__(self) -> None:
         if self.sas_n < 1:
             raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
+        if self.persistence < 1:
+            raise UserError(f"--persistence must be an integer ≥ 1, got {self.persistence}")
+        if self.correction_scope not in CORRECTION_SCOPES:
+            raise UserError(
+                f"--correction-scope must be one of {', '.join(CORRECTION_SCOPES)}, got {self.correction_scope!r}"
+            )
 
     @property
     def cache_dir(self) -> Path:
@@ -307,11 +320,26 @@ def _run(
     # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
     # scores are read once and only one step's are held at a time.
     tested: dict[int, tuple[pd.DataFrame, float]] = {}
+    # The onset intervals' replicates, tested as each step is (docs/tracking.md): only where the
+    # outputs are written.
+    writes_outputs = config.shard is None and jax.process_index() == 0
+    resampler = intervals.PairedResampler(rc.bootstrap, rc.bootstrap_seed) if writes_outputs and rc.bootstrap else None
+    replicate_p: dict[int, np.ndarray] = {}
+    # With the series as the family, each step is tested uncorrected and corrected once all are in.
+    step_config = dataclasses.replace(rc, correction="none") if config.correction_scope == "series" else rc
+
+    def test_step(step: int, scores: dict[str, TaskScores]) -> None:
+        tested[step] = test_roles(scores, step_config)
+        if resampler is not None:
+            clock = time.perf_counter()
+            replicate_p[step] = resampler.pvalues(scores, tested[step][1], rc.test)
+            timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock
+
     for step in mine:
         if (
             cached_scores := read_cached(paths[step], expected={"settings": settings, "checkpoint": identities[step]})
         ) is not None:
-            tested[step] = test_roles(cached_scores, rc)
+            test_step(step, cached_scores)
     todo = [s for s in mine if s not in tested]
     sas_counts = {}
     for step in mine if config.sas is not None else []:
@@ -357,7 +385,7 @@ def _run(
                 results = gather_scores(results, n_sequences)
                 if jax.process_index() == 0:
                     save_scores(paths[step], results, settings, identities[step])
-                tested[step] = test_roles(results, rc)
+                test_step(step, results)
             if step in sas_todo:
                 sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
                 save_sas(sas_paths[step], sas_counts[step])
@@ -377,9 +405,11 @@ def _run(
     taus = {step: tested[step][1] for step in steps}
     tables = [tested[step][0].assign(step=step)[["step", *tested[step][0].columns]] for step in steps]
     track = pd.concat(tables, ignore_index=True)
+    if config.correction_scope == "series":
+        track["p_adjusted"] = stats.adjust_pvalues(track["p_value"].to_numpy(), rc.correction)
+        track["assigned"] = stats.assign(track["p_adjusted"].to_numpy(), rc.alpha)
     track.to_csv(tmp / TRACK_CSV, index=False)
-    onsets = onset.role_onsets(track)
-    onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
+    tests = test_count(track, rc, config.correction_scope)
     # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
     heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
     sas_table, sas_curve = None, None
@@ -389,7 +419,17 @@ def _run(
         )[["step", *depattn.SAS_COLUMNS]]
         sas_table.to_csv(tmp / SAS_CSV, index=False)
         sas_curve = sas_table[sas_table["relation"] == "all"].set_index("step")["uas"]
-    curves = onset.curve_onsets(track, heldout, sas_curve)
+    clock_intervals = time.perf_counter()
+    interval_table, count_replicates = None, None
+    if resampler is not None:
+        rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
+        held = intervals.decide([replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha)
+        interval_table = intervals.onset_interval_table(held, rows, steps, config.persistence)
+        count_replicates = intervals.replicate_counts(held, rows)
+    curves = onset.curve_onsets(track, heldout, sas_curve, rc.bootstrap, rc.bootstrap_seed, count_replicates)
+    onsets = onset.relate_onsets(onset.role_onsets(track, config.persistence, interval_table), curves)
+    timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock_intervals
+    onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
     curves.to_csv(tmp / onset.CURVE_ONSETS_CSV, index=False)
     timings["tests"] = time.perf_counter() - clock
 
@@ -399,12 +439,12 @@ def _run(
         "role_fractions": plot_role_fractions,
         "emergence": plot_emergence,
         "mean_beta": functools.partial(plot_mean_beta, taus=taus),
-        "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table),
+        "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table, curves=curves, onsets=onsets),
     }
     # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
     cache = FigureCache(config.cache_dir / "figures", [tracking_figures, onset, heads_figures, common_figures])
     shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + b"".join(
-        b"" if table is None else table.to_csv().encode() for table in (heldout, sas_table)
+        b"" if table is None else table.to_csv().encode() for table in (heldout, sas_table, curves, onsets)
     )
     with figure_formats(select_formats(rc.figure_format)):
         for kind in select_figures(rc.figures, FIGURES):
@@ -428,6 +468,15 @@ def _run(
             "cached_steps": [s for s in steps if s not in todo],
             "scores_cache": {str(s): str(p) for s, p in paths.items()},
             "tau": {str(s): t for s, t in taus.items()},
+            "tests": tests,
+            "onsets": {
+                "persistence": config.persistence,
+                "replicates": rc.bootstrap,
+                "seed": rc.bootstrap_seed,
+                "interval": list(changepoint.INTERVAL),
+                "reference_curve": onset.REFERENCE_CURVE,
+                "replicate_test": "z" if rc.test == "z" else "t",
+            },
             "parser": None if parser is None else {"name": parser.name, "version": parser.version},
             "mesh": devices.record(),
             "processes": jax.process_count(),
@@ -446,11 +495,36 @@ def _run(
         },
     )
     print(format_fractions(track))
+    print(tests_line(tests))
     print(onset.format_onsets(track, onsets))
     if sas_curve is not None:
         print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
     print("curve onsets (steps):\n" + curves.to_string(index=False))
     return track
+
+
+def test_count(track: pd.DataFrame, config: RolesConfig, scope: str) -> dict:
+    """How many tests the series made, and what that means without a correction."""
+    count = int(track["p_value"].notna().sum())
+    return {
+        "count": count,
+        "per_step": int(track.groupby("step")["p_value"].count().max()) if count else 0,
+        "alpha": config.alpha,
+        "correction": config.correction,
+        "scope": scope,
+        # Under H0 everywhere, the expected number of false assignments without a correction.
+        "expected_false_uncorrected": config.alpha * count,
+    }
+
+
+def tests_line(tests: dict) -> str:
+    if tests["correction"] == "none":
+        return (
+            f"tests: {tests['count']} over the series ({tests['per_step']} a step), uncorrected: α × tests = "
+            f"{tests['expected_false_uncorrected']:.1f} chance assignments to expect at worst (every mean at τ); "
+            "--correction holm|bh --correction-scope series corrects over the series"
+        )
+    return f"tests: {tests['count']} over the series ({tests['per_step']} a step), {tests['correction']}-corrected per {tests['scope']}"
 
 
 def check_same_work(todo: list[int], cache_dir: Path) -> None:
