@@ -37,17 +37,19 @@ import argparse
 
 from analysis.api import run_track as run
 from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
-from analysis.heads.tracking import CORRECTION_SCOPES, FIGURES, TrackConfig, parse_steps
+from analysis.heads.tracking import CORRECTION_SCOPES, FIGURES, TrackConfig, parse_steps, run_seeds
 from bertjax import cli, distributed
 
 # -- command line -------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> TrackConfig:
+def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
     cli.add_verbose_argument(p)
     series = p.add_mutually_exclusive_group(required=True)
-    series.add_argument("--run", help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/)")
+    series.add_argument("--run", action="append",
+                        help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/); repeated: the seeds "
+                             "of one recipe, each tracked into <out>/<name>/ with an across-seed summary in <out>")  # fmt: skip
     series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",
                         help="a member of the series (HF directory, hub id, bertjax workdir or step folder), repeated; "
                              "an integer LABEL is its step; or one pattern with {step}, filled from --steps")  # fmt: skip
@@ -71,8 +73,8 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     add_output_arguments(p, "track_out", FIGURES)
     a = p.parse_args(argv)
     shard = None if a.shard is None else distributed.parse_shard(a.shard)
-    return TrackConfig(
-        roles=config_from_args(a, ckpt=a.run or ""),
+    config = TrackConfig(
+        roles=config_from_args(a, ckpt=a.run[0] if a.run else ""),
         steps=parse_steps(a.steps),
         scores_cache=a.scores_cache,
         series=tuple(a.ckpt or ()),
@@ -83,10 +85,15 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
         persistence=a.persistence,
         correction_scope=a.correction_scope,
     )
+    return config, list(a.run or ())
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+    config, runs = parse_args(argv)
+    if len(runs) > 1:
+        run_seeds(config, runs)
+    else:
+        run(config)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ class Changepoint:
     low: int | None = None  # the interval: indices; None without replicates, -1 when unbounded
     high: int | None = None
     no_change_share: float | None = None
+    # The whole fit: each segment's first evaluation (index) and slope per e-fold, in order.
+    fit: tuple[tuple[int, float], ...] = ()
 
 
 def log_steps(steps) -> np.ndarray:
@@ -181,10 +183,14 @@ def curve_changepoint(
     if y.shape[1] < 2 * MIN_POINTS or not np.all(np.isfinite(y)):
         return None
     first, before, segments, slope = changepoints(x, y, falling)
-    point = Changepoint(int(first[0]), int(before[0]), int(segments[0]), float(slope[0]))
+    chosen, starts = best_segmentation(x, -y if falling else y)
+    begins = starts[0, : chosen[0]]
+    _, slopes = segment_costs(x, y)
+    ends = np.append(begins[1:] - 1, y.shape[1] - 1)
+    fit = tuple((int(b), float(slopes[0, b, e])) for b, e in zip(begins, ends))
+    point = Changepoint(int(first[0]), int(before[0]), int(segments[0]), float(slope[0]), fit=fit)
     if curve_replicates is None and replicates > 0:
-        chosen, starts = best_segmentation(x, -y if falling else y)
-        fit = fitted_values(x, y[0], starts[0, : chosen[0]])
+        fit = fitted_values(x, y[0], begins)
         residual = y[0] - fit
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(replicates, y.shape[1]))
         curve_replicates = fit[None, :] + signs * residual[None, :]

@@ -39,7 +39,7 @@ ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "status", "mean_
                  "onset_low", "onset_high", "no_onset_share", "held_at_last_share", "vs_loss"]  # fmt: skip
 CURVE_ONSETS_CSV = "curve_onsets.csv"
 CURVE_COLUMNS = ["curve", "task", "reference", "points", "segments", "changepoint_step", "changepoint_low",
-                 "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss"]  # fmt: skip
+                 "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss", "fit"]  # fmt: skip
 LOSS_CURVE = "heldout_mlm_loss"
 ACCURACY_CURVE = "heldout_mlm_accuracy"
 SAS_CURVE = "sas"
@@ -105,10 +105,12 @@ def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: i
     found = changepoint.curve_changepoint(steps, values, falling, replicates, seed, curve_replicates)
     row = {"curve": curve, "task": task, "reference": curve == REFERENCE_CURVE, "points": int(steps.size),
            "segments": pd.NA, "changepoint_step": pd.NA, "changepoint_low": pd.NA, "changepoint_high": pd.NA,
-           "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": ""}  # fmt: skip
+           "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": "", "fit": ""}  # fmt: skip
     if found is None:
         return row
     row["segments"] = found.segments
+    # Every segment of the fit, "first step: slope per e-fold": where the other changes are.
+    row["fit"] = "; ".join(f"{int(steps[b])}: {rate:+.4g}" for b, rate in found.fit)
     if found.first >= 0:
         row["changepoint_step"] = int(steps[found.first])
         row["slope_per_efold"] = found.slope

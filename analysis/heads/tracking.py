@@ -43,7 +43,7 @@ from analysis.common.figures import (
 )
 from analysis.common.forward import Devices
 from analysis.heads import figures as heads_figures
-from analysis.heads import intervals, onset, tracking_figures
+from analysis.heads import intervals, onset, seeds, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
@@ -542,3 +542,41 @@ def check_same_work(todo: list[int], cache_dir: Path) -> None:
 
 def shard_text(shard: tuple[int, int]) -> str:
     return f"{shard[0]}/{shard[1]}"
+
+
+def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
+    """Several runs of one recipe (`--run` repeated): each tracked into `<out>/<its name>/` with the
+    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`."""
+    out = Path(config.roles.out).expanduser().resolve()
+    names = [Path(w).expanduser().resolve().name for w in workdirs]
+    if len(set(names)) < len(names):
+        names = [f"{i}-{name}" for i, name in enumerate(names)]
+    directories = {}
+    for name, workdir in zip(names, workdirs, strict=True):
+        member_out = out / name
+        cache = None if config.scores_cache is None else str(Path(config.scores_cache).expanduser() / name)
+        print(f"track: run {workdir} → {member_out}")
+        run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
+                                scores_cache=cache))  # fmt: skip
+        directories[name] = member_out
+    if config.shard is not None or jax.process_index() != 0:
+        return pd.DataFrame()
+    table, tracks = seeds.summarize(directories)
+    with runinfo.atomic_file(out / seeds.SEEDS_CSV) as f:
+        table.to_csv(f, index=False)
+    if "onset" in select_figures(config.roles.figures, FIGURES):
+        with figure_formats(select_formats(config.roles.figure_format)):
+            for task in pd.unique(next(iter(tracks.values()))["task"]):
+                seeds.plot_seeds(tracks, task, out, f"{task}_seeds")
+    across = table[table["seed"] == "all"]
+    print(f"across {len(workdirs)} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):")
+    for row in across.itertuples():
+        print(f"  {row.task} {row.role}: onset {_median_range(row.earliest_onset_median, row.earliest_onset_min, row.earliest_onset_max)} "
+              f"in {row.seeds_with_onset} of {row.seeds} seeds; heads at last step {row.heads_at_last_step_median:g} "
+              f"[{row.heads_at_last_step_min:g}, {row.heads_at_last_step_max:g}]")  # fmt: skip
+    print(f"wrote {out / seeds.SEEDS_CSV}")
+    return table
+
+
+def _median_range(median, low, high) -> str:
+    return "none" if pd.isna(median) else f"{median:g} [{low:g}, {high:g}]"

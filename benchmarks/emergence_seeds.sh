@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# The emergence recipe across seeds on one GPU, in one call of at most 9 minutes: 3 seeds of
+# MLM-only and 2 of MLM + NSP (configs/pretrain/emergence.yaml, float32), each with the role and
+# SAS probe on UD English-EWT dev gold trees every 100 steps, held-out evaluation every 100 steps,
+# checkpoints log-spaced and every 250 steps over the drop (1000–5000); then each run tracked on
+# MRPC, SST-2 and QNLI dev (up to 1000 examples each) with --sas on EWT dev, onset intervals from
+# 1000 paired resamples, uncorrected and Holm-corrected over the series. docs/emergence.md reads
+# the outputs (docs/emergence/seeds/).
+#
+#   bash benchmarks/emergence_seeds.sh prepare   # here: shards, parses, wheels into .gpu-seeds/
+#   bash benchmarks/emergence_seeds.sh run OUT   # there: the device machine, with .gpu-seeds carried
+#
+# The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
+# so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
+# trained on that cut and shared by the NSP data. The workdirs have the same absolute path here and
+# there: held-out shards name the vocabulary by absolute path.
+#
+# BERTJAX_SEEDS_TINY=1 runs everything at toy size on any device (a dry run of the commands).
+set -euo pipefail
+mode=${1:?usage: bash benchmarks/emergence_seeds.sh prepare | run OUT}
+carry=${BERTJAX_SEEDS_DIR:-.gpu-seeds}
+prepared=${BERTJAX_SEEDS_PREPARED:-/tmp/bj-seeds}
+work=${BERTJAX_SEEDS_WORK:-/tmp/bj-runs}
+data=${BERTJAX_DATA:-../shared/data}
+py=${PYTHON:-python3}
+config=configs/pretrain/emergence.yaml
+ewt=$carry/en_ewt-ud-dev.conllu
+if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then
+  data_args=(data.max_documents=60 data.vocab_size=1000 heldout.sequences=64 heldout.batch_size=32)
+  train_args=(model.preset=tiny model.max_position_embeddings=64 train.steps=6 train.global_batch_size=4
+    heldout.every=2 probe.every=3 probe.n=8 checkpoint.log_spaced=3 "checkpoint.steps=[4]")
+  track_args=(--n 8 --sas-n 8 --bootstrap 50)
+  mlm_seeds=(0) nsp_seeds=(0) budget_train=600 budget_track=600
+else
+  data_args=(data.max_documents=12000)
+  train_args=(model.dtype=float32 heldout.every=100 probe.every=100
+    "checkpoint.steps=[1000,1250,1500,1750,2000,2250,2500,2750,3000,3250,3500,3750,4000,4250,4500,4750,5000]")
+  track_args=(--n 1000 --sas-n 1000 --bootstrap 1000)
+  mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=300 budget_track=170
+fi
+nsp_args=(data.pair_task=nsp data.train_vocab=false "data.vocab_file=$prepared/mlm/data-T64/vocab.txt")
+parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
+
+prepare() {
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  rm -rf "$carry"
+  mkdir -p "$carry/spacy-model" "$carry/glue" "$prepared"
+  for task in MRPC SST-2 QNLI; do mkdir -p "$carry/glue/$task" && cp "$data/glue/$task/dev.tsv" "$carry/glue/$task/"; done
+  cp "$data/ud_english_ewt/en_ewt-ud-dev.conllu" "$ewt"
+  "$py" -c 'import json; from sieves.parse import _installed_meta; print(json.dumps(_installed_meta(None)[1]))' \
+    >"$carry/spacy-model/meta.json"
+  # The tracks' texts into the parse cache (no spaCy there).
+  "$py" -m benchmarks.roles_overhead --glue-dir "$carry/glue" --tasks mrpc,sst2,qnli:dev --n "${track_args[1]}" \
+    --random-preset tiny --vocab "$data/vocab/bert-base-uncased-vocab.txt" --cache-dir "$prepared/parses" \
+    --export-parses "$prepared/parses.json"
+  cp -r "$prepared/parses" "$carry/parses"
+  [[ -d $prepared/mlm/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/mlm" \
+    --prepare-only "${data_args[@]}"
+  [[ -d $prepared/nsp/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/nsp" \
+    --prepare-only "${data_args[@]}" "${nsp_args[@]}"
+  cp -r "$prepared/mlm" "$carry/mlm" && cp -r "$prepared/nsp" "$carry/nsp"
+  rm -rf "$carry"/*/.*.lock
+  [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" --python-version 3.12 \
+    --platform manylinux2014_x86_64 omegaconf==2.4.0 antlr4-python3-runtime==4.9.3 tensorboardX==2.6.5 conllu
+  du -sh "$carry"
+}
+
+# Each run: pretrain (resumable; a stage out of time saves a checkpoint on SIGTERM), then track.
+one_run() {
+  local name=$1 objective=$2 seed=$3 extra=()
+  [[ $objective == nsp ]] && extra=("${nsp_args[@]}")
+  # The shards stay where they were prepared (data_dir); the held-out shards, which name that
+  # vocabulary by absolute path, are the workdir's own copy.
+  rm -rf "$work/$name" && mkdir -p "$work/$name" && cp -r "$prepared/$objective/heldout-T64" "$work/$name/"
+  timeout --signal=TERM --kill-after=20 "$budget_train" "$py" -m train.pretrain --config "$config" \
+    --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" train.seed="$seed" \
+    "data_dir=$prepared/$objective/data-T64" \
+    "probe.task=conllu:$(realpath "$ewt")" >"$work/$name.train.log" 2>&1 || echo "$name: pretrain exit $?" >>"$work/$name.train.log"
+  for scope in none series; do
+    local correction=() out=track
+    [[ $scope == series ]] && correction=(--correction holm --correction-scope series) out=track-holm-series
+    timeout --signal=TERM --kill-after=20 "$budget_track" "$py" -m analysis.track --run "$work/$name" \
+      --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length 64 "${track_args[@]}" --sas "$ewt" \
+      "${parse_args[@]}" "${correction[@]}" --scores-cache "$work/$name.cache" --out "$work/$name/$out" \
+      >"$work/$name.$out.log" 2>&1 || echo "$name: $out exit $?" >>"$work/$name.$out.log"
+  done
+}
+
+run() {
+  out=${1:?usage: bash benchmarks/emergence_seeds.sh run OUT}
+  mkdir -p "$out" "$work" "$prepared"
+  if compgen -G "$carry/wheels/*.whl" >/dev/null; then
+    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \
+      "$carry"/wheels/*.whl
+    export PYTHONPATH=$work/site
+  fi
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+  # Five processes share the GPU: none may take most of its memory up front.
+  export XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
+  rm -rf "$prepared/mlm" "$prepared/nsp" && cp -r "$carry/mlm" "$carry/nsp" "$prepared/"
+  "$py" - "$out/env.json" <<'EOF'
+import importlib.metadata as m, json, sys, jax
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
+env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) for n in names}}
+open(sys.argv[1], "w").write(json.dumps(env) + "\n")
+EOF
+  local pids=() names=()
+  for seed in "${mlm_seeds[@]}"; do one_run "mlm-s$seed" mlm "$seed" & pids+=($!) names+=("mlm-s$seed"); done
+  for seed in "${nsp_seeds[@]}"; do one_run "nsp-s$seed" nsp "$seed" & pids+=($!) names+=("nsp-s$seed"); done
+  for pid in "${pids[@]}"; do wait "$pid" || true; done
+  for name in "${names[@]}"; do
+    tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
+      --exclude='*.npz' --exclude=tokenizer --exclude=tensorboard "$name" $(cd "$work" && echo "$name".*.log)
+  done
+  tail -n 3 "$work"/*.log
+}
+
+case $mode in
+  prepare) prepare ;;
+  run) run "${2:-}" ;;
+  *) echo "error: unknown mode $mode (prepare or run)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,63 @@
+"""The across-seed summary of onsets (analysis.heads.seeds) and `analysis.track --run A --run B`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import track
+from analysis.heads import onset, seeds
+from bertjax.errors import UserError
+
+STEPS = [1, 10, 100, 1000]
+
+
+def _write_seed(directory, held_by_head: dict[int, list[bool]], changepoint: tuple[int, int, int]):
+    """A track output directory of one task and role whose heads hold `prev` as given."""
+    directory.mkdir(parents=True)
+    rows = [{"step": s, "task": "mrpc", "layer": 0, "head": h, "role": "prev", "n": 50, "mean": 3.0,
+             "assigned": flag} for h, flags in held_by_head.items() for s, flag in zip(STEPS, flags)]  # fmt: skip
+    track_table = pd.DataFrame(rows)
+    track_table.to_csv(directory / "track.csv", index=False)
+    onsets = onset.role_onsets(track_table)
+    onsets["onset_low"] = onsets["onset_step"]
+    onsets["onset_high"] = onsets["onset_step"]
+    onsets.to_csv(directory / "onset.csv", index=False)
+    step, low, high = changepoint
+    pd.DataFrame([{"curve": onset.LOSS_CURVE, "task": "", "changepoint_step": step, "changepoint_low": low,
+                   "changepoint_high": high}]).to_csv(directory / "curve_onsets.csv", index=False)  # fmt: skip
+
+
+def test_the_summary_gives_each_seed_and_the_median_and_range(tmp_path):
+    _write_seed(tmp_path / "s0", {0: [False, True, True, True], 1: [False, False, True, True]}, (10, 1, 10))
+    _write_seed(tmp_path / "s1", {0: [False, False, True, True], 1: [False, False, False, True]}, (10, 10, 100))
+    _write_seed(tmp_path / "s2", {0: [False, False, False, False], 1: [False, False, False, True]}, (100, 10, 100))
+    table, tracks = seeds.summarize({name: tmp_path / name for name in ("s0", "s1", "s2")})
+    per = table[table["seed"] != "all"].set_index("seed")
+    assert per.loc["s0", "earliest_onset"] == 10 and per.loc["s1", "earliest_onset"] == 100
+    assert np.isnan(per.loc["s2", "earliest_onset"]) and per.loc["s2", "end_only"] == 1
+    assert per["heads_at_last_step"].tolist() == [2, 2, 1]
+    assert per["vs_loss"].tolist() == ["overlapping", "overlapping", ""]
+    (all_row,) = table[table["seed"] == "all"].itertuples()
+    assert (all_row.seeds, all_row.seeds_with_onset) == (3, 2)
+    assert (all_row.earliest_onset_median, all_row.earliest_onset_min, all_row.earliest_onset_max) == (55, 10, 100)
+    assert (all_row.heads_at_last_step_median, all_row.heads_at_last_step_min) == (2, 1)
+    paths = seeds.plot_seeds(tracks, "mrpc", tmp_path, "mrpc_seeds")
+    assert [p.name for p in paths] == ["mrpc_seeds.png"]
+
+
+def test_one_seed_or_a_directory_without_a_track_is_one_error(tmp_path):
+    _write_seed(tmp_path / "s0", {0: [False, True, True, True]}, (10, 1, 10))
+    with pytest.raises(UserError, match="at least two"):
+        seeds.summarize({"s0": tmp_path / "s0"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no track.csv"):
+        seeds.summarize({"s0": tmp_path / "s0", "empty": tmp_path / "empty"})
+
+
+def test_run_repeats_for_seeds():
+    config, runs = track.parse_args(["--run", "a", "--run", "b", "--out", "x"])
+    assert runs == ["a", "b"] and config.roles.ckpt == "a"
+    config, runs = track.parse_args(["--run", "a", "--persistence", "3", "--correction-scope", "series"])
+    assert runs == ["a"] and config.persistence == 3 and config.correction_scope == "series"
