@@ -41,7 +41,7 @@ def sizes() -> None:
 
 def decisions(run: Path) -> None:
     """Heads holding each role under the four tests, on the run's per-sequence scores."""
-    tau = float(next(iter(json.loads((run / "run.json").read_text())["tau"].values())))
+    tau = float(json.loads((run / "run.json").read_text())["tau"])
     print(f"\n{run}: heads holding each role (τ = {tau:g}, α = {ALPHA})")
     print("| task/role | n | paper: z, ddof 1 | authors: t tail, ddof 0 | bertjax: t, ddof 1 | bootstrap-t |")
     print("| --- | --- | --- | --- | --- | --- |")
