@@ -37,6 +37,8 @@ def read_track(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     tables = []
     for name in (TRACK_CSV, onset.ONSET_CSV, onset.CURVE_ONSETS_CSV):
         path = directory / name
+        # A committed track keeps its large table compressed.
+        path = path if path.is_file() else path.with_name(name + ".gz")
         if not path.is_file():
             raise UserError(f"{directory}: no {name} (not the output of analysis.track)")
         tables.append(pd.read_csv(path))
