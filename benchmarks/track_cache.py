@@ -30,8 +30,8 @@ from bertjax import cli
 STEPS = (1, 3, 10, 31, 96, 200, 300)
 
 
-def random_run(workdir: Path, vocab: Path) -> Path:
-    """A training workdir with the tiny preset at random weights saved at STEPS, as the trainer
+def random_run(workdir: Path, vocab: Path, steps: tuple[int, ...] = STEPS) -> Path:
+    """A training workdir with the tiny preset at random weights saved at `steps`, as the trainer
     saves them (params + meta), and the vocabulary's tokenizer."""
     import orbax.checkpoint as ocp
     from flax import nnx
@@ -42,7 +42,7 @@ def random_run(workdir: Path, vocab: Path) -> Path:
 
     BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
     manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
-    for seed, step in enumerate(STEPS):
+    for seed, step in enumerate(steps):
         model = bertjax.init_model(
             bertjax.preset("tiny", max_position_embeddings=128), bertjax.BertForPreTraining, seed=seed
         )

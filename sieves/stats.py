@@ -107,12 +107,15 @@ def weighted_moments(weights: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np
     """Per resample (rows of `weights`, [B, n]) of the samples x [n, K]: the size [B], the mean and
     the SD with ddof 1 [B, K]. Computed about the sample's own mean, so the sums of squares keep
     their precision when the scores are far from 0."""
-    size = weights.sum(axis=1)
-    centre = x.mean(axis=0)
+    k = x.shape[1]
+    centre = x.mean(axis=0) if x.shape[0] else np.zeros(k)
     xc = x - centre
+    # One product for the counts, the sums and the sums of squares.
+    sums = weights @ np.concatenate([np.ones((x.shape[0], 1)), xc, xc * xc], axis=1)
+    size = sums[:, 0]
     with np.errstate(divide="ignore", invalid="ignore"):
-        mean_c = (weights @ xc) / size[:, None]
-        var = ((weights @ xc**2) - size[:, None] * mean_c**2) / (size[:, None] - 1)
+        mean_c = sums[:, 1 : 1 + k] / size[:, None]
+        var = (sums[:, 1 + k :] - size[:, None] * mean_c**2) / (size[:, None] - 1)
     return size, centre + mean_c, np.sqrt(np.maximum(var, 0.0))
 
 

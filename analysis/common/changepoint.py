@@ -34,7 +34,7 @@ MAX_SEGMENTS = 4
 MIN_POINTS = 3
 INTERVAL = (0.05, 0.95)
 # Replicates fitted at once: the segment costs are a [chunk, n, n] array.
-CHUNK = 64
+CHUNK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,11 +87,12 @@ def segment_costs(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]
     return np.where(valid, rss, np.inf), np.where(valid, slope, np.nan)
 
 
-def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGMENTS):
+def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGMENTS, costs=None):
     """Per curve of y [R, n]: the BIC-best number of segments k [R] and the start index of each
-    segment [R, max_segments] (-1 past k), by exact dynamic programming."""
+    segment [R, max_segments] (-1 past k), by exact dynamic programming (`costs`: the curves'
+    `segment_costs`, when already computed)."""
     r, n = y.shape
-    costs, _ = segment_costs(x, y)
+    costs = segment_costs(x, y)[0] if costs is None else costs
     kmax = max(1, min(max_segments, n // MIN_POINTS))
     # best[k][:, j]: the least RSS of points 0..j in k + 1 segments; arg: the last segment's start.
     best = [costs[:, 0, :]]
@@ -111,14 +112,15 @@ def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGM
         bic = n * np.log(np.maximum(rss, floor) / n) + (3 * k - 1) * np.log(n)
     bic = np.where(np.isfinite(rss), bic, np.inf)
     chosen = np.argmin(bic, axis=1) + 1  # the fewest segments on a tie
+    # Back from the last point, every curve at once: segment `level` starts where the best split
+    # of level + 1 segments ending at `end` put it.
     starts = np.full((r, max_segments), -1, dtype=np.int64)
-    for row in range(r):
-        end, segs = n - 1, []
-        for level in range(chosen[row] - 1, -1, -1):
-            start = int(arg[level][row, end]) if level else 0
-            segs.append(start)
-            end = start - 1
-        starts[row, : len(segs)] = segs[::-1]
+    rows, end = np.arange(r), np.full(r, n - 1)
+    for level in range(kmax - 1, -1, -1):
+        active = chosen > level
+        start = arg[level][rows, end] if level else np.zeros(r, dtype=np.int64)
+        starts[active, level] = start[active]
+        end = np.where(active, start - 1, end)
     return chosen, starts
 
 
@@ -132,17 +134,19 @@ def changepoints(x: np.ndarray, y: np.ndarray, falling: bool, max_segments: int 
     segments = np.zeros(r, dtype=np.int64)
     for lo in range(0, r, CHUNK):
         part = y[lo : lo + CHUNK]
-        chosen, starts = best_segmentation(x, part, max_segments)
-        _, slope = segment_costs(x, part)
-        for row in range(part.shape[0]):
-            begins = starts[row, : chosen[row]]
-            ends = np.append(begins[1:] - 1, n - 1)
-            rates = slope[row, begins, ends]
-            best = int(np.argmax(rates))
-            segments[lo + row] = chosen[row]
-            if chosen[row] > 1 and rates[best] > 0:
-                first[lo + row] = begins[best]
-                slopes[lo + row] = -rates[best] if falling else rates[best]
+        costs, slope = segment_costs(x, part)
+        chosen, starts = best_segmentation(x, part, max_segments, costs)
+        rows = np.arange(part.shape[0])[:, None]
+        valid = starts >= 0
+        ends = np.where(np.roll(valid, -1, axis=1) & (np.arange(max_segments) < max_segments - 1),
+                        np.roll(starts, -1, axis=1) - 1, n - 1)  # fmt: skip
+        rates = np.where(valid, slope[rows, np.maximum(starts, 0), ends], -np.inf)
+        best = np.argmax(rates, axis=1)
+        best_rate = rates[rows[:, 0], best]
+        found = (chosen > 1) & (best_rate > 0)
+        segments[lo : lo + len(part)] = chosen
+        first[lo : lo + len(part)] = np.where(found, starts[rows[:, 0], best], -1)
+        slopes[lo : lo + len(part)] = np.where(found, -best_rate if falling else best_rate, np.nan)
     before = np.where(first > 0, first - 1, -1)
     return first, before, segments, slopes
 

@@ -19,6 +19,7 @@ import zlib
 import numpy as np
 import pandas as pd
 from scipy import special
+from scipy.stats import t as stats_t
 
 from analysis.common.changepoint import INTERVAL
 from sieves import stats
@@ -44,38 +45,62 @@ class PairedResampler:
             self._weights[task] = cached
         return cached
 
-    def pvalues(self, results: dict[str, TaskScores], tau: float, test: str) -> np.ndarray:
+    def pvalues(self, results: dict[str, TaskScores], tau: float, test: str, alpha: float | None = None) -> np.ndarray:
         """[B, m] p-values of the one-sided tests of every replicate, the m tests in the order of
-        `scoring.test_roles`' rows (task, role, layer, head)."""
+        `scoring.test_roles`' rows (task, role, layer, head); with `alpha` (no correction to
+        come), the decisions p < α themselves, from critical values (a quantile per sample size
+        instead of a tail probability per test)."""
         blocks = []
         for task, result in results.items():
             population, weights = self.weights(task, result)
-            for role, scores in result.scores.items():
-                x = np.asarray(scores, np.float64)
-                x = x.reshape(x.shape[0], int(np.prod(x.shape[1:])))
-                positions = np.searchsorted(population, np.asarray(result.indices[role]))
-                blocks.append(replicate_pvalues(weights[:, positions], x, tau, test))
-        return np.concatenate(blocks, axis=1).astype(np.float32)
+            # Roles scored on the same sequences (every positional and delimiter role) share one
+            # matrix product: the cost is the resample weights times all their heads at once.
+            groups: dict[bytes, list[str]] = {}
+            for role in result.scores:
+                groups.setdefault(np.asarray(result.indices[role]).tobytes(), []).append(role)
+            pvalues = {}
+            for roles in groups.values():
+                positions = np.searchsorted(population, np.asarray(result.indices[roles[0]]))
+                chosen = weights if len(positions) == len(population) else weights[:, positions]
+                xs = [np.asarray(result.scores[r], np.float64) for r in roles]
+                widths = [int(np.prod(x.shape[1:])) for x in xs]
+                stacked = np.concatenate([x.reshape(x.shape[0], w) for x, w in zip(xs, widths)], axis=1)
+                p = replicate_pvalues(chosen, stacked, tau, test, alpha)
+                for role, part in zip(roles, np.split(p, np.cumsum(widths)[:-1], axis=1)):
+                    pvalues[role] = part
+            blocks += [pvalues[role] for role in result.scores]
+        out = np.concatenate(blocks, axis=1)
+        return out if alpha is not None else out.astype(np.float32)
 
 
-def replicate_pvalues(weights: np.ndarray, x: np.ndarray, tau: float, test: str) -> np.ndarray:
+def replicate_pvalues(weights: np.ndarray, x: np.ndarray, tau: float, test: str, alpha: float | None = None) -> np.ndarray:
     """p of H1: mean > τ for each resample (rows of `weights` [B, n]) of x [n, K]: the t tail
     (the z tail with `test` z), NaN where a resample has under 2 sequences or no spread, as
-    `stats.one_sided_test` treats its sample."""
+    `stats.one_sided_test` treats its sample. With `alpha`: the decisions p < α (bool)."""
     if x.shape[0] == 0:
-        return np.full((weights.shape[0], x.shape[1]), np.nan)
+        shape = (weights.shape[0], x.shape[1])
+        return np.zeros(shape, bool) if alpha is not None else np.full(shape, np.nan)
     size, mean, std = stats.weighted_moments(weights, x)
     # A resample of one repeated value: its SD is rounding of the order of eps·|x|, not spread.
-    flat = std <= 1e-12 * (np.abs(mean) + 1.0)
+    untestable = (std <= 1e-12 * (np.abs(mean) + 1.0)) | (size[:, None] < 2)
     with np.errstate(divide="ignore", invalid="ignore"):
         t = (mean - tau) / (std / np.sqrt(size[:, None]))
+        if alpha is not None:
+            # Sample sizes repeat across replicates: one quantile per distinct size.
+            sizes, inverse = np.unique(size, return_inverse=True)
+            critical = special.ndtri(1 - alpha) if test == "z" else stats_t.ppf(1 - alpha, np.maximum(sizes - 1, 1))
+            critical = np.broadcast_to(critical, sizes.shape)[inverse]
+            return (t > critical[:, None]) & ~untestable
         p = special.ndtr(-t) if test == "z" else special.stdtr(size[:, None] - 1, -t)
-    return np.where(flat | (size[:, None] < 2), np.nan, p)
+    return np.where(untestable, np.nan, p)
 
 
 def decide(pvalues: list[np.ndarray], correction: str, scope: str, alpha: float) -> np.ndarray:
-    """held [B, S, m] from the replicates' p-values of each of S steps ([B, m] each), the
-    correction applied per step or over the whole series, as the run's own tests."""
+    """held [B, S, m] from the replicates' p-values of each of S steps ([B, m] each; or their
+    decisions, bool, when there is no correction), the correction applied per step or over the
+    whole series, as the run's own tests."""
+    if pvalues and pvalues[0].dtype == bool:
+        return np.stack(pvalues, axis=1)
     if correction == "none":
         return np.stack([p < alpha for p in pvalues], axis=1)
     if scope == "series":

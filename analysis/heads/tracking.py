@@ -332,7 +332,8 @@ def _run(
         tested[step] = test_roles(scores, step_config)
         if resampler is not None:
             clock = time.perf_counter()
-            replicate_p[step] = resampler.pvalues(scores, tested[step][1], rc.test)
+            alpha = rc.alpha if rc.correction == "none" else None
+            replicate_p[step] = resampler.pvalues(scores, tested[step][1], rc.test, alpha)
             timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock
 
     for step in mine:
