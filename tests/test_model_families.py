@@ -10,6 +10,7 @@ N(0, 0.1), LayerNorm scales 1 + N(0, 0.1).
 
 from __future__ import annotations
 
+import copy
 import json
 
 import jax
@@ -176,6 +177,14 @@ def test_roberta_reads_a_weights_only_pytorch_bin(roberta, tmp_path):
         np.testing.assert_array_equal(value.get_value(), from_safetensors[path].get_value(), err_msg=str(path))
 
 
+def test_roberta_config_round_trips(roberta):
+    config = bertjax.from_pretrained(roberta[0]).config
+    assert (config.model_type, config.pad_token_id, config.type_vocab_size) == ("roberta", 1, 1)
+    written = config.to_hf_dict()
+    assert written["architectures"] == ["RobertaModel"] and "layer_types" not in written
+    assert bertjax.BertConfig.from_hf_dict(json.loads(json.dumps(written))) == config
+
+
 def test_roberta_refuses_sequences_past_its_offset_table(roberta):
     model = bertjax.from_pretrained(roberta[0])
     assert model.config.max_sequence_length == 48
@@ -290,14 +299,32 @@ def test_modernbert_local_layers_attend_within_their_band_only(modern_model, mod
     assert (global_rows[:, 9:] > 0).all()
 
 
-def test_modernbert_fused_attention_path_equals_explicit_path(modern_model, modern_batch):
-    """Without output_attentions the band goes to jax.nn.dot_product_attention as a mask."""
+def test_modernbert_padded_batch_matches_transformers_sdpa(modern, modern_model, modern_batch):
+    """transformers' default attention (sdpa) on the same padded batch: the hidden states of the
+    real tokens agree as the unpadded rows' do (sdpa returns no probabilities)."""
+    sdpa = copy.deepcopy(modern[1])
+    sdpa.set_attn_implementation("sdpa")
     ids, mask = modern_batch
-    explicit = _forward(modern_model, ids, mask, output_attentions=True).last_hidden_state
-    fused = _forward(modern_model, ids, mask).last_hidden_state
+    with torch.no_grad():
+        expected = sdpa(torch.tensor(ids), attention_mask=torch.tensor(mask)).last_hidden_state.numpy()
+    ours = _forward(modern_model, ids, mask).last_hidden_state
+    assert np.abs(np.asarray(ours) - expected)[mask.astype(bool)].max() <= HIDDEN_BOUND
+
+
+def test_modernbert_fused_attention_path_equals_explicit_path(modern_model, modern_batch):
+    """Without output_attentions the band goes to jax.nn.dot_product_attention as a mask, and a
+    head mask (the ablations' input) scales the heads' outputs instead of their probabilities."""
+    ids, mask = modern_batch
+    head_mask = np.ones((4, 4), np.float32)
+    head_mask[1, 0] = head_mask[3, 2] = 0.0
+    head_mask[2, 1] = 0.5
+    explicit = _forward(modern_model, ids, mask, output_attentions=True, head_mask=head_mask).last_hidden_state
+    fused = _forward(modern_model, ids, mask, head_mask=head_mask).last_hidden_state
+    unmasked = _forward(modern_model, ids, mask).last_hidden_state
     real = mask.astype(bool)
     # Two float32 orders of the same sums: within the parity bound's random walk (measured 2.8e-6).
     assert np.abs(np.asarray(fused) - np.asarray(explicit))[real].max() <= HIDDEN_BOUND
+    assert np.abs(np.asarray(fused) - np.asarray(unmasked))[real].max() > 0.01
 
 
 def _without_rope(monkeypatch, model):
