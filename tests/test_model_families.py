@@ -139,6 +139,15 @@ def test_roberta_mlm_head_matches_transformers(roberta, roberta_batch):
     assert error <= HIDDEN_BOUND
 
 
+def test_the_gradient_analysis_finds_robertas_mlm_head(roberta, modern):
+    """analysis.clark's gradients need a trained MLM head: RoBERTa's lm_head is one, and ModernBERT's
+    head is not modelled here."""
+    from analysis.attention.gradients import has_mlm_head
+    from bertjax.pretrained import resolve
+
+    assert has_mlm_head(resolve(roberta[0])) and not has_mlm_head(resolve(modern[0]))
+
+
 def test_roberta_numbers_positions_whatever_id_pads_the_batch(roberta, roberta_batch):
     """bertjax's batches pad with id 0 (RoBERTa's <s>); HF numbers a position as padding by the
     <pad> id alone. The real tokens see the same positions either way."""
