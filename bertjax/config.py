@@ -67,12 +67,6 @@ class BertConfig:
 
     def __post_init__(self) -> None:
         _check_fields(self)
-        if self.model_type not in MODEL_TYPES:
-            raise UserError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-        if self.model_type == "modernbert":
-            _check_modernbert(self)
-        elif self.layer_types is not None:
-            raise UserError(f"layer_types is a ModernBERT field; model_type {self.model_type!r} has none")
         if self.layer_norm_position not in LAYER_NORM_POSITIONS:
             raise UserError(
                 f"layer_norm_position {self.layer_norm_position!r} is not one of {', '.join(LAYER_NORM_POSITIONS)}"
@@ -87,6 +81,17 @@ class BertConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise UserError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        if self.model_type not in MODEL_TYPES:
+            raise UserError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
+        if self.model_type == "modernbert":
+            _check_modernbert(self)
+        elif self.layer_types is not None:
+            raise UserError(f"layer_types is a ModernBERT field; model_type {self.model_type!r} has none")
+        if self.model_type == "roberta" and self.max_sequence_length < 1:
+            raise UserError(
+                f"max_position_embeddings {self.max_position_embeddings} leaves no position after RoBERTa's "
+                f"offset of pad_token_id + 1 = {self.pad_token_id + 1}"
+            )
 
     @property
     def head_dim(self) -> int:
