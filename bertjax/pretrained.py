@@ -110,8 +110,13 @@ def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) 
         return name
     if config.model_type == "modernbert" and name in (BertModel, ModernBertModel):
         return ModernBertModel
-    if (config.model_type == "modernbert") != (name is ModernBertModel):
-        raise UserError(f"{name.__name__} is not a class of model_type {config.model_type!r}; load it as BertModel")
+    if config.model_type == "modernbert":
+        raise UserError(
+            f"{name.__name__} is not available for model_type 'modernbert': bertjax has its encoder only "
+            "(BertModel, which loads as ModernBertModel)"
+        )
+    if name is ModernBertModel:
+        raise UserError(f"ModernBertModel is not a class of model_type {config.model_type!r}; load it as BertModel")
     return name
 
 

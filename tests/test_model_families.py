@@ -407,7 +407,10 @@ def test_modernbert_reads_both_config_spellings():
 
 
 def test_modernbert_has_only_its_encoder(modern, modern_model, tmp_path):
-    with pytest.raises(bertjax.UserError, match=r"^BertForPreTraining is not a class of model_type 'modernbert'"):
+    with pytest.raises(
+        bertjax.UserError,
+        match=r"^BertForPreTraining is not available for model_type 'modernbert': bertjax has its encoder only",
+    ):
         bertjax.from_pretrained(modern[0], "BertForPreTraining")
     with pytest.raises(bertjax.UserError, match=r"writes HF's format for BERT only, not model_type 'modernbert'$"):
         bertjax.save_pretrained(modern_model, tmp_path)
