@@ -152,8 +152,7 @@ def from_pretrained(
     allow_nonfinite: bool = False,
     **config_overrides: Any,
 ) -> nnx.Module:
-    """Loads a model of class `cls` (default the bare encoder: `BertModel`, or `ModernBertModel`
-    where config.json's model_type is modernbert; RoBERTa is a `BertModel`).
+    """Loads a BERT of class `cls` (default the bare encoder).
 
     Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
     from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
