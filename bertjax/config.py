@@ -1,9 +1,10 @@
 """The encoder config: presets by size, and the HF `config.json` in both directions.
 
-One config class covers the three families bertjax models (`model_type`): BERT, RoBERTa (BERT's
-layers under other names, positions counted from after the padding id) and ModernBERT (its own
-layers: `bertjax.model.ModernBertModel`). A family reads only the fields that describe it; the
-others keep their defaults and are not written to its `config.json`."""
+One config class covers the families bertjax models (`model_type`): BERT, RoBERTa (BERT's layers
+under other names, positions counted from after the padding id), ELECTRA (BERT's layers behind a
+projection of narrower embeddings) and ModernBERT (its own layers: `bertjax.modernbert`). A family
+reads only the fields that describe it; the others keep their defaults and are not written to its
+`config.json`."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from bertjax.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-    """Architecture and numerics of an encoder (BERT, RoBERTa or ModernBERT); field names follow
-    HF's `BertConfig`, and ModernBERT's own fields its `ModernBertConfig`."""
+    """Architecture and numerics of an encoder (BERT, RoBERTa, ELECTRA or ModernBERT); field names
+    follow HF's `BertConfig`, and ModernBERT's own fields its `ModernBertConfig`."""
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -52,8 +53,10 @@ class BertConfig:
     # "sinusoidal" (Vaswani et al. 2017's table, scaled to the same RMS), which hands the model
     # relative offsets from step 1 (Cramming and Bietti et al. 2023 use sin/cos positions).
     position_embedding_init: str = "normal"
-    # HF's model_type: "bert", "roberta" or "modernbert".
+    # HF's model_type: "bert", "roberta", "electra" or "modernbert".
     model_type: str = "bert"
+    # ELECTRA only: the width of its embeddings, projected to hidden_size (None: hidden_size).
+    embedding_size: int | None = None
     # ModernBERT only, named as in HF's ModernBertConfig. Each layer attends globally
     # ("full_attention") or within a band of ±local_attention//2 positions ("sliding_attention");
     # None means HF's default, every third layer global from layer 0. RoPE's base differs by kind.
@@ -87,6 +90,10 @@ class BertConfig:
             _check_modernbert(self)
         elif self.layer_types is not None:
             raise UserError(f"layer_types is a ModernBERT field; model_type {self.model_type!r} has none")
+        if self.embedding_size is not None and (
+            self.model_type != "electra" or not isinstance(self.embedding_size, int) or self.embedding_size < 1
+        ):
+            raise UserError(f"embedding_size must be an integer ≥ 1 of an ELECTRA config, got {self.embedding_size!r}")
         if self.model_type == "roberta" and self.max_sequence_length < 1:
             raise UserError(
                 f"max_position_embeddings {self.max_position_embeddings} leaves no position after RoBERTa's "
@@ -104,6 +111,10 @@ class BertConfig:
         if self.model_type == "roberta":
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
 
     @property
     def has_token_types(self) -> bool:
@@ -133,12 +144,13 @@ class BertConfig:
     def to_hf_dict(self, architecture: str = "BertModel") -> dict[str, Any]:
         if self.model_type == "modernbert":
             return self._to_modernbert_dict(architecture)
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in MODERNBERT_FIELDS}
+        own = (*MODERNBERT_FIELDS, *(() if self.model_type == "electra" else ("embedding_size",)))
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in own}
         fields.pop("dtype")
         fields.pop("param_dtype")
         num_labels = fields.pop("num_labels")
-        if self.model_type == "roberta":
-            architecture = architecture.replace("Bert", "Roberta", 1)
+        if self.model_type in ("roberta", "electra"):
+            architecture = architecture.replace("Bert", self.model_type.capitalize(), 1)
         hf = {"architectures": [architecture], **fields}
         hf["position_embedding_type"] = "absolute"
         hf["tie_word_embeddings"] = True
@@ -179,6 +191,10 @@ class BertConfig:
                 # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
                 raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
             hf = {k: v for k, v in hf.items() if k not in MODERNBERT_FIELDS}
+            if model_type == "electra" and hf.get("embedding_size") == hf.get("hidden_size", cls.hidden_size):
+                hf.pop("embedding_size")  # no projection: one config for one model
+            elif model_type != "electra":
+                hf.pop("embedding_size", None)
         names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
         kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
         if "id2label" in hf:
@@ -334,7 +350,7 @@ def _modernbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
 
 
 # The families (HF model_type) and ModernBERT's own fields (written only to its config.json).
-MODEL_TYPES = ("bert", "roberta", "modernbert")
+MODEL_TYPES = ("bert", "roberta", "electra", "modernbert")
 MODERNBERT_FIELDS = ("layer_types", "local_attention", "global_rope_theta", "local_rope_theta", "norm_bias",
                      "attention_bias", "mlp_bias")  # fmt: skip
 LAYER_TYPES = ("full_attention", "sliding_attention")

@@ -63,7 +63,12 @@ FAMILIES: dict[str, Family] = {
         ),
         ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids", "lm_head.decoder.weight", "lm_head.decoder.bias"),
     ),
-    # bertjax models ModernBERT's encoder only: its MLM and classifier heads are not read.
+    # bertjax models ELECTRA's and ModernBERT's encoders only: their heads are not read.
+    "electra": Family(
+        "electra.",
+        ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier."),
+        ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids"),
+    ),
     "modernbert": Family("model.", ("head.", "decoder.", "classifier.")),
 }
 
@@ -140,6 +145,8 @@ def from_hf(
     heads = FAMILIES[model_type].head_prefixes
     unexplained = sorted(n for n in available if n not in used and not n.startswith(heads))
     if unexplained:
-        what = {"bert": "a BERT", "roberta": "a RoBERTa", "modernbert": "a ModernBERT"}[model_type]
+        what = {"bert": "a BERT", "roberta": "a RoBERTa", "electra": "an ELECTRA", "modernbert": "a ModernBERT"}[
+            model_type
+        ]
         raise UserError(f"{source}: tensor {unexplained[0]} is not part of {what} with this config")
     return leaves, missing

@@ -1,8 +1,9 @@
-"""BERT and RoBERTa in Flax NNX, with attribute names that mirror HF's `modeling_bert` tree.
+"""BERT, RoBERTa and ELECTRA in Flax NNX, with attribute names that mirror HF's `modeling_bert` tree.
 
 RoBERTa is this model under another config (`model_type: roberta`): the same layers, position ids
-counted from after the padding id, one token type. ModernBERT has layers of its own
-(`bertjax.modernbert`) and shares the attention core below (`attend`).
+counted from after the padding id, one token type. ELECTRA's encoder is too (`model_type:
+electra`): narrower embeddings projected to the layers' width, no pooler. ModernBERT has layers of
+its own (`bertjax.modernbert`) and shares the attention core below (`attend`).
 
 The module tree is the HF state-dict tree with HF's leaf names swapped for Flax's (`weight` →
 `kernel`/`embedding`/`scale`), so `bertjax.convert` is a short table, not guesswork.
@@ -74,9 +75,9 @@ def _dense(config: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs, use_bias: 
     )
 
 
-def _layer_norm(config: BertConfig, rngs: nnx.Rngs, use_bias: bool = True) -> nnx.LayerNorm:
+def _layer_norm(config: BertConfig, rngs: nnx.Rngs, use_bias: bool = True, width: int | None = None) -> nnx.LayerNorm:
     return nnx.LayerNorm(
-        config.hidden_size,
+        width or config.hidden_size,
         epsilon=config.layer_norm_eps,
         use_bias=use_bias,
         dtype=config.compute_dtype,
@@ -87,10 +88,10 @@ def _layer_norm(config: BertConfig, rngs: nnx.Rngs, use_bias: bool = True) -> nn
     )
 
 
-def _embed(config: BertConfig, num: int, rngs: nnx.Rngs) -> nnx.Embed:
+def _embed(config: BertConfig, num: int, rngs: nnx.Rngs, width: int | None = None) -> nnx.Embed:
     return nnx.Embed(
         num,
-        config.hidden_size,
+        width or config.hidden_size,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         embedding_init=nnx.initializers.normal(config.initializer_range),
@@ -162,13 +163,14 @@ def sinusoidal_positions(length: int, width: int, rms: float) -> Array:
 class BertEmbeddings(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.word_embeddings = _embed(config, config.vocab_size, rngs)
-        self.position_embeddings = _embed(config, config.max_position_embeddings, rngs)
+        width = config.embedding_width
+        self.word_embeddings = _embed(config, config.vocab_size, rngs, width)
+        self.position_embeddings = _embed(config, config.max_position_embeddings, rngs, width)
         if config.position_embedding_init == "sinusoidal":
-            table = sinusoidal_positions(config.max_position_embeddings, config.hidden_size, config.initializer_range)
+            table = sinusoidal_positions(config.max_position_embeddings, width, config.initializer_range)
             self.position_embeddings.embedding[...] = table.astype(config.storage_dtype)
-        self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs)
-        self.LayerNorm = _layer_norm(config, rngs)
+        self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs, width)
+        self.LayerNorm = _layer_norm(config, rngs, width=width)
 
     def __call__(self, input_ids, token_type_ids, position_ids=None, rngs=None) -> Array:
         """position_ids None: 0 … T-1 in every row."""
@@ -377,13 +379,19 @@ class BertPooler(nnx.Module):
 
 class BertModel(nnx.Module):
     """The encoder: embeddings, L layers, pooler. Mirrors `transformers.BertModel` (and
-    `RobertaModel` under a RoBERTa config)."""
+    `RobertaModel` and `ElectraModel` under their configs)."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, add_pooling_layer: bool = True):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs=rngs)
+        # ELECTRA's narrower embeddings are projected to the layers' width.
+        width = config.embedding_width
+        self.embeddings_project = (
+            None if width == config.hidden_size else _dense(config, width, config.hidden_size, rngs)
+        )
         self.encoder = BertEncoder(config, rngs=rngs)
-        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer else None
+        # ELECTRA's encoder has no pooler.
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer and config.model_type != "electra" else None
 
     def __call__(
         self,
@@ -412,6 +420,8 @@ class BertModel(nnx.Module):
         if position_ids is None and self.config.model_type == "roberta":
             position_ids = roberta_position_ids(input_ids, real, self.config.pad_token_id)
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets)
         pooled = None if self.pooler is None else self.pooler(x)
         return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions)

@@ -115,6 +115,10 @@ def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) 
             f"{name.__name__} is not available for model_type 'modernbert': bertjax has its encoder only "
             "(BertModel, which loads as ModernBertModel)"
         )
+    if config.model_type == "electra" and name is not BertModel:
+        raise UserError(
+            f"{name.__name__} is not available for model_type 'electra': bertjax has its encoder only (BertModel)"
+        )
     if name is ModernBertModel:
         raise UserError(f"ModernBertModel is not a class of model_type {config.model_type!r}; load it as BertModel")
     return name

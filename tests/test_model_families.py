@@ -1,4 +1,4 @@
-"""RoBERTa and ModernBERT against transformers' PyTorch models, on tiny random models saved by
+"""RoBERTa, ELECTRA and ModernBERT against transformers' PyTorch models, on tiny random models saved by
 transformers itself: the loader, the attention probabilities and the hidden states.
 
 The references run in float64 (their own rounding, ~2⁻⁵³, is negligible next to ours, 2⁻²⁴) with
@@ -213,6 +213,60 @@ def test_roberta_ignores_segment_ids(roberta, roberta_batch):
     np.testing.assert_array_equal(forward(model, ids, mask, segments.astype(np.int32)), plain)
 
 
+# --- ELECTRA (the discriminator's encoder) -------------------------------------------------------
+
+ELECTRA = dict(vocab_size=120, embedding_size=32, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+               intermediate_size=96, max_position_embeddings=48, hidden_dropout_prob=0.0,
+               attention_probs_dropout_prob=0.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def electra(tmp_path_factory):
+    """(directory of an ElectraForPreTraining saved by transformers, its float64 ElectraModel)."""
+    torch_model = transformers.ElectraForPreTraining(transformers.ElectraConfig(**ELECTRA, attn_implementation="eager"))
+    _redraw(torch_model, seed=0)
+    directory = tmp_path_factory.mktemp("electra")
+    torch_model.save_pretrained(directory)
+    return directory, torch_model.eval().double().electra
+
+
+def _electra_errors(model, reference):
+    ids, mask = _batch(np.random.default_rng(3), (48, 30, 7), 48, 120, specials=3, pad=0)
+    segments = (np.arange(48)[None] >= np.array([[20], [12], [3]])).astype(np.int64) * mask
+    out = jax.jit(lambda m, i, a, t: m(i, a, t, output_attentions=True))(model, ids, mask, segments)
+    with torch.no_grad():
+        expected = reference(
+            torch.tensor(ids), attention_mask=torch.tensor(mask), token_type_ids=torch.tensor(segments),
+            output_attentions=True,
+        )  # fmt: skip
+    return _errors(out, expected, mask.astype(bool))
+
+
+def test_electra_matches_transformers(electra):
+    """BERT's layers behind a projection of narrower embeddings (32 → 48), with no pooler."""
+    model = bertjax.from_pretrained(electra[0])
+    assert model.pooler is None and model.config.embedding_size == 32
+    attention, hidden = _electra_errors(model, electra[1])
+    _report("ELECTRA", attention, hidden)
+    assert attention <= ATTENTION_BOUND and hidden <= HIDDEN_BOUND
+
+
+def test_electra_without_its_projection_bias_fails_the_bounds(electra):
+    """Planted defect: the loader dropping embeddings_project.bias."""
+    model = bertjax.from_pretrained(electra[0])
+    model.embeddings_project.bias.set_value(np.zeros(48, np.float32))
+    attention, hidden = _electra_errors(model, electra[1])
+    _report("ELECTRA without its projection bias", attention, hidden)
+    assert attention > ATTENTION_BOUND and hidden > HIDDEN_BOUND
+
+
+def test_electra_has_only_its_encoder(electra):
+    with pytest.raises(bertjax.UserError, match=r"^BertForPreTraining is not available for model_type 'electra'"):
+        bertjax.from_pretrained(electra[0], "BertForPreTraining")
+    config = bertjax.from_pretrained(electra[0]).config
+    assert bertjax.BertConfig.from_hf_dict(json.loads(json.dumps(config.to_hf_dict()))) == config
+
+
 # --- ModernBERT ------------------------------------------------------------------------------
 
 # Layers 0 and 3 global, 1 and 2 local with a band of ±8 over sequences of up to 40 tokens.
@@ -418,6 +472,6 @@ def test_modernbert_has_only_its_encoder(modern, modern_model, tmp_path):
 
 def test_other_families_are_refused_in_one_line():
     with pytest.raises(
-        bertjax.UserError, match=r"^c\.json: model_type 'distilbert' is not one of bert, roberta, modernbert$"
+        bertjax.UserError, match=r"^c\.json: model_type 'distilbert' is not one of bert, roberta, electra, modernbert$"
     ):
         bertjax.BertConfig.from_hf_dict({"model_type": "distilbert"}, source="c.json")
