@@ -1,4 +1,5 @@
-"""bertjax: BERT in JAX/Flax for BERTology — the model, its configs and checkpoint conversion."""
+"""bertjax: BERT (and RoBERTa, ModernBERT) in JAX/Flax for BERTology — the models, their configs and
+checkpoint conversion."""
 
 from bertjax.config import PRESETS, BertConfig, preset
 from bertjax.errors import UserError
@@ -10,6 +11,7 @@ from bertjax.model import (
     ClassificationOutput,
     PreTrainingOutput,
 )
+from bertjax.modernbert import ModernBertModel
 from bertjax.pretrained import from_pretrained, init_model, load_tokenizer, save_pretrained
 
 __all__ = [
@@ -20,6 +22,7 @@ __all__ = [
     "BertModel",
     "BertOutput",
     "ClassificationOutput",
+    "ModernBertModel",
     "PreTrainingOutput",
     "UserError",
     "from_pretrained",

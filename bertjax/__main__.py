@@ -25,16 +25,20 @@ def main(argv: list[str] | None = None) -> None:
     tokenizer = load_tokenizer(args.ckpt, step=args.step)
     batch = tokenizer([args.text], [args.text_pair], return_tensors="np")
     out = jax.jit(lambda m, b: m(**b, output_attentions=True))(
-        model, {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+        # RoBERTa's and ModernBERT's tokenizers return no token_type_ids (one type, or none).
+        model,
+        {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch},
     )
     config = model.config
     n_params = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
     print(
-        f"{config.num_hidden_layers} layers × {config.num_attention_heads} heads, hidden {config.hidden_size}, {n_params:,} parameters"
+        f"{config.model_type}: {config.num_hidden_layers} layers × {config.num_attention_heads} heads, "
+        f"hidden {config.hidden_size}, {n_params:,} parameters"
     )
     print("tokens:", " ".join(tokenizer.convert_ids_to_tokens(batch["input_ids"][0])))
     print("last_hidden_state:", tuple(out.last_hidden_state.shape))
-    print("pooler_output:", tuple(out.pooler_output.shape))
+    if out.pooler_output is not None:  # ModernBERT has no pooler
+        print("pooler_output:", tuple(out.pooler_output.shape))
     print(f"attentions: {len(out.attentions)} × {tuple(out.attentions[0].shape)}")
 
 

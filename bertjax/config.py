@@ -1,4 +1,10 @@
-"""The BERT architecture config: presets by size, and the HF `config.json` in both directions."""
+"""The encoder config: presets by size, and the HF `config.json` in both directions.
+
+One config class covers the families bertjax models (`model_type`): BERT, RoBERTa (BERT's layers
+under other names, positions counted from after the padding id), ELECTRA (BERT's layers behind a
+projection of narrower embeddings) and ModernBERT (its own layers: `bertjax.modernbert`). A family
+reads only the fields that describe it; the others keep their defaults and are not written to its
+`config.json`."""
 
 from __future__ import annotations
 
@@ -15,7 +21,8 @@ from bertjax.errors import UserError
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
-    """Architecture and numerics of a BERT encoder; field names follow HF's `BertConfig`."""
+    """Architecture and numerics of an encoder (BERT, RoBERTa, ELECTRA or ModernBERT); field names
+    follow HF's `BertConfig`, and ModernBERT's own fields its `ModernBertConfig`."""
 
     vocab_size: int = 30522
     hidden_size: int = 768
@@ -46,6 +53,20 @@ class BertConfig:
     # "sinusoidal" (Vaswani et al. 2017's table, scaled to the same RMS), which hands the model
     # relative offsets from step 1 (Cramming and Bietti et al. 2023 use sin/cos positions).
     position_embedding_init: str = "normal"
+    # HF's model_type: "bert", "roberta", "electra" or "modernbert".
+    model_type: str = "bert"
+    # ELECTRA only: the width of its embeddings, projected to hidden_size (None: hidden_size).
+    embedding_size: int | None = None
+    # ModernBERT only, named as in HF's ModernBertConfig. Each layer attends globally
+    # ("full_attention") or within a band of ±local_attention//2 positions ("sliding_attention");
+    # None means HF's default, every third layer global from layer 0. RoPE's base differs by kind.
+    layer_types: tuple[str, ...] | None = None
+    local_attention: int = 128
+    global_rope_theta: float = 160_000.0
+    local_rope_theta: float = 10_000.0
+    norm_bias: bool = False
+    attention_bias: bool = False
+    mlp_bias: bool = False
 
     def __post_init__(self) -> None:
         _check_fields(self)
@@ -63,10 +84,47 @@ class BertConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise UserError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
+        if self.model_type not in MODEL_TYPES:
+            raise UserError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
+        if self.model_type == "modernbert":
+            _check_modernbert(self)
+        elif self.layer_types is not None:
+            raise UserError(f"layer_types is a ModernBERT field; model_type {self.model_type!r} has none")
+        if self.embedding_size is not None and (
+            self.model_type != "electra" or not isinstance(self.embedding_size, int) or self.embedding_size < 1
+        ):
+            raise UserError(f"embedding_size must be an integer ≥ 1 of an ELECTRA config, got {self.embedding_size!r}")
+        if self.model_type == "roberta" and self.max_sequence_length < 1:
+            raise UserError(
+                f"max_position_embeddings {self.max_position_embeddings} leaves no position after RoBERTa's "
+                f"offset of pad_token_id + 1 = {self.pad_token_id + 1}"
+            )
 
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def max_sequence_length(self) -> int:
+        """The longest sequence the model embeds: RoBERTa's positions start at pad_token_id + 1
+        (fairseq's numbering), so its table holds that many fewer."""
+        if self.model_type == "roberta":
+            return self.max_position_embeddings - self.pad_token_id - 1
+        return self.max_position_embeddings
+
+    @property
+    def embedding_width(self) -> int:
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def has_token_types(self) -> bool:
+        """Whether token_type_ids reach the model: RoBERTa has one type and ModernBERT none, so
+        their segments exist only in the separators (the model ignores token_type_ids)."""
+        return self.model_type != "modernbert" and self.type_vocab_size > 1
+
+    def is_global(self, layer: int) -> bool:
+        """Whether a layer attends over the whole sequence (always, outside ModernBERT)."""
+        return self.layer_types is None or self.layer_types[layer] == "full_attention"
 
     @property
     def classifier_dropout_prob(self) -> float:
@@ -84,31 +142,59 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     def to_hf_dict(self, architecture: str = "BertModel") -> dict[str, Any]:
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if self.model_type == "modernbert":
+            return self._to_modernbert_dict(architecture)
+        own = (*MODERNBERT_FIELDS, *(() if self.model_type == "electra" else ("embedding_size",)))
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in own}
         fields.pop("dtype")
         fields.pop("param_dtype")
         num_labels = fields.pop("num_labels")
-        hf = {"architectures": [architecture], "model_type": "bert", **fields}
+        if self.model_type in ("roberta", "electra"):
+            architecture = architecture.replace("Bert", self.model_type.capitalize(), 1)
+        hf = {"architectures": [architecture], **fields}
         hf["position_embedding_type"] = "absolute"
         hf["tie_word_embeddings"] = True
         hf["dtype"] = self.param_dtype
-        if architecture == "BertForSequenceClassification":
+        if architecture.endswith("ForSequenceClassification"):
             hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
             hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
         return hf
 
+    def _to_modernbert_dict(self, architecture: str) -> dict[str, Any]:
+        same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "initializer_range", "pad_token_id", "classifier_dropout",
+                "model_type", *MODERNBERT_FIELDS)  # fmt: skip
+        hf = {"architectures": [architecture.replace("Bert", "ModernBert", 1)]}
+        hf.update({name: getattr(self, name) for name in same})
+        hf["layer_types"] = list(self.layer_types)
+        hf["hidden_activation"] = self.hidden_act
+        hf["norm_eps"] = self.layer_norm_eps
+        hf["attention_dropout"] = self.attention_probs_dropout_prob
+        hf["mlp_dropout"] = self.hidden_dropout_prob
+        hf["num_labels"] = self.num_labels
+        hf["dtype"] = self.param_dtype
+        return hf
+
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], source: str = "config", **overrides: Any) -> BertConfig:
-        """Reads the fields bertjax models; rejects BERT variants it does not implement."""
+        """Reads the fields bertjax models; rejects variants it does not implement."""
         model_type = hf.get("model_type", "bert")
-        if model_type != "bert":
-            raise UserError(f"{source}: model_type {model_type!r} is not 'bert'")
-        position = hf.get("position_embedding_type", "absolute")
-        if position != "absolute":
-            raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
-        if hf.get("tie_word_embeddings", True) is False:
-            # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
-            raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
+        if model_type not in MODEL_TYPES:
+            raise UserError(f"{source}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
+        if model_type == "modernbert":
+            hf = _modernbert_fields(hf, source)
+        else:
+            position = hf.get("position_embedding_type", "absolute")
+            if position != "absolute":
+                raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
+            if hf.get("tie_word_embeddings", True) is False:
+                # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
+                raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
+            hf = {k: v for k, v in hf.items() if k not in MODERNBERT_FIELDS}
+            if model_type == "electra" and hf.get("embedding_size") == hf.get("hidden_size", cls.hidden_size):
+                hf.pop("embedding_size")  # no projection: one config for one model
+            elif model_type != "electra":
+                hf.pop("embedding_size", None)
         names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
         kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
         if "id2label" in hf:
@@ -187,6 +273,87 @@ def _check_fields(config: BertConfig) -> None:
             raise bad(name, "a string")
 
 
+def _check_modernbert(config: BertConfig) -> None:
+    # Set here (the dataclass is frozen) so that every reader sees the layers' kinds, as a tuple:
+    # configs key caches, so they must hash.
+    if config.layer_types is None:
+        object.__setattr__(config, "layer_types", every_nth_global(config.num_hidden_layers, 3))
+    elif isinstance(config.layer_types, list):
+        object.__setattr__(config, "layer_types", tuple(config.layer_types))
+    kinds = config.layer_types
+    if (
+        not isinstance(kinds, tuple)
+        or len(kinds) != config.num_hidden_layers
+        or not all(kind in LAYER_TYPES for kind in kinds)
+    ):
+        raise UserError(
+            f"layer_types must list one of {', '.join(LAYER_TYPES)} for each of the {config.num_hidden_layers} layers, "
+            f"got {kinds!r}"
+        )
+    if (
+        not isinstance(config.local_attention, int)
+        or isinstance(config.local_attention, bool)
+        or config.local_attention < 2
+    ):
+        raise UserError(f"local_attention must be an integer ≥ 2, got {config.local_attention!r}")
+    for name in ("global_rope_theta", "local_rope_theta"):
+        value = getattr(config, name)
+        if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value <= 1:
+            raise UserError(f"{name} must be a number > 1, got {value!r}")
+    if config.head_dim % 2:
+        raise UserError(f"RoPE needs an even head size, got hidden_size/num_attention_heads = {config.head_dim}")
+    for name in ("norm_bias", "attention_bias", "mlp_bias"):
+        if not isinstance(getattr(config, name), bool):
+            raise UserError(f"{name} must be true or false, got {getattr(config, name)!r}")
+
+
+def every_nth_global(layers: int, every: int) -> tuple[str, ...]:
+    """ModernBERT's alternation: layers 0, every, 2·every, … global, the others local."""
+    return tuple("sliding_attention" if i % every else "full_attention" for i in range(layers))
+
+
+def _modernbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """A ModernBERT config.json's fields under bertjax's names. transformers ≥ 5 writes
+    `layer_types` and `rope_parameters`; earlier versions (and the hub's checkpoints)
+    `global_attn_every_n_layers` and `global_rope_theta` / `local_rope_theta`: both are read."""
+    out = {k: hf[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                              "intermediate_size", "max_position_embeddings", "initializer_range",
+                              "classifier_dropout", "id2label", "num_labels", "local_attention", "pad_token_id",
+                              "norm_bias", "attention_bias", "mlp_bias", "global_rope_theta", "local_rope_theta")
+           if hf.get(k) is not None}  # fmt: skip
+    out["model_type"] = "modernbert"
+    out["type_vocab_size"] = 1
+    # ModernBERT's embedding dropout has no field of its own here: bertjax drops there at hidden_dropout_prob.
+    renamed = {"hidden_activation": "hidden_act", "norm_eps": "layer_norm_eps",
+               "attention_dropout": "attention_probs_dropout_prob", "mlp_dropout": "hidden_dropout_prob"}  # fmt: skip
+    out.update({ours: hf[theirs] for theirs, ours in renamed.items() if hf.get(theirs) is not None})
+    out.setdefault("layer_norm_eps", 1e-5)
+    out.setdefault("hidden_dropout_prob", 0.0)
+    out.setdefault("attention_probs_dropout_prob", 0.0)
+    if hf.get("layer_types") is not None:
+        out["layer_types"] = hf["layer_types"]
+    elif isinstance(hf.get("num_hidden_layers"), int):
+        every = hf.get("global_attn_every_n_layers", 3)
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise UserError(f"{source}: global_attn_every_n_layers must be an integer ≥ 1, got {every!r}")
+        out["layer_types"] = every_nth_global(hf["num_hidden_layers"], every)
+    ropes = hf.get("rope_parameters") or {}
+    if not isinstance(ropes, dict) or not all(isinstance(r, dict | None) for r in ropes.values()):
+        raise UserError(f"{source}: rope_parameters must map layer types to objects, got {ropes!r}")
+    for kind, theta in (("full_attention", "global_rope_theta"), ("sliding_attention", "local_rope_theta")):
+        rope = ropes.get(kind) or {}
+        if rope.get("rope_type", "default") != "default":
+            raise UserError(f"{source}: rope_type {rope['rope_type']!r} ({kind}) is not supported (only 'default')")
+        if "rope_theta" in rope:
+            out[theta] = rope["rope_theta"]
+    return out
+
+
+# The families (HF model_type) and ModernBERT's own fields (written only to its config.json).
+MODEL_TYPES = ("bert", "roberta", "electra", "modernbert")
+MODERNBERT_FIELDS = ("layer_types", "local_attention", "global_rope_theta", "local_rope_theta", "norm_bias",
+                     "attention_bias", "mlp_bias")  # fmt: skip
+LAYER_TYPES = ("full_attention", "sliding_attention")
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 LAYER_NORM_POSITIONS = ("post", "pre")
 POSITION_INITS = ("normal", "sinusoidal")

@@ -1,14 +1,16 @@
-"""HF BERT state dict ↔ bertjax parameter tree.
+"""HF state dicts (BERT, RoBERTa, ModernBERT) ↔ bertjax parameter trees.
 
-The Flax tree mirrors HF's module tree (see `bertjax.model`), so a name converts by joining the
-path and swapping the leaf name through `LEAF_NAMES`; the only other differences are the ones
-listed here: Linear kernels are transposed, the encoder of a headed model sits under `bert.`, old
-checkpoints call LayerNorm parameters gamma/beta, and HF's tied MLM decoder is not a parameter
-of its own.
+The Flax trees mirror HF's module trees (see `bertjax.model`, `bertjax.modernbert`), so a name
+converts by joining the path and swapping the leaf name through `LEAF_NAMES`; the only other
+differences are the ones listed here: Linear kernels are transposed, the encoder of a headed model
+sits under a family prefix (`bert.`, `roberta.`, `model.`), old checkpoints call LayerNorm
+parameters gamma/beta, RoBERTa's MLM head has other names than BERT's, and HF's tied MLM decoder
+is not a parameter of its own.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 import numpy as np
@@ -38,6 +40,39 @@ ENCODER_PREFIX = "bert."
 HEAD_PREFIXES = ("cls.", "classifier.")
 
 
+@dataclasses.dataclass(frozen=True)
+class Family:
+    """How one family's HF checkpoints name what bertjax's tree holds."""
+
+    encoder_prefix: str  # of the encoder's tensors in a headed model's state dict
+    head_prefixes: tuple[str, ...]  # tensors a model class may lack or not use
+    renames: tuple[tuple[str, str], ...] = ()  # HF name prefix → the name bertjax's tree gives it
+    ignored: tuple[str, ...] = IGNORED_HF_NAMES
+
+
+FAMILIES: dict[str, Family] = {
+    "bert": Family(ENCODER_PREFIX, HEAD_PREFIXES),
+    # RoBERTa's MLM head is BERT's under other names (its decoder tied, like BERT's).
+    "roberta": Family(
+        "roberta.",
+        HEAD_PREFIXES,
+        renames=(
+            ("lm_head.dense.", "cls.predictions.transform.dense."),
+            ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
+            ("lm_head.bias", "cls.predictions.bias"),
+        ),
+        ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids", "lm_head.decoder.weight", "lm_head.decoder.bias"),
+    ),
+    # bertjax models ELECTRA's and ModernBERT's encoders only: their heads are not read.
+    "electra": Family(
+        "electra.",
+        ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier."),
+        ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids"),
+    ),
+    "modernbert": Family("model.", ("head.", "decoder.", "classifier.")),
+}
+
+
 def hf_name(path: tuple) -> tuple[str, bool]:
     """The HF name (without a `bert.` prefix) of a bertjax parameter path, and whether to transpose."""
     *modules, leaf = path
@@ -46,15 +81,20 @@ def hf_name(path: tuple) -> tuple[str, bool]:
     return f"{name}.{hf_leaf}", transpose
 
 
-def normalize_hf_names(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Drops the `bert.` prefix, legacy names and non-parameters so any BERT checkpoint compares equal."""
+def normalize_hf_names(tensors: Mapping[str, np.ndarray], model_type: str = "bert") -> dict[str, np.ndarray]:
+    """Drops the family's encoder prefix, legacy names and non-parameters, and renames its head,
+    so that any checkpoint of the family compares equal."""
+    family = FAMILIES[model_type]
     out = {}
     for name, value in tensors.items():
-        name = name.removeprefix(ENCODER_PREFIX)
+        name = name.removeprefix(family.encoder_prefix)
         for old, new in LEGACY_NAMES.items():
             if name.endswith(old):
                 name = name[: -len(old)] + new
-        if name in IGNORED_HF_NAMES:
+        for old, new in family.renames:
+            if name.startswith(old):
+                name = new + name[len(old) :]
+        if name in family.ignored:
             continue
         out[name] = value
     return out
@@ -76,6 +116,7 @@ def from_hf(
     abstract_state: nnx.State,
     tensors: Mapping[str, np.ndarray],
     source: str,
+    model_type: str = "bert",
 ) -> tuple[dict[tuple, np.ndarray], list[tuple]]:
     """Fills the paths of `abstract_state` (a state of ShapeDtypeStructs) from HF tensors.
 
@@ -84,7 +125,7 @@ def from_hf(
     model has no use for (NSP weights loaded into a classifier) is skipped; an encoder tensor the
     config does not explain means config and weights disagree, and is an error.
     """
-    available = normalize_hf_names(tensors)
+    available = normalize_hf_names(tensors, model_type)
     leaves, missing, used = {}, [], set()
     for path, variable in nnx.to_flat_state(abstract_state):
         name, transpose = hf_name(path)
@@ -101,7 +142,11 @@ def from_hf(
                 f"{source}: tensor {name} has shape {list(value.shape)}, the config needs {list(expected.shape)}"
             )
         leaves[path] = value.astype(expected.dtype)
-    unexplained = sorted(n for n in available if n not in used and not n.startswith(HEAD_PREFIXES))
+    heads = FAMILIES[model_type].head_prefixes
+    unexplained = sorted(n for n in available if n not in used and not n.startswith(heads))
     if unexplained:
-        raise UserError(f"{source}: tensor {unexplained[0]} is not part of a BERT with this config")
+        what = {"bert": "a BERT", "roberta": "a RoBERTa", "electra": "an ELECTRA", "modernbert": "a ModernBERT"}[
+            model_type
+        ]
+        raise UserError(f"{source}: tensor {unexplained[0]} is not part of {what} with this config")
     return leaves, missing

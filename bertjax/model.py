@@ -1,4 +1,9 @@
-"""BERT in Flax NNX, with attribute names that mirror HF's `modeling_bert` tree.
+"""BERT, RoBERTa and ELECTRA in Flax NNX, with attribute names that mirror HF's `modeling_bert` tree.
+
+RoBERTa is this model under another config (`model_type: roberta`): the same layers, position ids
+counted from after the padding id, one token type. ELECTRA's encoder is too (`model_type:
+electra`): narrower embeddings projected to the layers' width, no pooler. ModernBERT has layers of
+its own (`bertjax.modernbert`) and shares the attention core below (`attend`).
 
 The module tree is the HF state-dict tree with HF's leaf names swapped for Flax's (`weight` →
 `kernel`/`embedding`/`scale`), so `bertjax.convert` is a short table, not guesswork.
@@ -58,10 +63,11 @@ def _activation(name: str):
     return jax.nn.relu
 
 
-def _dense(config: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Linear:
+def _dense(config: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs, use_bias: bool = True) -> nnx.Linear:
     return nnx.Linear(
         n_in,
         n_out,
+        use_bias=use_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         kernel_init=nnx.initializers.normal(config.initializer_range),
@@ -69,10 +75,11 @@ def _dense(config: BertConfig, n_in: int, n_out: int, rngs: nnx.Rngs) -> nnx.Lin
     )
 
 
-def _layer_norm(config: BertConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
+def _layer_norm(config: BertConfig, rngs: nnx.Rngs, use_bias: bool = True, width: int | None = None) -> nnx.LayerNorm:
     return nnx.LayerNorm(
-        config.hidden_size,
+        width or config.hidden_size,
         epsilon=config.layer_norm_eps,
+        use_bias=use_bias,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         # fp32 statistics: bf16 variance over 768 features loses too many bits.
@@ -81,10 +88,10 @@ def _layer_norm(config: BertConfig, rngs: nnx.Rngs) -> nnx.LayerNorm:
     )
 
 
-def _embed(config: BertConfig, num: int, rngs: nnx.Rngs) -> nnx.Embed:
+def _embed(config: BertConfig, num: int, rngs: nnx.Rngs, width: int | None = None) -> nnx.Embed:
     return nnx.Embed(
         num,
-        config.hidden_size,
+        width or config.hidden_size,
         dtype=config.compute_dtype,
         param_dtype=config.storage_dtype,
         embedding_init=nnx.initializers.normal(config.initializer_range),
@@ -156,13 +163,14 @@ def sinusoidal_positions(length: int, width: int, rms: float) -> Array:
 class BertEmbeddings(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
-        self.word_embeddings = _embed(config, config.vocab_size, rngs)
-        self.position_embeddings = _embed(config, config.max_position_embeddings, rngs)
+        width = config.embedding_width
+        self.word_embeddings = _embed(config, config.vocab_size, rngs, width)
+        self.position_embeddings = _embed(config, config.max_position_embeddings, rngs, width)
         if config.position_embedding_init == "sinusoidal":
-            table = sinusoidal_positions(config.max_position_embeddings, config.hidden_size, config.initializer_range)
+            table = sinusoidal_positions(config.max_position_embeddings, width, config.initializer_range)
             self.position_embeddings.embedding[...] = table.astype(config.storage_dtype)
-        self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs)
-        self.LayerNorm = _layer_norm(config, rngs)
+        self.token_type_embeddings = _embed(config, config.type_vocab_size, rngs, width)
+        self.LayerNorm = _layer_norm(config, rngs, width=width)
 
     def __call__(self, input_ids, token_type_ids, position_ids=None, rngs=None) -> Array:
         """position_ids None: 0 … T-1 in every row."""
@@ -170,24 +178,77 @@ class BertEmbeddings(nnx.Module):
         # types, T positions, each hit by every sequence) serialises on its atomics. A slice and a
         # select give the same values and turn those gradients into sums over the batch: a
         # BERT-base bf16 step at batch 256 on an H100 went from 124 to 107 ms.
-        length, limit = input_ids.shape[-1], self.config.max_position_embeddings
-        if length > limit:
-            # A lookup past the table would give NaN embeddings (jnp.take's fill) without a word.
-            raise UserError(
-                f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)"
-            )
+        length = input_ids.shape[-1]
+        check_length(self.config, length)
         dtype = self.config.compute_dtype
         if position_ids is None:
             positions = self.position_embeddings.embedding[:length].astype(dtype)[None]
         else:
             positions = self.position_embeddings(position_ids)
         types = self.token_type_embeddings.embedding[...].astype(dtype)
-        token_types = sum(
-            jnp.where((token_type_ids == t)[..., None], types[t], jnp.zeros((), dtype))
-            for t in range(self.config.type_vocab_size)
-        )
+        if self.config.type_vocab_size == 1:
+            # One type (RoBERTa): every token has it, whatever segment ids a caller passes.
+            token_types = types[0]
+        else:
+            token_types = sum(
+                jnp.where((token_type_ids == t)[..., None], types[t], jnp.zeros((), dtype))
+                for t in range(self.config.type_vocab_size)
+            )
         x = lookup(self.word_embeddings.embedding[...], input_ids, dtype) + positions + token_types
         return _dropout(self.LayerNorm(x), self.config.hidden_dropout_prob, rngs)
+
+
+def check_length(config: BertConfig, length: int) -> None:
+    """Refuses sequences longer than the model's positions: a lookup past the table would give NaN
+    embeddings (jnp.take's fill) without a word, and RoPE past the trained length is unseen."""
+    limit = config.max_sequence_length
+    if length <= limit:
+        return
+    if config.model_type == "roberta":
+        where = f"max_position_embeddings {config.max_position_embeddings} less RoBERTa's offset of {config.pad_token_id + 1}"
+        raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions ({where})")
+    raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)")
+
+
+def roberta_position_ids(input_ids: Array, real: Array, pad_token_id: int) -> Array:
+    """fairseq's numbering, as HF's `create_position_ids_from_input_ids`: the real tokens count
+    from pad_token_id + 1, padding sits at pad_token_id. A token is padding where its id is the
+    padding id, as in HF, or where the attention mask says so: bertjax's batches pad with id 0
+    (RoBERTa's <s>), which HF would number on past the sequence."""
+    counted = (input_ids != pad_token_id) & real
+    return jnp.cumsum(counted, axis=-1, dtype=jnp.int32) * counted + pad_token_id
+
+
+def attend(cfg: BertConfig, q, k, v, allowed, head_mask, disable, output_attentions, rngs, offsets):
+    """Scaled dot-product attention of q, k, v [B, T, H, d_head] over the keys `allowed` (bool,
+    broadcastable to [B, 1, T, T]: the real keys, and for a local layer those in its band) →
+    (context [B, T, H·d_head], the probabilities [B, H, T, T] or None). head_mask [H], disable
+    [H] bool and offsets [B, H, T, T] as in `BertModel.__call__`."""
+    batch, length = q.shape[:2]
+    dropout_active = rngs is not None and cfg.attention_probs_dropout_prob > 0.0
+
+    if not (output_attentions or dropout_active or disable is not None or offsets is not None):
+        context = jax.nn.dot_product_attention(q, k, v, mask=allowed)
+        if head_mask is not None:
+            context = context * head_mask.astype(context.dtype)[None, None, :, None]
+        return context.reshape(batch, length, -1), None
+
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(cfg.head_dim)
+    scores = jnp.where(allowed, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1)
+    if disable is not None:
+        # Kovaleva et al.'s disabling: the head attends uniformly over the keys it may attend.
+        # A row with none (padding only) gets zeros, not 0/0 (NaN would reach every gradient).
+        uniform = allowed / jnp.maximum(allowed.sum(axis=-1, keepdims=True), 1)
+        probs = jnp.where(disable[None, :, None, None], uniform, probs)
+    if offsets is not None:
+        probs = probs + offsets.astype(jnp.float32)
+    if head_mask is not None:
+        probs = probs * head_mask.astype(jnp.float32)[None, :, None, None]
+    used = _dropout(probs, cfg.attention_probs_dropout_prob, rngs)
+    context = jnp.einsum("bhqk,bkhd->bqhd", used.astype(v.dtype), v)
+    return context.reshape(batch, length, -1), probs if output_attentions else None
 
 
 class BertSelfAttention(nnx.Module):
@@ -214,30 +275,8 @@ class BertSelfAttention(nnx.Module):
         batch, length, _ = x.shape
         split = lambda y: y.reshape(batch, length, cfg.num_attention_heads, cfg.head_dim)
         q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        dropout_active = rngs is not None and cfg.attention_probs_dropout_prob > 0.0
-
-        if not (output_attentions or dropout_active or disable is not None or offsets is not None):
-            context = jax.nn.dot_product_attention(q, k, v, mask=real[:, None, None, :])
-            if head_mask is not None:
-                context = context * head_mask.astype(context.dtype)[None, None, :, None]
-            return context.reshape(batch, length, -1), None
-
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32)
-        scores = scores / math.sqrt(cfg.head_dim)
-        scores = jnp.where(real[:, None, None, :], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1)
-        if disable is not None:
-            # Kovaleva et al.'s disabling: the head attends uniformly over the real tokens.
-            # A row of padding only has no real token: zeros, not 0/0 (NaN would reach every gradient).
-            uniform = real / jnp.maximum(real.sum(axis=-1, keepdims=True), 1)
-            probs = jnp.where(disable[None, :, None, None], uniform[:, None, None, :], probs)
-        if offsets is not None:
-            probs = probs + offsets.astype(jnp.float32)
-        if head_mask is not None:
-            probs = probs * head_mask.astype(jnp.float32)[None, :, None, None]
-        used = _dropout(probs, cfg.attention_probs_dropout_prob, rngs)
-        context = jnp.einsum("bhqk,bkhd->bqhd", used.astype(v.dtype), v)
-        return context.reshape(batch, length, -1), probs if output_attentions else None
+        allowed = real[:, None, None, :]
+        return attend(cfg, q, k, v, allowed, head_mask, disable, output_attentions, rngs, offsets)
 
 
 class BertSelfOutput(nnx.Module):
@@ -339,13 +378,20 @@ class BertPooler(nnx.Module):
 
 
 class BertModel(nnx.Module):
-    """The encoder: embeddings, L layers, pooler. Mirrors `transformers.BertModel`."""
+    """The encoder: embeddings, L layers, pooler. Mirrors `transformers.BertModel` (and
+    `RobertaModel` and `ElectraModel` under their configs)."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs, add_pooling_layer: bool = True):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs=rngs)
+        # ELECTRA's narrower embeddings are projected to the layers' width.
+        width = config.embedding_width
+        self.embeddings_project = (
+            None if width == config.hidden_size else _dense(config, width, config.hidden_size, rngs)
+        )
         self.encoder = BertEncoder(config, rngs=rngs)
-        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer else None
+        # ELECTRA's encoder has no pooler.
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer and config.model_type != "electra" else None
 
     def __call__(
         self,
@@ -371,7 +417,11 @@ class BertModel(nnx.Module):
             token_type_ids = jnp.zeros_like(input_ids)
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
         real = attention_mask.astype(bool)
+        if position_ids is None and self.config.model_type == "roberta":
+            position_ids = roberta_position_ids(input_ids, real, self.config.pad_token_id)
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)
         x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets)
         pooled = None if self.pooler is None else self.pooler(x)
         return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions)

@@ -26,6 +26,7 @@ from bertjax import convert, runinfo
 from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
 from bertjax.model import MODEL_CLASSES, BertModel
+from bertjax.modernbert import ModernBertModel
 
 log = logging.getLogger(__name__)
 
@@ -97,16 +98,34 @@ def _from_hub(repo_id: str, fetch: Callable[[], Path]) -> Path:
         ) from None
 
 
-def model_class(name: str | type[nnx.Module]) -> type[nnx.Module]:
+def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) -> type[nnx.Module]:
+    """The class named, as the config's family has it: the bare encoder (`BertModel`, what every
+    analysis asks for) of a ModernBERT config is `ModernBertModel`, its only class here."""
     if isinstance(name, str):
-        if name not in MODEL_CLASSES:
-            raise UserError(f"unknown model class {name!r}; choose from {', '.join(MODEL_CLASSES)}")
-        return MODEL_CLASSES[name]
+        classes = {**MODEL_CLASSES, "ModernBertModel": ModernBertModel}
+        if name not in classes:
+            raise UserError(f"unknown model class {name!r}; choose from {', '.join(classes)}")
+        name = classes[name]
+    if config is None:
+        return name
+    if config.model_type == "modernbert" and name in (BertModel, ModernBertModel):
+        return ModernBertModel
+    if config.model_type == "modernbert":
+        raise UserError(
+            f"{name.__name__} is not available for model_type 'modernbert': bertjax has its encoder only "
+            "(BertModel, which loads as ModernBertModel)"
+        )
+    if config.model_type == "electra" and name is not BertModel:
+        raise UserError(
+            f"{name.__name__} is not available for model_type 'electra': bertjax has its encoder only (BertModel)"
+        )
+    if name is ModernBertModel:
+        raise UserError(f"ModernBertModel is not a class of model_type {config.model_type!r}; load it as BertModel")
     return name
 
 
 def init_model(config: BertConfig, cls: str | type[nnx.Module] = BertModel, seed: int = 0) -> nnx.Module:
-    return model_class(cls)(config, rngs=nnx.Rngs(params=seed))
+    return model_class(cls, config)(config, rngs=nnx.Rngs(params=seed))
 
 
 def load_config(source: Source, **overrides: Any) -> BertConfig:
@@ -147,11 +166,11 @@ def from_pretrained(
     """
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
-    cls = model_class(cls)
+    cls = model_class(cls, config)
     graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
         file, tensors = _read_hf_tensors(source.path)
-        leaves, missing = convert.from_hf(abstract_state, tensors, str(file))
+        leaves, missing = convert.from_hf(abstract_state, tensors, str(file), config.model_type)
     else:
         file = source.path / str(source.step)
         leaves, missing = _read_orbax_leaves(source, abstract_state)
@@ -276,6 +295,10 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
     """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
     from safetensors.numpy import save
 
+    if model.config.model_type != "bert":
+        raise UserError(
+            f"{directory}: bertjax writes HF's format for BERT only, not model_type {model.config.model_type!r}"
+        )
     if model.config.layer_norm_position != "post":
         raise UserError(
             f"{directory}: a {model.config.layer_norm_position}-LN model cannot be written in HF's format "

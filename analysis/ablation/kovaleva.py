@@ -315,7 +315,7 @@ def _run(
             compare = _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)
         checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": compare}
     timings["load_model"] = time.perf_counter() - clock
-    config = fit_max_length(config, min(m.config.max_position_embeddings for m, _ in checkpoints.values()))
+    config = fit_max_length(config, min(m.config.max_sequence_length for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     # The classifier analyses run data parallel; the attention summaries (patterns, features) on
     # one device, as their per-batch summaries are small and their cost is the host-side parse.

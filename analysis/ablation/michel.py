@@ -193,7 +193,7 @@ def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> d
     check_classifier(model, config.ckpt, config.step, [task])
     if tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
-    config = fit_max_length(config, model.config.max_position_embeddings)
+    config = fit_max_length(config, model.config.max_sequence_length)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     devices = Devices.local(config.devices)

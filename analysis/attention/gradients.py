@@ -28,8 +28,10 @@ from sieves.align import EncodedSequence
 
 KEY_KINDS = ("cls", "sep", "punct", "other")
 MASK_RATE = 0.15
-# The MLM transform is what an encoder-only export (sentence-transformers) lacks.
+# The MLM transform is what an encoder-only export (sentence-transformers) lacks; RoBERTa's is
+# lm_head.dense (bertjax reads it as BERT's, `bertjax.convert.FAMILIES`).
 MLM_TENSOR = "cls.predictions.transform.dense.weight"
+MLM_TENSORS = (MLM_TENSOR, "lm_head.dense.weight")
 
 
 def has_mlm_head(source: Source) -> bool:
@@ -41,9 +43,10 @@ def has_mlm_head(source: Source) -> bool:
         from safetensors import safe_open
 
         with safe_open(source.path / SAFETENSORS, "np") as f:
-            return MLM_TENSOR in f.keys()  # noqa: SIM118 (safe_open is not a Mapping)
+            return any(name in f.keys() for name in MLM_TENSORS)  # noqa: SIM118 (safe_open is not a Mapping)
     if (source.path / SAFETENSORS_INDEX).is_file():
-        return MLM_TENSOR in json.loads((source.path / SAFETENSORS_INDEX).read_text())["weight_map"]
+        weight_map = json.loads((source.path / SAFETENSORS_INDEX).read_text())["weight_map"]
+        return any(name in weight_map for name in MLM_TENSORS)
     return False
 
 

@@ -240,7 +240,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
     encoder = model.bert if isinstance(model, BertForPreTraining) else model
     if tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
-    config = fit_max_length(config, encoder.config.max_position_embeddings)
+    config = fit_max_length(config, encoder.config.max_sequence_length)
     layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
     punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))
     timings["load_model"] = time.perf_counter() - clock

@@ -222,7 +222,7 @@ def run(
     for post in config.posts:
         check_same_shape(config.data.ckpt, post.ckpt)
     # Cut before encoding: the sequences are encoded once, before any model is loaded.
-    positions = load_config(resolve(config.data.ckpt)).max_position_embeddings
+    positions = load_config(resolve(config.data.ckpt)).max_sequence_length
     config = dataclasses.replace(config, data=fit_max_length(config.data, positions))
     rc = config.data
     distributed.initialize(rc.distributed)

@@ -63,7 +63,7 @@ def page_data(model_or_ckpt, tokenizer, text: str | Sequence[str], layer: int, h
         raise UserError(f"head_view: role {role!r} is not defined for this input (a pair role needs two sentences)")
     parser = make_parser(config)
     parses = parse_examples(parser, [tuple(segments)]) if parser else None
-    max_length = min(config.max_length, model.config.max_position_embeddings)
+    max_length = min(config.max_length, model.config.max_sequence_length)
     (seq,) = encode_batch(tokenizer, [segments], parses, max_length)
     attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], config, present)
     n = seq.length

@@ -84,7 +84,7 @@ def _run(
     devices = Devices.local(config.devices)
     scorer = make_scorer(model, entropy_roles(config), devices)
     timings["load_model"] = time.perf_counter() - clock
-    config = fit_max_length(config, model.config.max_position_embeddings)
+    config = fit_max_length(config, model.config.max_sequence_length)
 
     clock = time.perf_counter()
     data = load_tasks(config, tasks)

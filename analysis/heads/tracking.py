@@ -273,7 +273,7 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
         members = run_members(config.roles.ckpt, config.steps, config.with_init)
     # Before anything is encoded or scored; the cut too: the sequences are encoded once, before
     # any model is loaded.
-    positions = min(c.max_position_embeddings for c in check_series(members))
+    positions = min(c.max_sequence_length for c in check_series(members))
     config = dataclasses.replace(config, roles=fit_max_length(config.roles, positions))
     rc = config.roles
     tasks = config_tasks(rc)
