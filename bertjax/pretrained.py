@@ -272,8 +272,9 @@ def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict,
     return leaves, missing
 
 
-def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
-    """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
+def save_pretrained(model: nnx.Module, directory: str | Path, overwrite: bool = False) -> Path:
+    """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`); files
+    already there are replaced only with `overwrite`."""
     from safetensors.numpy import save
 
     if model.config.layer_norm_position != "post":
@@ -283,11 +284,13 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
         )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for name in (SAFETENSORS, "config.json"):  # both before either is written
+        runinfo.check_writable(directory / name, overwrite)
     architecture = type(model).__name__
     tensors = convert.to_hf(nnx.state(model, nnx.Param), headed=architecture != "BertModel")
-    with runinfo.atomic_file(directory / SAFETENSORS, binary=True) as f:
+    with runinfo.atomic_file(directory / SAFETENSORS, binary=True, overwrite=overwrite) as f:
         f.write(save(tensors, metadata={"format": "pt"}))
-    model.config.to_json_file(directory / "config.json", architecture)
+    model.config.to_json_file(directory / "config.json", architecture, overwrite=overwrite)
     return directory
 
 

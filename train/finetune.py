@@ -385,7 +385,7 @@ def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
-    with runinfo.atomic_file(path) as f:
+    with runinfo.atomic_file(path, overwrite=True) as f:
         f.write(json.dumps(content, indent=2) + "\n")
 
 

@@ -30,7 +30,7 @@ from analysis.heads.config import RolesConfig
 from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
-from bertjax import distributed
+from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, ROLES
 
@@ -128,6 +128,25 @@ class TrackResult(_Result):
     info: dict
     directory: Path
     output: Output | None = dataclasses.field(default=None, repr=False)
+
+    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+        """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
+        this result's temporary directory (removed with it) are copied to `<out>.cache`, the
+        cache `--out` would have had, and the copy's run.json names them there."""
+        temporary = None if self.output is None else self.output.temporary
+        entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
+        if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
+            return save(self.directory, out, overwrite)
+        target = Path(out).expanduser().resolve()
+        cache = target.parent / f"{target.name}.cache"
+        tracking.prepare_cache(cache, target)
+        for step, path in entries.items():
+            if path.is_relative_to(temporary):
+                with runinfo.atomic_file(cache / path.name, binary=True, overwrite=True) as f:
+                    f.write(path.read_bytes())
+                entries[step] = cache / path.name
+        info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
+        return save(self.directory, out, overwrite, info)
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
@@ -366,9 +385,11 @@ class HeadView:
     html: str
     data: dict
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Writes the page to `path` (an existing file is replaced only with `overwrite`)."""
         path = Path(path).expanduser()
-        path.write_text(self.html, encoding="utf-8")
+        with runinfo.atomic_file(path, overwrite=overwrite) as f:
+            f.write(self.html)
         return path
 
     def _repr_html_(self) -> str:

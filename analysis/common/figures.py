@@ -378,6 +378,6 @@ class FigureCache:
         paths = draw()
         self.directory.mkdir(parents=True, exist_ok=True)
         for path, entry in zip(paths, cached, strict=True):
-            with runinfo.atomic_file(entry, binary=True) as f, open(path, "rb") as source:
+            with runinfo.atomic_file(entry, binary=True, overwrite=True) as f, open(path, "rb") as source:
                 shutil.copyfileobj(source, f)
         return paths
