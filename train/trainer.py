@@ -57,6 +57,19 @@ class LoopConfig:
             raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
 
 
+def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
+    """The batch splits into `grad_accum_steps` micro-batches on every process and over the mesh's
+    devices; `name` is the setting that gave it (a later phase has its own)."""
+    if loop.grad_accum_steps < 1:
+        raise UserError(f"train.grad_accum_steps must be at least 1, got {loop.grad_accum_steps}")
+    if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
+        raise UserError(
+            f"{name} {loop.global_batch_size} is not divisible by "
+            f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
+        )
+    sharding.check_batch_size(name, loop.global_batch_size, mesh)
+
+
 class DataIterator(Protocol):
     def __next__(self) -> dict[str, np.ndarray]: ...
 
@@ -90,14 +103,7 @@ class Trainer:
     ):
         """`start_step`: where this phase begins in a multi-phase run (its steps continue the
         previous phase's; its optimizer and learning-rate schedule start afresh)."""
-        if loop.grad_accum_steps < 1:
-            raise UserError(f"train.grad_accum_steps must be at least 1, got {loop.grad_accum_steps}")
-        if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
-            raise UserError(
-                f"train.global_batch_size {loop.global_batch_size} is not divisible by "
-                f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
-            )
-        sharding.check_batch_size("train.global_batch_size", loop.global_batch_size, mesh)
+        check_batch(loop, mesh)
         self.workdir = Path(workdir)
         self.config = model_config
         self.model_cls = model_cls
