@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import jax
 
+from bertjax import cli
 from bertjax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -210,6 +211,7 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
             raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
         try:
             yield tmp
+            cli.stop_if_terminated()  # a terminated run's output is not moved in
             with _signals_deferred():
                 _move_in(tmp, out, overwrite, kind)
         except OSError as e:
