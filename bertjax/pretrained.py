@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -148,12 +149,17 @@ def from_pretrained(
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
     cls = model_class(cls)
-    graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
         file, tensors = _read_hf_tensors(source.path)
-        leaves, missing = convert.from_hf(abstract_state, tensors, str(file))
+        check_weights(file, config, {n: (v.shape, v.dtype) for n, v in convert.normalize_hf_names(tensors).items()})
     else:
         file = source.path / str(source.step)
+        stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
+        check_weights(file, config, {n: (tuple(s), np.dtype(d)) for n, (s, d) in stored.items()})
+    graphdef, abstract_state = abstract_model(cls, config)
+    if source.kind == "hf":
+        leaves, missing = convert.from_hf(abstract_state, tensors, str(file))
+    else:
         leaves, missing = _read_orbax_leaves(source, abstract_state)
     # Heads (and the pooler, which HF's BertForMaskedLM does not save) may be missing: they are
     # initialised; any other missing tensor is fatal.
@@ -174,6 +180,27 @@ def from_pretrained(
         leaves.update({p: initial[p].get_value() for p in missing})
     flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+# A stored tensor's name: `encoder.layer.3.…` (HF) or `bert/encoder/layer/3/…` (a bertjax step).
+_LAYER = re.compile(r"(?:^|[./])encoder[./]layer[./](\d+)[./]")
+
+
+def check_weights(file: Path, config: BertConfig, stored: dict[str, tuple[tuple, Any]]) -> None:
+    """The stored tensors' dtypes, and the config's layer count against the layers they hold,
+    before any model is built from the config: an int8 or bool weight was cast to float without a
+    word, and a config.json claiming 100,000 layers over 2 layers of weights kept the loader
+    tracing them for 15+ minutes. (Widths cost nothing to trace; a shape that disagrees is named
+    once the weights are matched to the model.)"""
+    for name, (_, dtype) in stored.items():
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise UserError(f"{file}: tensor {name} is {np.dtype(dtype).name}, not floating point; refusing to load it")
+    layers = [int(m.group(1)) for name in stored if (m := _LAYER.search(name))]
+    if layers and config.num_hidden_layers > max(layers) + 1:
+        raise UserError(
+            f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, "
+            f"the weights hold {max(layers) + 1} layers"
+        )
 
 
 def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = False) -> None:
