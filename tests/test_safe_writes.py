@@ -65,17 +65,23 @@ def test_save_pretrained_replaces_a_saved_model_only_when_asked(tmp_path):
 
 
 def test_a_result_saved_inside_its_own_directory_holds_no_lock_or_temporary(tmp_path):
-    """Probe 1.20: `r.save(r.directory / "sub")` copied its own `.sub.lock` and `.sub.tmp-…` in."""
-    from analysis.api.common import save
+    """Probe 1.20: `r.save(r.directory / "sub")` copied its own `.sub.lock` and `.sub.tmp-…` in;
+    where `r.directory` is the temporary folder of a result given no `out`, the copy would go with
+    it."""
+    from analysis.api.common import Output, save
 
     directory = tmp_path / "run"
     directory.mkdir()
     (directory / "run.json").write_text("{}\n")
     (directory / "roles.csv").write_text("a\n1\n")
-    save(directory, directory / "sub", overwrite=False)
+    save(directory, directory / "sub", overwrite=False, output=None)
     assert sorted(os.listdir(directory / "sub")) == [runinfo.OUTPUT_MARKER, "roles.csv", "run.json"]
-    save(directory, directory / "sub", overwrite=True)  # the earlier copy is in `directory` now
+    save(directory, directory / "sub", overwrite=True, output=None)  # the earlier copy is in `directory` now
     assert sorted(os.listdir(directory / "sub")) == [runinfo.OUTPUT_MARKER, "roles.csv", "run.json"]
+    output = Output(None, "roles")
+    with pytest.raises(UserError, match=r"inside this result's temporary folder .* removed with the result"):
+        save(output.path, output.path / "sub", overwrite=False, output=output)
+    assert not (output.path / "sub").exists()
 
 
 @pytest.mark.slow
@@ -132,3 +138,24 @@ def test_a_run_refused_the_lock_leaves_the_holders_workdir(tmp_path, monkeypatch
         with pytest.raises(UserError, match="is being written by another run"), runinfo.one_writer(workdir):
             pass
     assert (workdir / "config.yaml").read_text() == "theirs\n"
+
+
+def test_a_figure_is_never_drawn_through_a_link(tmp_path):
+    """A result's figure drawn on request (`r.figure(...)`) goes into the output directory the user
+    chose; `save_figure` writes every figure through `atomic_file`."""
+    import matplotlib.pyplot as plt
+
+    from analysis.common.figures import figure_formats, save_figure
+
+    victim = _victim(tmp_path)
+    (tmp_path / "grid.png").symlink_to(victim)
+    fig = plt.figure()
+    try:
+        with figure_formats(["png", "svg"]):
+            with pytest.raises(UserError, match=r"grid\.png is a symbolic link; refusing to write through it"):
+                save_figure(fig, tmp_path, "grid")
+            paths = save_figure(fig, tmp_path / "new", "grid")
+    finally:
+        plt.close(fig)
+    assert victim.read_text() == "precious\n"
+    assert paths[0].read_bytes().startswith(b"\x89PNG") and b"<svg" in paths[1].read_bytes()

@@ -39,7 +39,7 @@ from train.checkpoints import CheckpointConfig, check_resumable
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.optim import OptimizerConfig
-from train.pretrain import TOKENIZER_DIR, compute_dtype
+from train.pretrain import TOKENIZER_DIR, compute_dtype, write_tokenizer
 from train.trainer import LoopConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -312,7 +312,7 @@ def finetune(
         workdir.mkdir(parents=True, exist_ok=True)
         config_lib.save_resolved(config, workdir / "config.yaml")
         if not (workdir / TOKENIZER_DIR).is_dir():
-            prepared.tokenizer.save_pretrained(str(workdir / TOKENIZER_DIR))
+            write_tokenizer(prepared.tokenizer, workdir / TOKENIZER_DIR)
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
     outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)

@@ -173,14 +173,19 @@ def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
         expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
         if len(tokenizer) != expected:
             raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
-        # A directory of its own, so that nothing planted at a fixed name is written into.
-        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=workdir))
-        try:
-            tokenizer.save_pretrained(str(partial))
-            partial.rename(target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+        write_tokenizer(tokenizer, target)
+
+
+def write_tokenizer(tokenizer, target: Path) -> None:
+    """`tokenizer.save_pretrained` into a new directory of its own, renamed to `target` once
+    whole, so that nothing planted at a fixed name in the workdir is written into."""
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(str(partial))
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from analysis.api.common import (
     frame,
     loaded,
     read_tables,
+    refuse_inside_temporary,
     run_json,
     save,
 )
@@ -66,11 +67,12 @@ class _Result:
     """What the roles and track results share: the directory, its report and its figures."""
 
     directory: Path
+    output: Output | None
     examples: int = 4
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
         """Copies the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite)
+        return save(self.directory, out, overwrite, self.output)
 
     def report_html(self, examples: int | None = None) -> str:
         """The page `python -m analysis.report` writes for these outputs."""
@@ -133,10 +135,11 @@ class TrackResult(_Result):
         """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
         this result's temporary directory (removed with it) are copied to `<out>.cache`, the
         cache `--out` would have had, and the copy's run.json names them there."""
+        refuse_inside_temporary(out, self.output)
         temporary = None if self.output is None else self.output.temporary
         entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
         if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
-            return save(self.directory, out, overwrite)
+            return save(self.directory, out, overwrite, self.output)
         target = Path(out).expanduser().resolve()
         cache = target.parent / f"{target.name}.cache"
         tracking.prepare_cache(cache, target)
@@ -146,7 +149,7 @@ class TrackResult(_Result):
                     f.write(path.read_bytes())
                 entries[step] = cache / path.name
         info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
-        return save(self.directory, out, overwrite, info)
+        return save(self.directory, out, overwrite, self.output, info)
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:

@@ -79,7 +79,10 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in _formats.get():
         paths.append(out_dir / f"{stem}.{fmt}")
-        fig.savefig(paths[-1], **({"dpi": PNG_DPI} if fmt == "png" else {}))
+        # Through the one writer: a result's figure drawn on request goes into the user's output
+        # directory, where a link planted at its name must not be written through.
+        with runinfo.atomic_file(paths[-1], binary=True, overwrite=True) as f:
+            fig.savefig(f, format=fmt, **({"dpi": PNG_DPI} if fmt == "png" else {}))
     return paths
 
 
