@@ -172,6 +172,16 @@ def open_append(path: str | Path) -> IO[str]:
     return os.fdopen(fd, "a", encoding="utf-8")
 
 
+@contextlib.contextmanager
+def log_write(path: str | Path, what: str) -> Iterator[None]:
+    """A write to a run's logs (`what`: "the training metrics"): a failure (a full disk) stops
+    the run with one line naming the file, as a UserError."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {what} to {path} ({e.strerror}); stopping") from None
+
+
 # Names what made an output directory, so that --overwrite can tell an earlier output of the same
 # kind from anything else that holds a run.json (a training workdir does).
 OUTPUT_MARKER = ".bertjax-output"

@@ -141,7 +141,8 @@ class Evaluator:
         row = {"task": self.spec.name, "split": self.split, "step": step, "epoch": step // self.batches_per_epoch,
                "n_examples": len(labels), **scores}  # fmt: skip
         if self.trainer.is_main:
-            with runinfo.open_append(self.trainer.workdir / EVAL_ROWS) as f:
+            path = self.trainer.workdir / EVAL_ROWS
+            with runinfo.log_write(path, "the evaluation rows"), runinfo.open_append(path) as f:
                 f.write(json.dumps(row) + "\n")
         log.info(
             "%s %s step %d: %s", self.spec.name, self.split, step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items())

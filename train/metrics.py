@@ -13,7 +13,6 @@ import jax
 
 from bertjax import runinfo
 from bertjax.config import BertConfig
-from bertjax.errors import UserError
 
 # Dense bf16 peak FLOP/s per device (vendor datasheets, without sparsity).
 PEAK_BF16_FLOPS = {
@@ -82,11 +81,10 @@ class MetricsWriter:
 
     @contextlib.contextmanager
     def _stop_on_error(self, path: Path) -> Iterator[None]:
-        try:
+        self.failed = True  # stays so if the block raises
+        with runinfo.log_write(path, "the training metrics"):
             yield
-        except OSError as e:
-            self.failed = True
-            raise UserError(f"cannot write the training metrics to {path} ({e.strerror}); stopping") from None
+        self.failed = False
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
