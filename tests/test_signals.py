@@ -121,3 +121,28 @@ def test_metrics_that_cannot_be_written_stop_the_run_with_one_line(tmp_path):
     assert done.stderr.strip().splitlines() == [
         f"error: cannot write the training metrics to {written[0]} (File too large); stopping"
     ]
+
+
+@pytest.mark.slow
+def test_pretraining_that_cannot_write_its_metrics_stops_with_one_line(tmp_path):
+    """Probe 4.23 end to end: `prlimit --fsize=20000 python -m train.pretrain … train.log_every=1`
+    hung after tensorboardX's `OSError: [Errno 27] File too large` (the timeout fails it before the
+    fix); the data is prepared beforehand, without the limit."""
+    config = write_micro(tmp_path)
+    prepared = tmp_path / "prepared"
+    subprocess.run([sys.executable, "-m", "train.pretrain", "--config", str(config), "--workdir", str(prepared),
+                    "--prepare-only"], cwd=ROOT, check=True, capture_output=True, timeout=600)  # fmt: skip
+    workdir = tmp_path / "w"
+    limit = 20000
+    done = subprocess.run(
+        [sys.executable, "-m", "train.pretrain", "--config", str(config), "--workdir", str(workdir),
+         f"data_dir={prepared / 'data-T32'}", "train.steps=400", "checkpoint.every=300", "train.log_every=1"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, check=False,
+        env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"},  # an entry cut short would warn later
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"error: cannot write the training metrics to {workdir / 'metrics.jsonl'} (File too large); stopping"
+    )
+    assert "Traceback" not in done.stderr

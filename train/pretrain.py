@@ -32,7 +32,6 @@ from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint, check
 from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
 from train.prepare import PrepareConfig, prepare
-from train.prepare import validate as validate_data
 from train.probe import ProbeConfig, RoleProbe, check_config, read_probe_set
 from train.trainer import LoopConfig, Trainer, check_batch
 
@@ -209,7 +208,9 @@ def shares_shards(config: PretrainConfig) -> bool:
 
 def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mesh) -> None:
     """Every setting that can be checked without the data, phase 2's included, so that none is
-    refused after the data is prepared or phase 1 has trained."""
+    refused after the data is prepared or phase 1 has trained. (The data settings are checked
+    where the data is prepared, before it is read: shards prepared elsewhere may be trained on
+    where the corpora are not.)"""
     if config.train.steps < 1:
         raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
     model = model_config(config.model, config.data.vocab_size)  # BertConfig checks the model's settings
@@ -244,8 +245,6 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
         if length > model.max_position_embeddings:
             raise UserError(f"{name} {length} exceeds model.max_position_embeddings {model.max_position_embeddings}")
     check_config(config.probe, config.model.max_position_embeddings)
-    if config.data_dir is None or config.phase2 is not None:  # else phase 1's shards are given
-        validate_data(config.data)
 
 
 def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
