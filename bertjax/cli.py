@@ -119,6 +119,8 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
+    finally:
+        _TERMINATED.clear()  # this run's: a later one in the same process (a test, a notebook) starts afresh
 
 
 def use_compilation_cache() -> None:

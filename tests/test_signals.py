@@ -43,6 +43,7 @@ def test_sigterm_inside_a_garbage_collection_callback_still_ends_the_run(capsys)
     assert exit_info.value.code == 143
     captured = capsys.readouterr().err
     assert captured.strip().splitlines()[-1] == "error: terminated" and "Exception ignored" not in captured
+    assert not cli.terminated()  # the next run in this process is not stopped by this one's signal
 
 
 def _terminated_at_random(command: list[str], tries: int, seed: int) -> list[tuple[float, int, list[str]]]:
