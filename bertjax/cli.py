@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,11 +67,30 @@ def set_verbose(verbose: bool) -> None:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the program is, so that it cleans up as it does for Ctrl-C."""
+    """SIGTERM, raised by the next `stop_if_terminated` of a loop, so that the run cleans up as it
+    does for Ctrl-C."""
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
+_TERMINATED = threading.Event()
+
+
+def on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM's handler: a flag that the loops read (`stop_if_terminated`). Never an exception
+    raised here: Python raises it wherever the main thread is, and where that is a garbage-collection
+    callback (JAX's `_xla_gc_callback`) or a finaliser, it is printed as "Exception ignored" and
+    dropped; an analysis then finished and exited 0."""
+    _TERMINATED.set()
+
+
+def terminated() -> bool:
+    return _TERMINATED.is_set()
+
+
+def stop_if_terminated() -> None:
+    """Raises `Terminated` if SIGTERM has come: called by the loops that take a run's time (the
+    batches of a forward pass, encoding, parsing, preparing data, training)."""
+    if _TERMINATED.is_set():
+        raise Terminated
 
 
 def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
@@ -80,10 +100,16 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
     set_verbose(False)
     use_compilation_cache()
-    # The trainer puts its own handler (save a checkpoint, then stop) in place while it trains.
-    previous = signal.signal(signal.SIGTERM, _terminate)
+    _TERMINATED.clear()
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        main(argv)
+        try:
+            main(argv)
+        finally:
+            # Restored first: a SIGTERM from now on ends the process by the default action, and
+            # one before it is in the flag, read next.
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        stop_if_terminated()  # came after the last loop's check
     except UserError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         sys.exit(2)
@@ -94,7 +120,7 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        _TERMINATED.clear()  # this run's: a later one in the same process (a test, a notebook) starts afresh
 
 
 def use_compilation_cache() -> None:

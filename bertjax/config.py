@@ -213,10 +213,10 @@ class BertConfig:
     def from_json_file(cls, path: str | Path, **overrides: Any) -> BertConfig:
         return cls.from_hf_dict(read_hf_json(path), source=str(path), **overrides)
 
-    def to_json_file(self, path: str | Path, architecture: str = "BertModel") -> None:
+    def to_json_file(self, path: str | Path, architecture: str = "BertModel", overwrite: bool = False) -> None:
         from bertjax.runinfo import atomic_file  # runinfo imports jax's devices; most users of a config do not
 
-        with atomic_file(path) as f:
+        with atomic_file(path, overwrite=overwrite) as f:
             f.write(json.dumps(self.to_hf_dict(architecture), indent=2, sort_keys=True) + "\n")
 
 

@@ -12,6 +12,7 @@ import hashlib
 import json
 import logging
 import pickle
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -167,12 +168,18 @@ def from_pretrained(
     source = resolve(path_or_id, step)
     config = load_config(source, **config_overrides)
     cls = model_class(cls, config)
-    graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
         file, tensors = _read_hf_tensors(source.path)
-        leaves, missing = convert.from_hf(abstract_state, tensors, str(file), config.model_type)
+        names = convert.normalize_hf_names(tensors, config.model_type)
+        check_weights(file, config, {n: (v.shape, v.dtype) for n, v in names.items()})
     else:
         file = source.path / str(source.step)
+        stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
+        check_weights(file, config, {n: (tuple(s), np.dtype(d)) for n, (s, d) in stored.items()})
+    graphdef, abstract_state = abstract_model(cls, config)
+    if source.kind == "hf":
+        leaves, missing = convert.from_hf(abstract_state, tensors, str(file), config.model_type)
+    else:
         leaves, missing = _read_orbax_leaves(source, abstract_state)
     # Heads (and the pooler, which HF's BertForMaskedLM does not save) may be missing: they are
     # initialised; any other missing tensor is fatal.
@@ -193,6 +200,27 @@ def from_pretrained(
         leaves.update({p: initial[p].get_value() for p in missing})
     flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+# A stored tensor's name: `encoder.layer.3.…` (HF) or `bert/encoder/layer/3/…` (a bertjax step).
+_LAYER = re.compile(r"(?:^|[./])(?:encoder[./]layer|layers)[./](\d+)[./]")
+
+
+def check_weights(file: Path, config: BertConfig, stored: dict[str, tuple[tuple, Any]]) -> None:
+    """The stored tensors' dtypes, and the config's layer count against the layers they hold,
+    before any model is built from the config: an int8 or bool weight was cast to float without a
+    word, and a config.json claiming 100,000 layers over 2 layers of weights kept the loader
+    tracing them for 15+ minutes. (Widths cost nothing to trace; a shape that disagrees is named
+    once the weights are matched to the model.)"""
+    for name, (_, dtype) in stored.items():
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise UserError(f"{file}: tensor {name} is {np.dtype(dtype).name}, not floating point; refusing to load it")
+    layers = [int(m.group(1)) for name in stored if (m := _LAYER.search(name))]
+    if layers and config.num_hidden_layers > max(layers) + 1:
+        raise UserError(
+            f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, "
+            f"the weights hold {max(layers) + 1} layers"
+        )
 
 
 def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = False) -> None:
@@ -291,8 +319,9 @@ def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict,
     return leaves, missing
 
 
-def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
-    """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`)."""
+def save_pretrained(model: nnx.Module, directory: str | Path, overwrite: bool = False) -> Path:
+    """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`); files
+    already there are replaced only with `overwrite`."""
     from safetensors.numpy import save
 
     if model.config.model_type != "bert":
@@ -306,11 +335,13 @@ def save_pretrained(model: nnx.Module, directory: str | Path) -> Path:
         )
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    for name in (SAFETENSORS, "config.json"):  # both before either is written
+        runinfo.check_writable(directory / name, overwrite)
     architecture = type(model).__name__
     tensors = convert.to_hf(nnx.state(model, nnx.Param), headed=architecture != "BertModel")
-    with runinfo.atomic_file(directory / SAFETENSORS, binary=True) as f:
+    with runinfo.atomic_file(directory / SAFETENSORS, binary=True, overwrite=overwrite) as f:
         f.write(save(tensors, metadata={"format": "pt"}))
-    model.config.to_json_file(directory / "config.json", architecture)
+    model.config.to_json_file(directory / "config.json", architecture, overwrite=overwrite)
     return directory
 
 

@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import jax
 
+from bertjax import cli
 from bertjax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -95,14 +96,14 @@ def environment() -> dict[str, Any]:
 
 def write_run_json(directory: Path, info: dict[str, Any]) -> None:
     """Atomically writes `run.json` (the settings and timings given, plus the environment)."""
-    with atomic_file(Path(directory) / "run.json") as f:
+    with atomic_file(Path(directory) / "run.json", overwrite=True) as f:  # a phase's replaces the last's
         f.write(json.dumps({**info, **environment()}, indent=2, default=str) + "\n")
 
 
-# Writing files where someone else may have put a symbolic link. Every file the tools write outside
-# a directory they made themselves goes through these (or through `atomic_out`), so that a link
-# planted in a shared folder (`ln -s ~/victim .out.lock`) is refused or replaced, never written
-# through.
+# Writing files where someone else may have put a symbolic link, or a file of their own. Every file
+# the tools write goes through these (or into a directory made by `atomic_out`), so that a link
+# planted in a shared folder (`ln -s ~/victim .out.lock`) is refused, never written through, and a
+# file the user named is replaced only when they asked for it.
 
 
 def refuse_symlink(path: Path) -> None:
@@ -111,24 +112,52 @@ def refuse_symlink(path: Path) -> None:
         raise UserError(f"{path} is a symbolic link; refusing to write through it (remove it, or choose another path)")
 
 
-@contextlib.contextmanager
-def atomic_file(path: str | Path, binary: bool = False) -> Iterator[IO]:
-    """A new file to write `path`'s content into, renamed over `path` when the block completes and
-    removed if it raises: `path` is whole or as it was. The temporary beside `path` has a random
-    name and is created with O_EXCL (`mkstemp`), so no link planted in advance can be followed, and
-    the rename would replace a link at `path` itself, not its target; a link there is refused."""
-    path = Path(path)
+def check_writable(path: Path, overwrite: bool) -> None:
+    """One line if `path` cannot take a new file: a link, a directory, or (without `overwrite`) a file."""
     refuse_symlink(path)
+    if path.is_dir():
+        raise UserError(f"{path} is a directory; name the file to write")
+    if path.exists() and not overwrite:
+        raise UserError(f"{path} exists; it is left as it is (pass overwrite=True to replace it)")
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | Path, binary: bool = False, overwrite: bool = False) -> Iterator[IO]:
+    """A new file to write `path`'s content into, moved to `path` when the block completes and
+    removed if it raises: `path` is whole or as it was. The temporary beside `path` has a random
+    name and is created with O_EXCL (`mkstemp`), so no link planted in advance can be followed; a
+    link at `path` itself is refused. An existing `path` is replaced only with `overwrite` (the
+    callers pass it for files they made themselves: a workdir's config, a cache entry); without it,
+    a file that appears at `path` while the content is written is kept too (a hard link, which
+    cannot replace anything, puts the temporary in place)."""
+    path = Path(path)
+    check_writable(path, overwrite)
     fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     tmp = Path(name)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600: the file gets the mode any new file would
         with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
             yield f
-        os.replace(tmp, path)
-    except BaseException:
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
+    finally:
         tmp.unlink(missing_ok=True)
+
+
+def _link_new(tmp: Path, path: Path) -> None:
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        check_writable(path, overwrite=False)  # the one line saying what is there now
         raise
+    except OSError as e:
+        # A file system without hard links (FAT, some network mounts): checked, then renamed.
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EMLINK):
+            raise
+        check_writable(path, overwrite=False)
+        os.replace(tmp, path)
 
 
 def open_append(path: str | Path) -> IO[str]:
@@ -141,6 +170,16 @@ def open_append(path: str | Path) -> IO[str]:
             refuse_symlink(path)
         raise
     return os.fdopen(fd, "a", encoding="utf-8")
+
+
+@contextlib.contextmanager
+def log_write(path: str | Path, what: str) -> Iterator[None]:
+    """A write to a run's logs (`what`: "the training metrics"): a failure (a full disk) stops
+    the run with one line naming the file, as a UserError."""
+    try:
+        yield
+    except OSError as e:
+        raise UserError(f"cannot write {what} to {path} ({e.strerror}); stopping") from None
 
 
 # Names what made an output directory, so that --overwrite can tell an earlier output of the same
@@ -182,6 +221,7 @@ def atomic_out(out: str | Path, overwrite: bool = False, kind: str = ANALYSIS_OU
             raise UserError(f"--out {out}: cannot write there ({e.strerror})") from None
         try:
             yield tmp
+            cli.stop_if_terminated()  # a terminated run's output is not moved in
             with _signals_deferred():
                 _move_in(tmp, out, overwrite, kind)
         except OSError as e:
@@ -307,22 +347,32 @@ def exclusive(out: Path, flag: str = "--out") -> Iterator[None]:
 @contextlib.contextmanager
 def one_writer(workdir: str | Path, flag: str = "--workdir") -> Iterator[None]:
     """One run at a time writes a training `workdir` (the `exclusive` lock beside it, as `--out`
-    has). What this run creates of the path is removed again if the run is refused (a UserError),
-    so a refusal leaves nothing behind; an interrupted or preempted run keeps its checkpoints."""
+    has). A workdir this run created is removed again if the run is refused (a UserError), so a
+    refusal leaves nothing behind, and so are the parent folders it created while they are empty:
+    another run may have put its own workdir beside this one meanwhile. An interrupted or preempted
+    run keeps its checkpoints."""
     workdir = Path(workdir).expanduser().resolve()
-    created = next((p for p in reversed([workdir, *workdir.parents]) if not p.exists()), None)
+    created = [p for p in [workdir, *workdir.parents] if not p.exists()]  # deepest first
     try:
         workdir.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"{flag} {workdir}: cannot write there ({e.strerror})") from None
+    locked = False
     try:
         with exclusive(workdir, flag):
+            locked = True
             yield
     except UserError:
-        # Unless it has trained: a refusal after a checkpoint (a full disk) keeps what it cost,
-        # a fine-tuning seed's in seed-<n>/checkpoints too.
-        if created is not None and not any(workdir.rglob("checkpoints/[0-9]*")):
-            shutil.rmtree(created, ignore_errors=True)
+        # Not when the lock was refused: the workdir is then the other run's. Nor when it has
+        # trained: a refusal after a checkpoint (a full disk) keeps what it cost, a fine-tuning
+        # seed's in seed-<n>/checkpoints too.
+        if locked and workdir in created and not any(workdir.rglob("checkpoints/[0-9]*")):
+            shutil.rmtree(workdir, ignore_errors=True)
+        for parent in created[1:]:
+            try:
+                parent.rmdir()  # only while empty
+            except OSError:
+                break
         raise
 
 

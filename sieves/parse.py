@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from tqdm import tqdm
 
-from bertjax import runinfo
+from bertjax import cli, runinfo
 from bertjax.errors import UserError
 
 if TYPE_CHECKING:  # spaCy (~1 s to import) and conllu load only when a parse needs them
@@ -235,6 +235,7 @@ class SpacyParser:
             return
         docs = self.nlp.pipe(texts, batch_size=self.batch_size)
         for doc in tqdm(docs, total=len(texts), desc="spaCy parse", unit="text", disable=len(texts) < 100):
+            cli.stop_if_terminated()
             yield _doc_to_words(doc)
 
 

@@ -227,7 +227,7 @@ def test_atomic_file_refuses_a_symlink_and_never_writes_through_one(tmp_path):
 
 def test_atomic_file_leaves_the_old_file_when_the_writer_fails(tmp_path):
     (tmp_path / "a.txt").write_text("old\n")
-    with pytest.raises(ValueError), runinfo.atomic_file(tmp_path / "a.txt") as f:
+    with pytest.raises(ValueError), runinfo.atomic_file(tmp_path / "a.txt", overwrite=True) as f:
         f.write("half")
         raise ValueError
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old\n"

@@ -80,5 +80,5 @@ def to_dict(config: Any) -> dict[str, Any]:
 def save_resolved(config: Any, path: Path) -> None:
     from omegaconf import OmegaConf
 
-    with runinfo.atomic_file(path) as f:
+    with runinfo.atomic_file(path, overwrite=True) as f:  # a resumed run's, checked the same
         f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))

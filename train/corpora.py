@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import itertools
+import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ import numpy as np
 
 from bertjax import wikitext
 from bertjax.errors import UserError
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("local", "hub")
 KINDS = ("plain", "wikitext", "gutenberg", "wikiextractor")
@@ -109,14 +112,27 @@ def validate_corpus(cfg: CorpusConfig, where: str) -> None:
 # --- reading text -------------------------------------------------------------------------------
 
 
-def read_text(path: Path) -> str:
-    """Decode UTF-8 (BOM dropped), else Latin-1, which never fails; newlines become `\\n`."""
+def read_text(path: Path) -> str | None:
+    """Decode UTF-8 (BOM dropped), else Latin-1, which never fails; newlines become `\\n`. None
+    for binary data (an image, an archive), which Latin-1 would read as text too."""
     data = path.read_bytes()
+    if is_binary(data):
+        return None
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         text = data.decode("latin-1")
     return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+# Bytes no text file holds: C0 controls other than whitespace, and DEL.
+_CONTROL = bytes(c for c in [*range(32), 127] if chr(c) not in "\t\n\r\f\v")
+
+
+def is_binary(data: bytes) -> bool:
+    """A NUL byte (as git and grep decide), or control bytes in more than 1% of the first 64 kB."""
+    head = data[: 1 << 16]
+    return b"\0" in data or len(head) - len(head.translate(None, _CONTROL)) > 0.01 * len(head)
 
 
 def corpus_files(path: Path) -> list[Path]:
@@ -199,17 +215,35 @@ def strip_gutenberg(text: str) -> str:
     return body
 
 
-_WIKIEXTRACTOR_DOC = re.compile(r"^<doc\b[^>]*>[^\n]*\n(.*?)^</doc>[ \t]*$", re.MULTILINE | re.DOTALL)
+_DOC_OPEN = re.compile(r"<doc\b[^>]*>")
+_DOC_CLOSE = re.compile(r"</doc>[ \t]*")
 
 
 def wikiextractor_documents(text: str) -> Iterator[Document]:
-    """The articles of one WikiExtractor file: the text between `<doc …>` and `</doc>`, without
-    the title line that opens each body; a line is a paragraph (the extractor unwraps them)."""
-    for match in _WIKIEXTRACTOR_DOC.finditer(text):
-        lines = match.group(1).split("\n")[1:]
-        paragraphs = [p for p in (" ".join(line.split()) for line in lines) if p]
-        if paragraphs:
-            yield paragraphs
+    """The articles of one WikiExtractor file: the lines between `<doc …>` and `</doc>`, without
+    the title line that opens each body; a line is a paragraph (the extractor unwraps them). An
+    article without its `</doc>` (a cut file) ends at the next `<doc …>` or the file's end, with a
+    warning: read to the next `</doc>`, it held the next article and its `<doc …>` line."""
+    opening, lines = None, []
+    for line in text.split("\n"):
+        closed = _DOC_CLOSE.fullmatch(line) is not None
+        if closed or _DOC_OPEN.match(line):
+            if opening is not None:
+                if not closed:
+                    log.warning("%s has no </doc>: its article ends at the next <doc>", opening[:200])
+                yield from _article(lines[1:])
+            opening, lines = (None if closed else line), []
+        elif opening is not None:
+            lines.append(line)
+    if opening is not None:
+        log.warning("%s has no </doc>: its article ends at the end of the file", opening[:200])
+        yield from _article(lines[1:])
+
+
+def _article(lines: list[str]) -> Iterator[Document]:
+    paragraphs = [p for p in (" ".join(line.split()) for line in lines) if p]
+    if paragraphs:
+        yield paragraphs
 
 
 def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Iterator[Document]:
@@ -236,6 +270,11 @@ def text_documents(text: str, kind: str, line_paragraphs: bool = False) -> Itera
 
 def _file_documents(path: Path, kind: str, single_file: bool) -> Iterator[Document]:
     text = read_text(path)
+    if text is None:
+        if single_file:
+            raise UserError(f"{path}: binary data, not text; a corpus path names text files or a folder of them")
+        log.warning("%s: skipped, binary data, not text", path)
+        return
     if single_file and kind == "plain":
         # One file holds many documents: the original BERT input format, blank lines between
         # documents and one sentence (or paragraph) per line.

@@ -39,7 +39,7 @@ from train.checkpoints import CheckpointConfig, check_resumable
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.optim import OptimizerConfig
-from train.pretrain import TOKENIZER_DIR, compute_dtype
+from train.pretrain import TOKENIZER_DIR, compute_dtype, write_tokenizer
 from train.trainer import LoopConfig, Trainer
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,8 @@ class Evaluator:
         row = {"task": self.spec.name, "split": self.split, "step": step, "epoch": step // self.batches_per_epoch,
                "n_examples": len(labels), **scores}  # fmt: skip
         if self.trainer.is_main:
-            with runinfo.open_append(self.trainer.workdir / EVAL_ROWS) as f:
+            path = self.trainer.workdir / EVAL_ROWS
+            with runinfo.log_write(path, "the evaluation rows"), runinfo.open_append(path) as f:
                 f.write(json.dumps(row) + "\n")
         log.info(
             "%s %s step %d: %s", self.spec.name, self.split, step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
@@ -312,7 +313,7 @@ def finetune(
         workdir.mkdir(parents=True, exist_ok=True)
         config_lib.save_resolved(config, workdir / "config.yaml")
         if not (workdir / TOKENIZER_DIR).is_dir():
-            prepared.tokenizer.save_pretrained(str(workdir / TOKENIZER_DIR))
+            write_tokenizer(prepared.tokenizer, workdir / TOKENIZER_DIR)
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
     outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
@@ -385,7 +386,7 @@ def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
 
 
 def _write_json(path: Path, content: dict[str, Any]) -> None:
-    with runinfo.atomic_file(path) as f:
+    with runinfo.atomic_file(path, overwrite=True) as f:
         f.write(json.dumps(content, indent=2) + "\n")
 
 

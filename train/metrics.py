@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,27 +59,56 @@ def throughput(
 
 
 class MetricsWriter:
-    """Appends one JSON object per logged step to `metrics.jsonl` and mirrors it to TensorBoard."""
+    """Appends one JSON object per logged step to `metrics.jsonl` and its scalars to a TensorBoard
+    event file, both written and flushed in the caller's thread: tensorboardX's `SummaryWriter`
+    writes from a thread of its own, and when a full disk ended that thread the trainer waited on
+    its queue forever. A write that fails stops the run with one line."""
 
     def __init__(self, workdir: Path, enabled: bool):
         self.enabled = enabled
+        self.failed = False
         if not enabled:
             return
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
-        self.jsonl = runinfo.open_append(Path(workdir) / "metrics.jsonl")
-        self.tensorboard = SummaryWriter(str(Path(workdir) / "tensorboard"))
+        self.jsonl_path = Path(workdir) / "metrics.jsonl"
+        self.jsonl = runinfo.open_append(self.jsonl_path)
+        directory = Path(workdir) / "tensorboard"
+        with self._stop_on_error(directory):
+            directory.mkdir(exist_ok=True)
+            # SummaryWriter's file name: tensorboard/events.out.tfevents.<time>.<host>
+            self.events = EventsWriter(str(directory / "events"))
+
+    @contextlib.contextmanager
+    def _stop_on_error(self, path: Path) -> Iterator[None]:
+        self.failed = True  # stays so if the block raises
+        with runinfo.log_write(path, "the training metrics"):
+            yield
+        self.failed = False
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        self.jsonl.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
-        self.jsonl.flush()
-        for name, value in metrics.items():
-            if isinstance(value, (int, float)):
-                self.tensorboard.add_scalar(name, value, step)
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        now = time.time()
+        with self._stop_on_error(self.jsonl_path):
+            self.jsonl.write(json.dumps({"step": step, "time": now, **metrics}) + "\n")
+            self.jsonl.flush()
+        with self._stop_on_error(Path(self.events._file_name)):
+            for name, value in metrics.items():
+                if isinstance(value, (int, float)):
+                    self.events.write_event(Event(summary=scalar(name, value), wall_time=now, step=step))
+            self.events.flush()
 
     def close(self) -> None:
-        if self.enabled:
-            self.jsonl.close()
-            self.tensorboard.close()
+        if not self.enabled:
+            return
+        for close in (self.jsonl.close, self.events.close):
+            try:
+                close()
+            except OSError:
+                # What could not be written has stopped the run already, with its line.
+                if not self.failed:
+                    raise

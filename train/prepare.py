@@ -185,6 +185,7 @@ def _documents(config: PrepareConfig, rng: np.random.Generator, desc: str) -> It
     chars = 0
     with tqdm(desc=desc, unit=" docs", total=config.max_documents, mininterval=1.0) as bar:
         for doc in itertools.islice(mixed, config.max_documents):
+            cli.stop_if_terminated()
             chars += sum(map(len, doc))
             bar.update()
             bar.set_postfix_str(f"{chars / 1e6:.0f} M chars", refresh=False)

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import functools
 import logging
+import math
 import shutil
 import tempfile
 from pathlib import Path
@@ -32,7 +33,7 @@ from train.losses import pretraining_loss
 from train.optim import OptimizerConfig
 from train.prepare import PrepareConfig, prepare
 from train.probe import ProbeConfig, RoleProbe, check_config, read_probe_set
-from train.trainer import LoopConfig, Trainer
+from train.trainer import LoopConfig, Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
@@ -171,14 +172,19 @@ def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
         expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
         if len(tokenizer) != expected:
             raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
-        # A directory of its own, so that nothing planted at a fixed name is written into.
-        partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=workdir))
-        try:
-            tokenizer.save_pretrained(str(partial))
-            partial.rename(target)
-        except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
-            raise
+        write_tokenizer(tokenizer, target)
+
+
+def write_tokenizer(tokenizer, target: Path) -> None:
+    """`tokenizer.save_pretrained` into a new directory of its own, renamed to `target` once
+    whole, so that nothing planted at a fixed name in the workdir is written into."""
+    partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(str(partial))
+        partial.rename(target)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
 
 
 def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> dict[str, Any]:
@@ -194,19 +200,58 @@ def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> di
         return _run(config, workdir, prepare_only)
 
 
-def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
-    p1, p2 = config.data, config.phase2
-    # Both phases would prepare into one directory, and phase 2 be refused its shards only once
-    # phase 1 had trained.
-    shared = p2 is not None and not config.data_dir and p2.max_seq_length == p1.max_seq_length
-    if shared and p2.max_predictions_per_seq != p1.max_predictions_per_seq:
-        raise UserError(
-            f"phase2.max_predictions_per_seq: {p2.max_predictions_per_seq} is not data.max_predictions_per_seq "
-            f"{p1.max_predictions_per_seq}, but both phases prepare into {workdir / f'data-T{p1.max_seq_length}'}; "
-            "make them equal or give phase 2 another max_seq_length"
-        )
-    check_disjoint(config.heldout.corpora, p1.corpora)
+def shares_shards(config: PretrainConfig) -> bool:
+    """Whether phase 2 trains on phase 1's shards: prepared at its length into the same directory."""
+    p2 = config.phase2
+    return p2 is not None and not config.data_dir and p2.max_seq_length == config.data.max_seq_length
+
+
+def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mesh) -> None:
+    """Every setting that can be checked without the data, phase 2's included, so that none is
+    refused after the data is prepared or phase 1 has trained. (The data settings are checked
+    where the data is prepared, before it is read: shards prepared elsewhere may be trained on
+    where the corpora are not.)"""
+    if config.train.steps < 1:
+        raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
+    model = model_config(config.model, config.data.vocab_size)  # BertConfig checks the model's settings
+    lengths = [("data.max_seq_length", config.data.max_seq_length)]
+    check_batch(config.train, mesh)
+    p2 = config.phase2
+    if p2 is not None:
+        for key in ("steps", "global_batch_size"):
+            if getattr(p2, key) < 1:
+                raise UserError(f"phase2.{key} must be at least 1, got {getattr(p2, key)}")
+        if not 5 <= p2.max_seq_length <= 32767:
+            raise UserError(f"phase2.max_seq_length: must be in [5, 32767], got {p2.max_seq_length}")
+        if not 1 <= p2.max_predictions_per_seq <= p2.max_seq_length:
+            raise UserError(
+                f"phase2.max_predictions_per_seq: must be in [1, phase2.max_seq_length {p2.max_seq_length}], "
+                f"got {p2.max_predictions_per_seq}"
+            )
+        if not (math.isfinite(p2.learning_rate) and p2.learning_rate >= 0):
+            raise UserError(f"phase2.learning_rate: must be a finite number ≥ 0, got {p2.learning_rate}")
+        if p2.warmup_steps < 0:
+            raise UserError(f"phase2.warmup_steps: must be ≥ 0, got {p2.warmup_steps}")
+        check_batch(dataclasses.replace(config.train, global_batch_size=p2.global_batch_size), mesh,
+                    "phase2.global_batch_size")  # fmt: skip
+        lengths.append(("phase2.max_seq_length", p2.max_seq_length))
+        if shares_shards(config) and p2.max_predictions_per_seq != config.data.max_predictions_per_seq:
+            raise UserError(
+                f"phase2.max_predictions_per_seq: {p2.max_predictions_per_seq} is not data.max_predictions_per_seq "
+                f"{config.data.max_predictions_per_seq}, but both phases prepare into "
+                f"{workdir / f'data-T{config.data.max_seq_length}'}; make them equal or give phase 2 another max_seq_length"
+            )
+    for name, length in lengths:
+        if length > model.max_position_embeddings:
+            raise UserError(f"{name} {length} exceeds model.max_position_embeddings {model.max_position_embeddings}")
     check_config(config.probe, config.model.max_position_embeddings)
+
+
+def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
+    mesh = sharding.make_mesh(config.mesh)
+    check_settings(config, workdir, mesh)
+    p1, p2 = config.data, config.phase2
+    check_disjoint(config.heldout.corpora, p1.corpora)
     run_config = dataclasses.asdict(config)
     check_resumable(workdir, run_config)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -216,7 +261,6 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             "preparing the data to pre-train" if prepare_only else "pre-training", config.model.preset, config.train.steps, config.train.global_batch_size, p1.max_seq_length,
             "" if p2 is None else f", then {p2.steps} at T = {p2.max_seq_length}", workdir,
         )  # fmt: skip
-    mesh = sharding.make_mesh(config.mesh)
 
     phases = [(config.data, config.train, config.optimizer, config.data_dir)]
     if p2 is not None:
@@ -238,6 +282,12 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
     # not fit phase 2 is refused now rather than after phase 1's hours.
     prepared = []
     for index, (data_config, loop, _, explicit_dir) in enumerate(phases, start=1):
+        if prepared and shares_shards(config):
+            # Phase 2 at phase 1's length and prediction cap trains on phase 1's shards (with its
+            # vocabulary and held-out data): prepared again, they would be the same.
+            check_batch_fits("phase2.global_batch_size", loop.global_batch_size, prepared[0][0])
+            prepared.append(prepared[0])
+            continue
         if prepared and data_config.train_vocab:
             # A later phase tokenises with the first phase's trained vocabulary: trained again, it
             # would number the tokens otherwise (or hold others) under the same embeddings.
@@ -350,8 +400,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
     args = parser.parse_args(argv)
     config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
-    if config.train.steps < 1:
-        raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
     run(config, Path(args.workdir), args.prepare_only)
 
 

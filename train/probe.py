@@ -144,6 +144,7 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
                     f"probe.sas_relations: no {relation} arc in the first {len(sentences)} trees of {path}; "
                     f"there: {', '.join(sorted(arcs))}"
                 )
+        probed_roles(config, [1] * len(sentences))
         return ProbeSet([(text,) for text, _ in sentences], [(words,) for _, words in sentences],
                         list(range(len(sentences))))  # fmt: skip
     if task.startswith(TEXT_PREFIX):
@@ -154,6 +155,7 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
         examples = glue.load_glue(task, "dev", glue_dir, config.n)
         segments = [e.segments for e in examples]
         indices = [e.index for e in examples]
+    probed_roles(config, [len(s) for s in segments])  # before anything is parsed, or data prepared
     parses = None
     if any(get_role(r).needs_parse for r in config.roles):
         parser = SpacyParser(config.spacy_model, cache_dir=Path(config.parse_cache).expanduser())
@@ -161,14 +163,20 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
     return ProbeSet(segments, parses, indices)
 
 
+def probed_roles(config: ProbeConfig, segment_counts) -> tuple[list[str], list[str]]:
+    """(the requested roles defined on the probe set, those that are not): one line if none is."""
+    roles, absent = present_roles(segment_counts, config.roles)
+    if not roles:
+        raise UserError(f"probe.roles: {', '.join(absent)} need sentence pairs, and {config.task} has none")
+    return roles, absent
+
+
 class RoleProbe:
     """The Trainer's probe hook: `probe(step, params)` → the `probe/...` metrics of `params`."""
 
     def __init__(self, config: ProbeConfig, sequences: list[EncodedSequence], trainer) -> None:
         self.config = config
-        self.roles, absent = present_roles((s.num_segments for s in sequences), config.roles)
-        if not self.roles:
-            raise UserError(f"probe.roles: {', '.join(absent)} need sentence pairs, and {config.task} has none")
+        self.roles, absent = probed_roles(config, (s.num_segments for s in sequences))
         if absent:
             log.info("probe: %s not defined on %s (single segments): not probed", ", ".join(absent), config.task)
         # Scored in float32 whatever the training's compute dtype, as `analysis.track` loads a

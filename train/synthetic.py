@@ -85,6 +85,8 @@ def write(out: Path, words: int, successors: int, tokens: int, seed: int, heldou
     """Writes the four files into `out` (new or empty) atomically; returns language.json's content."""
     if tokens < 1:
         raise UserError(f"--tokens must be ≥ 1, got {tokens}")
+    if seed < 0:  # numpy's generators take none
+        raise UserError(f"--seed must be ≥ 0, got {seed}")
     language = make_language(words, successors, seed)
     train_rng, heldout_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
     train = documents(language, tokens, train_rng)

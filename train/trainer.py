@@ -27,7 +27,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from bertjax import checkpoint as ckpt
-from bertjax import sharding
+from bertjax import cli, sharding
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
@@ -55,6 +55,19 @@ class LoopConfig:
         # section `train`.
         if self.global_batch_size < 1:
             raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
+
+
+def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
+    """The batch splits into `grad_accum_steps` micro-batches on every process and over the mesh's
+    devices; `name` is the setting that gave it (a later phase has its own)."""
+    if loop.grad_accum_steps < 1:
+        raise UserError(f"train.grad_accum_steps must be at least 1, got {loop.grad_accum_steps}")
+    if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
+        raise UserError(
+            f"{name} {loop.global_batch_size} is not divisible by "
+            f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
+        )
+    sharding.check_batch_size(name, loop.global_batch_size, mesh)
 
 
 class DataIterator(Protocol):
@@ -90,14 +103,7 @@ class Trainer:
     ):
         """`start_step`: where this phase begins in a multi-phase run (its steps continue the
         previous phase's; its optimizer and learning-rate schedule start afresh)."""
-        if loop.grad_accum_steps < 1:
-            raise UserError(f"train.grad_accum_steps must be at least 1, got {loop.grad_accum_steps}")
-        if loop.global_batch_size % (loop.grad_accum_steps * jax.process_count()):
-            raise UserError(
-                f"train.global_batch_size {loop.global_batch_size} is not divisible by "
-                f"grad_accum_steps × processes ({loop.grad_accum_steps} × {jax.process_count()})"
-            )
-        sharding.check_batch_size("train.global_batch_size", loop.global_batch_size, mesh)
+        check_batch(loop, mesh)
         self.workdir = Path(workdir)
         self.config = model_config
         self.model_cls = model_cls
@@ -241,10 +247,6 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _on_sigterm(self, signum, frame) -> None:
-        log.warning("SIGTERM: saving a checkpoint after this step, then exiting")
-        self._preempted = True
-
     def _check_finite(self, state, last_good: int | None) -> None:
         bad = int(jax.device_get(state["bad_step"]))
         if bad >= 0:
@@ -284,7 +286,9 @@ class Trainer:
         data = make_data(position)
         key = jax.random.key(self.loop.seed)
         start = int(jax.device_get(state["step"]))
-        previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        # The flag `cli.run` also sets (in place here for callers other than the CLIs): read after
+        # each step, which then saves a checkpoint and ends the loop.
+        previous = signal.signal(signal.SIGTERM, cli.on_sigterm)
         writer = MetricsWriter(self.workdir, self.is_main)
         peak = peak_flops(jax.devices()[0])
         timings = {"setup_s": time.perf_counter() - started}
@@ -323,6 +327,9 @@ class Trainer:
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
                 evaluated = None
+                if cli.terminated() and not self._preempted:
+                    log.warning("SIGTERM: saving a checkpoint after step %d, then exiting", step)
+                    self._preempted = True
                 scheduled_save = self.checkpointer.should_save(step)
                 saving = scheduled_save or self._preempted
                 periodic = eval_every and (step % eval_every == 0 or step == self.end)

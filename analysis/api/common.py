@@ -39,10 +39,11 @@ class Output:
     """An output directory: the one asked for, or a temporary one removed with its result."""
 
     def __init__(self, out: str | Path | None, kind: str):
+        self.temporary: Path | None = None  # the folder removed with the result
         if out is None:
-            self._tmp = tempfile.mkdtemp(prefix=f"bertjax-{kind}-")
-            weakref.finalize(self, shutil.rmtree, self._tmp, True)
-            self.path = Path(self._tmp) / kind
+            self.temporary = Path(tempfile.mkdtemp(prefix=f"bertjax-{kind}-"))
+            weakref.finalize(self, shutil.rmtree, self.temporary, True)
+            self.path = self.temporary / kind
         else:
             self.path = Path(out).expanduser()
 
@@ -116,10 +117,33 @@ def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(value)
 
 
-def save(directory: Path, out: str | Path, overwrite: bool) -> Path:
-    """Copies `directory` to `out` as the CLIs write: whole or not at all."""
+def refuse_inside_temporary(out: str | Path, output: Output | None) -> None:
+    """One line if `out` lies in the temporary folder of a result given no `out` (`output`'s),
+    which is removed with the result, and what was saved there with it."""
+    temporary = None if output is None else output.temporary
+    if temporary is not None and Path(out).expanduser().resolve().is_relative_to(temporary.resolve()):
+        raise UserError(
+            f"{out}: inside this result's temporary folder {temporary}, which is removed with the result; save it elsewhere"
+        )
+
+
+def save(directory: Path, out: str | Path, overwrite: bool, output: Output | None, info: dict | None = None) -> Path:
+    """Copies `directory` to `out` as the CLIs write: whole or not at all; `info`, if given, is
+    the copy's run.json. An `out` inside `directory` gets `directory` as it was, without the
+    copy's own lock and temporary; one inside the result's temporary folder (`output`'s, removed
+    with the result) is refused."""
+    refuse_inside_temporary(out, output)
+    out_path = Path(out).expanduser().resolve()
+
+    def own(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if Path(folder, n).resolve().parent == out_path.parent
+                and (n == out_path.name or n.startswith(f".{out_path.name}."))]  # fmt: skip
+
     with runinfo.atomic_out(str(out), overwrite) as tmp:
-        shutil.copytree(directory, tmp, dirs_exist_ok=True)
+        shutil.copytree(directory, tmp, dirs_exist_ok=True, ignore=own)
+        if info is not None:
+            with runinfo.atomic_file(tmp / "run.json", overwrite=True) as f:
+                f.write(json.dumps(info, indent=2, default=str) + "\n")
     return Path(out).expanduser()
 
 
@@ -177,7 +201,7 @@ class TablesResult:
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
         """Copies the outputs (CSVs, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite)
+        return save(self.directory, out, overwrite, self.output)
 
     def figure_names(self) -> list[str]:
         """The figures the run drew, by file name without its format (`surface_by_layer`)."""

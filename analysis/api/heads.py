@@ -20,6 +20,7 @@ from analysis.api.common import (
     frame,
     loaded,
     read_tables,
+    refuse_inside_temporary,
     run_json,
     save,
 )
@@ -30,7 +31,7 @@ from analysis.heads.config import RolesConfig
 from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
-from bertjax import distributed
+from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, ROLES
 
@@ -66,11 +67,12 @@ class _Result:
     """What the roles and track results share: the directory, its report and its figures."""
 
     directory: Path
+    output: Output | None
     examples: int = 4
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
         """Copies the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite)
+        return save(self.directory, out, overwrite, self.output)
 
     def report_html(self, examples: int | None = None) -> str:
         """The page `python -m analysis.report` writes for these outputs."""
@@ -128,6 +130,26 @@ class TrackResult(_Result):
     info: dict
     directory: Path
     output: Output | None = dataclasses.field(default=None, repr=False)
+
+    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+        """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
+        this result's temporary directory (removed with it) are copied to `<out>.cache`, the
+        cache `--out` would have had, and the copy's run.json names them there."""
+        refuse_inside_temporary(out, self.output)
+        temporary = None if self.output is None else self.output.temporary
+        entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
+        if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
+            return save(self.directory, out, overwrite, self.output)
+        target = Path(out).expanduser().resolve()
+        cache = target.parent / f"{target.name}.cache"
+        tracking.prepare_cache(cache, target)
+        for step, path in entries.items():
+            if path.is_relative_to(temporary):
+                with runinfo.atomic_file(cache / path.name, binary=True, overwrite=True) as f:
+                    f.write(path.read_bytes())
+                entries[step] = cache / path.name
+        info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
+        return save(self.directory, out, overwrite, self.output, info)
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
@@ -366,9 +388,11 @@ class HeadView:
     html: str
     data: dict
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, overwrite: bool = False) -> Path:
+        """Writes the page to `path` (an existing file is replaced only with `overwrite`)."""
         path = Path(path).expanduser()
-        path.write_text(self.html, encoding="utf-8")
+        with runinfo.atomic_file(path, overwrite=overwrite) as f:
+            f.write(self.html)
         return path
 
     def _repr_html_(self) -> str:

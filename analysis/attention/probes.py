@@ -23,6 +23,7 @@ import numpy as np
 import optax
 from tqdm import tqdm
 
+from bertjax import cli
 from sieves.wordattn import WordAttention
 
 MAX_DISTANCE = 10
@@ -143,6 +144,7 @@ def train_probe(
     state = optax.adam(learning_rate).init(params)
     rng = np.random.default_rng(seed)
     for _ in tqdm(range(epochs), desc=desc, unit="epoch"):
+        cli.stop_if_terminated()
         for c in rng.permutation(len(chunks)):
             params, state, _ = _adam_step(params, state, chunks[c], learning_rate)
     return params

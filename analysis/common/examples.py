@@ -18,7 +18,7 @@ from typing import Protocol, TypeVar
 import jax
 from tqdm import tqdm
 
-from bertjax import distributed, glue, runinfo
+from bertjax import cli, distributed, glue, runinfo
 from bertjax.errors import UserError
 from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
@@ -177,6 +177,7 @@ def encode_tasks(
         with tqdm(total=len(d.segments), desc=f"{task} encode", unit="example",
                   disable=len(d.segments) <= ENCODE_CHUNK or jax.process_index() != 0) as progress:  # fmt: skip
             for begin in range(0, len(d.segments), ENCODE_CHUNK):
+                cli.stop_if_terminated()
                 part = slice(begin, begin + ENCODE_CHUNK)
                 if trees is not None:
                     parses = trees[part]

@@ -79,7 +79,10 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in _formats.get():
         paths.append(out_dir / f"{stem}.{fmt}")
-        fig.savefig(paths[-1], **({"dpi": PNG_DPI} if fmt == "png" else {}))
+        # Through the one writer: a result's figure drawn on request goes into the user's output
+        # directory, where a link planted at its name must not be written through.
+        with runinfo.atomic_file(paths[-1], binary=True, overwrite=True) as f:
+            fig.savefig(f, format=fmt, **({"dpi": PNG_DPI} if fmt == "png" else {}))
     return paths
 
 
@@ -378,6 +381,6 @@ class FigureCache:
         paths = draw()
         self.directory.mkdir(parents=True, exist_ok=True)
         for path, entry in zip(paths, cached, strict=True):
-            with runinfo.atomic_file(entry, binary=True) as f, open(path, "rb") as source:
+            with runinfo.atomic_file(entry, binary=True, overwrite=True) as f, open(path, "rb") as source:
                 shutil.copyfileobj(source, f)
         return paths

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from bertjax import sharding
+from bertjax import cli, sharding
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
@@ -43,6 +43,7 @@ def padded_batches(
     model's positions where a bucket may not)."""
     with tqdm(total=len(seqs), desc=desc, unit="seq") as progress:
         for chunk in batches(seqs, batch_size):
+            cli.stop_if_terminated()
             length = bucketed(max(s.length for s in chunk))
             yield chunk, pad_batch(chunk, rows or batch_size, min(length, max_length))
             progress.update(len(chunk))

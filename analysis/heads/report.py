@@ -545,7 +545,7 @@ def write_report(config: ReportConfig) -> Path:
     run = read_run(config.run_dir)
     data = report_data(run, config)
     try:
-        with runinfo.atomic_file(path) as f:
+        with runinfo.atomic_file(path, overwrite=True) as f:  # as check_target allowed
             f.write(render(data))
     except OSError as e:
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None

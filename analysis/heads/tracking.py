@@ -199,7 +199,7 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # A temporary of its own (a random name), so that two runs scoring the same step, also on a
     # cache shared between hosts, never write one file.
-    with runinfo.atomic_file(path, binary=True) as f:
+    with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
         np.savez(f, **arrays)
 
 
