@@ -563,7 +563,7 @@ def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
     if config.shard is not None or jax.process_index() != 0:
         return pd.DataFrame()
     table, tracks = seeds.summarize(directories)
-    with runinfo.atomic_file(out / seeds.SEEDS_CSV) as f:
+    with runinfo.atomic_file(out / seeds.SEEDS_CSV, overwrite=True) as f:
         table.to_csv(f, index=False)
     if "onset" in select_figures(config.roles.figures, FIGURES):
         with figure_formats(select_formats(config.roles.figure_format)):
