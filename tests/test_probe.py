@@ -254,3 +254,21 @@ def test_probe_config_errors_stop_before_any_work(language, trees, tmp_path, ext
         pretrain.main(["--config", str(CONFIG), "--workdir", str(workdir), *overrides(language, trees, *extra)])
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
     assert not workdir.exists()
+
+
+def test_probe_corrections_count_as_the_analysis_tests():
+    """The probe's heads per role under each correction equal test_roles' on the same scores (the
+    family: every test of the step), and the number of tests is logged."""
+    from analysis.heads.config import RolesConfig
+    from analysis.heads.scoring import TaskScores, test_roles
+    from train.probe import summarise
+
+    rng = np.random.default_rng(0)
+    scores = {"prev": rng.gamma(2.0, 1.6, (60, 2, 3)), "cls": rng.gamma(2.0, 1.4, (60, 2, 3))}
+    result = {"t": TaskScores(scores, {r: np.arange(60) for r in scores}, [], 60)}
+    for correction in ("none", "holm", "bh"):
+        metrics = summarise(scores, 3.0, 0.05, "t", correction)
+        table, _ = test_roles(result, RolesConfig(ckpt="x", correction=correction))
+        for role in scores:
+            assert metrics[f"probe/{role}/heads"] == int(table[table["role"] == role]["assigned"].sum())
+        assert metrics["probe/tests"] == 12

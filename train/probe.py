@@ -64,6 +64,10 @@ class ProbeConfig:
     roles: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_ROLES))
     tau: float = 3.0
     alpha: float = 0.05
+    # As analysis.roles' --test and --correction; the family of a correction is one probe step's
+    # tests (a series-wide correction needs every step: analysis.track --correction-scope series).
+    test: str = "t"
+    correction: str = "none"
     spacy_model: str | None = None  # for the syntactic roles of GLUE and text: sets
     parse_cache: str = str(cli.CACHE_ROOT)  # where spaCy parses are cached (the analyses' cache)
     # SAS (Chen et al. 2023) needs gold trees: None is on for conllu:FILE, off otherwise.
@@ -95,6 +99,10 @@ def check_config(config: ProbeConfig, positions: int) -> None:
             raise UserError(f"probe.{key} must be at least {least}, got {getattr(config, key)}")
     if config.max_length > positions:
         raise UserError(f"probe.max_length {config.max_length} exceeds the model's {positions} positions")
+    if config.test not in ("t", "z", "bootstrap"):
+        raise UserError(f"probe.test must be one of t, z, bootstrap, got {config.test!r}")
+    if config.correction not in ("none", "holm", "bh"):
+        raise UserError(f"probe.correction must be one of none, holm, bh, got {config.correction!r}")
     if not config.roles:
         raise UserError("probe.roles: name at least one role")
     for role in config.roles:
@@ -246,7 +254,7 @@ class RoleProbe:
         jax.block_until_ready(params)
         started = time.perf_counter()
         scores, counts = self.scores(params)
-        metrics = summarise(scores, self.config.tau, self.config.alpha)
+        metrics = summarise(scores, self.config.tau, self.config.alpha, self.config.test, self.config.correction)
         if counts is not None:
             metrics |= summarise_sas(depattn.sas_table(counts), self.config.sas_relations)
         elapsed = time.perf_counter() - started
@@ -254,19 +262,26 @@ class RoleProbe:
         return metrics | {"probe/seconds": elapsed}
 
 
-def summarise(scores: dict[str, np.ndarray], tau: float, alpha: float) -> dict[str, float]:
-    """Per role: the heads holding it (one-sided t-test of mean β > τ, p < α), the largest mean β
-    and its (layer, head), and the sample size."""
+def summarise(
+    scores: dict[str, np.ndarray], tau: float, alpha: float, test: str = "t", correction: str = "none"
+) -> dict[str, float]:
+    """Per role: the heads holding it (one-sided test of mean β > τ, p < α, p corrected over the
+    step's tests with `correction`), the largest mean β and its (layer, head), and the sample
+    size; `probe/tests`: how many tests the step made."""
     metrics: dict[str, float] = {}
-    for role, x in scores.items():
+    tests = {role: stats.one_sided_test(x, tau, axis=0, test=test, alpha=alpha) for role, x in scores.items()}
+    roles = list(tests)
+    adjusted = stats.adjust_pvalues(np.stack([tests[r].p_value for r in roles]) if roles else np.zeros(0), correction)
+    for i, role in enumerate(roles):
+        x, result = scores[role], tests[role]
         metrics[f"probe/{role}/n"] = x.shape[0]
-        test = stats.one_sided_test(x, tau, axis=0, test="t")
-        metrics[f"probe/{role}/heads"] = int(stats.assign(test.p_value, alpha).sum())
-        if x.shape[0] and np.isfinite(test.mean).all():
-            layer, head = np.unravel_index(int(np.argmax(test.mean)), test.mean.shape)
-            metrics[f"probe/{role}/max_beta"] = float(test.mean[layer, head])
+        metrics[f"probe/{role}/heads"] = int(stats.assign(adjusted[i], alpha).sum())
+        if x.shape[0] and np.isfinite(result.mean).all():
+            layer, head = np.unravel_index(int(np.argmax(result.mean)), result.mean.shape)
+            metrics[f"probe/{role}/max_beta"] = float(result.mean[layer, head])
             metrics[f"probe/{role}/max_layer"] = int(layer)
             metrics[f"probe/{role}/max_head"] = int(head)
+    metrics["probe/tests"] = int(np.isfinite(adjusted).sum()) if roles else 0
     return metrics
 
 
