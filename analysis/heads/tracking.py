@@ -41,6 +41,7 @@ from analysis.common.figures import (
     select_formats,
 )
 from analysis.common.forward import Devices
+from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import onset, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
@@ -86,6 +87,7 @@ class TrackConfig:
     sas_n: int = 1000
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.sas_n < 1:
             raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
 
