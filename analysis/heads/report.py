@@ -362,7 +362,11 @@ def held_roles(run: Run, task: str, present: Sequence[str], layers: int, heads: 
 
 def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], tokenizer, parser, size: int) -> dict:
     settings = run.settings
-    segments, indices, _ = examples_for(settings, task)
+    segments, indices, files = examples_for(settings, task)
+    recorded = {entry["path"]: entry["sha256"] for entry in (run.info.get("data_files") or {}).get(task, [])}
+    for path, digest in files.items():
+        if digest is not None and recorded.get(str(path), digest) != digest:  # replaced since changed_data_files
+            raise UserError(f"{path} changed while it was read (its sha256 is not the run's)")
     plain = encode_batch(tokenizer, segments, None, settings.max_length, indices)
     short = [i for i, s in enumerate(plain) if s.length <= MAX_SHOWN_TOKENS]
     candidates = (short or sorted(range(len(plain)), key=lambda i: plain[i].length))[:CANDIDATES]
@@ -462,7 +466,20 @@ def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict 
         table = pd.read_csv(path)[["layer", "head", *fields]]
     except (KeyError, ValueError, OSError) as error:
         raise UserError(f"{path}: not a coref_heads.csv ({error})") from None
-    if len(table) != layers * heads or table["layer"].max() + 1 != layers or table["head"].max() + 1 != heads:
+    for column in ("layer", "head", *fields):
+        values = pd.to_numeric(table[column], errors="coerce")
+        whole = column in ("layer", "head")
+        bad = (values.isna() & (table[column].notna() | whole)) | (whole & (values % 1 != 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            value = table[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise UserError(
+                f"{path}:{row + 2}: {column} must be {'an integer' if whole else 'a number'}, got {value!r}"
+            )
+        table[column] = values.astype(int) if whole else values
+    grid = {(layer, head) for layer in range(layers) for head in range(heads)}
+    if len(table) != len(grid) or set(zip(table["layer"], table["head"], strict=True)) != grid:
         raise UserError(f"{path}: its heads are not this run's {layers} layers × {heads} heads")
     number = lambda v: None if pd.isna(v) else float(v)
     return {
