@@ -34,6 +34,8 @@ def _settings(shared_data: Path, cache: Path) -> dict:
         ({"alpha": "0.05"}, "alpha: expected a number, got '0.05'"),
         ({"glue_dir": 3}, "glue_dir: expected text or None, got 3"),
         ({"roles": []}, "--roles: name at least one role (leave roles out for all of them)"),  # 1.9
+        ({"roles": 5}, "roles: expected a list of strings, got 5"),
+        ({"roles": ["local", 3]}, "roles: expected a list of strings, got ('local', 3)"),
     ],
 )
 def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, message, tmp_path):
@@ -54,6 +56,12 @@ def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, 
         (lambda c, **k: api.track(ckpt=[c], **k), {"with_init": "no"}, "with_init: expected True or False, got 'no'"),
         (lambda c, **k: api.finetune_effect(c, "q:mrpc", **k), {"n": "8"}, "n: expected an integer, got '8'"),
         (api.report, {"examples": "4"}, "examples: expected an integer, got '4'"),
+        (api.clark, {"analyses": 5}, "analyses: expected the flag's comma-separated text or a list of names, got 5"),
+        (
+            api.ablate,
+            {"analyses": ["mask", 2]},
+            "analyses: expected the flag's comma-separated text or a list of names, got ['mask', 2]",
+        ),
     ],
 )
 def test_every_call_checks_the_types_of_its_settings(call, keywords, message, tmp_path):
@@ -67,11 +75,12 @@ def test_every_call_checks_the_types_of_its_settings(call, keywords, message, tm
     [
         ({"steps": 5}, "steps: expected a list of integers or the flag's comma-separated text, got 5"),  # 1.33
         ({"shard": (0, 2)}, "shard: expected the flag's text 'I/N' (e.g. '0/2'), got (0, 2)"),  # 1.33
+        ({"run": None, "ckpt": 5}, "ckpt: expected a checkpoint source or a list of them, got 5"),
     ],
 )
 def test_track_refuses_steps_and_shard_in_another_form(keywords, message, tmp_path):
     with pytest.raises(UserError) as raised:
-        api.track(run=str(tmp_path), **keywords)
+        api.track(**{"run": str(tmp_path)} | keywords)
     assert str(raised.value) == message
 
 

@@ -140,11 +140,13 @@ def config_from(cls, fixed: dict, settings: dict, hidden: tuple[str, ...] = ()):
 
 
 def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
-    """A list flag's value: the flag's comma-separated text or a sequence of names."""
+    """`analyses`' value: the flag's comma-separated text or a list of names."""
     if value is None:
         return default
     if isinstance(value, str):
         return tuple(x.strip() for x in value.split(",") if x.strip())
+    if not (isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)):
+        raise UserError(f"analyses: expected the flag's comma-separated text or a list of names, got {value!r}"[:300])
     return tuple(value)
 
 

@@ -56,10 +56,10 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
         settings.setdefault("figures", DEFAULT_ROLES_FIGURES)
     if isinstance(settings.get("roles"), str):  # the flag's form: comma-separated
         settings["roles"] = tuple(settings["roles"].split(",")) if settings["roles"] else DEFAULT_ROLES
-    elif settings.get("roles") is not None:
+    elif isinstance(settings.get("roles"), list):  # anything else but a tuple: RolesConfig's type check
         settings["roles"] = tuple(settings["roles"])
-    else:
-        settings.pop("roles", None)
+    elif "roles" in settings and settings["roles"] is None:
+        del settings["roles"]
     if "tau" in settings:
         settings["tau"] = str(settings["tau"])
     return RolesConfig(ckpt=str(ckpt), **settings)
@@ -218,6 +218,8 @@ def track(
     arguments are the data, test and output flags, as for `roles`."""
     if (run is None) == (not ckpt):
         raise UserError("one of the arguments --run --ckpt is required (and not both)")
+    if not (isinstance(ckpt, (str, Path)) or (isinstance(ckpt, (list, tuple)) and all(isinstance(c, (str, Path)) for c in ckpt))):  # fmt: skip
+        raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
         steps = tracking.parse_steps(steps)
