@@ -95,6 +95,11 @@ def test_overwrite_no_keeps_the_first_output(tiny_hf, shared_data, tmp_path):  #
     with pytest.raises(UserError, match="overwrite: expected True or False"):
         api.roles(str(tiny_hf), out=tmp_path / "ow", overwrite="no", **settings | {"n": 9})
     assert json.loads((tmp_path / "ow" / "run.json").read_text())["config"]["n"] == 8
+    # A result's save takes the same setting.
+    result = api.roles(str(tiny_hf), **settings | {"n": 9})
+    with pytest.raises(UserError, match=r"^overwrite: expected True or False, got 'no'$"):
+        result.save(tmp_path / "ow", overwrite="no")
+    assert json.loads((tmp_path / "ow" / "run.json").read_text())["config"]["n"] == 8
 
 
 def test_distributed_after_jax_started_is_one_line(tiny_hf, shared_data, tmp_path):  # 1.46

@@ -152,6 +152,8 @@ def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
 
 def save(directory: Path, out: str | Path, overwrite: bool) -> Path:
     """Copies `directory` to `out` as the CLIs write: whole or not at all."""
+    if not isinstance(overwrite, bool):  # "no" would be taken for yes
+        raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
     with runinfo.atomic_out(str(out), overwrite) as tmp:
         shutil.copytree(directory, tmp, dirs_exist_ok=True)
     return Path(out).expanduser()
