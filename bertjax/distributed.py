@@ -31,8 +31,18 @@ def initialize(distributed: bool, **explicit: Any) -> None:
     """Joins this process to the job when asked. JAX finds the coordinator, the process count and
     this process's id itself on SLURM, Open MPI, Kubernetes and TPU VMs; `explicit` passes them
     for anything else (`coordinator_address=`, `num_processes=`, `process_id=`, as the tests do)."""
-    if distributed:
+    if not distributed or jax.distributed.is_initialized():  # a caller may have joined it already
+        return
+    try:
         jax.distributed.initialize(**explicit)
+    except RuntimeError as e:
+        if "must be called before" not in str(e):
+            raise
+        # A notebook that ran any JAX cell (or loaded a model) is past the point where a process joins.
+        raise UserError(
+            "--distributed: this process has already started JAX, and a process joins a job before its first "
+            "JAX call; call jax.distributed.initialize() first thing in the process and leave distributed out"
+        ) from None
 
 
 def process_share(n: int, index: int | None = None, count: int | None = None) -> slice:

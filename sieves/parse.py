@@ -6,6 +6,7 @@ aligner can map wordpieces to words by offsets alone.
 
 from __future__ import annotations
 
+import codecs
 import hashlib
 import json
 import logging
@@ -330,6 +331,7 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
     glued = False  # the previous surface token had SpaceAfter=No
     range_end = 0  # last word id covered by the current multiword token
     range_spans: dict[int, tuple[int, int]] = {}
+    word_lines: list[int] = []
     for token, line_number in zip(sentence, token_lines, strict=True):
         if len(token) < len(_CONLLU_COLUMNS):  # conllu keeps the columns a line has, naming them in order
             raise UserError(
@@ -361,14 +363,33 @@ def _read_sentence(path: Path, first_line: int, block: list[str]) -> tuple[str, 
         head = token["head"]
         if not isinstance(head, int) or not isinstance(token_id, int) or token_id != len(spans) + 1:
             raise UserError(f"{path}:{line_number}: word ids must be 1, 2, ... with integer heads")
+        if head == token_id:  # read as the root would be (a root points at itself below)
+            raise UserError(f"{path}:{line_number}: word {token_id} has itself as HEAD")
         spans.append(span)
+        word_lines.append(line_number)
         deps.append(normalise_dep(token["deprel"]))
         tags.append("" if token["upos"] in (None, "_") else token["upos"])
         heads.append(len(spans) - 1 if head == 0 else head - 1)
     if any(head >= len(spans) for head in heads):
         raise UserError(f"{path}:{first_line}: a HEAD points past the last word of the sentence")
+    _check_tree(path, heads, word_lines)
     arcs = zip(spans, deps, heads, tags, strict=True)
     return text, tuple(Word(start, end, dep, head, pos) for (start, end), dep, head, pos in arcs)
+
+
+def _check_tree(path: Path, heads: list[int], word_lines: list[int]) -> None:
+    """The HEADs (0-based, a root its own) lead every word to a root: a cycle has no root to reach,
+    and the syntactic roles and SAS would count its arcs as a tree's."""
+    for word in range(len(heads)):
+        path_taken = [word]
+        while heads[path_taken[-1]] != path_taken[-1] and len(path_taken) <= len(heads):
+            path_taken.append(heads[path_taken[-1]])
+        if heads[path_taken[-1]] != path_taken[-1]:
+            cycle = sorted(set(path_taken[path_taken.index(path_taken[-1]) :]))
+            raise UserError(
+                f"{path}:{word_lines[cycle[0]]}: the HEADs of words {', '.join(str(w + 1) for w in cycle)} lead "
+                "round in a cycle, never to the root (HEAD 0)"
+            )
 
 
 def parse_examples(parser, examples: Sequence[tuple[str, ...]]) -> list[tuple[Parse, ...]]:
@@ -382,22 +403,48 @@ def parse_examples(parser, examples: Sequence[tuple[str, ...]]) -> list[tuple[Pa
 TEXT_PREFIX = "text:"
 
 
-def read_text_examples(path: Path, n: int) -> list[tuple[str, ...]]:
-    """The first `n` non-blank lines of `path`, each one segment or, split at a tab, a pair."""
+# The longest line a text:FILE example may be. A model reads at most 512 tokens (~3,000 characters)
+# of an example, and spaCy refuses a text past 1,000,000 characters with a traceback (E088).
+MAX_TEXT_LINE = 100_000
+
+
+def read_text_examples(path: Path, n: int) -> tuple[list[tuple[str, ...]], str]:
+    """The first `n` non-blank lines of `path` (split at line feeds), each one segment or, split at
+    a tab, a pair; and the sha256 of the file as this read saw it, to the end (the file may be
+    replaced while it is read: run.json must name the version analysed, not the one there after)."""
     examples: list[tuple[str, ...]] = []
-    try:
-        with path.open(encoding="utf-8-sig") as f:
-            for number, line in enumerate(f, 1):
-                if len(examples) == n:
-                    break
-                if not line.strip():
-                    continue
-                segments = tuple(s.strip() for s in line.rstrip("\r\n").split("\t"))
-                if len(segments) > 2 or not all(segments):
-                    raise UserError(f"{path}:{number}: a line must be one text, or two texts split by one tab")
-                examples.append(segments)
-    except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    digest = hashlib.sha256()
+    offset = 0
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            digest.update(raw)
+            if len(examples) < n:
+                line = _text_line(path, number, raw, offset)
+                if line.strip():
+                    examples.append(_text_example(path, number, line))
+            offset += len(raw)
     if not examples:
         raise UserError(f"{path}: no text (a text:FILE task takes one example per line)")
-    return examples
+    return examples, digest.hexdigest()
+
+
+def _text_line(path: Path, number: int, raw: bytes, offset: int) -> str:
+    """Line `number` of a text:FILE, starting at byte `offset`, decoded (a first line's BOM dropped)."""
+    bom = number == 1 and raw.startswith(codecs.BOM_UTF8)
+    try:
+        return raw.decode("utf-8-sig" if bom else "utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:  # e.start counts from after the BOM
+        at = offset + e.start + (len(codecs.BOM_UTF8) if bom else 0)
+        raise UserError(f"{path}:{number}: not UTF-8 text ({e.reason} at byte {at} of the file)") from None
+
+
+def _text_example(path: Path, number: int, line: str) -> tuple[str, ...]:
+    if len(line) > MAX_TEXT_LINE:
+        raise UserError(
+            f"{path}:{number}: a line of {len(line):,} characters; an example is a sentence or a pair, of at most "
+            f"{MAX_TEXT_LINE:,} characters (the model reads at most its positions' worth of tokens of it)"
+        )
+    segments = tuple(s.strip() for s in line.split("\t"))
+    if len(segments) > 2 or not all(segments):
+        raise UserError(f"{path}:{number}: a line must be one text, or two texts split by one tab")
+    return segments

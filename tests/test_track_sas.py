@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,19 @@ def test_the_documented_chen_command_runs_up_to_loading(shared_data, tmp_path, m
     with pytest.raises(_Loading):
         track.main(argv)
     assert [p.resolve() for p in loaded] == [work / pattern.format(step=steps[0])]
+
+
+def test_a_sas_entry_copied_to_another_steps_name_is_computed_again(tracked, tmp_path, caplog):
+    # Issue 42, 5.1: the SAS cache gets the scores cache's identity check (what the entry stored
+    # against the step, checkpoint files and settings its name stands for).
+    out, argv, _ = tracked
+    cache = tmp_path / "cache"
+    shutil.copytree(out.parent / f"{out.name}.cache", cache)
+    (first,) = cache.glob(f"sas-{STEPS[0]:09d}-*.npz")
+    (last,) = cache.glob(f"sas-{STEPS[-1]:09d}-*.npz")
+    shutil.copyfile(first, last)
+    track.main([*argv, "--out", str(tmp_path / "again"), "--scores-cache", str(cache), "--no-figures"])
+    assert f"{last} holds scores of other checkpoint" in caplog.text
+    pd.testing.assert_frame_equal(
+        pd.read_csv(tmp_path / "again" / tracking.SAS_CSV), pd.read_csv(out / tracking.SAS_CSV), check_exact=True
+    )

@@ -156,7 +156,7 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
         return ProbeSet([(text,) for text, _ in sentences], [(words,) for _, words in sentences],
                         list(range(len(sentences))))  # fmt: skip
     if task.startswith(TEXT_PREFIX):
-        segments = read_text_examples(Path(task[len(TEXT_PREFIX) :]).expanduser(), config.n)
+        segments, _ = read_text_examples(Path(task[len(TEXT_PREFIX) :]).expanduser(), config.n)
         indices = list(range(len(segments)))
     else:
         glue_dir = None if config.glue_dir is None else Path(config.glue_dir).expanduser()

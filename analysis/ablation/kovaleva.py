@@ -43,6 +43,7 @@ from analysis.ablation.patterns import (
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import figure_formats, select_formats
 from analysis.common.forward import Devices, check_device_count, compiled, padded_batches
+from analysis.common.settings import check_types
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -80,6 +81,7 @@ class KovalevaConfig:
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_device_count(self.devices)
         check_split("--split", self.split)
         if self.n is not None and self.n < 1:

@@ -26,6 +26,7 @@ from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, select_formats
 from analysis.common.forward import Devices, check_device_count
+from analysis.common.settings import check_types
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -59,6 +60,7 @@ class MichelConfig:
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
+        check_types(self)
         check_device_count(self.devices)
         spec = glue.task_spec(self.task)
         check_split("--split", self.split)

@@ -13,6 +13,7 @@ from analysis.api.common import (
     Checkpoint,
     Output,
     TablesResult,
+    check_given,
     collect_garbage,
     comma_list,
     config_from,
@@ -78,6 +79,8 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
         (model, kept_tokenizer), *others = loaded(checkpoints)
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         compare = others[0] if others else None
+    else:
+        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     result = run_ablate(config, model, tokenizer, compare)
     result.output = output
     return result
@@ -106,6 +109,8 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
             [Checkpoint(config.ckpt, config.step, CLASSIFIER, True, config.allow_nonfinite)]
         )
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    else:
+        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     result = run_prune(config, model, tokenizer)
     result.output = output
     return result

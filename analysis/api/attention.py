@@ -9,6 +9,7 @@ from analysis.api.common import (
     Checkpoint,
     Output,
     TablesResult,
+    check_given,
     collect_garbage,
     comma_list,
     config_from,
@@ -57,6 +58,8 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
         )
         ((model, kept_tokenizer),) = loaded([checkpoint])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    else:
+        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     result = run_clark(config, model, tokenizer)
     result.output = output
     return result

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from flax import nnx
 
 from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.pretrained import check_finite, from_pretrained, load_config, load_tokenizer, resolve
 
 # The rows of a table an inline view shows (pandas elides the middle of longer ones).
 VIEW_ROWS = 12
@@ -96,6 +97,37 @@ def loaded(checkpoints: Sequence[Checkpoint]) -> list[tuple[Any, Any]]:
     return [(_KEPT[model_key], _KEPT[tokenizer_key]) for model_key, tokenizer_key in keys]
 
 
+# The sizes that make a model another checkpoint's: its weights would not fit that checkpoint's.
+ARCHITECTURE = ("num_hidden_layers", "num_attention_heads", "hidden_size", "intermediate_size", "vocab_size",
+                "max_position_embeddings", "type_vocab_size")  # fmt: skip
+
+
+def check_model(model, what: str = "model") -> None:
+    """A model passed to a call is one bertjax loaded (a string or a transformers model went on to
+    an AttributeError deep inside)."""
+    if not (isinstance(model, nnx.Module) and hasattr(model, "config")):
+        raise UserError(f"{what}: expected a model loaded by bertjax (bertjax.from_pretrained), got {model!r}"[:300])
+
+
+def check_given(model, ckpt: str, step: int | None, allow_nonfinite: bool) -> None:
+    """A model passed in for `ckpt` is taken as that checkpoint (run.json names it, the report
+    loads it for its examples), so it must have the checkpoint's architecture; and its weights are
+    checked for NaN and ±Inf as a loaded file's are (an edited or trained model may hold them).
+    Weights of the same architecture but other values cannot be told apart from the checkpoint's
+    without loading it, which passing a model is meant to save: that stays the caller's word."""
+    check_model(model)
+    stored = load_config(resolve(ckpt, step))
+    differ = [f"{key} {getattr(model.config, key)} vs {getattr(stored, key)}" for key in ARCHITECTURE
+              if getattr(model.config, key) != getattr(stored, key)]  # fmt: skip
+    if differ:
+        raise UserError(f"model: not the model of {ckpt} ({', '.join(differ)}); pass the checkpoint it was "
+                        "loaded from as the first argument, or leave model out")  # fmt: skip
+    params = nnx.to_flat_state(nnx.state(model, nnx.Param))
+    check_finite(
+        Path("model (passed in)"), [(path, variable.get_value()) for path, variable in params], allow_nonfinite
+    )
+
+
 def config_from(cls, fixed: dict, settings: dict, hidden: tuple[str, ...] = ()):
     """`cls(**fixed, **settings)`: the keyword arguments of a call named as the flags' fields;
     the dataclass checks their values as it does the flags'. Paths are kept as text, as the flags
@@ -109,11 +141,13 @@ def config_from(cls, fixed: dict, settings: dict, hidden: tuple[str, ...] = ()):
 
 
 def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
-    """A list flag's value: the flag's comma-separated text or a sequence of names."""
+    """`analyses`' value: the flag's comma-separated text or a list of names."""
     if value is None:
         return default
     if isinstance(value, str):
         return tuple(x.strip() for x in value.split(",") if x.strip())
+    if not (isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)):
+        raise UserError(f"analyses: expected the flag's comma-separated text or a list of names, got {value!r}"[:300])
     return tuple(value)
 
 
@@ -132,6 +166,8 @@ def save(directory: Path, out: str | Path, overwrite: bool, output: Output | Non
     the copy's run.json. An `out` inside `directory` gets `directory` as it was, without the
     copy's own lock and temporary; one inside the result's temporary folder (`output`'s, removed
     with the result) is refused."""
+    if not isinstance(overwrite, bool):  # "no" would be taken for yes
+        raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
     refuse_inside_temporary(out, output)
     out_path = Path(out).expanduser().resolve()
 

@@ -16,6 +16,8 @@ from analysis.api.common import (
     FigureFile,
     Output,
     TablesResult,
+    check_given,
+    check_model,
     collect_garbage,
     frame,
     loaded,
@@ -25,6 +27,7 @@ from analysis.api.common import (
     save,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
+from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
 from analysis.heads.config import RolesConfig
@@ -54,10 +57,10 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
         settings.setdefault("figures", DEFAULT_ROLES_FIGURES)
     if isinstance(settings.get("roles"), str):  # the flag's form: comma-separated
         settings["roles"] = tuple(settings["roles"].split(",")) if settings["roles"] else DEFAULT_ROLES
-    elif settings.get("roles") is not None:
+    elif isinstance(settings.get("roles"), list):  # anything else but a tuple: RolesConfig's type check
         settings["roles"] = tuple(settings["roles"])
-    else:
-        settings.pop("roles", None)
+    elif "roles" in settings and settings["roles"] is None:
+        del settings["roles"]
     if "tau" in settings:
         settings["tau"] = str(settings["tau"])
     return RolesConfig(ckpt=str(ckpt), **settings)
@@ -190,6 +193,8 @@ def roles(
             [Checkpoint(config.ckpt, config.step, allow_nonfinite=config.allow_nonfinite)]
         )
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    else:
+        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     result = run_roles(config, model, tokenizer, parser)
     if result is not None:
         result.output = output
@@ -235,9 +240,15 @@ def track(
     arguments are the data, test and output flags, as for `roles`."""
     if (run is None) == (not ckpt):
         raise UserError("one of the arguments --run --ckpt is required (and not both)")
+    if not (isinstance(ckpt, (str, Path)) or (isinstance(ckpt, (list, tuple)) and all(isinstance(c, (str, Path)) for c in ckpt))):  # fmt: skip
+        raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
         steps = tracking.parse_steps(steps)
+    elif steps is not None and not fits(steps, "tuple[int, ...]"):
+        raise UserError(f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300])
+    if shard is not None and not isinstance(shard, str):
+        raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
     output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
@@ -319,6 +330,10 @@ def finetune_effect(
     output = Output(out, "finetune_effect")
     data = roles_config(str(pre), settings | {"out": str(output.path)}, EFFECT_FLAGS)
     config = finetuning.effect_config(specs, data)
+    if model is not None:
+        check_given(model, data.ckpt, None, data.allow_nonfinite)
+    for post_model, post in zip(post_models or (), config.posts, strict=False):  # a count that differs: run's line
+        check_given(post_model, post.ckpt, None, data.allow_nonfinite)
     if model is None and post_models is None:
         checkpoints = [
             Checkpoint(c, allow_nonfinite=data.allow_nonfinite) for c in (data.ckpt, *(p.ckpt for p in config.posts))
@@ -349,10 +364,16 @@ def run_finetune_effect(
 
 
 def report(
-    run_dir: str | Path, *, examples: int = 4, out: str | Path | None = None, coref: str | None = None
+    run_dir: str | Path,
+    *,
+    examples: int = 4,
+    out: str | Path | None = None,
+    overwrite: bool = False,
+    coref: str | Path | None = None,
 ) -> Report:
     """`python -m analysis.report RUN_DIR` as a call: writes the page (default RUN_DIR/report.html)."""
-    return run_report(ReportConfig(str(run_dir), examples, None if out is None else str(out), coref))
+    text = lambda path: None if path is None else str(path)
+    return run_report(ReportConfig(str(run_dir), examples, text(out), overwrite, text(coref)))
 
 
 def run_report(config: ReportConfig) -> Report:
@@ -375,9 +396,16 @@ def head_view(
     `tokenizer`. Other keyword arguments are the sieve flags (window, special_rows,
     block_first_sep, max_length, spacy_model, cache_dir)."""
     allowed = ("window", "special_rows", "block_first_sep", "max_length", "spacy_model", "cache_dir")
-    name = model_or_ckpt if isinstance(model_or_ckpt, (str, Path)) else "the model given"
-    config = roles_config(str(name), settings, allowed)
-    page = head_view_lib.page_data(model_or_ckpt, tokenizer, text, layer, head, role, config)
+    given = not isinstance(model_or_ckpt, (str, Path))
+    config = roles_config("the model given" if given else str(model_or_ckpt), settings, allowed)
+    head_view_lib.check_request(text, layer, head, role)
+    if given:
+        check_model(model_or_ckpt, "model_or_ckpt")
+        model = model_or_ckpt
+    else:  # kept for the next call, as the analyses keep theirs: a view is redrawn cell after cell
+        ((model, kept_tokenizer),) = loaded([Checkpoint(config.ckpt)])
+        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+    page = head_view_lib.page_data(model, tokenizer, text, layer, head, role, config)
     return HeadView(render(page), page)
 
 

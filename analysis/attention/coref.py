@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import itertools
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -78,6 +79,23 @@ class CorefInput:
     truncated: bool
 
 
+def mention_span(path: Path, line: int, text: str, mention: str, field: dict[str, str]) -> tuple[int, int]:
+    """Character [start, end) of a GAP row's `mention` (Pronoun, A or B): its text at its offset, and
+    a whole word there (not the "he" of a "the": its pieces would be another word's)."""
+    offset, name = field[f"{mention}-offset"], field[mention]
+    if not (offset.isascii() and offset.isdigit()):  # isdigit alone takes '²', which int() refuses
+        raise UserError(f"{path}, line {line}: {mention}-offset {offset!r} is not a character offset")
+    start = int(offset)
+    end = start + len(name)
+    if not name.strip() or text[start:end] != name:
+        raise UserError(f"{path}, line {line}: {mention} {name!r} is not at offset {start} of Text")
+    if (start > 0 and text[start - 1].isalnum() and name[0].isalnum()) or (
+        end < len(text) and text[end].isalnum() and name[-1].isalnum()
+    ):
+        raise UserError(f"{path}, line {line}: {mention} {name!r} at offset {start} is not a whole word of Text")
+    return start, end
+
+
 def read_gap(path: Path, limit: int | None = None) -> list[GapExample]:
     """The first `limit` rows of a GAP TSV (all by default); a malformed row is a UserError naming it."""
     try:
@@ -93,15 +111,12 @@ def read_gap(path: Path, limit: int | None = None) -> list[GapExample]:
             raise UserError(f"{path}, line {line}: {len(row)} fields, expected {len(GAP_COLUMNS)}")
         field = dict(zip(GAP_COLUMNS, row, strict=True))
         text = field["Text"]
-        spans = []
-        for mention in ("Pronoun", "A", "B"):
-            offset = field[f"{mention}-offset"]
-            if not offset.isdigit():
-                raise UserError(f"{path}, line {line}: {mention}-offset {offset!r} is not a character offset")
-            start = int(offset)
-            if text[start : start + len(field[mention])] != field[mention]:
-                raise UserError(f"{path}, line {line}: {mention} {field[mention]!r} is not at offset {start} of Text")
-            spans.append((start, start + len(field[mention])))
+        spans = [mention_span(path, line, text, mention, field) for mention in ("Pronoun", "A", "B")]
+        for (first, a), (second, b) in itertools.combinations(zip(("Pronoun", "A", "B"), spans, strict=True), 2):
+            if a[0] < b[1] and b[0] < a[1]:  # one mention twice would score as a candidate against itself
+                raise UserError(
+                    f"{path}, line {line}: {first} and {second} overlap (characters {a[0]}–{a[1]} and {b[0]}–{b[1]})"
+                )
         coref = []
         for mention in ("A", "B"):
             value = field[f"{mention}-coref"].upper()

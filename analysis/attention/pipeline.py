@@ -6,6 +6,7 @@ probe and coreference analyses, their tables and figures, written atomically int
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from analysis.attention import coref, depheads, gradients, probes, surface
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
+from analysis.common.settings import check_types
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
@@ -81,14 +83,20 @@ class ClarkConfig:
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
+        check_types(self)
+        if not self.analyses:
+            raise UserError(f"--analyses: name at least one analysis (choose from {', '.join(ANALYSES)})")
         for name in self.analyses:
             if name not in ANALYSES:
                 raise UserError(f"--analyses: unknown analysis {name!r}; choose from {', '.join(ANALYSES)}")
-        if self.gap_n is not None and self.gap_n < 1:
-            raise UserError(f"--gap-n must be at least 1, got {self.gap_n}")
-        for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length"):
+        for flag in ("gap_n", "ewt_n"):
+            if getattr(self, flag) is not None and getattr(self, flag) < 1:
+                raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
+        for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
+        if not (math.isfinite(self.probe_learning_rate) and self.probe_learning_rate > 0):
+            raise UserError(f"--probe-learning-rate must be a finite number > 0, got {self.probe_learning_rate}")
         if self.inputs != "wikitext":
             glue.resolve_tasks(self.inputs)
         for flag, value, choices in (

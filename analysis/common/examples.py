@@ -83,22 +83,23 @@ def text_task_files(spec: str) -> dict[str, Path]:
     return files
 
 
-def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], list[Path]]:
-    """(segments per example, example indices, files read) in file order."""
+def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str | None]]:
+    """(segments per example, example indices, files read) in file order; each file with the
+    sha256 of the bytes read where the reader took it (a text:FILE), else None (hashed after)."""
     if task == CONLLU_TASK:
         sentences = read_conllu(Path(config.conllu), limit=config.n)
-        return [(text,) for text, _ in sentences], list(range(len(sentences))), [Path(config.conllu)]
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): None}
     if task.startswith(TEXT_LABEL):
         files = text_task_files(getattr(config, "task", ""))
         if task not in files:
             raise UserError(f"--task: {task!r} names no text:FILE of this run")
-        segments = read_text_examples(files[task], config.n)
-        return segments, list(range(len(segments))), [files[task]]
+        segments, digest = read_text_examples(files[task], config.n)
+        return segments, list(range(len(segments))), {files[task]: digest}
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
     segments = [e.segments for e in examples]
-    return segments, [e.index for e in examples], files
+    return segments, [e.index for e in examples], dict.fromkeys(files)
 
 
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
@@ -109,11 +110,12 @@ def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[
 
 @dataclasses.dataclass
 class TaskData:
-    """One task's examples as read: segments per example, example indices, files read."""
+    """One task's examples as read: segments per example, example indices, files read (each with
+    the sha256 of what was read, or None: `examples_for`)."""
 
     segments: list[tuple[str, ...]]
     indices: list[int]
-    files: list[Path]
+    files: dict[Path, str | None]
 
 
 def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskData]:
@@ -147,7 +149,10 @@ def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
 
 
 def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:
-    return {t: [{"path": str(f), "sha256": runinfo.sha256(f)} for f in d.files] for t, d in data.items()}
+    return {
+        t: [{"path": str(f), "sha256": digest or runinfo.sha256(f)} for f, digest in d.files.items()]
+        for t, d in data.items()
+    }
 
 
 def make_parser(config: ExampleSettings) -> SpacyParser | None:

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from analysis.common.examples import CONLLU_TASK, resolve_tasks
 from analysis.common.figures import add_figure_arguments
 from analysis.common.forward import add_device_arguments, add_nonfinite_argument, check_device_count
+from analysis.common.settings import check_types
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -77,6 +78,7 @@ class RolesConfig:
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
 
     def __post_init__(self) -> None:
+        check_types(self)
         for name, choices in CHOICES.items():
             if getattr(self, name) not in choices:
                 raise UserError(f"--{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
@@ -112,6 +114,8 @@ class RolesConfig:
                 finite = False
             if not finite:
                 raise UserError(f"--tau must be a finite number or 'auto', got {self.tau!r}")
+        if not self.roles:
+            raise UserError("--roles: name at least one role (leave roles out for all of them)")
         for role in self.roles:
             get_role(role)
         if len(set(self.roles)) < len(self.roles):

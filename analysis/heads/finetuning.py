@@ -103,6 +103,8 @@ def effect_config(post: Sequence[str], data: RolesConfig) -> EffectConfig:
         # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.
         raise UserError("--parser conllu / --conllu: finetune_effect compares on GLUE tasks parsed by spaCy only; "
                         "run analysis.roles --parser conllu on each checkpoint instead")  # fmt: skip
+    if not post:
+        raise UserError("--post: give at least one fine-tuned checkpoint")
     specs = [parse_post(spec, data.task) for spec in post]
     labels = post_labels([path for path, _ in specs])
     posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))

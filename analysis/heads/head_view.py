@@ -11,15 +11,14 @@ role's first scored token.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 
 from analysis.common.examples import make_parser, present_roles
+from analysis.common.settings import fits
 from analysis.heads.config import RolesConfig
 from analysis.heads.report import STAT_FIELDS, _numbers, _pack, _quantised, attention_and_scores
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer
 from sieves.align import encode_batch
 from sieves.builders import get_role
 from sieves.parse import parse_examples
@@ -35,24 +34,30 @@ def frame_height(tokens: int) -> int:
 
 
 def segments_of(text: str | Sequence[str]) -> tuple[str, ...]:
-    segments = (text,) if isinstance(text, str) else tuple(text)
+    segments = (text,) if isinstance(text, str) else tuple(text) if isinstance(text, (list, tuple)) else ()
     if len(segments) not in (1, 2) or not all(isinstance(s, str) and s.strip() for s in segments):
-        raise UserError("head_view: text must be a sentence or a pair of sentences (two non-empty strings)")
+        raise UserError(
+            f"head_view: text must be a sentence or a pair of sentences (two non-empty strings), got {text!r}"[:300]
+        )
     return segments
 
 
-def page_data(model_or_ckpt, tokenizer, text: str | Sequence[str], layer: int, head: int, role: str,
-              config: RolesConfig) -> dict:  # fmt: skip
-    """The report page's data for one sequence, opened at (layer, head) on `role`."""
-    segments = segments_of(text)
+def check_request(text: str | Sequence[str], layer: int, head: int, role: str) -> None:
+    """What can be checked before the model is loaded, each a line of its own."""
+    segments_of(text)
+    for name, value in (("layer", layer), ("head", head)):
+        if not fits(value, "int"):  # a float was drawn as no head, text failed in numpy
+            raise UserError(f"{name}: expected an integer, got {value!r}"[:300])
     get_role(role)  # an unknown role is the same one line as --roles'
-    if isinstance(model_or_ckpt, (str, Path)):
-        model = from_pretrained(model_or_ckpt)
-        tokenizer = tokenizer or load_tokenizer(model_or_ckpt)
-    else:
-        model = model_or_ckpt
-        if tokenizer is None:
-            raise UserError("head_view: a loaded model needs its tokenizer (tokenizer=...)")
+
+
+def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int, role: str,
+              config: RolesConfig) -> dict:  # fmt: skip
+    """The report page's data for one sequence, opened at (layer, head) on `role` (`check_request`'s
+    checks made)."""
+    segments = segments_of(text)
+    if tokenizer is None:
+        raise UserError("head_view: a loaded model needs its tokenizer (tokenizer=...)")
     layers, heads = model.config.num_hidden_layers, model.config.num_attention_heads
     if not (0 <= layer < layers and 0 <= head < heads):
         raise UserError(
@@ -64,6 +69,12 @@ def page_data(model_or_ckpt, tokenizer, text: str | Sequence[str], layer: int, h
     parser = make_parser(config)
     parses = parse_examples(parser, [tuple(segments)]) if parser else None
     max_length = min(config.max_length, model.config.max_sequence_length)
+    needed = len(tokenizer(*segments)["input_ids"])
+    if needed > max_length:  # cut, the view would show a part of the text (or only [CLS] and [SEP])
+        raise UserError(
+            f"head_view: the text is {needed} tokens with [CLS] and [SEP], more than max_length {max_length}; raise "
+            f"max_length (to at most {model.config.max_sequence_length}, this model's positions) or shorten the text"
+        )
     (seq,) = encode_batch(tokenizer, [segments], parses, max_length)
     attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], config, present)
     n = seq.length

@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments
+from analysis.common.settings import check_types, fits
 from analysis.heads.config import RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
@@ -61,6 +62,7 @@ class ReportConfig:
     coref: str | None = None
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.examples < 0:
             raise UserError(f"--examples must be at least 0, got {self.examples}")
 
@@ -130,27 +132,13 @@ def settings_of(config: dict, source: Path | None = None, prefix: str = "config"
         if key not in fields:
             continue
         annotation = str(fields[key].type)
-        if not _of_type(value, annotation):
+        if not fits(value, annotation):
             raise UserError(f"{source}: {prefix}.{key} must be {annotation.replace('tuple[str, ...]', 'a list of strings')}, got {value!r}")  # fmt: skip
         values[key] = tuple(value) if annotation.startswith("tuple") else value
     try:
         return RolesConfig(**values)
     except UserError as e:  # a value out of range: the message names the flag that sets it
         raise UserError(f"{source}: {prefix}: {e}") from None
-
-
-def _of_type(value: object, annotation: str) -> bool:
-    """Whether a JSON value fits a RolesConfig field's annotation (`int | None`, `tuple[str, ...]`)."""
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    fits = {
-        "None": value is None,
-        "bool": isinstance(value, bool),
-        "int": number and isinstance(value, int),
-        "float": number,
-        "str": isinstance(value, str),
-        "tuple[str, ...]": isinstance(value, list) and all(isinstance(x, str) for x in value),
-    }
-    return any(fits.get(option, False) for option in annotation.split(" | "))
 
 
 def check_run_json(info: dict, source: Path) -> None:
@@ -165,7 +153,7 @@ def check_run_json(info: dict, source: Path) -> None:
                 if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):  # fmt: skip
                     raise UserError(f"{source}: data_files.{task}: each file needs a path and a sha256, got {entry!r}"[:300])  # fmt: skip
     checkpoint = info.get("checkpoint")
-    if checkpoint is not None and not (isinstance(checkpoint, dict) and _of_type(checkpoint.get("step"), "int | None")):
+    if checkpoint is not None and not (isinstance(checkpoint, dict) and fits(checkpoint.get("step"), "int | None")):
         raise UserError(f"{source}: checkpoint must be an object with an integer step, got {checkpoint!r}"[:300])
     model = info.get("model_config")
     if model is not None:
@@ -316,8 +304,14 @@ def _quantised(attention: np.ndarray) -> str:
 
 def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: RolesConfig, present: Sequence[str]):
     """(attention [L, B, H, T, T], β [R, B, L, H], scored-row counts [R, B], rows, sieves) of `seqs`
-    padded to one length, for the roles `present`, as the run computed them."""
-    length = max(s.length for s in seqs)
+    padded to one length, for the roles `present`, as the run computed them.
+
+    The length is rounded up to a power of two (within the model's positions): the model runs op by
+    op here, each op compiled for its shapes, so every new length compiled ~40 programs anew and a
+    notebook drawing `head_view` after `head_view` grew without end. Padding adds masked keys, whose
+    attention is an exact 0, and rows no sieve selects."""
+    longest = max(s.length for s in seqs)
+    length = max(longest, min(1 << (longest - 1).bit_length(), model.config.max_position_embeddings))
     arrays = pad_batch(seqs, len(seqs), length)
     out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True)
     attention = jnp.stack(out.attentions)
@@ -373,7 +367,11 @@ def held_roles(run: Run, task: str, present: Sequence[str], layers: int, heads: 
 
 def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], tokenizer, parser, size: int) -> dict:
     settings = run.settings
-    segments, indices, _ = examples_for(settings, task)
+    segments, indices, files = examples_for(settings, task)
+    recorded = {entry["path"]: entry["sha256"] for entry in (run.info.get("data_files") or {}).get(task, [])}
+    for path, digest in files.items():
+        if digest is not None and recorded.get(str(path), digest) != digest:  # replaced since changed_data_files
+            raise UserError(f"{path} changed while it was read (its sha256 is not the run's)")
     plain = encode_batch(tokenizer, segments, None, settings.max_length, indices)
     short = [i for i, s in enumerate(plain) if s.length <= MAX_SHOWN_TOKENS]
     candidates = (short or sorted(range(len(plain)), key=lambda i: plain[i].length))[:CANDIDATES]
@@ -473,7 +471,20 @@ def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict 
         table = pd.read_csv(path)[["layer", "head", *fields]]
     except (KeyError, ValueError, OSError) as error:
         raise UserError(f"{path}: not a coref_heads.csv ({error})") from None
-    if len(table) != layers * heads or table["layer"].max() + 1 != layers or table["head"].max() + 1 != heads:
+    for column in ("layer", "head", *fields):
+        values = pd.to_numeric(table[column], errors="coerce")
+        whole = column in ("layer", "head")
+        bad = (values.isna() & (table[column].notna() | whole)) | (whole & (values % 1 != 0))
+        if bad.any():
+            row = int(np.flatnonzero(bad.to_numpy())[0])
+            value = table[column].iloc[row]
+            value = value.item() if isinstance(value, np.generic) else value
+            raise UserError(
+                f"{path}:{row + 2}: {column} must be {'an integer' if whole else 'a number'}, got {value!r}"
+            )
+        table[column] = values.astype(int) if whole else values
+    grid = {(layer, head) for layer in range(layers) for head in range(heads)}
+    if len(table) != len(grid) or set(zip(table["layer"], table["head"], strict=True)) != grid:
         raise UserError(f"{path}: its heads are not this run's {layers} layers × {heads} heads")
     number = lambda v: None if pd.isna(v) else float(v)
     return {

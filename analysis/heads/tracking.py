@@ -42,6 +42,7 @@ from analysis.common.figures import (
     select_formats,
 )
 from analysis.common.forward import Devices
+from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import intervals, onset, seeds, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
@@ -60,7 +61,7 @@ SAS_CSV = "sas.csv"
 
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
-SAS_FORMAT = 1
+SAS_FORMAT = 2  # 2: an entry stores what it holds ("about"), checked as a scores entry is
 
 CORRECTION_SCOPES = ("step", "series")
 
@@ -93,6 +94,7 @@ class TrackConfig:
     correction_scope: str = "step"
 
     def __post_init__(self) -> None:
+        check_types(self)
         if self.sas_n < 1:
             raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
         if self.persistence < 1:
@@ -223,8 +225,10 @@ def load_sas(path: Path):
         return sas_lib.counts_from_arrays(stored, layers, heads)
 
 
-def save_sas(path: Path, counts) -> None:
-    save_npz(path, {**sas_lib.counts_to_arrays(counts), "shape": np.array(counts.shape[1:])})
+def save_sas(path: Path, counts, settings: dict, identity: dict) -> None:
+    about = {"settings": settings, "checkpoint": identity}
+    arrays = {**sas_lib.counts_to_arrays(counts), "shape": np.array(counts.shape[1:])}
+    save_npz(path, arrays | {"about": np.array(json.dumps(about, default=str))})
 
 
 def read_cached(path: Path, load=load_scores, expected: dict | None = None):
@@ -232,7 +236,7 @@ def read_cached(path: Path, load=load_scores, expected: dict | None = None):
     whole (torn, overwritten, holding pickled objects) or it is not what its name says (another
     step's, other settings' or another checkpoint's scores, copied or renamed there: `expected`
     {"settings", "checkpoint"} against what the entry stored): that one is reported and scored
-    again, which replaces it. (SAS entries are named by a hash of all of that.)"""
+    again, which replaces it. (SAS entries are checked alike.)"""
     if not path.is_file():
         return None
     try:
@@ -344,7 +348,8 @@ def _run(
     todo = [s for s in mine if s not in tested]
     sas_counts = {}
     for step in mine if config.sas is not None else []:
-        if (cached_counts := read_cached(sas_paths[step], load_sas)) is not None:
+        expected = {"settings": sas_settings, "checkpoint": identities[step]}
+        if (cached_counts := read_cached(sas_paths[step], load_sas, expected)) is not None:
             sas_counts[step] = cached_counts
     sas_todo = [s for s in mine if config.sas is not None and s not in sas_counts]
     check_same_work(todo, config.cache_dir)
@@ -389,7 +394,7 @@ def _run(
                 test_step(step, results)
             if step in sas_todo:
                 sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
-                save_sas(sas_paths[step], sas_counts[step])
+                save_sas(sas_paths[step], sas_counts[step], sas_settings, identities[step])
             timings[f"step {step}"] = time.perf_counter() - clock
 
     if tmp is None and config.shard is None:  # not process 0 of a multi-process job
