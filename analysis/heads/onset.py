@@ -158,15 +158,27 @@ def curve_onsets(
     return table.astype({c: "Int64" for c in ("segments", "changepoint_step", "changepoint_low", "changepoint_high")})
 
 
-def relate_onsets(onsets: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
-    """`onsets` with `vs_loss`: each onset interval before / overlapping / after the loss's
-    changepoint interval (empty without an onset, an interval or a loss curve)."""
+def step_before(step, steps) -> float:
+    """The analysed step before `step` (NA stays NA; the first step has none before it: itself)."""
+    if pd.isna(step):
+        return np.nan
+    earlier = [s for s in steps if s < step]
+    return float(max(earlier)) if earlier else float(step)
+
+
+def relate_onsets(onsets: pd.DataFrame, curves: pd.DataFrame, steps) -> pd.DataFrame:
+    """`onsets` with `vs_loss`: each onset's window before / overlapping / after the loss's
+    changepoint interval (empty without an onset, an interval or a loss curve). An onset at an
+    analysed step means the role came on after the analysed step before it, so the window is
+    (the step before `onset_low`, `onset_high`], as a changepoint's is (the evaluation before,
+    the first of the steep segment]: `steps` are the analysed steps."""
     reference = curves[curves["curve"] == REFERENCE_CURVE]
     if reference.empty:
         return onsets
     ref = reference.iloc[0]
+    steps = sorted(steps)
     vs = [
-        relation(r.onset_low, r.onset_high, ref.changepoint_low, ref.changepoint_high)
+        relation(step_before(r.onset_low, steps), r.onset_high, ref.changepoint_low, ref.changepoint_high)
         if r.status == "onset" and not (pd.isna(r.onset_low) and pd.isna(r.onset_high)) else ""
         for r in onsets.itertuples()
     ]  # fmt: skip

@@ -49,6 +49,7 @@ def per_seed(name: str, track: pd.DataFrame, onsets: pd.DataFrame, curves: pd.Da
     """One row per (task, role) of one seed."""
     loss = curves[curves["curve"] == onset.REFERENCE_CURVE]
     ref = loss.iloc[0] if not loss.empty else None
+    steps = sorted(pd.unique(track["step"]))
     rows = []
     for (task, role), part in onsets.groupby(["task", "role"], sort=False):
         held = part[part["status"] == "onset"]
@@ -66,7 +67,7 @@ def per_seed(name: str, track: pd.DataFrame, onsets: pd.DataFrame, curves: pd.Da
             "loss_changepoint_low": np.nan if ref is None else ref["changepoint_low"],
             "loss_changepoint_high": np.nan if ref is None else ref["changepoint_high"],
             "vs_loss": "" if ref is None or not len(first) else onset.relation(
-                low, high, ref["changepoint_low"], ref["changepoint_high"]),
+                onset.step_before(low, steps), high, ref["changepoint_low"], ref["changepoint_high"]),
         })  # fmt: skip
     return pd.DataFrame(rows)
 

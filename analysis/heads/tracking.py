@@ -433,7 +433,7 @@ def _run(
         interval_table = intervals.onset_interval_table(held, rows, steps, config.persistence)
         count_replicates = intervals.replicate_counts(held, rows)
     curves = onset.curve_onsets(track, heldout, sas_curve, rc.bootstrap, rc.bootstrap_seed, count_replicates)
-    onsets = onset.relate_onsets(onset.role_onsets(track, config.persistence, interval_table), curves)
+    onsets = onset.relate_onsets(onset.role_onsets(track, config.persistence, interval_table), curves, steps)
     timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock_intervals
     onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
     curves.to_csv(tmp / onset.CURVE_ONSETS_CSV, index=False)
