@@ -338,19 +338,25 @@ def _changepoint(curves: pd.DataFrame | None, curve: str, task: str):
 
 def _plot_onset_intervals(ax, onsets: pd.DataFrame, steps: np.ndarray, colours: dict) -> None:
     """One line per head with an onset: its 90% interval (an arrow to the last step when the
-    interval reaches "no onset") and the onset step as a dot."""
+    interval reaches "no onset"), a thin line back to the analysed step before it, and the onset
+    step as a dot."""
     ordered = onsets.sort_values(["role", "onset_step", "layer", "head"], key=lambda c: c.map(
         {r: i for i, r in enumerate(colours)}) if c.name == "role" else c)  # fmt: skip
     for y, row in enumerate(ordered.itertuples()):
         colour = colours.get(row.role, "black")
         low = steps.min() if pd.isna(row.onset_low) else row.onset_low
         high = steps.max() if pd.isna(row.onset_high) else row.onset_high
+        # Thin: from the analysed step before the interval, after which the role came on.
+        ax.plot([step_before(low, steps), low], [y, y], color=colour, linewidth=0.6)
         ax.plot([low, high], [y, y], color=colour, linewidth=1.5, solid_capstyle="butt")
         if pd.isna(row.onset_high):
             ax.plot([high], [y], marker=">", color=colour, markersize=4)
         ax.plot([row.onset_step], [y], marker="o", color=colour, markersize=3)
     ax.set_yticks(range(len(ordered)))
-    ax.set_yticklabels([f"{r.role} {r.layer}-{r.head}" for r in ordered.itertuples()], fontsize=6)
+    # Each onset's relation to the loss changepoint, as onset.csv's vs_loss says it.
+    relation = {"before": " (before)", "overlapping": " (with loss)", "after": " (after)"}
+    ax.set_yticklabels([f"{r.role} {r.layer}-{r.head}{relation.get(getattr(r, 'vs_loss', ''), '')}"
+                        for r in ordered.itertuples()], fontsize=6)  # fmt: skip
     ax.set_ylim(-0.7, len(ordered) - 0.3)
     ax.invert_yaxis()
-    ax.set_ylabel("onsets, 90%\nintervals", fontsize=8)
+    ax.set_ylabel("onsets\n(90%)", fontsize=8)
