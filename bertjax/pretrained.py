@@ -431,7 +431,10 @@ def _tokenizer_class(location: Path):
     named in tokenizer_config.json goes through AutoTokenizer as before."""
     config = location / "tokenizer_config.json"
     named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") if config.is_file() else None
-    if named in (None, "BertTokenizer", "BertTokenizerFast"):
+    # Unnamed (roberta-base's tokenizer_config.json names none): the model's type says, as for AutoTokenizer.
+    model = location / "config.json"
+    model_type = read_hf_json(model).get("model_type", "bert") if named is None and model.is_file() else "bert"
+    if named in (None, "BertTokenizer", "BertTokenizerFast") and model_type == "bert":
         from transformers import BertTokenizerFast
 
         return BertTokenizerFast
