@@ -252,3 +252,17 @@ def test_a_tokenizer_without_cls_and_sep_names_uses_its_begin_and_end_tokens(pai
     assert tokenizer.cls_token_id is None and tokenizer.sep_token_id is None
     seq = encoded(tokenizer, pairs[:1])[0]
     assert np.flatnonzero(seq.is_cls).tolist() == [0] and seq.is_sep.sum() == 3
+
+
+def test_an_unnamed_tokenizer_of_a_roberta_checkpoint_is_not_read_as_bert(tmp_path):
+    """roberta-base's tokenizer_config.json names no class: the model's type decides, as for
+    AutoTokenizer (BertTokenizerFast over a BPE tokenizer.json would have no [CLS] or [SEP])."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    from bertjax import pretrained
+
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "roberta"}))
+    assert pretrained._tokenizer_class(tmp_path) is AutoTokenizer
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    assert pretrained._tokenizer_class(tmp_path) is BertTokenizerFast
