@@ -32,7 +32,9 @@ log = logging.getLogger(__name__)
 SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# A byte-level BPE tokenizer saved without tokenizer.json (RoBERTa's slow format).
+BPE_FILES = ("vocab.json", "merges.txt")
 # What a hub checkpoint is known by before its weights are fetched: its config, tokenizer (BPE
 # tokenizers keep vocab.json + merges.txt) and the small JSON files beside them (kilobytes).
 HUB_FILES = ["*.json", "vocab.txt", "merges.txt"]
@@ -418,7 +420,9 @@ def tokenizer_digest(source: Source) -> str:
     cache key that a re-run can compute without importing transformers)."""
     location = tokenizer_directory(source)
     digest = hashlib.sha256()
-    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"):
+    # The BPE files only where present: every other tokenizer's digest stays what it was.
+    present = tuple(name for name in BPE_FILES if (location / name).is_file())
+    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json", *present):
         path = location / name
         digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
     return digest.hexdigest()
@@ -451,7 +455,7 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None, revision: st
     # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
     vocab_size = load_config(source).vocab_size
     # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
-    if location.is_dir() and not any((location / name).is_file() for name in TOKENIZER_FILES):
+    if location.is_dir() and not any((location / name).is_file() for name in (*TOKENIZER_FILES, BPE_FILES[0])):
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
     try:
         tokenizer = _tokenizer_class(location).from_pretrained(str(location))
