@@ -20,6 +20,7 @@ import pytest
 from test_track_series import commit, publish, write_hf
 
 import bertjax
+import bertjax.glue
 from analysis import roles as roles_cli
 from analysis import track
 from analysis.heads import onset, series, tracking
@@ -382,3 +383,40 @@ def test_a_report_of_a_hub_series(hub, models, work, fast, tmp_path):
     report.main([str(out), "--examples", "1"])
     page = (out / "report.html").read_text(encoding="utf-8")
     assert "The example attention maps are missing" not in page and "1000" in page
+
+
+# -- Ettin as it is: ModernBERT models under tags ----------------------------------------------------
+
+
+@pytest.mark.slow
+def test_ettin_series_of_modernbert_models_under_tags(hub, work, fast, shared_data, tmp_path):
+    """The documented Ettin command over tiny random ModernBERTs (transformers' ModernBertForMaskedLM,
+    as Ettin's checkpoints are saved) with a byte-level BPE tokenizer in ModernBERT's layout."""
+    if "modernbert" not in getattr(bertjax.config, "MODEL_TYPES", ("bert",)):
+        pytest.skip("bertjax has no ModernBERT model yet (issue 39's model half, branch wt-39a)")
+    import torch
+    import transformers
+    from test_sieves_tokenizers import train_bpe
+
+    texts = [s for e in bertjax.glue.load_glue("mrpc", "dev", shared_data / "glue", 200) for s in e.segments]
+    tokenizer = train_bpe(tmp_path / "tokenizer", texts, "modernbert")
+    ids = {k: tokenizer.convert_tokens_to_ids(v) for k, v in (("cls", "[CLS]"), ("sep", "[SEP]"), ("pad", "[PAD]"))}
+    steps = [1000, 2000, 4000]
+    for seed, step in enumerate(steps):
+        config = transformers.ModernBertConfig(
+            vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+            max_position_embeddings=128, local_attention=16, global_attn_every_n_layers=2, pad_token_id=ids["pad"],
+            bos_token_id=ids["cls"], eos_token_id=ids["sep"], cls_token_id=ids["cls"], sep_token_id=ids["sep"],
+        )  # fmt: skip
+        torch.manual_seed(seed)
+        files = tmp_path / "files" / str(step)
+        transformers.ModernBertForMaskedLM(config).save_pretrained(files)
+        tokenizer.save_pretrained(files)
+        main = ("main",) if step == steps[-1] else ()
+        publish(hub, "jhu-clsp/ettin-encoder-17m", files, commit(f"ettin{step}"), refs=(f"step{step}", *main))
+    out = tmp_path / "out"
+    track.main([*documented("jhu-clsp/ettin-encoder-17m#step{step}"), "--steps", "1000,2000,4000", *fast,
+                "--out", str(out)])  # fmt: skip
+    table = pd.read_csv(out / tracking.TRACK_CSV)
+    assert sorted(pd.unique(table["step"])) == steps and (out / onset.ONSET_CSV).is_file()
+    assert set(table["layer"]) == {0, 1} and set(table["head"]) == {0, 1}
