@@ -188,11 +188,26 @@ def _from_hub(repo_id: str, revision: str | None, fetch: Callable[[], Path]) -> 
     except Exception as e:  # noqa: BLE001 (the hub client raises many types for offline/unknown-repo cases)
         name = repo_id if revision is None else f"{repo_id}{REVISION_MARK}{revision}"
         cached = cached_hub_repos()
-        if repo_id in cached:
+        from huggingface_hub.errors import RevisionNotFoundError
+
+        if isinstance(e, RevisionNotFoundError) and (on_hub := _hub_revisions(repo_id)) is not None:
+            have = f"the hub has its revisions {', '.join(on_hub) or 'none'}"
+        elif repo_id in cached:
             have = f"the local hub cache has its revisions {', '.join(cached[repo_id]) or 'none'}"
         else:
             have = "the local hub cache has no copy of it; pass a local path when offline"
         raise UserError(f"{name}: not a local path, and the hub download failed ({type(e).__name__}); {have}") from None
+
+
+def _hub_revisions(repo_id: str) -> list[str] | None:
+    """The branches and tags the hub lists for a repository, or None when it cannot be asked."""
+    from huggingface_hub import HfApi
+
+    try:
+        refs = HfApi().list_repo_refs(repo_id)
+    except Exception:  # noqa: BLE001 (offline, gated, the hub down: the error line then names the local cache)
+        return None
+    return sorted(r.name for r in [*refs.branches, *refs.tags])
 
 
 def cached_hub_repos() -> dict[str, list[str]]:

@@ -13,6 +13,7 @@ import re
 import shlex
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -420,3 +421,23 @@ def test_ettin_series_of_modernbert_models_under_tags(hub, work, fast, shared_da
     table = pd.read_csv(out / tracking.TRACK_CSV)
     assert sorted(pd.unique(table["step"])) == steps and (out / onset.ONSET_CSV).is_file()
     assert set(table["layer"]) == {0, 1} and set(table["head"]) == {0, 1}
+
+
+def test_online_a_wrong_revision_names_the_revisions_the_hub_lists(monkeypatch):
+    """With the hub reachable, a revision it does not have is one line naming its branches and tags."""
+    import huggingface_hub
+    from huggingface_hub.utils import RevisionNotFoundError
+
+    def snapshot_download(repo_id, revision=None, allow_patterns=None):
+        raise RevisionNotFoundError.__new__(RevisionNotFoundError)  # as the hub client raises it (404)
+
+    refs = SimpleNamespace(branches=[SimpleNamespace(name=n) for n in ("main", "step10", "step100")],
+                           tags=[SimpleNamespace(name="v1")])  # fmt: skip
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+    monkeypatch.setattr(huggingface_hub.HfApi, "list_repo_refs", lambda self, repo_id: refs)
+    with pytest.raises(bertjax.UserError) as error:
+        bertjax.from_pretrained(f"{EARLY}#step7")
+    assert str(error.value) == (
+        f"{EARLY}#step7: not a local path, and the hub download failed (RevisionNotFoundError); "
+        "the hub has its revisions main, step10, step100, v1"
+    )
