@@ -60,6 +60,9 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     p.add_argument("--shard", metavar="I/N",
                    help="job I of N (0-based) sharing the scores cache: score every N-th checkpoint from the I-th "
                         "into the cache and write nothing into --out; then run once without --shard for the outputs")  # fmt: skip
+    p.add_argument("--remove-downloads", action="store_true",
+                   help="delete the weights each hub checkpoint's download added to the hub cache once its scores "
+                        "are cached (a re-run with other scoring settings downloads them again): docs/series.md")  # fmt: skip
     p.add_argument("--sas", metavar="CONLLU",
                    help="also the syntactic attention structure (Chen et al. 2023) of each step on this CoNLL-U "
                         "file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
@@ -84,6 +87,7 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
         sas_n=a.sas_n,
         persistence=a.persistence,
         correction_scope=a.correction_scope,
+        remove_downloads=a.remove_downloads,
     )
     return config, list(a.run or ())
 

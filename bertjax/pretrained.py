@@ -35,54 +35,148 @@ SAFETENSORS = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 TORCH_BIN = "pytorch_model.bin"
 TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
-HUB_FILES = ["config.json", "*.safetensors", "*.json", "vocab.txt"]
+# A byte-level BPE tokenizer saved without tokenizer.json (RoBERTa's slow format).
+BPE_FILES = ("vocab.json", "merges.txt")
+# What a hub checkpoint is known by before its weights are fetched: its config, tokenizer (BPE
+# tokenizers keep vocab.json + merges.txt) and the small JSON files beside them (kilobytes).
+HUB_FILES = ["*.json", "vocab.txt", "merges.txt"]
+HUB_WEIGHTS = ["*.safetensors"]
 HUB_FALLBACK = [TORCH_BIN]  # fetched only when a repo has no safetensors
+# `REPO#REVISION` names a hub revision (branch, tag or commit) in any checkpoint argument. Not `@`:
+# `analysis.track --ckpt SOURCE@LABEL` had it first; `#` marks a git commit-ish in npm's and
+# docker's git URLs too.
+REVISION_MARK = "#"
 
 
 @dataclasses.dataclass(frozen=True)
 class Source:
-    """Where a checkpoint lives, resolved: `kind` is "hf" or "orbax"; `step` only for orbax."""
+    """Where a checkpoint lives, resolved: `kind` is "hf" or "orbax"; `step` only for orbax. A hub
+    checkpoint has its `repo_id` and the `commit` its revision resolved to (the hub cache's
+    snapshot folder `path` is named by it)."""
 
     kind: str
     path: Path
     step: int | None = None
+    repo_id: str | None = None
+    commit: str | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path), "step": self.step}
+        hub = {} if self.repo_id is None else {"repo_id": self.repo_id, "commit": self.commit}
+        return {"kind": self.kind, "path": str(self.path), "step": self.step, **hub}
 
 
-def resolve(path_or_id: str | Path, step: int | None = None) -> Source:
-    """Finds the checkpoint behind a local path or a hub id (downloading the latter)."""
+def split_revision(text: str) -> tuple[str, str | None]:
+    """`REPO#REVISION` → (REPO, REVISION); text without the mark → (text, None)."""
+    repo, mark, revision = str(text).partition(REVISION_MARK)
+    return (repo, revision) if mark else (str(text), None)
+
+
+def resolve(
+    path_or_id: str | Path, step: int | None = None, revision: str | None = None, *, weights: bool = True
+) -> Source:
+    """Finds the checkpoint behind a local path or a hub id (downloading the latter; `weights=False`
+    fetches only its config and tokenizer: `fetch_weights` fetches the rest). A hub id's revision
+    is `revision` or the `#REVISION` after it (transformers' `revision`: branch, tag or commit)."""
     path = Path(path_or_id).expanduser()
     if path.exists():
+        if revision is not None:
+            raise UserError(f"{path} is a local directory; a revision ({revision}) names a hub checkpoint's version")
         if (path / "config.json").is_file():
             if step is not None:
                 raise UserError(f"{path} is a HF-format directory; it has no steps to choose from")
             return Source("hf", path)
         directory, resolved_step = ckpt.resolve_step(path, step)
         return Source("orbax", directory, resolved_step)
-    if not is_hub_id(str(path_or_id)):
+    repo_id, named = split_revision(str(path_or_id))
+    if named is not None and revision is not None and named != revision:
+        raise UserError(f"{path_or_id}: names revision {named!r} and revision={revision!r} is given; give one")
+    revision = named if named is not None else revision
+    if revision == "":
+        raise UserError(f"{path_or_id}: no revision after {REVISION_MARK!r} (REPO{REVISION_MARK}BRANCH, TAG or COMMIT)")
+    if not is_hub_id(repo_id):
         raise UserError(f"{path_or_id}: no such checkpoint directory")
-    return Source("hf", _download(str(path_or_id)))
+    if step is not None:
+        raise UserError(
+            f"{path_or_id}: a hub checkpoint has no step to choose; name its revision ({repo_id}{REVISION_MARK}REVISION)"
+        )
+    snapshot = _download(repo_id, revision)
+    source = Source("hf", snapshot, repo_id=repo_id, commit=snapshot.name)
+    if weights:
+        fetch_weights(source)
+    return source
 
 
-def _download(repo_id: str) -> Path:
+def _download(repo_id: str, revision: str | None = None) -> Path:
+    """The snapshot folder of `repo_id` at `revision`, with its config and tokenizer files."""
     from huggingface_hub import snapshot_download
 
+    return _from_hub(
+        repo_id, revision, lambda: Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILES))
+    )
+
+
+def fetch_weights(source: Source) -> list[Path]:
+    """Downloads a hub checkpoint's weights into its snapshot (safetensors, else `pytorch_model.bin`)
+    at its resolved commit; returns the files of the hub cache this call created (the weights'
+    blobs and the snapshot's links to them), none for a local checkpoint or weights already cached."""
+    if source.repo_id is None:
+        return []
+    from huggingface_hub import snapshot_download
+
+    # A blob already in the cache (another revision's identical weights) is not this call's.
+    before = {*_cache_entries(source.path), *(source.path.parent.parent / "blobs").glob("*")}
+
     def fetch() -> Path:
-        path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES))
+        path = Path(snapshot_download(source.repo_id, revision=source.commit, allow_patterns=HUB_WEIGHTS))
         if not any(path.glob("*.safetensors")):
-            path = Path(snapshot_download(repo_id, allow_patterns=HUB_FILES + HUB_FALLBACK))
+            path = Path(snapshot_download(source.repo_id, revision=source.commit, allow_patterns=HUB_FALLBACK))
         return path
 
-    return _from_hub(repo_id, fetch)
+    _from_hub(source.repo_id, source.commit, fetch)
+    return sorted(set(_cache_entries(source.path)) - before)
+
+
+def _cache_entries(snapshot: Path) -> list[Path]:
+    """A snapshot's weight files, and the blobs they link to (or the files themselves, where the
+    cache holds copies instead of links)."""
+    entries = []
+    for file in (*snapshot.glob("*.safetensors"), snapshot / TORCH_BIN):
+        if file.is_symlink() or file.is_file():
+            entries.append(file)
+            if file.is_symlink() and file.resolve().is_file():
+                entries.append(file.resolve())
+    return entries
+
+
+def remove_downloads(files: list[Path]) -> int:
+    """Deletes `files` (what `fetch_weights` returned), freeing the weights it downloaded; returns
+    the bytes freed. A blob another snapshot links to too is kept."""
+    files = [Path(f) for f in files]
+    links = [f for f in files if f.is_symlink()]
+    blobs = {f for f in files if not f.is_symlink()}
+    freed = 0
+    for link in links:
+        link.unlink(missing_ok=True)
+    for blob in blobs:
+        if blob.is_file() and not _linked_elsewhere(blob):
+            freed += blob.stat().st_size
+            blob.unlink()
+    return freed
+
+
+def _linked_elsewhere(blob: Path) -> bool:
+    """Whether a snapshot of the blob's repository still links to it (blobs/ beside snapshots/)."""
+    snapshots = blob.parent.parent / "snapshots"
+    if blob.parent.name != "blobs" or not snapshots.is_dir():
+        return False
+    return any(f.is_symlink() and f.resolve() == blob for f in snapshots.rglob("*"))
 
 
 def hub_file(repo_id: str, filename: str) -> Path:
     """One file of a hub repository (cached by huggingface_hub), or a UserError naming the repo."""
     from huggingface_hub import hf_hub_download
 
-    return _from_hub(repo_id, lambda: Path(hf_hub_download(repo_id, filename)))
+    return _from_hub(repo_id, None, lambda: Path(hf_hub_download(repo_id, filename)))
 
 
 def is_hub_id(text: str) -> bool:
@@ -90,13 +184,46 @@ def is_hub_id(text: str) -> bool:
     return not text.startswith((".", "/", "~")) and text.count("/") <= 1
 
 
-def _from_hub(repo_id: str, fetch: Callable[[], Path]) -> Path:
+def _from_hub(repo_id: str, revision: str | None, fetch: Callable[[], Path]) -> Path:
     try:
         return fetch()
     except Exception as e:  # noqa: BLE001 (the hub client raises many types for offline/unknown-repo cases)
-        raise UserError(
-            f"{repo_id}: not a local path, and the hub download failed ({type(e).__name__}); pass a local path when offline"
-        ) from None
+        name = repo_id if revision is None else f"{repo_id}{REVISION_MARK}{revision}"
+        cached = cached_hub_repos()
+        from huggingface_hub.errors import RevisionNotFoundError
+
+        if isinstance(e, RevisionNotFoundError) and (on_hub := _hub_revisions(repo_id)) is not None:
+            have = f"the hub has its revisions {', '.join(on_hub) or 'none'}"
+        elif repo_id in cached:
+            have = f"the local hub cache has its revisions {', '.join(cached[repo_id]) or 'none'}"
+        else:
+            have = "the local hub cache has no copy of it; pass a local path when offline"
+        raise UserError(f"{name}: not a local path, and the hub download failed ({type(e).__name__}); {have}") from None
+
+
+def _hub_revisions(repo_id: str) -> list[str] | None:
+    """The branches and tags the hub lists for a repository, or None when it cannot be asked."""
+    from huggingface_hub import HfApi
+
+    try:
+        refs = HfApi().list_repo_refs(repo_id)
+    except Exception:  # noqa: BLE001 (offline, gated, the hub down: the error line then names the local cache)
+        return None
+    return sorted(r.name for r in [*refs.branches, *refs.tags])
+
+
+def cached_hub_repos() -> dict[str, list[str]]:
+    """The model repositories in the local hub cache (`HF_HUB_CACHE`), each with the revisions it
+    holds: its branch and tag names (`refs/`), then the commits of its snapshots no ref names."""
+    from huggingface_hub import constants
+
+    repos = {}
+    for folder in sorted(Path(constants.HF_HUB_CACHE).glob("models--*")):
+        refs = folder / "refs"
+        named = {str(p.relative_to(refs)): p.read_text().strip() for p in refs.rglob("*") if p.is_file()}
+        commits = sorted(p.name for p in (folder / "snapshots").glob("*") if p.name not in named.values())
+        repos[folder.name.removeprefix("models--").replace("--", "/")] = sorted(named) + commits
+    return repos
 
 
 def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) -> type[nnx.Module]:
@@ -152,12 +279,15 @@ def from_pretrained(
     cls: str | type[nnx.Module] = BertModel,
     *,
     step: int | None = None,
+    revision: str | None = None,
     seed: int = 0,
     trained_heads: bool = False,
     allow_nonfinite: bool = False,
     **config_overrides: Any,
 ) -> nnx.Module:
-    """Loads a BERT of class `cls` (default the bare encoder).
+    """Loads a BERT of class `cls` (default the bare encoder): from a HF-format directory, a
+    bertjax run (`step`: its latest by default) or a hub id at `revision` (a branch, tag or commit,
+    as transformers' `revision`; or `REPO#REVISION`; default the main branch).
 
     Task heads that the checkpoint lacks (a classifier on a pre-trained encoder) are initialised
     from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
@@ -165,7 +295,7 @@ def from_pretrained(
     is an error naming the first such tensor, or with `allow_nonfinite` a warning. `config_overrides`
     set fields such as `dtype="bfloat16"` or `num_labels=3`.
     """
-    source = resolve(path_or_id, step)
+    source = resolve(path_or_id, step, revision)
     config = load_config(source, **config_overrides)
     cls = model_class(cls, config)
     if source.kind == "hf":
@@ -359,7 +489,9 @@ def tokenizer_digest(source: Source) -> str:
     cache key that a re-run can compute without importing transformers)."""
     location = tokenizer_directory(source)
     digest = hashlib.sha256()
-    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json"):
+    # The BPE files only where present: every other tokenizer's digest stays what it was.
+    present = tuple(name for name in BPE_FILES if (location / name).is_file())
+    for name in (*TOKENIZER_FILES, "tokenizer_config.json", "special_tokens_map.json", *present):
         path = location / name
         digest.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
     return digest.hexdigest()
@@ -372,7 +504,10 @@ def _tokenizer_class(location: Path):
     named in tokenizer_config.json goes through AutoTokenizer as before."""
     config = location / "tokenizer_config.json"
     named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") if config.is_file() else None
-    if named in (None, "BertTokenizer", "BertTokenizerFast"):
+    # Unnamed (roberta-base's tokenizer_config.json names none): the model's type says, as for AutoTokenizer.
+    model = location / "config.json"
+    model_type = read_hf_json(model).get("model_type", "bert") if named is None and model.is_file() else "bert"
+    if named in (None, "BertTokenizer", "BertTokenizerFast") and model_type == "bert":
         from transformers import BertTokenizerFast
 
         return BertTokenizerFast
@@ -381,14 +516,15 @@ def _tokenizer_class(location: Path):
     return AutoTokenizer
 
 
-def load_tokenizer(path_or_id: str | Path, step: int | None = None):
-    """The fast WordPiece tokenizer stored with a checkpoint (offsets are needed for alignment)."""
-    source = resolve(path_or_id, step)
+def load_tokenizer(path_or_id: str | Path, step: int | None = None, revision: str | None = None):
+    """The fast tokenizer stored with a checkpoint (offsets are needed for alignment); a hub id's
+    `revision` as in `from_pretrained` (only the tokenizer and config files are fetched)."""
+    source = resolve(path_or_id, step, revision, weights=False)
     location = tokenizer_directory(source)
     # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
     vocab_size = load_config(source).vocab_size
     # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
-    if location.is_dir() and not any((location / name).is_file() for name in TOKENIZER_FILES):
+    if location.is_dir() and not any((location / name).is_file() for name in (*TOKENIZER_FILES, BPE_FILES[0])):
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
     try:
         tokenizer = _tokenizer_class(location).from_pretrained(str(location))

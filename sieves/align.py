@@ -2,7 +2,8 @@
 
 A wordpiece belongs to the word of its own segment whose character span overlaps the piece's
 offsets from the fast tokenizer; offsets, never strings, so lower-casing and accent stripping
-cannot break the alignment.
+cannot break the alignment, nor can a byte-level BPE's pieces (`Ġword`, whose leading space
+overlaps no word, whether the tokenizer trims it from the offsets or not).
 """
 
 from __future__ import annotations
@@ -29,7 +30,10 @@ class EncodedSequence:
 
     Words are numbered across both segments (segment A's first); `word_ids` is -1 for [CLS]/[SEP]
     and for pieces that overlap no word. Words cut away by truncation keep their index but own no
-    piece. `word_pos` holds each word's UPOS tag ("" when the parse has none).
+    piece. `word_pos` holds each word's UPOS tag ("" when the parse has none). `is_cls` and
+    `is_sep` mark the tokenizer's own class and separator tokens (BERT's [CLS] and [SEP],
+    RoBERTa's `<s>` and `</s>`); `token_type_ids` are the model's input, all 0 where a model has
+    none (RoBERTa, ModernBERT), so the segments the sieves use are `segments`.
     """
 
     input_ids: np.ndarray  # int32[n]
@@ -47,6 +51,16 @@ class EncodedSequence:
     @property
     def length(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def segments(self) -> np.ndarray:
+        """int32[n]: 0 up to and including the first separator, 1 after it (a single segment: all 0).
+        BERT's token-type ids exactly ([CLS] A [SEP] | B [SEP]), and RoBERTa's pair layout too
+        (<s> A </s> | </s> B </s>), whose token-type ids are all 0. A pair without a separator
+        keeps its token-type ids."""
+        if self.num_segments == 1 or not self.is_sep.any():
+            return self.token_type_ids
+        return (np.arange(self.length) > np.argmax(self.is_sep)).astype(np.int32)
 
 
 def encode(
@@ -86,6 +100,10 @@ def encode_batch(
         if parses is not None and len(parses[position]) != len(segments):
             raise ValueError(f"example {position} has {len(segments)} segments but {len(parses[position])} parses")
 
+    # A tokenizer that names no class or separator token (a GPT-style BPE) opens and closes with
+    # its begin and end tokens.
+    cls_id = tokenizer.cls_token_id if tokenizer.cls_token_id is not None else tokenizer.bos_token_id
+    sep_id = tokenizer.sep_token_id if tokenizer.sep_token_id is not None else tokenizer.eos_token_id
     encoded: list[EncodedSequence | None] = [None] * len(examples)
     for num_segments in (1, 2):
         members = [i for i, segments in enumerate(examples) if len(segments) == num_segments]
@@ -109,8 +127,8 @@ def encode_batch(
                 parses=None if parses is None else parses[i],
                 num_segments=num_segments,
                 index=indices[i],
-                cls_id=tokenizer.cls_token_id,
-                sep_id=tokenizer.sep_token_id,
+                cls_id=cls_id,
+                sep_id=sep_id,
             )
     return encoded  # type: ignore[return-value]
 

@@ -105,10 +105,12 @@ def next_sieve(seq: EncodedSequence, options: SieveOptions) -> Masks:
 def block_sieve(seq: EncodedSequence, options: SieveOptions) -> Masks:
     if seq.num_segments != 2:
         return np.zeros(seq.length, dtype=bool), np.zeros((seq.length, seq.length), dtype=bool)
-    row_segment = seq.token_type_ids.copy()
+    # From the separators, not the token-type ids, which RoBERTa and ModernBERT do not have.
+    segments = seq.segments
+    row_segment = segments.copy()
     if options.first_sep_in_b:
         row_segment[np.argmax(seq.is_sep)] = 1
-    same_segment = row_segment[:, None] == seq.token_type_ids[None, :]
+    same_segment = row_segment[:, None] == segments[None, :]
     return _positional_rows(seq, options), same_segment & ~seq.special[None, :]
 
 

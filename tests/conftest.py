@@ -172,3 +172,16 @@ def browser():
         )
     yield session
     session.quit()
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch) -> Path:
+    """A local hub cache that huggingface_hub reads offline, as with `HF_HUB_OFFLINE=1` and
+    `HF_HUB_CACHE` pointed at it (both read once, when huggingface_hub is imported)."""
+    from huggingface_hub import constants
+
+    root = tmp_path / "hub"
+    root.mkdir()
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(root))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    return root

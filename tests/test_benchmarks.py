@@ -92,6 +92,22 @@ def test_roles_overhead_runs_on_exported_parses(shared_data, random_tiny, tmp_pa
     assert ratio["overhead"] == pytest.approx(end_to_end["median_s"] / forward["median_s"] - 1)
 
 
+def test_series_throughput_runs_on_a_tiny_series(shared_data, random_tiny, tmp_path, capsys):
+    from benchmarks import series_throughput
+
+    ckpt, _ = random_tiny
+    series_throughput.main(["--ckpt", ckpt, "--checkpoints", "2", "--glue-dir", str(shared_data / "glue"), "--n", "4",
+                            "--batch-size", "4", "--cache-dir", str(tmp_path)])  # fmt: skip
+    track, forward, ratio = json_lines(capsys.readouterr().out)
+    assert (track["side"], forward["side"], track["checkpoints"], track["n"]) == ("track", "forward_only", 2, 4)
+    stages = ("load", "scoring", "tests", "cache_writes", "tables", "rest")
+    assert all(track[s] >= 0 for s in stages) and track["total_s"] == pytest.approx(
+        sum(track[s] for s in stages), abs=2e-3
+    )
+    assert track["checkpoints_per_min"] == pytest.approx(2 / track["total_s"] * 60, rel=1e-3)
+    assert ratio["scoring_over_forward"] == pytest.approx(track["scoring"] / forward["total_s"], rel=1e-2)
+
+
 def test_scale_runs_on_a_tiny_shape(shared_data, random_tiny, tmp_path, capsys):
     from benchmarks import scale
 

@@ -327,17 +327,27 @@ def test_a_checkpoint_needs_its_own_tokenizer(tmp_path, shared_data):
 
 
 def test_a_hub_repo_without_safetensors_is_fetched_with_its_torch_weights(monkeypatch, tmp_path):
+    """Config and tokenizer first (the revision resolved to a commit), then the weights at that
+    commit: safetensors, else pytorch_model.bin."""
     import huggingface_hub
 
     calls = []
+    snapshot = tmp_path / "snapshots" / ("c" * 40)
+    snapshot.mkdir(parents=True)
 
-    def snapshot_download(repo_id, allow_patterns):
-        calls.append(list(allow_patterns))
-        return str(tmp_path)  # a snapshot with no *.safetensors
+    def snapshot_download(repo_id, revision, allow_patterns):
+        calls.append((revision, list(allow_patterns)))
+        return str(snapshot)  # a snapshot with no *.safetensors
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    assert bertjax.pretrained._download("someone/bert-bin-only") == tmp_path
-    assert calls == [bertjax.pretrained.HUB_FILES, bertjax.pretrained.HUB_FILES + ["pytorch_model.bin"]]
+    source = bertjax.pretrained.resolve("someone/bert-bin-only#step20")
+    assert (source.path, source.repo_id, source.commit) == (snapshot, "someone/bert-bin-only", "c" * 40)
+    pretrained = bertjax.pretrained
+    assert calls == [
+        ("step20", pretrained.HUB_FILES),
+        ("c" * 40, pretrained.HUB_WEIGHTS),
+        ("c" * 40, ["pytorch_model.bin"]),
+    ]
 
 
 def test_entry_points_keep_compiled_programs_in_the_bertjax_cache_unless_told_otherwise(monkeypatch, tmp_path):

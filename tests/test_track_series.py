@@ -38,9 +38,10 @@ def write_hf(directory: Path, shared_data: Path, seed: int, vocab: Path | None =
     return directory
 
 
-def publish(hub: Path, repo_id: str, source: Path, revision: str) -> Path:
+def publish(hub: Path, repo_id: str, source: Path, revision: str, refs: tuple[str, ...] = ("main",)) -> Path:
     """Lays `source`'s files out as huggingface_hub caches a download: content-addressed blobs,
-    a snapshot folder per revision of links to them, refs/main naming the current revision."""
+    a snapshot folder per revision (commit) of links to them, and `refs/<branch or tag>` naming
+    the commit each of `refs` is at."""
     repo = hub / f"models--{repo_id.replace('/', '--')}"
     snapshot = repo / "snapshots" / revision
     snapshot.mkdir(parents=True)
@@ -50,25 +51,15 @@ def publish(hub: Path, repo_id: str, source: Path, revision: str) -> Path:
         if not blob.exists():
             blob.write_bytes(file.read_bytes())
         (snapshot / file.name).symlink_to(Path("../..") / "blobs" / blob.name)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / "main").write_text(revision)
+    for ref in refs:
+        (repo / "refs" / ref).parent.mkdir(parents=True, exist_ok=True)
+        (repo / "refs" / ref).write_text(revision)
     return snapshot
 
 
-@pytest.fixture
-def hub(tmp_path, monkeypatch) -> Path:
-    """A local hub cache that `bertjax.pretrained` downloads from, as `snapshot_download` returns
-    the snapshot of the repo's current revision."""
-    root = tmp_path / "hub"
-    root.mkdir()
-
-    def download(repo_id: str) -> Path:
-        repo = root / f"models--{repo_id.replace('/', '--')}"
-        # As offline: an unknown repository is an error of the hub client, reported by bertjax.
-        return pretrained._from_hub(repo_id, lambda: repo / "snapshots" / (repo / "refs" / "main").read_text())
-
-    monkeypatch.setattr(pretrained, "_download", download)
-    return root
+def commit(label: str) -> str:
+    """A 40-hex commit id (what the hub cache names snapshots by), made from `label`."""
+    return hashlib.sha1(label.encode()).hexdigest()
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +175,7 @@ def write_orbax(workdir: Path, step: int, seed: int, tokenizer: str, run_config:
 
 def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, tmp_path):
     for step, directory in zip((0, 20, 40), hf_dirs, strict=True):
-        publish(hub, f"org/tiny-step_{step}k", directory, revision=f"rev{step}")
+        publish(hub, f"org/tiny-step_{step}k", directory, revision=commit(f"rev{step}"))
     out, cache = tmp_path / "track", tmp_path / "cache"
     argv = [
         "--ckpt",
@@ -201,7 +192,7 @@ def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, t
     series = _run_json(out)["series"]
     assert [(m["step"], m["label"], m["given"]) for m in series] == [
         (0, "0", "org/tiny-step_0k"), (20, "20", "org/tiny-step_20k"), (40, "40", "org/tiny-step_40k")]  # fmt: skip
-    assert [Path(m["path"]).name for m in series] == ["rev0", "rev20", "rev40"]
+    assert [Path(m["path"]).name for m in series] == [commit("rev0"), commit("rev20"), commit("rev40")]
     assert len(loads) == 3 and len(list(cache.iterdir())) == 3
     expected = _roles(["--ckpt", "org/tiny-step_20k", *flags], tmp_path / "roles")
     pd.testing.assert_frame_equal(_rows(out, 20), expected, check_exact=True)
@@ -210,9 +201,9 @@ def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, t
     loads.clear()
     track.main(argv)
     assert loads == []
-    publish(hub, "org/tiny-step_20k", hf_dirs[0], revision="rev20b")
+    publish(hub, "org/tiny-step_20k", hf_dirs[0], revision=commit("rev20b"))
     track.main(argv)
-    assert [p.name for p, _ in loads] == ["rev20b"]
+    assert [p.name for p, _ in loads] == [commit("rev20b")]
     assert _run_json(out)["analysed_steps"] == [20] and _run_json(out)["cached_steps"] == [0, 40]
     pd.testing.assert_frame_equal(_rows(out, 20), _rows(out, 0), check_exact=True)
 

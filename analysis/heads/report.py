@@ -289,6 +289,9 @@ def models_of(run: Run) -> list[Model]:
         return [Model("model", run.settings.ckpt, step)]
     if run.kind == "track":
         last = int(run.table["step"].max())
+        members = [m for m in run.info.get("series") or [] if m.get("step") == last and not run.settings.ckpt]
+        if members:  # a --ckpt series: its last member, where it was read (a hub id: its commit's snapshot)
+            return [Model(f"step {last}", members[0]["path"], members[0].get("checkpoint_step"))]
         return [Model(f"step {last}", run.settings.ckpt, last)]
     return [Model("pre", run.settings.ckpt)] + [Model(p["label"], p["ckpt"]) for p in config.get("posts", [])]
 

@@ -7,12 +7,22 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
-from bertjax.pretrained import Source, load_config, load_tokenizer, resolve
+from bertjax.pretrained import (
+    REVISION_MARK,
+    Source,
+    cached_hub_repos,
+    is_hub_id,
+    load_config,
+    load_tokenizer,
+    resolve,
+    split_revision,
+)
 
 STEP_PLACEHOLDER = "{step}"
 
@@ -56,8 +66,9 @@ class Member:
 
     def describe(self) -> dict:
         source = self.source
+        hub = {} if source.repo_id is None else {"repo_id": source.repo_id, "commit": source.commit}
         return {"step": self.step, "label": self.label, "given": self.given, "kind": source.kind,
-                "path": str(source.path), "checkpoint_step": source.step}  # fmt: skip
+                "path": str(source.path), "checkpoint_step": source.step, **hub}  # fmt: skip
 
 
 def run_members(run: str, wanted: Sequence[int] | None, with_init: bool) -> list[Member]:
@@ -105,11 +116,13 @@ def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Me
         if split_label(pattern)[1] is not None:
             raise UserError(f"--ckpt {pattern}: a {STEP_PLACEHOLDER} pattern takes no @LABEL (steps label it)")
         filled = [(s, pattern.replace(STEP_PLACEHOLDER, str(s))) for s in sorted(set(steps))]
-        return [Member(s, str(s), text, resolve(text)) for s, text in filled]
+        return [Member(s, str(s), text, _resolve_step(pattern, s, text)) for s, text in filled]
     if steps is not None:
         raise UserError(f"--steps goes with --run or a --ckpt pattern holding {STEP_PLACEHOLDER}, not a --ckpt list")
     parts = [split_label(s) for s in specs]
-    sources = [resolve(text) for text, _ in parts]
+    # A hub member's weights are fetched when it is scored: a member whose scores are cached
+    # needs only its config and tokenizer files.
+    sources = [resolve(text, weights=False) for text, _ in parts]
     # An integer label is the step; an unlabelled bertjax checkpoint brings its own.
     numeric = [_integer(label) if label is not None else (src.step if src.kind == "orbax" else None)
                for (_, label), src in zip(parts, sources, strict=True)]  # fmt: skip
@@ -125,6 +138,36 @@ def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Me
             what = f"step {a.step}" if a.step == b.step else f"label {a.label!r}"
             raise UserError(f"--ckpt {a.given} and {b.given} are both at {what}; give each a distinct @LABEL")
     return members
+
+
+def _resolve_step(pattern: str, step: int, text: str) -> Source:
+    """One member of a `{step}` pattern, or one line naming the steps the local hub cache holds."""
+    try:
+        return resolve(text, weights=False)
+    except UserError as e:
+        if not is_hub_id(split_revision(text)[0]):
+            raise  # a local series: the error names the folder
+        have = ", ".join(map(str, cached_steps(pattern))) or "none"
+        raise UserError(
+            f"--ckpt {pattern}: no checkpoint for step {step} ({e}); steps in the local hub cache: {have}"
+        ) from None
+
+
+def cached_steps(pattern: str) -> list[int]:
+    """The steps of a hub `{step}` pattern (in the repository name, the revision or both) that the
+    local hub cache holds; a pattern without a revision names each repository's main branch."""
+    first, *rest = re.escape(pattern).split(re.escape(STEP_PLACEHOLDER))
+    regex = re.compile(
+        first + "".join(("(?P<step>\\d+)" if i == 0 else "(?P=step)") + part for i, part in enumerate(rest))
+    )
+    with_revision = split_revision(pattern)[1] is not None
+    found = set()
+    for repo, revisions in cached_hub_repos().items():
+        for revision in revisions if with_revision else ["main"] if "main" in revisions else []:
+            match = regex.fullmatch(f"{repo}{REVISION_MARK}{revision}" if with_revision else repo)
+            if match is not None:
+                found.add(int(match.group("step")))
+    return sorted(found)
 
 
 def check_series(members: Sequence[Member]) -> list:
@@ -193,6 +236,10 @@ def hf_identity(path: Path, step: int) -> dict:
 
 
 def member_identity(member: Member) -> dict:
+    if member.source.repo_id is not None:
+        # A hub checkpoint is its commit: the weights need not be on disk to find its scores (they
+        # are fetched when it is scored, and --remove-downloads deletes them again).
+        return {"repo_id": member.source.repo_id, "commit": member.source.commit, "step": member.step}
     if member.source.kind == "hf":
         return hf_identity(member.source.path, member.step)
     # The path names the checkpoint's own step; "step" is its place in the series (and the cache

@@ -51,7 +51,7 @@ from analysis.heads.series import Member, check_series, member_identity, run_mem
 from analysis.heads.tracking_figures import format_fractions, plot_emergence, plot_mean_beta, plot_role_fractions
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
+from bertjax.pretrained import fetch_weights, from_pretrained, load_tokenizer, remove_downloads, tokenizer_digest
 from sieves import depattn, stats
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
@@ -92,6 +92,9 @@ class TrackConfig:
     persistence: int = onset.PERSISTENCE
     # The family of --correction: the tests of one step (as analysis.roles) or of the whole series.
     correction_scope: str = "step"
+    # `--remove-downloads`: delete the weights each hub checkpoint's download added to the hub
+    # cache once its scores are cached.
+    remove_downloads: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -383,6 +386,7 @@ def _run(
         for step in tqdm(sorted({*todo, *sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
             clock = time.perf_counter()
             source = by_step[step].source
+            downloaded = fetch_weights(source)
             model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
             if step in todo:
                 step_timings: dict[str, float] = {}
@@ -395,6 +399,9 @@ def _run(
             if step in sas_todo:
                 sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
                 save_sas(sas_paths[step], sas_counts[step], sas_settings, identities[step])
+            if config.remove_downloads and downloaded:
+                freed = remove_downloads(downloaded)
+                log.info("step %d: removed its downloaded weights from the hub cache (%.1f MB)", step, freed / 1e6)
             timings[f"step {step}"] = time.perf_counter() - clock
 
     if tmp is None and config.shard is None:  # not process 0 of a multi-process job
