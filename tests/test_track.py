@@ -139,6 +139,7 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     argv = [*argv, "--scores-cache", str(cache), "--out", str(tmp_path / "first"), "--no-figures"]
     track.main(argv)
     assert loaded == list(STEPS)
+    first_onsets = pd.read_csv(tmp_path / "first" / "onset.csv")
 
     loaded.clear()
     encoded = []
@@ -146,6 +147,9 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     # the same --out, replaced without --overwrite as it holds a track output; figures this time
     track.main([*argv[:-1], "--figure-format", "png,svg"])
     assert loaded == [] and encoded == []
+    # the onset intervals come back from the cached scores alone, the same resamples giving the same ones
+    pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "first" / "onset.csv"), first_onsets)
+    assert first_onsets["held_at_last_share"].notna().all()
     run = json.loads((tmp_path / "first" / "run.json").read_text())
     assert run["analysed_steps"] == [] and run["cached_steps"] == list(STEPS)
     figures = {p.name for p in (tmp_path / "first").iterdir()}
