@@ -22,7 +22,7 @@ from benchmarks import common
 from benchmarks.track_cache import random_run, track
 from bertjax import cli
 
-STEPS = tuple(int(round(s)) for s in (1, 2, 4, 7, 12, 20, 35, 60, 100, 170, 290, 500, 850, 1450, 2450, 4200))
+STEPS = (1, 2, 4, 7, 12, 20, 35, 60, 100, 170, 290, 500, 850, 1450, 2450, 4200)
 
 
 def run(args) -> list[dict]:
@@ -33,14 +33,17 @@ def run(args) -> list[dict]:
                  "--cache-dir", str(scratch / "parses")]  # fmt: skip
         log = scratch / "track.log"
         common.log("untimed first run: parses into the cache, compiles")
-        track([*flags, "--bootstrap", "0", "--out", str(scratch / "warm"), "--scores-cache", str(scratch / "w.cache")], log)
+        track(
+            [*flags, "--bootstrap", "0", "--out", str(scratch / "warm"), "--scores-cache", str(scratch / "w.cache")],
+            log,
+        )
         times = {0: [], 1000: []}
         seconds = []
         for i in range(args.repeat):
             for replicates in (0, 1000):
                 out = scratch / f"out{i}-{replicates}"
-                argv = [*flags, "--bootstrap", str(replicates), "--out", str(out),
-                        "--scores-cache", str(scratch / f"cache{i}-{replicates}")]  # fmt: skip
+                cache = scratch / f"cache{i}-{replicates}"
+                argv = [*flags, "--bootstrap", str(replicates), "--out", str(out), "--scores-cache", str(cache)]
                 times[replicates].append(track(argv, log))
                 if replicates:
                     seconds.append(json.loads((out / "run.json").read_text())["timings_s"]["intervals"])
@@ -49,10 +52,12 @@ def run(args) -> list[dict]:
     without, with_ = common.summary(times[0]), common.summary(times[1000])
     return [
         common.emit("onset_intervals", side="bootstrap_0", **settings, **without, times_s=times[0]),
-        common.emit("onset_intervals", side="bootstrap_1000", **settings, **with_, times_s=times[1000],
-                    intervals_s=seconds),  # fmt: skip
-        common.emit("onset_intervals", side="ratio", **settings, added=with_["median_s"] / without["median_s"] - 1,
-                    target=0.10),  # fmt: skip
+        common.emit(
+            "onset_intervals", side="bootstrap_1000", **settings, **with_, times_s=times[1000], intervals_s=seconds
+        ),
+        common.emit(
+            "onset_intervals", side="ratio", **settings, added=with_["median_s"] / without["median_s"] - 1, target=0.10
+        ),
     ]
 
 

@@ -74,7 +74,10 @@ def onsets_table(tables: dict[str, pd.DataFrame]) -> str:
                     f"{_step(row['earliest_onset_max'])}]")  # fmt: skip
                 if with_onset < row["seeds"]:
                     text += f" ({with_onset} of {int(row['seeds'])} seeds)"
-                cells += [text, f"{int(row['before_loss'])} / {int(row['overlapping_loss'])} / {int(row['after_loss'])}"]
+                cells += [
+                    text,
+                    f"{int(row['before_loss'])} / {int(row['overlapping_loss'])} / {int(row['after_loss'])}",
+                ]
             lines.append(f"| {task} | {role} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -20,7 +20,7 @@ def _script():
 
 
 def _section(page: str, marker: str) -> str:
-    found = re.search(rf"<!-- {marker} -->\n(.*?)\n<!-- /{marker} -->", page, re.S)
+    found = re.search(rf"<!-- {marker} -->\n(.*?)\n<!-- /{marker} -->", page, re.DOTALL)
     assert found, f"docs/emergence.md has no {marker} block"
     return found.group(1)
 

@@ -45,7 +45,7 @@ def models(tmp_path_factory, shared_data) -> list[Path]:
             bertjax.BertConfig.from_json_file(directory / "config.json", **TINY), "BertForPreTraining", seed
         )
         (directory / "model.safetensors").unlink()
-        bertjax.save_pretrained(model, directory)
+        bertjax.save_pretrained(model, directory, overwrite=True)
         # The files a BERT repo keeps its tokenizer in besides tokenizer.json (MultiBERTs: vocab.txt alone).
         shutil.copy(shared_data / "vocab" / "bert-base-uncased-vocab.txt", directory / "vocab.txt")
         (directory / "special_tokens_map.json").write_text(json.dumps(

@@ -11,7 +11,6 @@ import pandas as pd
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from scipy import stats as scipy_stats
 
 from analysis.common import changepoint
@@ -129,10 +128,8 @@ def _series_scores(rng, n_seq, means, skew, sequence_sd=2.0, step_sd=0.3):
     """[S, n] per-sequence scores: a sequence effect shared by every step (sequences that draw much
     attention at one checkpoint do at the next), a step's own noise, the step's mean. `skew`:
     0 normal, +1 right-skewed, -1 left-skewed sequence effects (a centred exponential)."""
-    if skew:
-        effect = skew * sequence_sd * (rng.exponential(1.0, n_seq) - 1.0)
-    else:
-        effect = rng.normal(0.0, sequence_sd, n_seq)
+    centred = rng.exponential(1.0, n_seq) - 1.0 if skew else rng.normal(0.0, 1.0, n_seq)
+    effect = (skew or 1) * sequence_sd * centred
     return np.asarray(means)[:, None] + effect[None, :] + rng.normal(0.0, step_sd, (len(means), n_seq))
 
 
@@ -226,10 +223,10 @@ def _brute_segments(x, y, max_segments=changepoint.MAX_SEGMENTS):
     for k in range(1, max_segments + 1):
         for cuts in itertools.combinations(range(1, n), k - 1):
             bounds = [0, *cuts, n]
-            if any(b - a < changepoint.MIN_POINTS for a, b in zip(bounds[:-1], bounds[1:])):
+            if any(b - a < changepoint.MIN_POINTS for a, b in itertools.pairwise(bounds)):
                 continue
             rss = sum(np.sum((y[a:b] - np.polyval(np.polyfit(x[a:b], y[a:b], 1), x[a:b])) ** 2)
-                      for a, b in zip(bounds[:-1], bounds[1:]))  # fmt: skip
+                      for a, b in itertools.pairwise(bounds))  # fmt: skip
             if k not in best or rss < best[k][0] - 1e-12:
                 best[k] = (rss, bounds[:-1])
     bic = {k: n * np.log(v[0] / n) + (3 * k - 1) * np.log(n) for k, v in best.items()}

@@ -17,7 +17,7 @@ def _write_seed(directory, held_by_head: dict[int, list[bool]], changepoint: tup
     """A track output directory of one task and role whose heads hold `prev` as given."""
     directory.mkdir(parents=True)
     rows = [{"step": s, "task": "mrpc", "layer": 0, "head": h, "role": "prev", "n": 50, "mean": 3.0,
-             "assigned": flag} for h, flags in held_by_head.items() for s, flag in zip(STEPS, flags)]  # fmt: skip
+             "assigned": flag} for h, flags in held_by_head.items() for s, flag in zip(STEPS, flags, strict=True)]  # fmt: skip
     track_table = pd.DataFrame(rows)
     track_table.to_csv(directory / "track.csv", index=False)
     onsets = onset.role_onsets(track_table)
@@ -52,7 +52,7 @@ def test_one_seed_or_a_directory_without_a_track_is_one_error(tmp_path):
     with pytest.raises(UserError, match="at least two"):
         seeds.summarize({"s0": tmp_path / "s0"})
     (tmp_path / "empty").mkdir()
-    with pytest.raises(UserError, match="no track.csv"):
+    with pytest.raises(UserError, match=r"no track\.csv"):
         seeds.summarize({"s0": tmp_path / "s0", "empty": tmp_path / "empty"})
 
 

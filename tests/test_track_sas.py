@@ -34,7 +34,10 @@ def run_dir(tmp_path_factory, shared_data) -> Path:
     evaluations = np.array([1, 2, 3, 4, 5, 6, 8, 10, 13, 16, 20, 25, 32, 40])
     x = np.log1p(evaluations)
     losses = 9.0 - 0.02 * x - 3.0 * np.clip(x - np.log(9), 0, np.log(21 / 9)) - 0.1 * np.clip(x - np.log(21), 0, None)
-    rows = [{"step": int(s), "heldout_mlm_accuracy": 0.1, "heldout_mlm_loss": float(v)} for s, v in zip(evaluations, losses)]
+    rows = [
+        {"step": int(s), "heldout_mlm_accuracy": 0.1, "heldout_mlm_loss": float(v)}
+        for s, v in zip(evaluations, losses, strict=True)
+    ]
     (workdir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return workdir
 

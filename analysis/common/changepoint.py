@@ -27,6 +27,7 @@ resampling of sequences, `analysis.heads.intervals`) is refitted replicate by re
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def fitted_values(x: np.ndarray, y: np.ndarray, starts: np.ndarray) -> np.ndarra
     """The segmented fit of one curve y [n] with segments starting at `starts`."""
     out = np.empty_like(y)
     bounds = [*starts, len(y)]
-    for a, b in zip(bounds[:-1], bounds[1:]):
+    for a, b in itertools.pairwise(bounds):
         slope, intercept = np.polyfit(x[a:b], y[a:b], 1)
         out[a:b] = intercept + slope * x[a:b]
     return out
@@ -191,7 +192,7 @@ def curve_changepoint(
     begins = starts[0, : chosen[0]]
     _, slopes = segment_costs(x, y)
     ends = np.append(begins[1:] - 1, y.shape[1] - 1)
-    fit = tuple((int(b), float(slopes[0, b, e])) for b, e in zip(begins, ends))
+    fit = tuple((int(b), float(slopes[0, b, e])) for b, e in zip(begins, ends, strict=True))
     point = Changepoint(int(first[0]), int(before[0]), int(segments[0]), float(slope[0]), fit=fit)
     if curve_replicates is None and replicates > 0:
         fit = fitted_values(x, y[0], begins)

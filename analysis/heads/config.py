@@ -100,9 +100,7 @@ class RolesConfig:
         if self.window < 1:
             raise UserError(f"--window must be at least 1, got {self.window}")
         if self.bootstrap < 0 or (self.test == "bootstrap" and self.bootstrap < 100):
-            raise UserError(
-                f"--bootstrap must be an integer ≥ 0 (≥ 100 with --test bootstrap), got {self.bootstrap}"
-            )
+            raise UserError(f"--bootstrap must be an integer ≥ 0 (≥ 100 with --test bootstrap), got {self.bootstrap}")
         if self.bootstrap_seed < 0:
             raise UserError(f"--bootstrap-seed must be an integer ≥ 0, got {self.bootstrap_seed}")
         if not 0.0 < self.alpha < 1.0:

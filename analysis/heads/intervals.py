@@ -22,8 +22,8 @@ from scipy import special
 from scipy.stats import t as stats_t
 
 from analysis.common.changepoint import INTERVAL
-from sieves import stats
 from analysis.heads.scoring import TaskScores
+from sieves import stats
 
 
 class PairedResampler:
@@ -64,16 +64,18 @@ class PairedResampler:
                 chosen = weights if len(positions) == len(population) else weights[:, positions]
                 xs = [np.asarray(result.scores[r], np.float64) for r in roles]
                 widths = [int(np.prod(x.shape[1:])) for x in xs]
-                stacked = np.concatenate([x.reshape(x.shape[0], w) for x, w in zip(xs, widths)], axis=1)
+                stacked = np.concatenate([x.reshape(x.shape[0], w) for x, w in zip(xs, widths, strict=True)], axis=1)
                 p = replicate_pvalues(chosen, stacked, tau, test, alpha)
-                for role, part in zip(roles, np.split(p, np.cumsum(widths)[:-1], axis=1)):
+                for role, part in zip(roles, np.split(p, np.cumsum(widths)[:-1], axis=1), strict=True):
                     pvalues[role] = part
             blocks += [pvalues[role] for role in result.scores]
         out = np.concatenate(blocks, axis=1)
         return out if alpha is not None else out.astype(np.float32)
 
 
-def replicate_pvalues(weights: np.ndarray, x: np.ndarray, tau: float, test: str, alpha: float | None = None) -> np.ndarray:
+def replicate_pvalues(
+    weights: np.ndarray, x: np.ndarray, tau: float, test: str, alpha: float | None = None
+) -> np.ndarray:
     """p of H1: mean > τ for each resample (rows of `weights` [B, n]) of x [n, K]: the t tail
     (the z tail with `test` z), NaN where a resample has under 2 sequences or no spread, as
     `stats.one_sided_test` treats its sample. With `alpha`: the decisions p < α (bool)."""

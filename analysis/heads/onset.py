@@ -48,7 +48,9 @@ REFERENCE_CURVE = LOSS_CURVE
 INTERVAL_COLUMNS = ["onset_low", "onset_high", "no_onset_share", "held_at_last_share"]
 
 
-def role_onsets(track: pd.DataFrame, persistence: int = PERSISTENCE, intervals: pd.DataFrame | None = None) -> pd.DataFrame:
+def role_onsets(
+    track: pd.DataFrame, persistence: int = PERSISTENCE, intervals: pd.DataFrame | None = None
+) -> pd.DataFrame:
     """One row per (task, layer, head, role) of `track` (the `track.csv` table): `onset_step` as in
     the module doc (NaN without one), `status` onset | end_only | not_held, `mean_at_onset` the
     head's mean β at the onset, and the interval columns from `intervals`
@@ -281,7 +283,12 @@ def plot_onset(
     with_intervals = bool(task_onsets is not None and not task_onsets.empty and task_onsets["onset_low"].notna().any())
     panels = (["loss"] * (loss is not None and not loss.empty) + ["sas"] * (overall is not None) + ["roles"]
               + ["onsets"] * with_intervals)  # fmt: skip
-    heights = {"loss": 1.0, "sas": 1.0, "roles": 1.6, "onsets": 0.5 + 0.12 * (0 if not with_intervals else len(task_onsets))}
+    heights = {
+        "loss": 1.0,
+        "sas": 1.0,
+        "roles": 1.6,
+        "onsets": 0.5 + 0.12 * (0 if not with_intervals else len(task_onsets)),
+    }
     fig = Figure(figsize=(7.2, 1.2 + sum(heights[p] for p in panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=[heights[p] for p in panels])[:, 0]
     shade = _changepoint(curves, LOSS_CURVE, "")
@@ -308,15 +315,21 @@ def plot_onset(
         else:
             _plot_onset_intervals(ax, task_onsets, steps, colours)
         if shade is not None and shade[1] is not None:
-            ax.axvspan(shade[1], shade[2] if shade[2] is not None else steps.max(), color="#ff7f0e", alpha=0.15, linewidth=0)
+            ax.axvspan(
+                shade[1], shade[2] if shade[2] is not None else steps.max(), color="#ff7f0e", alpha=0.15, linewidth=0
+            )
     step_axis(axes[-1], steps)
     n = int(track[track["task"] == task]["n"].max()) if "n" in track else None
     notes = [f"N ≤ {n}" if n is not None else ""]
     if shade is not None and shade[0] is not None:
-        notes.append(f"loss changepoint {shade[0]}, 90% interval {_step_text(shade[1])}–{_step_text(shade[2])} (shaded)")
+        notes.append(
+            f"loss changepoint {shade[0]}, 90% interval {_step_text(shade[1])}–{_step_text(shade[2])} (shaded)"
+        )
     if sas_point is not None and sas_point[0] is not None:
         notes.append(f"SAS changepoint {sas_point[0]} (dashed)")
-    what = ", ".join(["held-out loss"] * ("loss" in panels) + ["syntactic attention"] * ("sas" in panels) + ["head roles"])
+    what = ", ".join(
+        ["held-out loss"] * ("loss" in panels) + ["syntactic attention"] * ("sas" in panels) + ["head roles"]
+    )
     axes[0].set_title(f"{task}: {what} during training\n" + "; ".join(x for x in notes if x), fontsize=9)
     return save_figure(fig, out_dir, stem)
 

@@ -582,7 +582,9 @@ def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
             for task in pd.unique(next(iter(tracks.values()))["task"]):
                 seeds.plot_seeds(tracks, task, out, f"{task}_seeds")
     across = table[table["seed"] == "all"]
-    print(f"across {len(workdirs)} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):")
+    print(
+        f"across {len(workdirs)} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):"
+    )
     for row in across.itertuples():
         print(f"  {row.task} {row.role}: onset {_median_range(row.earliest_onset_median, row.earliest_onset_min, row.earliest_onset_max)} "
               f"in {row.seeds_with_onset} of {row.seeds} seeds; heads at last step {row.heads_at_last_step_median:g} "
