@@ -55,3 +55,10 @@ def test_a_changed_number_fails(script):
     """The planted defect: a page whose loss changepoint was edited by hand."""
     page = (DOCS / "emergence.md").read_text().replace("| mlm-s0 | 1750 [", "| mlm-s0 | 1500 [", 1)
     assert _section(page, "seeds-runs") != script.runs_table()
+
+
+def test_the_lengths_table_is_the_scripts(shared_data):
+    spec = importlib.util.spec_from_file_location("emergence_lengths", DOCS / "emergence_lengths.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert _section((DOCS / "emergence.md").read_text(), "seeds-lengths") == module.lengths(shared_data / "glue")
