@@ -11,14 +11,23 @@ Definitions (docs/clark.md sets them against the paper's CoNLL-2012 set-up):
   its last whitespace-separated word (the Collins head of a proper-noun phrase, which is how
   CoNLL-2012 mentions get head words); `sum`, the sum over all pieces of the name; `first`, the
   name's first piece alone.
+- Which mentions of a candidate count (`mentions`): `all` (default), Clark et al.'s "attention to
+  any of the antecedent's mentions": the marked occurrence and every other occurrence of the
+  candidate's exact name in the text at word boundaries (GAP marks one occurrence per name and
+  has no coreference chains, so the name's string is what the data allows), summed; `marked`, the
+  marked occurrence only. An occurrence is left out when it overlaps the pronoun, the other
+  candidate's marked occurrence or an occurrence of the other candidate's longer name ("Bo" inside
+  "Bo Ng" is Bo Ng's), when both candidates have the same name (it could be either), and when it
+  is cut by the window below.
 - A head chooses the candidate it attends to more; a tie chooses neither and counts as wrong.
   Accuracy is over the examples where exactly one candidate corefers (chance 50 %), with the
   t interval of `sieves.stats` for the mean of the 0/1 outcomes.
-- Baselines, on the same examples and pieces: `nearest`, the candidate whose name is fewer pieces
-  away from the pronoun (a tie is wrong); `earlier`, the candidate that comes first in the text.
+- Baselines, on the same examples and counted occurrences: `nearest`, the candidate with an
+  occurrence fewer pieces away from the pronoun (a tie is wrong); `earlier`, the candidate that
+  comes first in the text.
 - Text longer than the model's positions is cut to a window of `max_length − 2` pieces that holds
-  the pronoun and both names whole, as central on the pronoun as that allows; an example whose
-  three mentions do not fit in one window is skipped and counted.
+  the pronoun and both marked names whole, as central on the pronoun as that allows; an example
+  whose three marked mentions do not fit in one window is skipped and counted.
 - Heads are chosen on GAP development and scored on GAP test.
 """
 
@@ -42,6 +51,7 @@ from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
 
 TARGETS = ("head", "sum", "first")
+MENTIONS = ("all", "marked")
 BASELINES = ("nearest", "earlier")
 CHANCE = 0.5
 GAP_COLUMNS = (
@@ -72,10 +82,12 @@ class CorefInput:
 
     seq: EncodedSequence
     pronoun: np.ndarray  # the pronoun's pieces
-    targets: tuple[np.ndarray, np.ndarray]  # the pieces attended to, per candidate (`target`)
-    mentions: tuple[np.ndarray, np.ndarray]  # every piece of each name (distance baseline)
+    targets: tuple[np.ndarray, np.ndarray]  # the pieces attended to, per candidate (`target`, `mentions`)
+    mentions: tuple[np.ndarray, np.ndarray]  # every piece of each marked name
     label: int
     truncated: bool
+    # Every piece of each counted occurrence, per candidate, the marked one first (the baselines).
+    occurrences: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
 
 
 def read_gap(path: Path, limit: int | None = None) -> list[GapExample]:
@@ -131,6 +143,31 @@ def target_span(name: str, span: tuple[int, int], target: str) -> tuple[int, int
     return (span[0] + last.start(), span[1]) if last else span
 
 
+def name_occurrences(example: GapExample) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Per candidate, the character spans of its counted mentions (module docstring, `all`): the
+    marked one first, then every other word-bounded occurrence of its exact name, in text order."""
+    found = [
+        [m.span() for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", example.text)] if name else []
+        for name in example.names
+    ]
+    overlaps = lambda a, b: a[0] < b[1] and b[0] < a[1]
+    result = []
+    for c in range(2):
+        marked, other_marked = example.spans[c], example.spans[1 - c]
+        others = [] if example.names[c] == example.names[1 - c] else found[c]
+        longer = found[1 - c] if len(example.names[1 - c]) > len(example.names[c]) else []
+        kept = [
+            span
+            for span in others
+            if not overlaps(span, marked)
+            and not overlaps(span, other_marked)
+            and not overlaps(span, example.pronoun)
+            and not any(overlaps(span, other) for other in longer)
+        ]
+        result.append([marked, *kept])
+    return result[0], result[1]
+
+
 def window(length: int, width: int, lo: int, hi: int, centre: int) -> int | None:
     """Start of a `width`-piece window of [0, length) that holds pieces lo … hi, centred on
     `centre` as far as that allows; None when lo … hi is wider than `width`."""
@@ -141,13 +178,18 @@ def window(length: int, width: int, lo: int, hi: int, centre: int) -> int | None
 
 
 def encode_gap(
-    tokenizer, examples: Sequence[GapExample], max_length: int, target: str = "head"
+    tokenizer, examples: Sequence[GapExample], max_length: int, target: str = "head", mentions: str = "all"
 ) -> tuple[list[CorefInput], dict[str, int]]:
     """Encode the examples where exactly one candidate corefers; (inputs, counts of what was
-    read, left out because neither corefers, cut to a window, skipped as too long)."""
+    read, left out because neither corefers, cut to a window, skipped as too long, scored, the
+    unmarked occurrences counted and those cut by the window, and the scored examples whose
+    coreferring candidate has an unmarked occurrence counted)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    counts = {"rows": len(examples), "neither": 0, "truncated": 0, "skipped_too_long": 0, "scored": 0}
+    if mentions not in MENTIONS:
+        raise ValueError(f"mentions must be one of {MENTIONS}, got {mentions!r}")
+    counts = {"rows": len(examples), "neither": 0, "truncated": 0, "skipped_too_long": 0, "scored": 0,
+              "other_mentions": 0, "other_mentions_cut": 0, "antecedent_repeated": 0}  # fmt: skip
     scored = [e for e in examples if e.label is not None]
     counts["neither"] = len(examples) - len(scored)
     if not scored:
@@ -160,22 +202,39 @@ def encode_gap(
     for example, ids, offsets in zip(scored, encoded["input_ids"], encoded["offset_mapping"], strict=True):
         offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
         pronoun = span_pieces(offsets, *example.pronoun)
-        mentions = [span_pieces(offsets, *span) for span in example.spans]
-        targets = [
-            span_pieces(offsets, *target_span(name, span, target))
-            for name, span in zip(example.names, example.spans, strict=True)
+        spans = name_occurrences(example) if mentions == "all" else ([example.spans[0]], [example.spans[1]])
+        # Per candidate and occurrence (the marked one first): all its pieces, and those attended to.
+        pieces = [[span_pieces(offsets, *span) for span in candidate] for candidate in spans]
+        aimed = [
+            [span_pieces(offsets, *target_span(name, span, target)) for span in candidate]
+            for name, candidate in zip(example.names, spans, strict=True)
         ]
         if target == "first":
-            targets = [t[:1] for t in targets]
-        if not pronoun.size or not all(m.size for m in mentions):
+            aimed = [[t[:1] for t in candidate] for candidate in aimed]
+        marked = [candidate[0] for candidate in pieces]
+        if not pronoun.size or not all(m.size for m in marked):
             raise UserError(f"GAP {example.id}: a mention covers no wordpiece of the text")
-        every = np.concatenate([pronoun, *mentions])
+        every = np.concatenate([pronoun, *marked])
         start = window(len(ids), width, int(every.min()), int(every.max()), int(pronoun[0]))
         if start is None:
             counts["skipped_too_long"] += 1
             continue
         stop = min(start + width, len(ids))
         counts["truncated"] += int(stop - start < len(ids))
+        # An unmarked occurrence counts only when the window holds it whole (and it has a piece).
+        inside = [
+            [k == 0 or (p.size > 0 and p.min() >= start and p.max() < stop) for k, p in enumerate(candidate)]
+            for candidate in pieces
+        ]
+        kept = [sum(flags) - 1 for flags in inside]
+        counts["other_mentions"] += sum(kept)
+        counts["other_mentions_cut"] += sum(len(flags) - 1 for flags in inside) - sum(kept)
+        counts["antecedent_repeated"] += int(kept[example.label] > 0)
+        occurrences = [
+            [(p, t) for p, t, keep in zip(*candidate, strict=True) if keep]
+            for candidate in zip(pieces, aimed, inside, strict=True)
+        ]
+        targets = [np.concatenate([t for _, t in candidate]) for candidate in occurrences]
         # +1: [CLS] comes first.
         shift = lambda pieces, start=start: pieces - start + 1
         body = np.asarray(ids[start:stop], np.int32)
@@ -190,8 +249,8 @@ def encode_gap(
         )  # fmt: skip
         inputs.append(
             CorefInput(
-                seq, shift(pronoun), tuple(map(shift, targets)), tuple(map(shift, mentions)), example.label,
-                stop - start < len(ids),
+                seq, shift(pronoun), tuple(map(shift, targets)), tuple(map(shift, marked)), example.label,
+                stop - start < len(ids), tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
             )
         )  # fmt: skip
     counts["scored"] = len(inputs)
@@ -262,12 +321,17 @@ def baseline_correct(inputs: Sequence[CorefInput]) -> dict[str, np.ndarray]:
     """bool [N] per baseline: whether it chooses the candidate that corefers."""
 
     def distance(item: CorefInput, c: int) -> int:
-        mention, pronoun = item.mentions[c], item.pronoun
-        return int(max(mention.min() - pronoun.max(), pronoun.min() - mention.max(), 0))
+        pronoun = item.pronoun
+        return min(
+            int(max(mention.min() - pronoun.max(), pronoun.min() - mention.max(), 0)) for mention in item.occurrences[c]
+        )
+
+    def first(item: CorefInput, c: int) -> int:
+        return min(int(mention.min()) for mention in item.occurrences[c])
 
     labels = np.array([item.label for item in inputs], np.int64)
     nearest = np.array([[-distance(item, c) for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
-    earlier = np.array([[-item.mentions[c].min() for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
+    earlier = np.array([[-first(item, c) for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
     return {"nearest": correct_choices(nearest, labels), "earlier": correct_choices(earlier, labels)}
 
 
