@@ -147,6 +147,26 @@ def test_a_gone_checkpoint_still_gives_a_report_that_says_so(roles_run, tmp_path
     assert data["stats"]["mrpc"]["local"]["mean"][0][0] is not None
 
 
+def test_a_track_report_shows_the_last_checkpoint_of_any_series(work, roles_run, track_run, shared_data):
+    """A --ckpt series has no --run workdir: the page reads run.json's series. Its example β are
+    those of the last member (the roles run's checkpoint, so they equal its scores.npz), not the first."""
+    roles_out, last = roles_run
+    first = _hf_checkpoint(work / "tiny_first", shared_data, seed=3)
+    out = work / "track_series"
+    track.main(["--ckpt", f"{first}@early", "--ckpt", f"{last}@late", "--out", str(out), "--html",
+                *_data_flags(shared_data, work / "parses")])  # fmt: skip
+    data = _page_data(out / "report.html")
+    assert data["examples_missing"] is None and data["examples"]["mrpc"]["models"] == ["late"]
+    rtol = (32**2 + 32 + 2) * 2.0**-24  # as in test_example_scores_equal_the_runs_scores
+    with np.load(roles_out / "scores.npz") as scores:
+        for seq in data["examples"]["mrpc"]["sequences"]:
+            beta = seq["beta"]["late"]["local"]
+            index = list(scores["mrpc/local/index"])
+            np.testing.assert_allclose(beta, scores["mrpc/local"][index.index(seq["index"])].ravel(), rtol=rtol)
+    # A --run workdir's series names its checkpoints folder and step.
+    assert _page_data(track_run / "report.html")["examples"]["mrpc"]["models"] == [f"step {STEPS[-1]}"]
+
+
 def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
     out, _ = roles_run
     copy = tmp_path / "roles"

@@ -165,6 +165,15 @@ def check_run_json(info: dict, source: Path) -> None:
     checkpoint = info.get("checkpoint")
     if checkpoint is not None and not (isinstance(checkpoint, dict) and _of_type(checkpoint.get("step"), "int | None")):
         raise UserError(f"{source}: checkpoint must be an object with an integer step, got {checkpoint!r}"[:300])
+    series = info.get("series")
+    if series is not None:
+        fields = {"step": "int", "label": "str", "path": "str", "checkpoint_step": "int | None"}
+        if not isinstance(series, list) or not all(
+            isinstance(m, dict) and all(_of_type(m.get(k), t) for k, t in fields.items()) for m in series
+        ):
+            raise UserError(
+                f"{source}: series must be a list of checkpoints with {', '.join(fields)}, got {series!r}"[:300]
+            )
     model = info.get("model_config")
     if model is not None:
         for key in ("num_hidden_layers", "num_attention_heads"):
@@ -295,8 +304,19 @@ def models_of(run: Run) -> list[Model]:
         step = recorded.get("step") if recorded.get("kind") == "orbax" else run.settings.step
         return [Model("model", run.settings.ckpt, step)]
     if run.kind == "track":
+        # The series' last checkpoint as the run resolved it: its path is the HF directory or the
+        # orbax checkpoints folder, for a --run workdir and a --ckpt series alike.
         last = int(run.table["step"].max())
-        return [Model(f"step {last}", run.settings.ckpt, last)]
+        member = next((m for m in run.info.get("series") or [] if m["step"] == last), None)
+        if member is None:  # a run older than run.json's series: its checkpoints are --run's
+            return [Model(f"step {last}", run.settings.ckpt, last)]
+        return [
+            Model(
+                f"step {last}" if member["label"] == str(last) else member["label"],
+                member["path"],
+                member["checkpoint_step"],
+            )
+        ]
     return [Model("pre", run.settings.ckpt)] + [Model(p["label"], p["ckpt"]) for p in config.get("posts", [])]
 
 
