@@ -116,9 +116,19 @@ class TaskData:
     files: list[Path]
 
 
+def check_sources(config: ExampleSettings, tasks: Sequence[str]) -> None:
+    """Before any data is read or any folder made: a GLUE task that must come from a hub switched
+    off, with no cached copy, is one line (`glue.check_hub_copy`)."""
+    if config.glue_dir is None:
+        for task in tasks:
+            if task != CONLLU_TASK and not task.startswith(TEXT_LABEL):
+                glue.check_hub_copy(task)
+
+
 def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskData]:
     """Every task's examples, or a UserError when a task defines none of `config.roles` (checked
     here, before any parse or forward pass: such a task would leave nothing to test)."""
+    check_sources(config, tasks)
     data = {task: TaskData(*examples_for(config, task)) for task in tasks}
     for task, d in data.items():
         present, absent = present_roles((len(segments) for segments in d.segments), config.roles)

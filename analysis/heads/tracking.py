@@ -27,6 +27,7 @@ from tqdm import tqdm
 from analysis.attention import sas as sas_lib
 from analysis.common import figures as common_figures
 from analysis.common.examples import (
+    check_sources,
     data_file_hashes,
     encode_tasks,
     fit_max_length,
@@ -252,6 +253,7 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
     select_formats(config.roles.figure_format)
+    check_sources(config.roles, config_tasks(config.roles))
     if config.series:
         if config.with_init:
             raise UserError("--with-init goes with --run (a fine-tuning workdir); in a --ckpt series, list the init")
