@@ -148,6 +148,8 @@ def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
         assert table.loc[task, "spearman_n"] == 12
     text = format_summary(digest)
     assert "mrpc: 12 heads" in text and "sst2: 12 heads" in text
+    # N, the sequences each task scored, when the run gives it (QQP's sample has 9).
+    assert "mrpc: N = 9 sequences, 12 heads" in format_summary(digest, {"mrpc": 9, "sst2": 872})
     assert "block not tested" in text and "n/a (no syntactic heads)" in text
 
 

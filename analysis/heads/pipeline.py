@@ -141,7 +141,7 @@ def _run(
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     runinfo.write_run_json(tmp, run_info)
-    print(summary.format_summary(digest))
+    print(summary.format_summary(digest, {t: r.n_sequences for t, r in results.items()}))
     for task, result in results.items():
         if result.absent:
             print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
