@@ -1,5 +1,6 @@
 """Figures and the summary table on a hand-built two-task result (L = 3, H = 4)."""
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -9,19 +10,20 @@ import pandas as pd
 import pytest
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, to_rgb
 from scipy import stats
 
 from analysis.common import figures as common_figures
 from analysis.common.figures import log_scale, panel_grid
 from analysis.heads import figures as heads_figures
 from analysis.heads.figures import (
+    ROLE_COLOURS,
     _heatmap_grid,
     coarse_combinations,
-    head_order,
     plot_all,
     plot_local_vs_syntactic,
     role_colours,
+    role_grid_codes,
 )
 from analysis.heads.summary import DEFAULT_COARSE, FINE_ROLES, coarse_held_table, format_summary, held_table, summarize
 
@@ -86,13 +88,32 @@ def synthetic() -> tuple[pd.DataFrame, dict[tuple[str, str], np.ndarray]]:
     return pd.DataFrame(rows), scores
 
 
-def test_head_order_sorts_by_roles_held_then_head_id() -> None:
+def test_the_role_grid_places_each_head_at_its_own_index() -> None:
     held = np.zeros((2, 4, 3), dtype=bool)
-    held[0, 0, :2] = True  # 2 roles
-    held[0, 1, :] = True  # 3
-    held[0, 3, :2] = True  # 2, ties with head 0
-    held[1, 2, 0] = True  # layer 1: only head 2 holds anything
-    np.testing.assert_array_equal(head_order(held), [[1, 0, 3, 2], [2, 0, 1, 3]])
+    held[0, 1, :] = True  # head 1 holds all three roles, head 3 the first two
+    held[0, 3, :2] = True
+    held[1, 2, 2] = True  # layer 1: only head 2 holds anything, its third role
+    # Columns 3h … 3h + 2 are head h's slices (a ranking by roles held would move head 1 first).
+    np.testing.assert_array_equal(
+        role_grid_codes(held), [[0, 0, 0, 1, 2, 3, 0, 0, 0, 1, 2, 0], [0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]]
+    )
+
+
+def test_coarse_and_neighbouring_fine_roles_have_distinct_colours() -> None:
+    """CIELAB ΔE (1976) between the colours that share a role grid cell: nsubj beside syntactic,
+    cls beside sep were near-identical greens and reds."""
+
+    def lab(colour: str) -> np.ndarray:
+        rgb = np.array(to_rgb(colour))
+        linear = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+        xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+        f = np.cbrt(xyz / np.array([0.95047, 1.0, 1.08883]))  # every colour here is above the linear toe
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+    delta = lambda a, b: float(np.linalg.norm(lab(ROLE_COLOURS[a]) - lab(ROLE_COLOURS[b])))
+    assert delta("nsubj", "syntactic") >= 35 and delta("cls", "sep") >= 35
+    # Every pair of roles (a ΔE of ~2 is just noticeable; 15 is plainly another colour).
+    assert min(delta(a, b) for a, b in itertools.combinations(ROLE_COLOURS, 2)) >= 15
 
 
 def test_coarse_combinations_match_a_hand_count(synthetic) -> None:

@@ -51,13 +51,15 @@ DEFAULT_ROLES_FIGURES = "role_grid"
 NOT_HELD = "#eeeeee"
 NO_DATA = "#bdbdbd"
 # Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens
-# syntactic), so a role grid reads by family before it reads by fine role.
+# syntactic), so a role grid reads by family before it reads by fine role; within a family the
+# lightness (and for nsubj the hue, teal) sets each role apart: a coarse role and the fine roles
+# beside it in a cell (syntactic and nsubj, cls and sep) are at least 35 CIELAB ΔE apart.
 ROLE_COLOURS: Mapping[str, str] = MappingProxyType(
     {
         "local": "#08519c", "prev": "#4292c6", "next": "#9ecae1",
         "block": "#6a51a3",
-        "cls": "#a50f15", "sep": "#ef3b2c", "delimiter": "#fc9272",
-        "nsubj": "#006d2c", "dobj": "#31a354", "amod": "#74c476", "advmod": "#bae4b3",
+        "cls": "#67000d", "sep": "#fb6a4a", "delimiter": "#fcbba1",
+        "nsubj": "#35978f", "dobj": "#41ab5d", "amod": "#a6d96a", "advmod": "#d9ef8b",
         "syntactic": "#00441b",
     }
 )  # fmt: skip
@@ -75,15 +77,6 @@ def role_colours(names: Sequence[str]) -> dict[str, str]:
     """A colour per role: fixed for the known roles, cycled from `EXTRA_COLOURS` for the rest."""
     extra = itertools.cycle(EXTRA_COLOURS)
     return {r: ROLE_COLOURS[r] if r in ROLE_COLOURS else next(extra) for r in names}
-
-
-def head_order(held: np.ndarray) -> np.ndarray:
-    """Per layer, the head ids sorted by how many roles they hold, most first.
-
-    `held` is bool [L, H, R]; the result is int [L, H] (rank → head id). Ties keep head-id order,
-    so the grid is the same on every run.
-    """
-    return np.argsort(-held.sum(axis=-1), axis=-1, kind="stable")
 
 
 def coarse_combinations(coarse_held: pd.DataFrame) -> dict[tuple[str, ...], int]:
@@ -112,19 +105,20 @@ def all_positive(values: np.ndarray) -> bool:
     return bool(values.size) and bool((values > 0).all())
 
 
+def role_grid_codes(held: np.ndarray) -> np.ndarray:
+    """bool [L, H, R] → int [L, H·R]: head h's R slices are columns h·R … h·R + R − 1 (the head's
+    own index, as the heat maps and the report place it), holding 1 + the role's index if held, else 0."""
+    n_layers, _, n_roles = held.shape
+    return np.where(held, np.arange(1, n_roles + 1), 0).reshape(n_layers, -1)
+
+
 def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
     """Paper Fig. 5: layers × heads, each cell sliced into the task's fine roles, coloured if held.
-
-    Columns are ranks, not head ids: within a layer the heads are sorted by the number of roles
-    they hold; each cell is labelled with its head id.
-    """
+    The x axis is the head's index."""
     held = held_table(roles, task)
     names = list(held.columns)
     n_layers, n_heads = held.index.levshape
-    cube = held.to_numpy().reshape(n_layers, n_heads, len(names))
-    order = head_order(cube)
-    ranked = np.take_along_axis(cube, order[:, :, None], axis=1)
-    codes = np.where(ranked, np.arange(1, len(names) + 1), 0).reshape(n_layers, -1)
+    codes = role_grid_codes(held.to_numpy().reshape(n_layers, n_heads, len(names)))
     colours = role_colours(names)
     cmap = ListedColormap([NOT_HELD] + [colours[r] for r in names])
 
@@ -143,24 +137,14 @@ def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     # White gutters: without them the slices of neighbouring cells run together.
     ax.vlines(np.arange(n_heads - 1) + 0.5, -0.5, n_layers - 0.5, colors="white", linewidth=3)
     ax.hlines(np.arange(n_layers - 1) + 0.5, -0.5, n_heads - 0.5, colors="white", linewidth=5)
-    for layer, rank in np.ndindex(n_layers, n_heads):
-        ax.text(
-            rank,
-            layer + 0.3,
-            f"h{order[layer, rank]}",
-            ha="center",
-            va="center",
-            fontsize=6,
-            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "linewidth": 0, "alpha": 0.8},
-        )
     ax.set_xlim(-0.5, n_heads - 0.5)
     ax.set_ylim(n_layers - 0.5, -0.5)
     ax.set_yticks(range(n_layers))
-    ax.set_xticks(range(n_heads), [str(k + 1) for k in range(n_heads)])
+    ax.set_xticks(range(n_heads))
     ax.tick_params(length=0, labelsize=8)
     ax.spines[:].set_visible(False)
     ax.set_ylabel("layer")
-    ax.set_xlabel("rank in layer, most roles first (label: head id)")
+    ax.set_xlabel("head")
     handles = [Patch(facecolor=colours[r], label=r) for r in names]
     handles.append(Patch(facecolor=NOT_HELD, edgecolor="#999999", label="not held"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="role")
