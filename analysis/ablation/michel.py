@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.ablation.evaluation import (
     ONE_POINT,
@@ -29,6 +28,7 @@ from analysis.common.forward import Devices, check_device_count
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.progress import tqdm
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import jax
-from tqdm import tqdm
 
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
+from bertjax.progress import tqdm
 from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
 from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments
+from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
 from analysis.heads.config import RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
@@ -497,6 +497,28 @@ def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict 
     }
 
 
+def readable_checkpoint(text: str) -> str:
+    """A checkpoint's name as a reader knows it: an installed model package's name (not the
+    virtualenv path it sits in), `owner/name` of a hub cache folder, else the text as given."""
+    parts = Path(text).parts
+    if "site-packages" in parts[:-1]:
+        return parts[parts.index("site-packages") + 1]
+    hub = [p for p in parts if p.startswith("models--")]
+    if hub:
+        return hub[-1].removeprefix("models--").replace("--", "/")
+    return text
+
+
+def checkpoint_name(run: Run) -> str:
+    """The header's checkpoint: the model, or a series' first and last labels and its length."""
+    series = run.info.get("series") or []
+    if run.kind == "track" and series:
+        first, last = series[0], series[-1]
+        names = [readable_checkpoint(m["given"]) for m in (first, last)]
+        return f"{names[0]} ({first['label']}) … {names[1]} ({last['label']}), {len(series)} checkpoints"
+    return readable_checkpoint(run.settings.ckpt)
+
+
 def report_data(run: Run, config: ReportConfig) -> dict:
     table = run.table
     layers, heads = run.layers, run.heads
@@ -509,7 +531,7 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "kind": run.kind,
         "title": f"{run.directory.resolve().name}: {dict(roles='head roles', track='head roles during training', effect='fine-tuning effect')[run.kind]}",
         "run_dir": str(run.directory.resolve()),
-        "checkpoint": run.settings.ckpt,
+        "checkpoint": checkpoint_name(run),
         "layers": layers,
         "heads": heads,
         "tasks": tasks,
@@ -522,6 +544,8 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "settings": {
             k: getattr(run.settings, k) for k in ("split", "n", "max_length", "window", "test", "correction", "parser")
         },
+        # A GLUE task's examples come from --split; a text: file's or CoNLL-U's have no split.
+        "split_tasks": [t for t in tasks if t != CONLLU_TASK and not t.startswith(TEXT_LABEL)],
         "stats": stats,
         "examples": examples,
         "examples_missing": missing,

@@ -22,7 +22,6 @@ from pathlib import Path
 import jax
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.attention import sas as sas_lib
 from analysis.common import figures as common_figures
@@ -51,6 +50,7 @@ from analysis.heads.tracking_figures import format_fractions, plot_emergence, pl
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, tokenizer_digest
+from bertjax.progress import tqdm
 from sieves import depattn
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
@@ -451,7 +451,14 @@ def _run(
     print(onset.format_onsets(track, onsets))
     if sas_curve is not None:
         print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
-    print("curve onsets (steps):\n" + curves.to_string(index=False))
+    found = curves[curves["onset_step"].notna()]
+    if found.empty:  # a table of <NA> says less than this line (a short or flat series)
+        print(f"curve onsets: none of the {len(curves)} curves has an onset in this series ({len(steps)} checkpoints)")
+    else:
+        print(
+            f"curve onsets (steps; the {len(curves) - len(found)} curves without one are in {onset.CURVE_ONSETS_CSV}):"
+        )
+        print(found.to_string(index=False))
     return track
 
 
