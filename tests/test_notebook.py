@@ -1,6 +1,6 @@
 """examples/quickstart.ipynb: stored without outputs, executed cell by cell in a real Jupyter kernel
 (its cells assert on what they return), and its HTML export driven in headless Chromium: the
-inline reports are there and a click on a head opens its card."""
+inline reports are there and a click on a head opens its card; nothing on stderr, no <NA> table."""
 
 from __future__ import annotations
 
