@@ -376,3 +376,18 @@ def test_the_step_slider_redraws_the_grid(browser, track_run):
     browser.find_element(By.ID, "step").send_keys(Keys.HOME)
     assert browser.find_element(By.ID, "step-label").text == f"step {STEPS[0]}"
     assert grid_means() == csv_means(STEPS[0]) != csv_means(STEPS[-1])
+
+
+def test_the_screenshot_shows_the_task_asked_for(browser, track_run, tmp_path, cli_error):
+    """`report_screenshot --task`: the picture is of that task (here the one task; another name is
+    one line), with the head's card open."""
+    from analysis import report_screenshot
+
+    out = tmp_path / "shot.png"
+    report_screenshot.main([str(track_run / "report.html"), str(out), "--task", "mrpc", "--head", "1,0"])
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    error = cli_error(
+        report_screenshot.main, [str(track_run / "report.html"), str(tmp_path / "x.png"), "--task", "sst2"]
+    )
+    assert error == f"error: --task sst2: not a task of {track_run / 'report.html'}"
+    assert not (tmp_path / "x.png").exists()
