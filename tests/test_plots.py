@@ -16,6 +16,7 @@ from scipy import stats
 from analysis.common import figures as common_figures
 from analysis.common.figures import log_scale, panel_grid
 from analysis.heads import figures as heads_figures
+from analysis.heads import tracking_figures
 from analysis.heads.figures import (
     ROLE_COLOURS,
     _heatmap_grid,
@@ -283,3 +284,38 @@ def test_heatmap_grids_draw_nothing_outside_the_canvas(layers: int, heads: int, 
         drawn = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
         assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, drawn
         assert drawn.x1 <= fig.get_figwidth() + 0.01 and drawn.y1 <= fig.get_figheight() + 0.01, drawn
+
+
+def test_under_one_decade_a_log_axis_labels_every_integer_multiple() -> None:
+    """0.4 … 2.5 (mean_beta's range on a small model) was labelled 0.5, 1 and 2 only."""
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0.4, 2.5])
+    log_scale(ax, "y")
+    FigureCanvasAgg(fig).draw()
+    low, high = ax.get_ylim()
+    labelled = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    assert labelled == ["0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1", "2"]
+
+
+def test_curves_of_different_roles_differ_in_marker_and_dash() -> None:
+    styles = tracking_figures.line_styles(list(FINE_ROLES))
+    assert len({(s["marker"], s["linestyle"]) for s in styles.values()}) == len(FINE_ROLES)
+    # prev and next (equal on a symmetric model) differ in both, hollow markers let both show.
+    assert (
+        styles["prev"]["marker"] != styles["next"]["marker"]
+        and styles["prev"]["linestyle"] != styles["next"]["linestyle"]
+    )
+    assert styles["prev"]["markerfacecolor"] == "none"
+
+
+def test_one_outlying_head_does_not_stretch_the_heat_map_scale() -> None:
+    values = np.concatenate([np.linspace(0.5, 3.0, 200), [40.0]])
+    norm, extend = heads_figures.robust_log_norm(values)
+    assert isinstance(norm, LogNorm) and extend == "both"
+    assert (norm.vmin, norm.vmax) == tuple(np.percentile(values, heads_figures.COLOUR_PERCENTILES))
+    assert norm.vmax < 3.0  # the outlier is beyond the scale, not its end
+    flat, flat_extend = heads_figures.robust_log_norm(np.full(5, 2.0))
+    assert not isinstance(flat, LogNorm) and flat_extend == "neither"

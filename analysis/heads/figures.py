@@ -71,6 +71,10 @@ EXTRA_COLOURS: tuple[str, ...] = (
 HEATMAP_COLUMNS = 4
 # −log10 p above this is one colour: p-values of 1e-300 would otherwise wash out the α threshold.
 NEG_LOG10_P_CAP = 10.0
+# The mean-β heat maps' colours span these percentiles of the positive means: one outlying head
+# (a [CLS] sink's β of 40 among values of 0.5–3) stretched the scale until the rest was one colour.
+# Values beyond are drawn in the end colours, and the colour bar's arrows say so.
+COLOUR_PERCENTILES = (1.0, 99.0)
 
 
 def role_colours(names: Sequence[str]) -> dict[str, str]:
@@ -320,7 +324,7 @@ def _heatmap_grid(
     held: pd.DataFrame,
     norm: Normalize,
     cmap: Colormap,
-    extend: Literal["neither", "max"],
+    extend: Literal["neither", "min", "max", "both"],
     title: str,
 ) -> tuple[Figure, Colorbar]:
     """One L × H panel per role on a shared norm; white dots mark the heads holding the role."""
@@ -363,24 +367,42 @@ def _heatmap_grid(
     return fig, fig.colorbar(mesh, cax=cax, extend=extend)
 
 
+def robust_log_norm(positive: np.ndarray) -> tuple[Normalize, Literal["neither", "min", "max", "both"]]:
+    """A log colour norm over `COLOUR_PERCENTILES` of positive values, and the colour bar's
+    `extend` for the values beyond it; a plain norm when they are all one value (or none)."""
+    low, high = np.percentile(positive, COLOUR_PERCENTILES) if positive.size else (0.0, 0.0)
+    if not low < high:
+        return Normalize(), "neither"
+    beyond = (bool(positive.min() < low), bool(positive.max() > high))
+    return LogNorm(low, high), {
+        (False, False): "neither",
+        (True, False): "min",
+        (False, True): "max",
+        (True, True): "both",
+    }[beyond]
+
+
 def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str) -> list[Path]:
     """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
     means = head_table(roles, task, "mean")
     finite = means.to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
     positive = finite[finite > 0]
-    if positive.size and positive.min() < positive.max():
-        norm: Normalize = LogNorm(positive.min(), positive.max())
+    norm, extend = robust_log_norm(positive)
+    if isinstance(norm, LogNorm):
         # β = 0 has no place on a log scale; show it as the scale's lowest colour, not as missing.
         means = means.clip(lower=positive.min())
-    else:
-        norm = Normalize()
     cmap = colormaps["viridis"].with_extremes(bad=NO_DATA)
     title = f"{task}: mean sieve bias score per head\n(dot: role held; grey: no score)"
-    fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, "neither", title)
+    fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, extend, title)
     label = "mean β"
     if isinstance(norm, LogNorm):
-        label += " (log scale)"
+        label += " (log scale"
+        label += (
+            f"; colours span the {COLOUR_PERCENTILES[0]:g}–{COLOUR_PERCENTILES[1]:g}th percentile)"
+            if extend != "neither"
+            else ")"
+        )
         log_scale(colorbar.ax, "y")
         if norm.vmin <= tau <= norm.vmax:
             colorbar.ax.axhline(tau, color="#d62728", linewidth=2)

@@ -501,12 +501,18 @@ def readable_checkpoint(text: str) -> str:
     """A checkpoint's name as a reader knows it: an installed model package's name (not the
     virtualenv path it sits in), `owner/name` of a hub cache folder, else the text as given."""
     parts = Path(text).parts
-    if "site-packages" in parts[:-1]:
+    if "site-packages" in parts[:-1]:  # an installed model wheel (all-MiniLM-L6-v2's)
         return parts[parts.index("site-packages") + 1]
     hub = [p for p in parts if p.startswith("models--")]
     if hub:
         return hub[-1].removeprefix("models--").replace("--", "/")
     return text
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the current directory when it lies below it, else absolute."""
+    resolved, here = path.resolve(), Path.cwd().resolve()
+    return resolved.relative_to(here) if resolved.is_relative_to(here) else resolved
 
 
 def checkpoint_name(run: Run) -> str:
@@ -530,7 +536,8 @@ def report_data(run: Run, config: ReportConfig) -> dict:
     return {
         "kind": run.kind,
         "title": f"{run.directory.resolve().name}: {dict(roles='head roles', track='head roles during training', effect='fine-tuning effect')[run.kind]}",
-        "run_dir": str(run.directory.resolve()),
+        # As the reader would type it from here: a page made in a checkout names no home directory.
+        "run_dir": str(shown_path(run.directory)),
         "checkpoint": checkpoint_name(run),
         "layers": layers,
         "heads": heads,

@@ -30,6 +30,22 @@ SCORES_FORMAT = 1
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
 
 
+# Curves of different roles can coincide (prev and next on a symmetric model): each role gets its
+# own hollow marker and dash pattern, so one drawn over another still shows.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "p", "h", "*")
+DASHES = ("-", "--", "-.", ":")
+
+
+def line_styles(names: list[str]) -> dict[str, dict]:
+    """Per role, the keyword arguments of its curve: colour, a marker and a dash pattern."""
+    colours = role_colours(names)
+    return {
+        role: {"color": colours[role], "marker": MARKERS[i % len(MARKERS)], "linestyle": DASHES[i % len(DASHES)],
+               "markersize": 4, "markerfacecolor": "none", "linewidth": 1.2}
+        for i, role in enumerate(names)
+    }  # fmt: skip
+
+
 def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
     """Fraction of heads holding each role at each step, overall and per layer group.
 
@@ -60,7 +76,7 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
     """Fraction of heads holding each role against step: all layers, then each layer group."""
     fractions = held_fractions(track, task)
     groups = list(dict.fromkeys(fractions.index.get_level_values("group")))
-    colours = role_colours(list(fractions.columns))
+    styles = line_styles(list(fractions.columns))
     fig = Figure(figsize=(3.6 * len(groups) + 1.6, 3.6), layout="constrained")
     axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
     n_layers = int(track.loc[track["task"] == task, "layer"].max()) + 1
@@ -69,7 +85,7 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
         part = fractions.xs(group, level="group")
         steps = part.index.to_numpy()
         for role in part.columns:
-            ax.plot(steps, part[role], marker="o", markersize=3, color=colours[role], label=role)
+            ax.plot(steps, part[role], label=role, **styles[role])
         step_axis(ax, steps)
         layers = spans[group]
         ax.set_title(
@@ -130,11 +146,11 @@ def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_d
     means = rows.groupby(["step", "role"])["mean"].mean().unstack("role")
     means = means[ordered_roles(means.columns)]
     steps = means.index.to_numpy()
-    colours = role_colours(list(means.columns))
+    styles = line_styles(list(means.columns))
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
     for role in means.columns:
-        ax.plot(steps, means[role], marker="o", markersize=3, color=colours[role], label=role)
+        ax.plot(steps, means[role], label=role, **styles[role])
     ax.plot(steps, [taus[s] for s in steps], color="black", linestyle="--", linewidth=1, label="τ")
     step_axis(ax, steps)
     values = means.to_numpy(dtype=float)
