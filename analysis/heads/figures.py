@@ -77,6 +77,20 @@ NEG_LOG10_P_CAP = 10.0
 COLOUR_PERCENTILES = (1.0, 99.0)
 
 
+def about_line(model: str, n: int, tau: float | str) -> str:
+    """The line under a figure's title saying what it is of: the model, N and τ (a number, or a
+    word such as "per step")."""
+    return (
+        f"{model} · N = {n} sequences · τ = {tau:g}"
+        if isinstance(tau, float | int)
+        else f"{model} · N = {n} sequences · τ {tau}"
+    )
+
+
+def titled(title: str, about: str) -> str:
+    return f"{title}\n{about}" if about else title
+
+
 def role_colours(names: Sequence[str]) -> dict[str, str]:
     """A colour per role: fixed for the known roles, cycled from `EXTRA_COLOURS` for the rest."""
     extra = itertools.cycle(EXTRA_COLOURS)
@@ -116,7 +130,7 @@ def role_grid_codes(held: np.ndarray) -> np.ndarray:
     return np.where(held, np.arange(1, n_roles + 1), 0).reshape(n_layers, -1)
 
 
-def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
     """Paper Fig. 5: layers × heads, each cell sliced into the task's fine roles, coloured if held.
     The x axis is the head's index."""
     held = held_table(roles, task)
@@ -152,7 +166,7 @@ def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     handles = [Patch(facecolor=colours[r], label=r) for r in names]
     handles.append(Patch(facecolor=NOT_HELD, edgecolor="#999999", label="not held"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="role")
-    fig.suptitle(f"{task}: roles held by each head")
+    fig.suptitle(titled(f"{task}: roles held by each head", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -163,6 +177,7 @@ def plot_coarse_overlap(
     stem: str,
     *,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
+    about: str = "",
 ) -> list[Path]:
     """Paper Fig. 4 as an UpSet plot: heads per exact combination of coarse roles.
 
@@ -221,7 +236,7 @@ def plot_coarse_overlap(
     ax_sizes.tick_params(axis="y", left=False, labelleft=False)
     ax_sizes.spines[["top", "left", "right"]].set_visible(False)
     ax_sizes.set_xlabel("heads holding\nthe role", fontsize=8)
-    fig.suptitle(f"{task}: overlap of coarse roles over {len(by_coarse)} heads")
+    fig.suptitle(titled(f"{task}: overlap of coarse roles over {len(by_coarse)} heads", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -268,6 +283,8 @@ def plot_score_distributions(
     alpha: float,
     out_dir: Path,
     stem: str,
+    *,
+    about: str = "",
 ) -> list[Path]:
     """Paper Fig. 3: (a) ECDF of per-head mean β by role with τ; (b) raw p-values with α.
 
@@ -315,7 +332,7 @@ def plot_score_distributions(
             if values.size:
                 pooled[role] = values
     _sequence_score_panel(ax_seq, pooled, colours, tau)
-    fig.suptitle(f"{task}: sieve bias scores and p-values")
+    fig.suptitle(titled(f"{task}: sieve bias scores and p-values", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -382,7 +399,9 @@ def robust_log_norm(positive: np.ndarray) -> tuple[Normalize, Literal["neither",
     }[beyond]
 
 
-def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str) -> list[Path]:
+def plot_mean_heatmaps(
+    roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
     means = head_table(roles, task, "mean")
     finite = means.to_numpy(dtype=float)
@@ -393,7 +412,7 @@ def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path
         # β = 0 has no place on a log scale; show it as the scale's lowest colour, not as missing.
         means = means.clip(lower=positive.min())
     cmap = colormaps["viridis"].with_extremes(bad=NO_DATA)
-    title = f"{task}: mean sieve bias score per head\n(dot: role held; grey: no score)"
+    title = titled(f"{task}: mean sieve bias score per head", about) + "\n(dot: role held; grey: no score)"
     fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, extend, title)
     label = "mean β"
     if isinstance(norm, LogNorm):
@@ -411,7 +430,9 @@ def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path
     return save_figure(fig, out_dir, stem)
 
 
-def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str) -> list[Path]:
+def plot_p_heatmaps(
+    roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """−log10 p of every head, one panel per role, with the α threshold marked on the colour bar.
 
     Uses the adjusted p-values (the ones the assignment used) and says so when a correction
@@ -435,7 +456,7 @@ def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path,
         Normalize(0.0, vmax),
         colormaps["magma"].with_extremes(bad=NO_DATA),
         "max" if top > vmax else "neither",
-        f"{task}: −log10 {which} per head\n(dot: role held; grey: untestable)",
+        titled(f"{task}: −log10 {which} per head", about) + "\n(dot: role held; grey: untestable)",
     )
     colorbar.ax.axhline(threshold, color="#17becf", linewidth=2)
     colorbar.set_label(f"−log10 {which}\ncyan line: α = {alpha:g}", fontsize=9)
@@ -443,7 +464,7 @@ def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path,
 
 
 def plot_local_vs_syntactic(
-    roles: pd.DataFrame, task: str, out_dir: Path, stem: str
+    roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = ""
 ) -> tuple[list[Path], Correlation | None]:
     """Mean local β against mean syntactic β per head, with Spearman's ρ and p in the title.
 
@@ -476,7 +497,7 @@ def plot_local_vs_syntactic(
         log_scale(ax, "y")
     ax.set_xlabel("mean local β")
     ax.set_ylabel("mean syntactic β")
-    ax.set_title(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)")
+    ax.set_title(titled(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)", about))
     return save_figure(fig, out_dir, stem), corr
 
 
@@ -488,30 +509,32 @@ def figure_jobs(
     alpha: float,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
     kinds: Sequence[str] = ROLES_FIGURES,
+    about: Mapping[str, str] | None = None,
 ) -> list[tuple]:
     """(function, arguments) of each figure of `kinds` for every task in `roles`, kind-major (the
-    heaviest kinds first), stems prefixed with the task name."""
+    heaviest kinds first), stems prefixed with the task name; `about` gives each task's
+    `about_line` under the titles."""
     jobs = []
     for kind in kinds:
         for task in pd.unique(roles["task"]):
             own = roles[roles["task"] == task]
             stem = f"{task}_{kind}"
-            jobs.append(
-                {
-                    "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
-                    "coarse_overlap": (
-                        functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
-                        (own, task, out_dir, stem),
-                    ),
-                    "score_distributions": (
-                        plot_score_distributions,
-                        (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
-                    ),
-                    "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
-                    "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
-                    "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
-                }[kind]
-            )
+            line = (about or {}).get(task, "")
+            draw, args = {
+                "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
+                "coarse_overlap": (
+                    functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
+                    (own, task, out_dir, stem),
+                ),
+                "score_distributions": (
+                    plot_score_distributions,
+                    (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
+                ),
+                "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
+                "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
+                "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
+            }[kind]
+            jobs.append((functools.partial(draw, about=line) if line else draw, args))
     return jobs
 
 
@@ -535,5 +558,7 @@ def plot_all(
         return pool.results()
 
 
-def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
-    return plot_local_vs_syntactic(roles, task, out_dir, stem)[0]
+def _local_vs_syntactic_paths(
+    roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
+    return plot_local_vs_syntactic(roles, task, out_dir, stem, about=about)[0]

@@ -44,6 +44,8 @@ from analysis.common.forward import Devices
 from analysis.heads import figures as heads_figures
 from analysis.heads import onset, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.figures import about_line
+from analysis.heads.report import readable_checkpoint
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
 from analysis.heads.tracking_figures import format_fractions, plot_emergence, plot_mean_beta, plot_role_fractions
@@ -403,6 +405,15 @@ def _run(
         "mean_beta": functools.partial(plot_mean_beta, taus=taus),
         "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table),
     }
+    # The line under the titles: the series, each task's N and τ (one value, or one per step).
+    series_name = (
+        f"{readable_checkpoint(members[0].given)} … {readable_checkpoint(members[-1].given)}"
+        if config.series
+        else readable_checkpoint(rc.ckpt)
+    )
+    tau_values = set(taus.values())
+    tau = next(iter(tau_values)) if len(tau_values) == 1 else "per step (run.json)"
+    about = {task: about_line(series_name, len(data[task].indices), tau) for task in pd.unique(track["task"])}
     # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
     cache = FigureCache(config.cache_dir / "figures", [tracking_figures, onset, heads_figures, common_figures])
     shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + b"".join(
@@ -412,8 +423,11 @@ def _run(
         for kind in select_figures(rc.figures, FIGURES):
             for task in pd.unique(track["task"]):
                 stem = f"{task}_{kind}"
-                content = track[track["task"] == task].to_csv(index=False).encode() + shared
-                draw_one = functools.partial(draw[kind], track, task, out_dir=tmp, stem=stem)
+                line = about[task] if kind != "onset" else ""
+                content = track[track["task"] == task].to_csv(index=False).encode() + shared + line.encode()
+                draw_one = functools.partial(
+                    draw[kind], track, task, out_dir=tmp, stem=stem, **({"about": line} if line else {})
+                )
                 figures += cache.figure(stem, content, draw_one, tmp)
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started

@@ -18,7 +18,7 @@ from analysis.common.figures import (
     save_figure,
     step_axis,
 )
-from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours
+from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours, titled
 from analysis.heads.summary import layer_groups, ordered_roles
 
 TRACK_CSV = "track.csv"
@@ -72,7 +72,7 @@ def format_fractions(track: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
     """Fraction of heads holding each role against step: all layers, then each layer group."""
     fractions = held_fractions(track, task)
     groups = list(dict.fromkeys(fractions.index.get_level_values("group")))
@@ -95,11 +95,11 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
         ax.set_ylim(-0.02, 1.02)
     axes[0].set_ylabel("fraction of heads holding the role")
     axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.suptitle(f"{task}: heads holding each role during training")
+    fig.suptitle(titled(f"{task}: heads holding each role during training", about))
     return save_figure(fig, out_dir, stem)
 
 
-def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
     """Per role, heads (rows, layer-major) × steps (columns): coloured where the head holds it."""
     rows = track[track["task"] == task]
     names = ordered_roles(rows["role"])
@@ -110,8 +110,8 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     fig, axes = panel_grid(
         len(names),
         (max(0.9, 0.22 * len(steps)), max(0.9, 0.035 * n_layers * n_heads)),
-        f"{task}: which heads hold each role at each step\n"
-        "(rows: heads by layer; light grey: not held; dark grey: untested)",
+        titled(f"{task}: which heads hold each role at each step", about)
+        + "\n(rows: heads by layer; light grey: not held; dark grey: untested)",
         xlabel="step",
         # Room for step numbers written upright.
         margins=Margins(bottom=0.8),
@@ -140,7 +140,9 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     return save_figure(fig, out_dir, stem)
 
 
-def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str) -> list[Path]:
+def plot_mean_beta(
+    track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """Mean β over all heads for each role against step, with τ dashed."""
     rows = track[track["task"] == task]
     means = rows.groupby(["step", "role"])["mean"].mean().unstack("role")
@@ -158,5 +160,5 @@ def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_d
         log_scale(ax, "y")
     ax.set_ylabel("mean β over heads")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    ax.set_title(f"{task}: mean sieve bias score per role during training")
+    ax.set_title(titled(f"{task}: mean sieve bias score per role during training", about))
     return save_figure(fig, out_dir, stem)
