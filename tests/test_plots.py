@@ -339,3 +339,21 @@ def test_every_roles_figure_names_the_model_n_and_tau(synthetic, tmp_path: Path,
         draw(*args)
     shown = {stem: line in text for stem, text in titles.items()}
     assert shown == {stem: stem.startswith("mrpc") for stem in titles} and len(shown) == 12
+
+
+def test_the_upset_labels_do_not_collide(synthetic, tmp_path: Path, monkeypatch) -> None:
+    """The role-size panel's tick labels (0 … 80 on MiniLM ran into one another) and every other
+    text of the figure stay apart."""
+    roles, _ = synthetic
+    # 72 heads, as MiniLM has: the synthetic table repeated over 6 × 3 layers.
+    many = pd.concat([roles.assign(layer=roles["layer"] + LAYERS * k) for k in range(6)], ignore_index=True)
+    kept = {}
+    monkeypatch.setattr(heads_figures, "save_figure", lambda fig, out_dir, stem: kept.setdefault(stem, fig) and [])
+    heads_figures.plot_coarse_overlap(many, "mrpc", tmp_path, "upset")
+    fig = kept["upset"]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text() and t.get_visible()]
+        boxes = sorted((b for b in boxes if b.width), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in itertools.pairwise(boxes)), [t.get_text() for t in ax.get_xticklabels()]

@@ -231,7 +231,9 @@ def plot_coarse_overlap(
             str(size), (size, row), xytext=(-3, 0), textcoords="offset points",
             ha="right", va="center", fontsize=8,
         )  # fmt: skip
-    ax_sizes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # The panel is narrow: three ticks at most, or "80706050…" runs together.
+    ax_sizes.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+    ax_sizes.tick_params(axis="x", labelsize=8)
     ax_sizes.margins(x=0.25)
     ax_sizes.tick_params(axis="y", left=False, labelleft=False)
     ax_sizes.spines[["top", "left", "right"]].set_visible(False)
