@@ -113,8 +113,8 @@ def _run(
     clock = time.perf_counter()
     coarse = {name: role.coarse for name, role in ROLES.items()}
     scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
-    model = readable_checkpoint(config.ckpt)
-    about = {t: about_line(model, r.n_sequences, tau) for t, r in results.items()}
+    name = readable_checkpoint(config.ckpt)
+    about = {t: about_line(name, r.n_sequences, tau) for t, r in results.items()}
     pool.submit(
         figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds, about=about)
     )
