@@ -120,6 +120,7 @@ def test_all_mentions_sum_every_occurrence_and_marked_only_the_marked_one(minilm
     assert pieces_of(minilm_tokenizer, marked, marked.targets[1]) == ["lee"]
     assert every.targets[1][0] == marked.targets[1][0]  # the marked one is among them
     assert (counts["other_mentions"], counts["antecedent_repeated"]) == (3, 1)
+    assert all(type(v) is int for v in counts.values())  # run.json writes them as numbers
     assert (marked_counts["other_mentions"], marked_counts["antecedent_repeated"]) == (0, 0)
     (first,), _ = coref.encode_gap(minilm_tokenizer, [item], 128, "first", "all")
     assert pieces_of(minilm_tokenizer, first, first.targets[1]) == ["ann", "ann", "ann"]

@@ -223,7 +223,7 @@ def encode_gap(
         counts["truncated"] += int(stop - start < len(ids))
         # An unmarked occurrence counts only when the window holds it whole (and it has a piece).
         inside = [
-            [k == 0 or (p.size > 0 and p.min() >= start and p.max() < stop) for k, p in enumerate(candidate)]
+            [k == 0 or bool(p.size > 0 and p.min() >= start and p.max() < stop) for k, p in enumerate(candidate)]
             for candidate in pieces
         ]
         kept = [sum(flags) - 1 for flags in inside]
