@@ -143,11 +143,9 @@ def test_a_head_attending_to_an_unmarked_mention_is_right_only_when_any_mention_
         attention[..., encoded.pronoun, :] = 0.0
         attention[..., encoded.pronoun, unmarked] = 0.6
         attention[..., encoded.pronoun, encoded.targets[0][0]] = 0.4
-        to = np.zeros((1, 2, length), np.float32)
-        for c in range(2):
-            to[0, c, encoded.targets[c]] = 1.0
+        to, owners = coref.mention_masks([encoded], length, 1)
         weights = coref.pronoun_weights(encoded, length)[None]
-        scores = np.asarray(coref.candidate_attention(jnp.asarray(attention), jnp.asarray(weights), jnp.asarray(to)))
+        scores = np.asarray(coref.candidate_attention(*map(jnp.asarray, (attention, weights, to, owners))))
         choices[mentions] = bool(coref.correct_choices(scores[0], np.array([1]))[0, 0])
     assert choices == {"all": True, "marked": False}
 
@@ -223,8 +221,11 @@ def test_candidate_attention_matches_a_slow_loop():
     to_masks[0, 0, [4, 5]], to_masks[0, 1, 1] = 1, 1
     to_masks[1, 0, 1], to_masks[1, 1, [5, 6]] = 1, 1
     to_masks[2, 0, 0], to_masks[2, 1, [1, 2, 3]] = 1, 1
+    owners = np.tile(np.arange(2, dtype=np.int32), (batch, 1))  # one mention per candidate
     got = np.asarray(
-        coref.candidate_attention(jnp.asarray(attention), jnp.asarray(from_weights), jnp.asarray(to_masks))
+        coref.candidate_attention(
+            jnp.asarray(attention), jnp.asarray(from_weights), jnp.asarray(to_masks), jnp.asarray(owners)
+        )
     )
     expected = np.zeros((batch, layers, heads, 2))
     for b in range(batch):
@@ -238,6 +239,24 @@ def test_candidate_attention_matches_a_slow_loop():
                             )
     # float32 sums of T² = 49 products of numbers ≤ 1: ≤ 49 · 2⁻²⁴ ≈ 3e-6.
     np.testing.assert_allclose(got, expected, rtol=0, atol=length**2 * F32)
+
+
+def test_a_candidate_scores_its_most_attended_mention_not_the_sum():
+    """Clark et al.: right when the most-attended mention is the antecedent's. Candidate 0 has two
+    mentions of 0.3 each, candidate 1 one of 0.4: the sum would choose 0, the maximum chooses 1;
+    a padding row (owner −1) counts for neither."""
+    length = 6
+    attention = np.zeros((1, 1, 1, length, length), np.float32)
+    attention[..., 0, [1, 2, 3, 4]] = [0.3, 0.3, 0.4, 0.0]
+    attention[..., 0, 5] = 0.0
+    from_weights = np.zeros((1, length), np.float32)
+    from_weights[0, 0] = 1.0
+    to_masks = np.zeros((1, 4, length), np.float32)
+    to_masks[0, 0, 1], to_masks[0, 1, 2], to_masks[0, 2, 3], to_masks[0, 3, 1:4] = 1, 1, 1, 1
+    owners = np.array([[0, 0, 1, -1]], np.int32)
+    got = np.asarray(coref.candidate_attention(*map(jnp.asarray, (attention, from_weights, to_masks, owners))))
+    np.testing.assert_allclose(got[0, 0, 0], [0.3, 0.4], rtol=0, atol=4 * F32)
+    assert coref.correct_choices(got[0], np.array([1]))[0, 0]
 
 
 def test_a_tie_is_wrong_and_the_label_picks_the_candidate():
@@ -311,11 +330,9 @@ def choices_of_planted_head(minilm_tokenizer, weights_of) -> list[bool]:
         attention[..., :, item.targets[1 - item.label][0]] = 1.0
         attention[..., item.pronoun, :] = 0.0
         attention[..., item.pronoun, item.targets[item.label][0]] = 1.0
-        to = np.zeros((1, 2, length), np.float32)
-        for c in range(2):
-            to[0, c, item.targets[c]] = 1.0
+        to, owners = coref.mention_masks([item], length, 1)
         scores = coref.candidate_attention(
-            jnp.asarray(attention), jnp.asarray(weights_of(item, length)[None]), jnp.asarray(to)
+            jnp.asarray(attention), jnp.asarray(weights_of(item, length)[None]), jnp.asarray(to), jnp.asarray(owners)
         )
         correct.append(bool(coref.correct_choices(np.asarray(scores)[0], np.array([item.label]))[0, 0]))
     return correct

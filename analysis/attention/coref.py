@@ -11,11 +11,13 @@ Definitions (docs/clark.md sets them against the paper's CoNLL-2012 set-up):
   its last whitespace-separated word (the Collins head of a proper-noun phrase, which is how
   CoNLL-2012 mentions get head words); `sum`, the sum over all pieces of the name; `first`, the
   name's first piece alone.
-- Which mentions of a candidate count (`mentions`): `all` (default), Clark et al.'s "attention to
-  any of the antecedent's mentions": the marked occurrence and every other occurrence of the
-  candidate's exact name in the text at word boundaries (GAP marks one occurrence per name and
-  has no coreference chains, so the name's string is what the data allows), summed; `marked`, the
-  marked occurrence only. An occurrence is left out when it overlaps the pronoun, the other
+- Which mentions of a candidate count (`mentions`): `all` (default), Clark et al.'s reading: a
+  head is right when the mention it attends to most is one of the antecedent's mentions, so a
+  candidate scores its most-attended mention (the maximum over its mentions, never their sum,
+  which would favour the candidate named more often). Its mentions are the marked occurrence and
+  every other occurrence of its exact name in the text at word boundaries (GAP marks one
+  occurrence per name and has no coreference chains, so the name's string is what the data
+  allows); `marked`, the marked occurrence only. An occurrence is left out when it overlaps the pronoun, the other
   candidate's marked occurrence or an occurrence of the other candidate's longer name ("Bo" inside
   "Bo Ng" is Bo Ng's), when both candidates have the same name (it could be either), and when it
   is cut by the window below.
@@ -82,12 +84,18 @@ class CorefInput:
 
     seq: EncodedSequence
     pronoun: np.ndarray  # the pronoun's pieces
-    targets: tuple[np.ndarray, np.ndarray]  # the pieces attended to, per candidate (`target`, `mentions`)
     mentions: tuple[np.ndarray, np.ndarray]  # every piece of each marked name
     label: int
     truncated: bool
-    # Every piece of each counted occurrence, per candidate, the marked one first (the baselines).
+    # Per candidate and counted mention (the marked one first): every piece of the mention (the
+    # baselines), and the pieces attended to (`target`).
     occurrences: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+    attended: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+
+    @property
+    def targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every piece attended to, per candidate (its mentions' together)."""
+        return tuple(np.concatenate(mentions) for mentions in self.attended)
 
 
 def read_gap(path: Path, limit: int | None = None) -> list[GapExample]:
@@ -234,7 +242,6 @@ def encode_gap(
             [(p, t) for p, t, keep in zip(*candidate, strict=True) if keep]
             for candidate in zip(pieces, aimed, inside, strict=True)
         ]
-        targets = [np.concatenate([t for _, t in candidate]) for candidate in occurrences]
         # +1: [CLS] comes first.
         shift = lambda pieces, start=start: pieces - start + 1
         body = np.asarray(ids[start:stop], np.int32)
@@ -249,8 +256,9 @@ def encode_gap(
         )  # fmt: skip
         inputs.append(
             CorefInput(
-                seq, shift(pronoun), tuple(map(shift, targets)), tuple(map(shift, marked)), example.label,
-                stop - start < len(ids), tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
+                seq, shift(pronoun), tuple(map(shift, marked)), example.label, stop - start < len(ids),
+                tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
+                tuple(tuple(shift(t) for _, t in o) for o in occurrences),
             )
         )  # fmt: skip
     counts["scored"] = len(inputs)
@@ -265,10 +273,18 @@ def pronoun_weights(item: CorefInput, length: int, first_piece: bool = False) ->
     return weights
 
 
-def candidate_attention(attention: jax.Array, from_weights: jax.Array, to_masks: jax.Array) -> jax.Array:
-    """attention [B, L, H, T, T], from_weights [B, T], to_masks [B, 2, T] → [B, L, H, 2]: each
-    head's attention from the pronoun to each candidate."""
-    return jnp.einsum("bt,blhts,bcs->blhc", from_weights, attention, to_masks, precision=jax.lax.Precision.HIGHEST)
+def candidate_attention(
+    attention: jax.Array, from_weights: jax.Array, to_masks: jax.Array, owners: jax.Array
+) -> jax.Array:
+    """attention [B, L, H, T, T], from_weights [B, T], to_masks [B, K, T] (one row per mention),
+    owners int [B, K] (the mention's candidate, 0 or 1; −1 for padding) → [B, L, H, 2]: each
+    head's attention from the pronoun to each candidate's most-attended mention (−inf for a
+    candidate without a mention)."""
+    per_mention = jnp.einsum(
+        "bt,blhts,bks->blhk", from_weights, attention, to_masks, precision=jax.lax.Precision.HIGHEST
+    )
+    owned = owners[:, None, None, None, :] == jnp.arange(2)[:, None]  # [B, 1, 1, 2, K]
+    return jnp.where(owned, per_mention[..., None, :], -jnp.inf).max(axis=-1)
 
 
 def make_candidate_attention_fn(model: nnx.Module):
@@ -279,11 +295,29 @@ def make_candidate_attention_fn(model: nnx.Module):
 
 def _jit_candidate_attention(graphdef):
     @jax.jit
-    def run(state, input_ids, attention_mask, token_type_ids, from_weights, to_masks):
+    def run(state, input_ids, attention_mask, token_type_ids, from_weights, to_masks, owners):
         out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-        return candidate_attention(jnp.stack(out.attentions, axis=1), from_weights, to_masks)
+        return candidate_attention(jnp.stack(out.attentions, axis=1), from_weights, to_masks, owners)
 
     return run
+
+
+def mention_masks(items: Sequence[CorefInput], length: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(to_masks float32 [rows, K, length], owners int32 [rows, K]) of `items` (padding rows after
+    them own no mention); K is the most mentions of an item rounded up to a power of two, so the
+    forward compiles for a few K only."""
+    most = max((sum(len(a) for a in item.attended) for item in items), default=2)
+    width = 1 << (most - 1).bit_length()
+    to_masks = np.zeros((rows, width, length), np.float32)
+    owners = np.full((rows, width), -1, np.int32)
+    for b, item in enumerate(items):
+        k = 0
+        for c, mentions in enumerate(item.attended):
+            for pieces in mentions:
+                to_masks[b, k, pieces] = 1.0
+                owners[b, k] = c
+                k += 1
+    return to_masks, owners
 
 
 def candidate_scores(
@@ -293,15 +327,13 @@ def candidate_scores(
     scores: list[np.ndarray | None] = [None] * len(inputs)
     for chunk, arrays in padded_batches([item.seq for item in inputs], batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
+        items = [inputs[seq.index] for seq in chunk]
         from_weights = np.zeros((batch_size, length), np.float32)
-        to_masks = np.zeros((batch_size, 2, length), np.float32)
-        for b, seq in enumerate(chunk):
-            item = inputs[seq.index]
+        for b, item in enumerate(items):
             from_weights[b] = pronoun_weights(item, length, first_piece)
-            for c in range(2):
-                to_masks[b, c, item.targets[c]] = 1.0
+        to_masks, owners = mention_masks(items, length, batch_size)
         out = np.asarray(
-            run(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], from_weights, to_masks)
+            run(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], from_weights, to_masks, owners)
         )
         for b, seq in enumerate(chunk):
             scores[seq.index] = out[b]
