@@ -285,7 +285,7 @@ def test_a_run_prints_no_library_info_lines_unless_verbose(verbose, run_dir, sha
 
 def test_the_hub_switched_off_fails_at_once_and_leaves_no_cache_folder(run_dir, tmp_path, monkeypatch, cli_error):
     """The default `--task all` from a hub switched off (HF_*_OFFLINE) with no cached copy: one line
-    before the series is read or `<out>.cache/` is made (the datasets client retried for ~29 s)."""
+    before any data is read or `<out>.cache/` is made (the datasets client retried for ~29 s)."""
     from huggingface_hub import constants
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)

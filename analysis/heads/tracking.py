@@ -255,7 +255,6 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
     select_formats(config.roles.figure_format)
-    check_sources(config.roles, config_tasks(config.roles))
     if config.series:
         if config.with_init:
             raise UserError("--with-init goes with --run (a fine-tuning workdir); in a --ckpt series, list the init")
@@ -269,6 +268,8 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     rc = config.roles
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
+    # Before the cache folder is made: GLUE from a hub switched off fails here at once.
+    check_sources(rc, tasks)
     prepare_cache(config.cache_dir, out)
     if config.sas is not None and not Path(config.sas).expanduser().is_file():
         raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
