@@ -50,6 +50,13 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         default="head",
         help="attention to a GAP name: head (its last word's pieces), sum (all its pieces) or first (its first piece)",
     )
+    p.add_argument(
+        "--coref-mentions",
+        choices=coref.MENTIONS,
+        default="all",
+        help="which mentions of a GAP candidate count: all (every occurrence of its name, Clark et al.'s "
+        "'any of the antecedent's mentions') or marked (the occurrence GAP marks)",
+    )
     p.add_argument("--min-count", type=int, default=100, help="test arcs for a relation to be summarised")
     p.add_argument("--probe-train-n", type=int, default=2000, help="first N EWT train sentences for the probes")
     p.add_argument("--probe-epochs", type=int, default=10)
@@ -98,6 +105,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         probe_learning_rate=a.probe_learning_rate, seed=a.seed, surface_weighting=a.surface_weighting,
         baseline_offsets=a.baseline_offsets, all_relations_include_root=a.all_relations_include_root,
         word_text=a.word_text, segment_ids=a.segment_ids, gap_n=a.gap_n, coref_target=a.coref_target,
+        coref_mentions=a.coref_mentions,
         overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
         allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip

@@ -1,6 +1,6 @@
 """`python -m analysis.report_screenshot REPORT OUT.png`: a picture of a report in headless Chromium.
 
-Opens `report.html` (no network), optionally opens a head's card on a role and picks a token
+Opens `report.html` (no network), optionally shows another task than the first, opens a head's card on a role and picks a token
 (by default the first that role scores), so its sieve shows, and saves the window. Needs Debian's `chromium` and
 `chromium-driver` and the `selenium` test dependency (`scripts/setup-browser`).
 """
@@ -36,7 +36,14 @@ def chromium(width: int = 1400, height: int = 1000):
 
 
 def screenshot(
-    page: Path, out: Path, head: tuple[int, int] | None, role: str | None, token: int | None, width: int, height: int
+    page: Path,
+    out: Path,
+    head: tuple[int, int] | None,
+    role: str | None,
+    token: int | None,
+    width: int,
+    height: int,
+    task: str | None = None,
 ) -> None:
     from selenium.common.exceptions import NoSuchElementException
     from selenium.webdriver.common.by import By
@@ -49,6 +56,11 @@ def screenshot(
         )
     try:
         session.get(page.resolve().as_uri())
+        if task is not None:
+            try:
+                Select(session.find_element(By.ID, "task")).select_by_value(task)
+            except NoSuchElementException:
+                raise UserError(f"--task {task}: not a task of {page}") from None
         if head is not None:
             try:
                 session.find_element(
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     cli.add_verbose_argument(p)
     p.add_argument("report", help="a report.html written by analysis.report")
     p.add_argument("out", help="the PNG to write")
+    p.add_argument("--task", help="the task shown (default: the report's first)")
     p.add_argument("--head", help="LAYER,HEAD whose card to open")
     p.add_argument("--role", help="the role shown in the card (with --head)")
     p.add_argument("--token", type=int, help="position of the token to pick (default: the first the role scores)")
@@ -93,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
         except ValueError:
             raise UserError(f"--head {a.head}: expected LAYER,HEAD (two integers)") from None
         head = (layer, number)
-    screenshot(page, Path(a.out), head, a.role, a.token, a.width, a.height)
+    screenshot(page, Path(a.out), head, a.role, a.token, a.width, a.height, a.task)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -231,7 +232,34 @@ def _read_tsv(spec: TaskSpec, path: Path, labelled: bool, allow_empty: bool) -> 
         yield Example(index, texts[0], texts[1] if spec.text_b else None, label)
 
 
+# The clients' own switches (huggingface_hub's and datasets' truthy values).
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def check_hub_copy(task: str) -> None:
+    """With the hub switched off, a task that neither of the clients' caches holds is one line at
+    once: `datasets` would otherwise spend tens of seconds retrying the hub before its error."""
+    offline = [v for v in OFFLINE_VARIABLES if os.environ.get(v, "").strip().upper() in ("1", "ON", "YES", "TRUE")]
+    if not offline:
+        return
+    from huggingface_hub import constants
+
+    spec = task_spec(task)
+    owner, name = HUB_DATASET.split("/")
+    datasets_cache = Path(os.environ.get("HF_DATASETS_CACHE") or Path(constants.HF_HOME) / "datasets").expanduser()
+    copies = (
+        Path(constants.HF_HUB_CACHE) / f"datasets--{owner}--{name}",
+        datasets_cache / f"{owner}___{name}" / spec.hub_config,
+    )
+    if not any(copy.is_dir() for copy in copies):
+        raise UserError(
+            f"{HUB_DATASET} {spec.hub_config}: the hub is off ({offline[0]}={os.environ[offline[0]]}) and no local copy "
+            "is cached; pass --glue-dir with the GLUE files"
+        )
+
+
 def _load_hub(spec: TaskSpec, split: str, n: int | None, allow_empty: bool) -> list[Example]:
+    check_hub_copy(spec.name)
     # `datasets` is slow to import and only needed when no local GLUE directory is given.
     import datasets
 

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tqdm import tqdm
-
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
+from bertjax.progress import tqdm
 
 if TYPE_CHECKING:  # spaCy (~1 s to import) and conllu load only when a parse needs them
     import spacy

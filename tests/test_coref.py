@@ -86,6 +86,82 @@ def test_names_after_the_pronoun(minilm_tokenizer):
 
 
 # ---------------------------------------------------------------------------------------------
+# Any mention of a candidate (Clark et al.) or the marked one
+
+REPEATED = "Bo Ng met Ann Lee. Ann Lee waved, Bo smiled, and she left; Ann Lee's car and Bo Ng's stayed."
+
+
+def test_every_word_bounded_occurrence_of_a_name_is_a_mention_and_ambiguous_ones_are_not():
+    item = example(REPEATED, "she", "Bo Ng", "Ann Lee", 1)
+    a, b = coref.name_occurrences(item)
+    at = lambda spans: [REPEATED[s:e] + f"@{s}" for s, e in spans]
+    # The marked occurrence first; "Bo" alone is not the name, "Bo Ng's" is (a word boundary at ').
+    assert at(a) == ["Bo Ng@0", f"Bo Ng@{REPEATED.rindex('Bo Ng')}"]
+    assert at(b) == ["Ann Lee@10", "Ann Lee@19", f"Ann Lee@{REPEATED.rindex('Ann Lee')}"]
+    # "Ann Lee" inside "Ann Leeward" is no word-bounded occurrence.
+    assert len(coref.name_occurrences(example(REPEATED + " Ann Leeward", "she", "Bo Ng", "Ann Lee", 1))[1]) == 3
+    # A shorter name inside the other candidate's longer one is the longer one's.
+    text = "Ng met Bo Ng. Later Ng said she would stay with Bo Ng."
+    short, long = coref.name_occurrences(example(text, "she", "Ng", "Bo Ng", 0))
+    assert [text[s:e] + f"@{s}" for s, e in short] == ["Ng@0", "Ng@20"]
+    assert [text[s:e] + f"@{s}" for s, e in long] == ["Bo Ng@7", f"Bo Ng@{text.rindex('Bo Ng')}"]
+    # The same name for both candidates: only the marked occurrences.
+    twin = "Lee met Lee, and Lee said she was glad."
+    gap = coref.GapExample("x", twin, (twin.index("she"), twin.index("she") + 3), ("Lee", "Lee"), ((0, 3), (8, 11)), 0)
+    assert coref.name_occurrences(gap) == ([(0, 3)], [(8, 11)])
+
+
+def test_all_mentions_sum_every_occurrence_and_marked_only_the_marked_one(minilm_tokenizer):
+    item = example(REPEATED, "she", "Bo Ng", "Ann Lee", 1)
+    (every,), counts = coref.encode_gap(minilm_tokenizer, [item], 128, "head", "all")
+    (marked,), marked_counts = coref.encode_gap(minilm_tokenizer, [item], 128, "head", "marked")
+    assert pieces_of(minilm_tokenizer, every, every.targets[0]) == ["ng", "ng"]
+    assert pieces_of(minilm_tokenizer, every, every.targets[1]) == ["lee", "lee", "lee"]
+    assert pieces_of(minilm_tokenizer, marked, marked.targets[1]) == ["lee"]
+    assert every.targets[1][0] == marked.targets[1][0]  # the marked one is among them
+    assert (counts["other_mentions"], counts["antecedent_repeated"]) == (3, 1)
+    assert all(type(v) is int for v in counts.values())  # run.json writes them as numbers
+    assert (marked_counts["other_mentions"], marked_counts["antecedent_repeated"]) == (0, 0)
+    (first,), _ = coref.encode_gap(minilm_tokenizer, [item], 128, "first", "all")
+    assert pieces_of(minilm_tokenizer, first, first.targets[1]) == ["ann", "ann", "ann"]
+    with pytest.raises(ValueError, match="mentions must be one of"):
+        coref.encode_gap(minilm_tokenizer, [item], 128, "head", "some")
+
+
+def test_a_head_attending_to_an_unmarked_mention_is_right_only_when_any_mention_counts(minilm_tokenizer):
+    # The pronoun gives 0.6 to the second, unmarked "Ann Lee" (the antecedent) and 0.4 to the
+    # marked "Bo Ng": Clark et al.'s reading counts it right, the marked-only one wrong.
+    item = example(REPEATED, "she", "Bo Ng", "Ann Lee", 1)
+    choices = {}
+    for mentions in coref.MENTIONS:
+        (encoded,), _ = coref.encode_gap(minilm_tokenizer, [item], 128, "head", mentions)
+        length = encoded.seq.length
+        unmarked = encoded.seq.input_ids.tolist().index(
+            minilm_tokenizer.convert_tokens_to_ids("lee"), encoded.targets[1][0] + 1
+        )
+        attention = np.full((1, 1, 1, length, length), 1.0 / length, np.float32)
+        attention[..., encoded.pronoun, :] = 0.0
+        attention[..., encoded.pronoun, unmarked] = 0.6
+        attention[..., encoded.pronoun, encoded.targets[0][0]] = 0.4
+        to, owners = coref.mention_masks([encoded], length, 1)
+        weights = coref.pronoun_weights(encoded, length)[None]
+        scores = np.asarray(coref.candidate_attention(*map(jnp.asarray, (attention, weights, to, owners))))
+        choices[mentions] = bool(coref.correct_choices(scores[0], np.array([1]))[0, 0])
+    assert choices == {"all": True, "marked": False}
+
+
+def test_baselines_read_every_counted_occurrence(minilm_tokenizer):
+    # Bo Ng's marked occurrence is farther from "she" than Ann Lee's (3 pieces), but its second
+    # occurrence is 2 pieces after it.
+    text = "Bo Ng met Ann Lee. Then she and Bo Ng left."
+    item = example(text, "she", "Bo Ng", "Ann Lee", 0)
+    every, _ = coref.encode_gap(minilm_tokenizer, [item], 128, "head", "all")
+    marked, _ = coref.encode_gap(minilm_tokenizer, [item], 128, "head", "marked")
+    assert coref.baseline_correct(every)["nearest"].tolist() == [True]
+    assert coref.baseline_correct(marked)["nearest"].tolist() == [False]
+
+
+# ---------------------------------------------------------------------------------------------
 # Truncation around the pronoun
 
 
@@ -108,7 +184,8 @@ def test_window_holds_the_mentions_as_central_as_allowed(length, width):
 def test_truncation_keeps_both_candidates_and_counts_what_is_cut_or_skipped(minilm_tokenizer):
     filler = "The weather was fine that day. " * 30
     far = "Zoë Ångström arrived. " + filler + "Then she called Bo Ng."
-    near = filler + "Annabelle Kowalczyk met Bo Ng, and later she called Zoë Ångström. " + filler
+    # Zoë Ångström's second occurrence lies beyond the window: cut, and counted as cut.
+    near = filler + "Annabelle Kowalczyk met Bo Ng, and later she called Zoë Ångström. " + filler + "Zoë Ångström left."
     examples = [
         example(near, "she", "Annabelle Kowalczyk", "Zoë Ångström", 1),
         example(far, "she", "Zoë Ångström", "Bo Ng", 0),
@@ -116,7 +193,8 @@ def test_truncation_keeps_both_candidates_and_counts_what_is_cut_or_skipped(mini
         example(TEXT, "she", "Annabelle Kowalczyk", "Zoë Ångström", 0),
     ]
     inputs, counts = coref.encode_gap(minilm_tokenizer, examples, 32, "sum")
-    assert counts == {"rows": 4, "neither": 1, "truncated": 1, "skipped_too_long": 1, "scored": 2}
+    assert counts == {"rows": 4, "neither": 1, "truncated": 1, "skipped_too_long": 1, "scored": 2,
+                      "other_mentions": 0, "other_mentions_cut": 1, "antecedent_repeated": 0}  # fmt: skip
     cut = inputs[0]
     assert cut.truncated and cut.seq.length == 32 and not inputs[1].truncated
     assert pieces_of(minilm_tokenizer, cut, np.array([0, 31])) == ["[CLS]", "[SEP]"]
@@ -143,8 +221,11 @@ def test_candidate_attention_matches_a_slow_loop():
     to_masks[0, 0, [4, 5]], to_masks[0, 1, 1] = 1, 1
     to_masks[1, 0, 1], to_masks[1, 1, [5, 6]] = 1, 1
     to_masks[2, 0, 0], to_masks[2, 1, [1, 2, 3]] = 1, 1
+    owners = np.tile(np.arange(2, dtype=np.int32), (batch, 1))  # one mention per candidate
     got = np.asarray(
-        coref.candidate_attention(jnp.asarray(attention), jnp.asarray(from_weights), jnp.asarray(to_masks))
+        coref.candidate_attention(
+            jnp.asarray(attention), jnp.asarray(from_weights), jnp.asarray(to_masks), jnp.asarray(owners)
+        )
     )
     expected = np.zeros((batch, layers, heads, 2))
     for b in range(batch):
@@ -158,6 +239,24 @@ def test_candidate_attention_matches_a_slow_loop():
                             )
     # float32 sums of T² = 49 products of numbers ≤ 1: ≤ 49 · 2⁻²⁴ ≈ 3e-6.
     np.testing.assert_allclose(got, expected, rtol=0, atol=length**2 * F32)
+
+
+def test_a_candidate_scores_its_most_attended_mention_not_the_sum():
+    """Clark et al.: right when the most-attended mention is the antecedent's. Candidate 0 has two
+    mentions of 0.3 each, candidate 1 one of 0.4: the sum would choose 0, the maximum chooses 1;
+    a padding row (owner −1) counts for neither."""
+    length = 6
+    attention = np.zeros((1, 1, 1, length, length), np.float32)
+    attention[..., 0, [1, 2, 3, 4]] = [0.3, 0.3, 0.4, 0.0]
+    attention[..., 0, 5] = 0.0
+    from_weights = np.zeros((1, length), np.float32)
+    from_weights[0, 0] = 1.0
+    to_masks = np.zeros((1, 4, length), np.float32)
+    to_masks[0, 0, 1], to_masks[0, 1, 2], to_masks[0, 2, 3], to_masks[0, 3, 1:4] = 1, 1, 1, 1
+    owners = np.array([[0, 0, 1, -1]], np.int32)
+    got = np.asarray(coref.candidate_attention(*map(jnp.asarray, (attention, from_weights, to_masks, owners))))
+    np.testing.assert_allclose(got[0, 0, 0], [0.3, 0.4], rtol=0, atol=4 * F32)
+    assert coref.correct_choices(got[0], np.array([1]))[0, 0]
 
 
 def test_a_tie_is_wrong_and_the_label_picks_the_candidate():
@@ -231,11 +330,9 @@ def choices_of_planted_head(minilm_tokenizer, weights_of) -> list[bool]:
         attention[..., :, item.targets[1 - item.label][0]] = 1.0
         attention[..., item.pronoun, :] = 0.0
         attention[..., item.pronoun, item.targets[item.label][0]] = 1.0
-        to = np.zeros((1, 2, length), np.float32)
-        for c in range(2):
-            to[0, c, item.targets[c]] = 1.0
+        to, owners = coref.mention_masks([item], length, 1)
         scores = coref.candidate_attention(
-            jnp.asarray(attention), jnp.asarray(weights_of(item, length)[None]), jnp.asarray(to)
+            jnp.asarray(attention), jnp.asarray(weights_of(item, length)[None]), jnp.asarray(to), jnp.asarray(owners)
         )
         correct.append(bool(coref.correct_choices(np.asarray(scores)[0], np.array([item.label]))[0, 0]))
     return correct

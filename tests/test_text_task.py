@@ -72,3 +72,36 @@ def test_roles_on_a_text_file_end_to_end(tiny_hf, tmp_path: Path, cli_error):
         roles.main, ["--ckpt", str(tiny_hf), "--task", f"text:{tmp_path / 'nope.txt'}", "--out", str(tmp_path / "o2")]
     )
     assert error.startswith("error: --task text:") and "is not a file" in error
+
+
+def test_mostly_unknown_text_and_a_small_n_warn(tmp_path: Path, shared_data, caplog):
+    """A text the vocabulary mostly lacks (here Greek for an English WordPiece vocabulary without
+    it) warns with its [UNK] share; English text does not. Fewer than SMALL_N examples warn with N."""
+    from transformers import BertTokenizerFast
+
+    vocab = (shared_data / "vocab" / "bert-base-uncased-vocab.txt").read_text().splitlines()
+    # The English words and specials only: no Greek letter is in it.
+    english = [t for t in vocab if t.isascii()]
+    (tmp_path / "vocab.txt").write_text("\n".join(english) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(tmp_path / "vocab.txt"), do_lower_case=True)
+    greek = tmp_path / "greek.txt"
+    greek.write_text("Η γάτα κάθεται στο χαλί.\nThe cat sat on the mat.\n")
+    english_file = tmp_path / "english.txt"
+    english_file.write_text("The cat sat on the mat.\n" * (examples.SMALL_N + 1))
+    spec = f"text:{greek},text:{english_file}"
+    config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local",),
+                             max_length=32, parser="none")  # fmt: skip
+    tasks = examples.resolve_tasks(spec)
+    with caplog.at_level("WARNING", logger=examples.log.name):
+        data = examples.load_tasks(config, tasks)
+        sequences = examples.encode_tasks(config, data, tokenizer, None, {})
+    share = examples.unknown_share(tokenizer, sequences["text-greek"])
+    # "Η γάτα κάθεται στο χαλί ." : 5 [UNK] words of 6 pieces, then 7 known pieces.
+    assert share == pytest.approx(5 / 13)
+    assert examples.unknown_share(tokenizer, sequences["text-english"]) == 0.0
+    warnings = [r.getMessage() for r in caplog.records]
+    assert warnings == [
+        f"text-greek: N = 2 examples, fewer than {examples.SMALL_N}: its tests have little power and its shares of heads move in large steps",
+        "text-greek: 38% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above 5%): "
+        "the roles describe attention over [UNK], not over this text",
+    ]

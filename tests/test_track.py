@@ -292,3 +292,18 @@ def test_a_run_prints_no_library_info_lines_unless_verbose(verbose, run_dir, sha
         # The bars of 2 checkpoints x 2 tasks (stdout holds the summary tables), at most 3 lines
         # each: orbax alone wrote ~100 INFO lines per checkpoint read.
         assert len(log.rstrip("\n").split("\n")) <= 2 * 2 * 3, log
+
+
+def test_the_hub_switched_off_fails_at_once_and_leaves_no_cache_folder(run_dir, tmp_path, monkeypatch, cli_error):
+    """The default `--task all` from a hub switched off (HF_*_OFFLINE) with no cached copy: one line
+    before any data is read or `<out>.cache/` is made (the datasets client retried for ~29 s)."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    out = tmp_path / "t"
+    error = cli_error(track.main, ["--run", str(run_dir), "--out", str(out)])
+    assert error.startswith("error: nyu-mll/glue qnli: the hub is off (HF_DATASETS_OFFLINE=1) and no local copy")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -178,7 +178,7 @@ def _documents(config: PrepareConfig, rng: np.random.Generator, desc: str) -> It
     """The mixed documents, one at a time (memory stays bounded by a document), under a progress
     bar of documents and characters read (counting words would split every paragraph once more):
     reading and segmenting 23 M words takes minutes."""
-    from tqdm import tqdm
+    from bertjax.progress import tqdm
 
     streams = [iter_documents(c) for c in config.corpora]
     mixed = mix(streams, [c.weight for c in config.corpora], rng, config.mix_stop)

@@ -24,13 +24,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from tqdm import tqdm
 
 from bertjax import checkpoint as ckpt
 from bertjax import cli, sharding
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
+from bertjax.progress import tqdm
 from train.checkpoints import OPT_SIGNATURE, CheckpointConfig, Checkpointer, abstract_with_shardings, tree_signature
 from train.metrics import MetricsWriter, flops_per_token, peak_flops, throughput
 from train.optim import OptimizerConfig, make_optimizer, schedule

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.ablation.evaluation import (
     MaskedEvaluator,
@@ -16,6 +15,7 @@ from analysis.ablation.evaluation import (
     full_mask,
     no_disable,
 )
+from bertjax.progress import tqdm
 
 
 def disable_sweep(

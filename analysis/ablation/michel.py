@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.ablation.evaluation import (
     ONE_POINT,
@@ -30,6 +29,7 @@ from analysis.common.settings import check_types
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.progress import tqdm
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,8 +31,8 @@ from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
 from analysis.heads.config import RolesConfig
-from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
-from analysis.heads.report import ReportConfig, read_run, report_data, write_report
+from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, about_line, figure_jobs
+from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, report_data, write_report
 from analysis.heads.report_page import render
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
@@ -115,8 +115,12 @@ class RolesResult(_Result):
         if not paths:
             scores = {(task, r): s for r, s in self.scores[task].items()}
             coarse = {name: role.coarse for name, role in ROLES.items()}
+            about = about_line(
+                readable_checkpoint(self.settings.ckpt), self.info["tasks"][task]["sequences"], self.info["tau"]
+            )
             ((draw, args),) = figure_jobs(self.table[self.table["task"] == task], scores, self.directory,
-                                          tau=self.info["tau"], alpha=self.settings.alpha, coarse=coarse, kinds=(kind,))  # fmt: skip
+                                          tau=self.info["tau"], alpha=self.settings.alpha, coarse=coarse, kinds=(kind,),
+                                          about={task: about})  # fmt: skip
             paths = draw(*args)
         return [FigureFile(p) for p in paths]
 

@@ -11,14 +11,25 @@ Definitions (docs/clark.md sets them against the paper's CoNLL-2012 set-up):
   its last whitespace-separated word (the Collins head of a proper-noun phrase, which is how
   CoNLL-2012 mentions get head words); `sum`, the sum over all pieces of the name; `first`, the
   name's first piece alone.
+- Which mentions of a candidate count (`mentions`): `all` (default), Clark et al.'s reading: a
+  head is right when the mention it attends to most is one of the antecedent's mentions, so a
+  candidate scores its most-attended mention (the maximum over its mentions, never their sum,
+  which would favour the candidate named more often). Its mentions are the marked occurrence and
+  every other occurrence of its exact name in the text at word boundaries (GAP marks one
+  occurrence per name and has no coreference chains, so the name's string is what the data
+  allows); `marked`, the marked occurrence only. An occurrence is left out when it overlaps the pronoun, the other
+  candidate's marked occurrence or an occurrence of the other candidate's longer name ("Bo" inside
+  "Bo Ng" is Bo Ng's), when both candidates have the same name (it could be either), and when it
+  is cut by the window below.
 - A head chooses the candidate it attends to more; a tie chooses neither and counts as wrong.
   Accuracy is over the examples where exactly one candidate corefers (chance 50 %), with the
   t interval of `sieves.stats` for the mean of the 0/1 outcomes.
-- Baselines, on the same examples and pieces: `nearest`, the candidate whose name is fewer pieces
-  away from the pronoun (a tie is wrong); `earlier`, the candidate that comes first in the text.
+- Baselines, on the same examples and counted occurrences: `nearest`, the candidate with an
+  occurrence fewer pieces away from the pronoun (a tie is wrong); `earlier`, the candidate that
+  comes first in the text.
 - Text longer than the model's positions is cut to a window of `max_length − 2` pieces that holds
-  the pronoun and both names whole, as central on the pronoun as that allows; an example whose
-  three mentions do not fit in one window is skipped and counted.
+  the pronoun and both marked names whole, as central on the pronoun as that allows; an example
+  whose three marked mentions do not fit in one window is skipped and counted.
 - Heads are chosen on GAP development and scored on GAP test.
 """
 
@@ -43,6 +54,7 @@ from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
 
 TARGETS = ("head", "sum", "first")
+MENTIONS = ("all", "marked")
 BASELINES = ("nearest", "earlier")
 CHANCE = 0.5
 GAP_COLUMNS = (
@@ -73,10 +85,18 @@ class CorefInput:
 
     seq: EncodedSequence
     pronoun: np.ndarray  # the pronoun's pieces
-    targets: tuple[np.ndarray, np.ndarray]  # the pieces attended to, per candidate (`target`)
-    mentions: tuple[np.ndarray, np.ndarray]  # every piece of each name (distance baseline)
+    mentions: tuple[np.ndarray, np.ndarray]  # every piece of each marked name
     label: int
     truncated: bool
+    # Per candidate and counted mention (the marked one first): every piece of the mention (the
+    # baselines), and the pieces attended to (`target`).
+    occurrences: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+    attended: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+
+    @property
+    def targets(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every piece attended to, per candidate (its mentions' together)."""
+        return tuple(np.concatenate(mentions) for mentions in self.attended)
 
 
 def mention_span(path: Path, line: int, text: str, mention: str, field: dict[str, str]) -> tuple[int, int]:
@@ -146,6 +166,31 @@ def target_span(name: str, span: tuple[int, int], target: str) -> tuple[int, int
     return (span[0] + last.start(), span[1]) if last else span
 
 
+def name_occurrences(example: GapExample) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Per candidate, the character spans of its counted mentions (module docstring, `all`): the
+    marked one first, then every other word-bounded occurrence of its exact name, in text order."""
+    found = [
+        [m.span() for m in re.finditer(rf"(?<!\w){re.escape(name)}(?!\w)", example.text)] if name else []
+        for name in example.names
+    ]
+    overlaps = lambda a, b: a[0] < b[1] and b[0] < a[1]
+    result = []
+    for c in range(2):
+        marked, other_marked = example.spans[c], example.spans[1 - c]
+        others = [] if example.names[c] == example.names[1 - c] else found[c]
+        longer = found[1 - c] if len(example.names[1 - c]) > len(example.names[c]) else []
+        kept = [
+            span
+            for span in others
+            if not overlaps(span, marked)
+            and not overlaps(span, other_marked)
+            and not overlaps(span, example.pronoun)
+            and not any(overlaps(span, other) for other in longer)
+        ]
+        result.append([marked, *kept])
+    return result[0], result[1]
+
+
 def window(length: int, width: int, lo: int, hi: int, centre: int) -> int | None:
     """Start of a `width`-piece window of [0, length) that holds pieces lo … hi, centred on
     `centre` as far as that allows; None when lo … hi is wider than `width`."""
@@ -156,13 +201,18 @@ def window(length: int, width: int, lo: int, hi: int, centre: int) -> int | None
 
 
 def encode_gap(
-    tokenizer, examples: Sequence[GapExample], max_length: int, target: str = "head"
+    tokenizer, examples: Sequence[GapExample], max_length: int, target: str = "head", mentions: str = "all"
 ) -> tuple[list[CorefInput], dict[str, int]]:
     """Encode the examples where exactly one candidate corefers; (inputs, counts of what was
-    read, left out because neither corefers, cut to a window, skipped as too long)."""
+    read, left out because neither corefers, cut to a window, skipped as too long, scored, the
+    unmarked occurrences counted and those cut by the window, and the scored examples whose
+    coreferring candidate has an unmarked occurrence counted)."""
     if target not in TARGETS:
         raise ValueError(f"target must be one of {TARGETS}, got {target!r}")
-    counts = {"rows": len(examples), "neither": 0, "truncated": 0, "skipped_too_long": 0, "scored": 0}
+    if mentions not in MENTIONS:
+        raise ValueError(f"mentions must be one of {MENTIONS}, got {mentions!r}")
+    counts = {"rows": len(examples), "neither": 0, "truncated": 0, "skipped_too_long": 0, "scored": 0,
+              "other_mentions": 0, "other_mentions_cut": 0, "antecedent_repeated": 0}  # fmt: skip
     scored = [e for e in examples if e.label is not None]
     counts["neither"] = len(examples) - len(scored)
     if not scored:
@@ -175,22 +225,38 @@ def encode_gap(
     for example, ids, offsets in zip(scored, encoded["input_ids"], encoded["offset_mapping"], strict=True):
         offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
         pronoun = span_pieces(offsets, *example.pronoun)
-        mentions = [span_pieces(offsets, *span) for span in example.spans]
-        targets = [
-            span_pieces(offsets, *target_span(name, span, target))
-            for name, span in zip(example.names, example.spans, strict=True)
+        spans = name_occurrences(example) if mentions == "all" else ([example.spans[0]], [example.spans[1]])
+        # Per candidate and occurrence (the marked one first): all its pieces, and those attended to.
+        pieces = [[span_pieces(offsets, *span) for span in candidate] for candidate in spans]
+        aimed = [
+            [span_pieces(offsets, *target_span(name, span, target)) for span in candidate]
+            for name, candidate in zip(example.names, spans, strict=True)
         ]
         if target == "first":
-            targets = [t[:1] for t in targets]
-        if not pronoun.size or not all(m.size for m in mentions):
+            aimed = [[t[:1] for t in candidate] for candidate in aimed]
+        marked = [candidate[0] for candidate in pieces]
+        if not pronoun.size or not all(m.size for m in marked):
             raise UserError(f"GAP {example.id}: a mention covers no wordpiece of the text")
-        every = np.concatenate([pronoun, *mentions])
+        every = np.concatenate([pronoun, *marked])
         start = window(len(ids), width, int(every.min()), int(every.max()), int(pronoun[0]))
         if start is None:
             counts["skipped_too_long"] += 1
             continue
         stop = min(start + width, len(ids))
         counts["truncated"] += int(stop - start < len(ids))
+        # An unmarked occurrence counts only when the window holds it whole (and it has a piece).
+        inside = [
+            [k == 0 or bool(p.size > 0 and p.min() >= start and p.max() < stop) for k, p in enumerate(candidate)]
+            for candidate in pieces
+        ]
+        kept = [sum(flags) - 1 for flags in inside]
+        counts["other_mentions"] += sum(kept)
+        counts["other_mentions_cut"] += sum(len(flags) - 1 for flags in inside) - sum(kept)
+        counts["antecedent_repeated"] += int(kept[example.label] > 0)
+        occurrences = [
+            [(p, t) for p, t, keep in zip(*candidate, strict=True) if keep]
+            for candidate in zip(pieces, aimed, inside, strict=True)
+        ]
         # +1: [CLS] comes first.
         shift = lambda pieces, start=start: pieces - start + 1
         body = np.asarray(ids[start:stop], np.int32)
@@ -205,8 +271,9 @@ def encode_gap(
         )  # fmt: skip
         inputs.append(
             CorefInput(
-                seq, shift(pronoun), tuple(map(shift, targets)), tuple(map(shift, mentions)), example.label,
-                stop - start < len(ids),
+                seq, shift(pronoun), tuple(map(shift, marked)), example.label, stop - start < len(ids),
+                tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
+                tuple(tuple(shift(t) for _, t in o) for o in occurrences),
             )
         )  # fmt: skip
     counts["scored"] = len(inputs)
@@ -221,10 +288,18 @@ def pronoun_weights(item: CorefInput, length: int, first_piece: bool = False) ->
     return weights
 
 
-def candidate_attention(attention: jax.Array, from_weights: jax.Array, to_masks: jax.Array) -> jax.Array:
-    """attention [B, L, H, T, T], from_weights [B, T], to_masks [B, 2, T] → [B, L, H, 2]: each
-    head's attention from the pronoun to each candidate."""
-    return jnp.einsum("bt,blhts,bcs->blhc", from_weights, attention, to_masks, precision=jax.lax.Precision.HIGHEST)
+def candidate_attention(
+    attention: jax.Array, from_weights: jax.Array, to_masks: jax.Array, owners: jax.Array
+) -> jax.Array:
+    """attention [B, L, H, T, T], from_weights [B, T], to_masks [B, K, T] (one row per mention),
+    owners int [B, K] (the mention's candidate, 0 or 1; −1 for padding) → [B, L, H, 2]: each
+    head's attention from the pronoun to each candidate's most-attended mention (−inf for a
+    candidate without a mention)."""
+    per_mention = jnp.einsum(
+        "bt,blhts,bks->blhk", from_weights, attention, to_masks, precision=jax.lax.Precision.HIGHEST
+    )
+    owned = owners[:, None, None, None, :] == jnp.arange(2)[:, None]  # [B, 1, 1, 2, K]
+    return jnp.where(owned, per_mention[..., None, :], -jnp.inf).max(axis=-1)
 
 
 def make_candidate_attention_fn(model: nnx.Module):
@@ -235,11 +310,29 @@ def make_candidate_attention_fn(model: nnx.Module):
 
 def _jit_candidate_attention(graphdef):
     @jax.jit
-    def run(state, input_ids, attention_mask, token_type_ids, from_weights, to_masks):
+    def run(state, input_ids, attention_mask, token_type_ids, from_weights, to_masks, owners):
         out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-        return candidate_attention(jnp.stack(out.attentions, axis=1), from_weights, to_masks)
+        return candidate_attention(jnp.stack(out.attentions, axis=1), from_weights, to_masks, owners)
 
     return run
+
+
+def mention_masks(items: Sequence[CorefInput], length: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """(to_masks float32 [rows, K, length], owners int32 [rows, K]) of `items` (padding rows after
+    them own no mention); K is the most mentions of an item rounded up to a power of two, so the
+    forward compiles for a few K only."""
+    most = max((sum(len(a) for a in item.attended) for item in items), default=2)
+    width = 1 << (most - 1).bit_length()
+    to_masks = np.zeros((rows, width, length), np.float32)
+    owners = np.full((rows, width), -1, np.int32)
+    for b, item in enumerate(items):
+        k = 0
+        for c, mentions in enumerate(item.attended):
+            for pieces in mentions:
+                to_masks[b, k, pieces] = 1.0
+                owners[b, k] = c
+                k += 1
+    return to_masks, owners
 
 
 def candidate_scores(
@@ -249,15 +342,13 @@ def candidate_scores(
     scores: list[np.ndarray | None] = [None] * len(inputs)
     for chunk, arrays in padded_batches([item.seq for item in inputs], batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
+        items = [inputs[seq.index] for seq in chunk]
         from_weights = np.zeros((batch_size, length), np.float32)
-        to_masks = np.zeros((batch_size, 2, length), np.float32)
-        for b, seq in enumerate(chunk):
-            item = inputs[seq.index]
+        for b, item in enumerate(items):
             from_weights[b] = pronoun_weights(item, length, first_piece)
-            for c in range(2):
-                to_masks[b, c, item.targets[c]] = 1.0
+        to_masks, owners = mention_masks(items, length, batch_size)
         out = np.asarray(
-            run(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], from_weights, to_masks)
+            run(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], from_weights, to_masks, owners)
         )
         for b, seq in enumerate(chunk):
             scores[seq.index] = out[b]
@@ -277,12 +368,17 @@ def baseline_correct(inputs: Sequence[CorefInput]) -> dict[str, np.ndarray]:
     """bool [N] per baseline: whether it chooses the candidate that corefers."""
 
     def distance(item: CorefInput, c: int) -> int:
-        mention, pronoun = item.mentions[c], item.pronoun
-        return int(max(mention.min() - pronoun.max(), pronoun.min() - mention.max(), 0))
+        pronoun = item.pronoun
+        return min(
+            int(max(mention.min() - pronoun.max(), pronoun.min() - mention.max(), 0)) for mention in item.occurrences[c]
+        )
+
+    def first(item: CorefInput, c: int) -> int:
+        return min(int(mention.min()) for mention in item.occurrences[c])
 
     labels = np.array([item.label for item in inputs], np.int64)
     nearest = np.array([[-distance(item, c) for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
-    earlier = np.array([[-item.mentions[c].min() for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
+    earlier = np.array([[-first(item, c) for c in range(2)] for item in inputs], np.float64).reshape(-1, 2)
     return {"nearest": correct_choices(nearest, labels), "earlier": correct_choices(earlier, labels)}
 
 

@@ -77,6 +77,7 @@ class ClarkConfig:
     segment_ids: str = "pairs"
     gap_n: int | None = None
     coref_target: str = "head"
+    coref_mentions: str = "all"
     overwrite: bool = False
     figure_format: str = "png"
     analyses_explicit: bool = False
@@ -105,6 +106,7 @@ class ClarkConfig:
             ("word-text", self.word_text, WORD_TEXTS),
             ("segment-ids", self.segment_ids, SEGMENT_IDS),
             ("coref-target", self.coref_target, coref.TARGETS),
+            ("coref-mentions", self.coref_mentions, coref.MENTIONS),
         ):
             if value not in choices:
                 raise UserError(f"--{flag} must be one of {', '.join(choices)}, got {value!r}")
@@ -351,8 +353,9 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
             path = config.gap_dir / name
             data_files.append(path)
             inputs, counts = coref.encode_gap(
-                tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target
-            )
+                tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target,
+                config.coref_mentions,
+            )  # fmt: skip
             if not inputs:
                 raise UserError(f"{path}: no example left to score ({counts})")
             scores = coref.candidate_scores(
@@ -370,7 +373,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
         best = coref.best_head(table)
         results["coref_best_head"] = {k: (int(v) if k in ("layer", "head", "dev_n", "test_n") else float(v))
                                       for k, v in best.items()}  # fmt: skip
-        figures += plot_coref(table, tmp, config.coref_target)
+        figures += plot_coref(table, tmp, config.coref_target, config.coref_mentions)
         print(coref.format_summary(table, baseline_table))
         timings["coref"] = time.perf_counter() - clock
 
@@ -471,7 +474,7 @@ def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int) -> list[P
     return save_figure(fig, out_dir, "gradient_importance")
 
 
-def plot_coref(table: pd.DataFrame, out_dir: Path, target: str) -> list[Path]:
+def plot_coref(table: pd.DataFrame, out_dir: Path, target: str, mentions: str) -> list[Path]:
     """Test accuracy of every head (layer × head), the head chosen on dev framed."""
     layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     grid = table.sort_values(["layer", "head"])["test_accuracy"].to_numpy().reshape(layers, heads)
@@ -488,5 +491,10 @@ def plot_coref(table: pd.DataFrame, out_dir: Path, target: str) -> list[Path]:
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     fig.colorbar(image, ax=ax, label="test accuracy (chance 0.5)")
-    ax.set_title(f"GAP test: pronoun → candidate ({target}) accuracy per head; framed: chosen on dev", fontsize=9)
+    which = "any mention" if mentions == "all" else "marked mention"
+    ax.set_title(
+        f"GAP test: pronoun → candidate ({which}, {target}) accuracy per head, n = {int(best['test_n'])}; "
+        "framed: chosen on dev",
+        fontsize=9,
+    )
     return save_figure(fig, out_dir, "coref_accuracy")

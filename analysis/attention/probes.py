@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from tqdm import tqdm
 
 from bertjax import cli
+from bertjax.progress import tqdm
 from sieves.wordattn import WordAttention
 
 MAX_DISTANCE = 10

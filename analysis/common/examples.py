@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Protocol, TypeVar
 
 import jax
-from tqdm import tqdm
 
 from bertjax import cli, distributed, glue, runinfo
 from bertjax.errors import UserError
+from bertjax.progress import tqdm
 from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
 from sieves.builders import get_role, present_roles
 from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
@@ -32,6 +32,12 @@ CONLLU_TASK = "ud"
 # vocabulary (a synthetic language, another domain) is analysed on its own kind of text. Outputs
 # name the task `text-<file stem>`.
 TEXT_LABEL = "text-"
+# Below this many examples a task's t-tests have little power and its shares of heads move in
+# large steps (QQP's staged sample has 9): the run warns and prints N.
+SMALL_N = 30
+# Above this share of [UNK] among a task's text pieces the model reads mostly unknown text (a model
+# with a 160-piece vocabulary on English): its roles say little about the text, and the run warns.
+UNKNOWN_SHARE = 0.05
 
 
 class ExampleSettings(Protocol):
@@ -118,9 +124,19 @@ class TaskData:
     files: dict[Path, str | None]
 
 
+def check_sources(config: ExampleSettings, tasks: Sequence[str]) -> None:
+    """Before any data is read or any folder made: a GLUE task that must come from a hub switched
+    off, with no cached copy, is one line (`glue.check_hub_copy`)."""
+    if config.glue_dir is None:
+        for task in tasks:
+            if task != CONLLU_TASK and not task.startswith(TEXT_LABEL):
+                glue.check_hub_copy(task)
+
+
 def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskData]:
     """Every task's examples, or a UserError when a task defines none of `config.roles` (checked
     here, before any parse or forward pass: such a task would leave nothing to test)."""
+    check_sources(config, tasks)
     data = {task: TaskData(*examples_for(config, task)) for task in tasks}
     for task, d in data.items():
         present, absent = present_roles((len(segments) for segments in d.segments), config.roles)
@@ -129,7 +145,22 @@ def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskD
             raise UserError(
                 f"--roles {','.join(config.roles)}: no requested role is defined for {task} ({', '.join(absent)} {verb} sentence pairs)"
             )
+        if len(d.indices) < SMALL_N:
+            log.warning(
+                "%s: N = %d examples, fewer than %d: its tests have little power and its shares of heads move in large steps",
+                task, len(d.indices), SMALL_N,
+            )  # fmt: skip
     return data
+
+
+def unknown_share(tokenizer, sequences: Sequence[EncodedSequence]) -> float:
+    """The share of [UNK] among the sequences' text pieces (special tokens not counted)."""
+    unknown = total = 0
+    for seq in sequences:
+        text = seq.input_ids[~seq.special]
+        unknown += int((text == tokenizer.unk_token_id).sum())
+        total += text.size
+    return unknown / total if total else 0.0
 
 
 def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
@@ -193,6 +224,13 @@ def encode_tasks(
                 encoded += encode_batch(tokenizer, d.segments[part], parses, config.max_length, d.indices[part])
                 progress.update(len(d.segments[part]))
         sequences[task] = encoded
+        share = unknown_share(tokenizer, encoded)
+        if share > UNKNOWN_SHARE:
+            log.warning(
+                "%s: %.0f%% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above %.0f%%): "
+                "the roles describe attention over [UNK], not over this text",
+                task, 100 * share, 100 * UNKNOWN_SHARE,
+            )  # fmt: skip
         timings[f"{task}/prepare"] = time.perf_counter() - clock
     return sequences
 

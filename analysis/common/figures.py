@@ -122,13 +122,16 @@ def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], defau
 def log_scale(ax: Axes, which: Literal["x", "y"]) -> None:
     """Switch an axis, after its data are drawn, to log scale with plain-number labels.
 
-    Under 2 decades few or no powers of ten fall inside the view, so 2× and 5× are labelled too;
-    minor ticks stay unlabelled, which keeps labels from colliding.
+    Under 2 decades few or no powers of ten fall inside the view, so 2× and 5× are labelled too,
+    and under one decade every integer multiple (0.4 … 2.5 showed only 0.5, 1 and 2); minor ticks
+    stay unlabelled, which keeps labels from colliding.
     """
     ax.set(**{f"{which}scale": "log"})
     axis = ax.xaxis if which == "x" else ax.yaxis
     low, high = axis.get_view_interval()
-    if math.log10(high / low) < 2:
+    if math.log10(high / low) < 1:
+        axis.set_major_locator(LogLocator(subs=tuple(float(k) for k in range(1, 10))))
+    elif math.log10(high / low) < 2:
         axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))
     axis.set_minor_formatter(NullFormatter())

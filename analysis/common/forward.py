@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
-from tqdm import tqdm
 
 from bertjax import cli, sharding
 from bertjax.errors import UserError
+from bertjax.progress import tqdm
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
 log = logging.getLogger(__name__)

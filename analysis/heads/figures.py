@@ -51,13 +51,15 @@ DEFAULT_ROLES_FIGURES = "role_grid"
 NOT_HELD = "#eeeeee"
 NO_DATA = "#bdbdbd"
 # Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens
-# syntactic), so a role grid reads by family before it reads by fine role.
+# syntactic), so a role grid reads by family before it reads by fine role; within a family the
+# lightness (and for nsubj the hue, teal) sets each role apart: a coarse role and the fine roles
+# beside it in a cell (syntactic and nsubj, cls and sep) are at least 35 CIELAB ΔE apart.
 ROLE_COLOURS: Mapping[str, str] = MappingProxyType(
     {
         "local": "#08519c", "prev": "#4292c6", "next": "#9ecae1",
         "block": "#6a51a3",
-        "cls": "#a50f15", "sep": "#ef3b2c", "delimiter": "#fc9272",
-        "nsubj": "#006d2c", "dobj": "#31a354", "amod": "#74c476", "advmod": "#bae4b3",
+        "cls": "#67000d", "sep": "#fb6a4a", "delimiter": "#fcbba1",
+        "nsubj": "#35978f", "dobj": "#41ab5d", "amod": "#a6d96a", "advmod": "#d9ef8b",
         "syntactic": "#00441b",
     }
 )  # fmt: skip
@@ -69,21 +71,30 @@ EXTRA_COLOURS: tuple[str, ...] = (
 HEATMAP_COLUMNS = 4
 # −log10 p above this is one colour: p-values of 1e-300 would otherwise wash out the α threshold.
 NEG_LOG10_P_CAP = 10.0
+# The mean-β heat maps' colours span these percentiles of the positive means: one outlying head
+# (a [CLS] sink's β of 40 among values of 0.5–3) stretched the scale until the rest was one colour.
+# Values beyond are drawn in the end colours, and the colour bar's arrows say so.
+COLOUR_PERCENTILES = (1.0, 99.0)
+
+
+def about_line(model: str, n: int, tau: float | str) -> str:
+    """The line under a figure's title saying what it is of: the model, N and τ (a number, or a
+    word such as "per step")."""
+    return (
+        f"{model} · N = {n} sequences · τ = {tau:g}"
+        if isinstance(tau, float | int)
+        else f"{model} · N = {n} sequences · τ {tau}"
+    )
+
+
+def titled(title: str, about: str) -> str:
+    return f"{title}\n{about}" if about else title
 
 
 def role_colours(names: Sequence[str]) -> dict[str, str]:
     """A colour per role: fixed for the known roles, cycled from `EXTRA_COLOURS` for the rest."""
     extra = itertools.cycle(EXTRA_COLOURS)
     return {r: ROLE_COLOURS[r] if r in ROLE_COLOURS else next(extra) for r in names}
-
-
-def head_order(held: np.ndarray) -> np.ndarray:
-    """Per layer, the head ids sorted by how many roles they hold, most first.
-
-    `held` is bool [L, H, R]; the result is int [L, H] (rank → head id). Ties keep head-id order,
-    so the grid is the same on every run.
-    """
-    return np.argsort(-held.sum(axis=-1), axis=-1, kind="stable")
 
 
 def coarse_combinations(coarse_held: pd.DataFrame) -> dict[tuple[str, ...], int]:
@@ -112,19 +123,20 @@ def all_positive(values: np.ndarray) -> bool:
     return bool(values.size) and bool((values > 0).all())
 
 
-def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
-    """Paper Fig. 5: layers × heads, each cell sliced into the task's fine roles, coloured if held.
+def role_grid_codes(held: np.ndarray) -> np.ndarray:
+    """bool [L, H, R] → int [L, H·R]: head h's R slices are columns h·R … h·R + R − 1 (the head's
+    own index, as the heat maps and the report place it), holding 1 + the role's index if held, else 0."""
+    n_layers, _, n_roles = held.shape
+    return np.where(held, np.arange(1, n_roles + 1), 0).reshape(n_layers, -1)
 
-    Columns are ranks, not head ids: within a layer the heads are sorted by the number of roles
-    they hold; each cell is labelled with its head id.
-    """
+
+def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
+    """Paper Fig. 5: layers × heads, each cell sliced into the task's fine roles, coloured if held.
+    The x axis is the head's index."""
     held = held_table(roles, task)
     names = list(held.columns)
     n_layers, n_heads = held.index.levshape
-    cube = held.to_numpy().reshape(n_layers, n_heads, len(names))
-    order = head_order(cube)
-    ranked = np.take_along_axis(cube, order[:, :, None], axis=1)
-    codes = np.where(ranked, np.arange(1, len(names) + 1), 0).reshape(n_layers, -1)
+    codes = role_grid_codes(held.to_numpy().reshape(n_layers, n_heads, len(names)))
     colours = role_colours(names)
     cmap = ListedColormap([NOT_HELD] + [colours[r] for r in names])
 
@@ -143,28 +155,18 @@ def plot_role_grid(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     # White gutters: without them the slices of neighbouring cells run together.
     ax.vlines(np.arange(n_heads - 1) + 0.5, -0.5, n_layers - 0.5, colors="white", linewidth=3)
     ax.hlines(np.arange(n_layers - 1) + 0.5, -0.5, n_heads - 0.5, colors="white", linewidth=5)
-    for layer, rank in np.ndindex(n_layers, n_heads):
-        ax.text(
-            rank,
-            layer + 0.3,
-            f"h{order[layer, rank]}",
-            ha="center",
-            va="center",
-            fontsize=6,
-            bbox={"boxstyle": "round,pad=0.1", "facecolor": "white", "linewidth": 0, "alpha": 0.8},
-        )
     ax.set_xlim(-0.5, n_heads - 0.5)
     ax.set_ylim(n_layers - 0.5, -0.5)
     ax.set_yticks(range(n_layers))
-    ax.set_xticks(range(n_heads), [str(k + 1) for k in range(n_heads)])
+    ax.set_xticks(range(n_heads))
     ax.tick_params(length=0, labelsize=8)
     ax.spines[:].set_visible(False)
     ax.set_ylabel("layer")
-    ax.set_xlabel("rank in layer, most roles first (label: head id)")
+    ax.set_xlabel("head")
     handles = [Patch(facecolor=colours[r], label=r) for r in names]
     handles.append(Patch(facecolor=NOT_HELD, edgecolor="#999999", label="not held"))
     fig.legend(handles=handles, loc="outside right upper", fontsize=8, title="role")
-    fig.suptitle(f"{task}: roles held by each head")
+    fig.suptitle(titled(f"{task}: roles held by each head", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -175,6 +177,7 @@ def plot_coarse_overlap(
     stem: str,
     *,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
+    about: str = "",
 ) -> list[Path]:
     """Paper Fig. 4 as an UpSet plot: heads per exact combination of coarse roles.
 
@@ -228,12 +231,14 @@ def plot_coarse_overlap(
             str(size), (size, row), xytext=(-3, 0), textcoords="offset points",
             ha="right", va="center", fontsize=8,
         )  # fmt: skip
-    ax_sizes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # The panel is narrow: three ticks at most, or "80706050…" runs together.
+    ax_sizes.xaxis.set_major_locator(MaxNLocator(nbins=3, integer=True))
+    ax_sizes.tick_params(axis="x", labelsize=8)
     ax_sizes.margins(x=0.25)
     ax_sizes.tick_params(axis="y", left=False, labelleft=False)
     ax_sizes.spines[["top", "left", "right"]].set_visible(False)
     ax_sizes.set_xlabel("heads holding\nthe role", fontsize=8)
-    fig.suptitle(f"{task}: overlap of coarse roles over {len(by_coarse)} heads")
+    fig.suptitle(titled(f"{task}: overlap of coarse roles over {len(by_coarse)} heads", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -280,6 +285,8 @@ def plot_score_distributions(
     alpha: float,
     out_dir: Path,
     stem: str,
+    *,
+    about: str = "",
 ) -> list[Path]:
     """Paper Fig. 3: (a) ECDF of per-head mean β by role with τ; (b) raw p-values with α.
 
@@ -327,7 +334,7 @@ def plot_score_distributions(
             if values.size:
                 pooled[role] = values
     _sequence_score_panel(ax_seq, pooled, colours, tau)
-    fig.suptitle(f"{task}: sieve bias scores and p-values")
+    fig.suptitle(titled(f"{task}: sieve bias scores and p-values", about))
     return save_figure(fig, out_dir, stem)
 
 
@@ -336,7 +343,7 @@ def _heatmap_grid(
     held: pd.DataFrame,
     norm: Normalize,
     cmap: Colormap,
-    extend: Literal["neither", "max"],
+    extend: Literal["neither", "min", "max", "both"],
     title: str,
 ) -> tuple[Figure, Colorbar]:
     """One L × H panel per role on a shared norm; white dots mark the heads holding the role."""
@@ -379,24 +386,44 @@ def _heatmap_grid(
     return fig, fig.colorbar(mesh, cax=cax, extend=extend)
 
 
-def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str) -> list[Path]:
+def robust_log_norm(positive: np.ndarray) -> tuple[Normalize, Literal["neither", "min", "max", "both"]]:
+    """A log colour norm over `COLOUR_PERCENTILES` of positive values, and the colour bar's
+    `extend` for the values beyond it; a plain norm when they are all one value (or none)."""
+    low, high = np.percentile(positive, COLOUR_PERCENTILES) if positive.size else (0.0, 0.0)
+    if not low < high:
+        return Normalize(), "neither"
+    beyond = (bool(positive.min() < low), bool(positive.max() > high))
+    return LogNorm(low, high), {
+        (False, False): "neither",
+        (True, False): "min",
+        (False, True): "max",
+        (True, True): "both",
+    }[beyond]
+
+
+def plot_mean_heatmaps(
+    roles: pd.DataFrame, task: str, tau: float, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """Mean β of every head, one panel per role, on one log colour scale with τ marked on it."""
     means = head_table(roles, task, "mean")
     finite = means.to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
     positive = finite[finite > 0]
-    if positive.size and positive.min() < positive.max():
-        norm: Normalize = LogNorm(positive.min(), positive.max())
+    norm, extend = robust_log_norm(positive)
+    if isinstance(norm, LogNorm):
         # β = 0 has no place on a log scale; show it as the scale's lowest colour, not as missing.
         means = means.clip(lower=positive.min())
-    else:
-        norm = Normalize()
     cmap = colormaps["viridis"].with_extremes(bad=NO_DATA)
-    title = f"{task}: mean sieve bias score per head\n(dot: role held; grey: no score)"
-    fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, "neither", title)
+    title = titled(f"{task}: mean sieve bias score per head", about) + "\n(dot: role held; grey: no score)"
+    fig, colorbar = _heatmap_grid(means, held_table(roles, task), norm, cmap, extend, title)
     label = "mean β"
     if isinstance(norm, LogNorm):
-        label += " (log scale)"
+        label += " (log scale"
+        label += (
+            f"; colours span the {COLOUR_PERCENTILES[0]:g}–{COLOUR_PERCENTILES[1]:g}th percentile)"
+            if extend != "neither"
+            else ")"
+        )
         log_scale(colorbar.ax, "y")
         if norm.vmin <= tau <= norm.vmax:
             colorbar.ax.axhline(tau, color="#d62728", linewidth=2)
@@ -405,7 +432,9 @@ def plot_mean_heatmaps(roles: pd.DataFrame, task: str, tau: float, out_dir: Path
     return save_figure(fig, out_dir, stem)
 
 
-def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str) -> list[Path]:
+def plot_p_heatmaps(
+    roles: pd.DataFrame, task: str, alpha: float, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """−log10 p of every head, one panel per role, with the α threshold marked on the colour bar.
 
     Uses the adjusted p-values (the ones the assignment used) and says so when a correction
@@ -429,7 +458,7 @@ def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path,
         Normalize(0.0, vmax),
         colormaps["magma"].with_extremes(bad=NO_DATA),
         "max" if top > vmax else "neither",
-        f"{task}: −log10 {which} per head\n(dot: role held; grey: untestable)",
+        titled(f"{task}: −log10 {which} per head", about) + "\n(dot: role held; grey: untestable)",
     )
     colorbar.ax.axhline(threshold, color="#17becf", linewidth=2)
     colorbar.set_label(f"−log10 {which}\ncyan line: α = {alpha:g}", fontsize=9)
@@ -437,7 +466,7 @@ def plot_p_heatmaps(roles: pd.DataFrame, task: str, alpha: float, out_dir: Path,
 
 
 def plot_local_vs_syntactic(
-    roles: pd.DataFrame, task: str, out_dir: Path, stem: str
+    roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = ""
 ) -> tuple[list[Path], Correlation | None]:
     """Mean local β against mean syntactic β per head, with Spearman's ρ and p in the title.
 
@@ -470,7 +499,7 @@ def plot_local_vs_syntactic(
         log_scale(ax, "y")
     ax.set_xlabel("mean local β")
     ax.set_ylabel("mean syntactic β")
-    ax.set_title(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)")
+    ax.set_title(titled(f"{task}: Spearman ρ = {corr.rho:.3f}, p = {corr.p_value:.2g} ({corr.n_heads} heads)", about))
     return save_figure(fig, out_dir, stem), corr
 
 
@@ -482,30 +511,32 @@ def figure_jobs(
     alpha: float,
     coarse: Mapping[str, str] = DEFAULT_COARSE,
     kinds: Sequence[str] = ROLES_FIGURES,
+    about: Mapping[str, str] | None = None,
 ) -> list[tuple]:
     """(function, arguments) of each figure of `kinds` for every task in `roles`, kind-major (the
-    heaviest kinds first), stems prefixed with the task name."""
+    heaviest kinds first), stems prefixed with the task name; `about` gives each task's
+    `about_line` under the titles."""
     jobs = []
     for kind in kinds:
         for task in pd.unique(roles["task"]):
             own = roles[roles["task"] == task]
             stem = f"{task}_{kind}"
-            jobs.append(
-                {
-                    "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
-                    "coarse_overlap": (
-                        functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
-                        (own, task, out_dir, stem),
-                    ),
-                    "score_distributions": (
-                        plot_score_distributions,
-                        (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
-                    ),
-                    "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
-                    "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
-                    "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
-                }[kind]
-            )
+            line = (about or {}).get(task, "")
+            draw, args = {
+                "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
+                "coarse_overlap": (
+                    functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
+                    (own, task, out_dir, stem),
+                ),
+                "score_distributions": (
+                    plot_score_distributions,
+                    (own, {k: v for k, v in scores.items() if k[0] == task}, task, tau, alpha, out_dir, stem),
+                ),
+                "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
+                "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
+                "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
+            }[kind]
+            jobs.append((functools.partial(draw, about=line) if line else draw, args))
     return jobs
 
 
@@ -529,5 +560,7 @@ def plot_all(
         return pool.results()
 
 
-def _local_vs_syntactic_paths(roles: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
-    return plot_local_vs_syntactic(roles, task, out_dir, stem)[0]
+def _local_vs_syntactic_paths(
+    roles: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
+    return plot_local_vs_syntactic(roles, task, out_dir, stem, about=about)[0]

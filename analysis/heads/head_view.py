@@ -17,7 +17,7 @@ import numpy as np
 from analysis.common.examples import make_parser, present_roles
 from analysis.common.settings import fits
 from analysis.heads.config import RolesConfig
-from analysis.heads.report import STAT_FIELDS, _numbers, _pack, _quantised, attention_and_scores
+from analysis.heads.report import STAT_FIELDS, _numbers, _pack, _quantised, attention_and_scores, readable_checkpoint
 from bertjax.errors import UserError
 from sieves.align import encode_batch
 from sieves.builders import get_role
@@ -103,7 +103,7 @@ def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int
         "kind": "roles",
         "title": f"layer {layer}, head {head}: {role} on your text",
         "run_dir": "head_view",
-        "checkpoint": config.ckpt,
+        "checkpoint": readable_checkpoint(config.ckpt),
         "layers": layers,
         "heads": heads,
         "tasks": [TASK],
@@ -114,6 +114,7 @@ def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int
         "alpha": config.alpha,
         "tau": float(config.tau),
         "settings": settings,
+        "split_tasks": [],
         "stats": {TASK: stats},
         "examples": {TASK: {"sequences": [sequence], "absent": absent, "models": ["model"]}},
         "examples_missing": None,

@@ -27,8 +27,8 @@ from analysis.common.figures import FigurePool, figure_formats, pool_size, selec
 from analysis.common.forward import Devices
 from analysis.heads import summary
 from analysis.heads.config import RolesConfig, config_tasks
-from analysis.heads.figures import ROLES_FIGURES, figure_jobs
-from analysis.heads.report import ReportConfig, write_report
+from analysis.heads.figures import ROLES_FIGURES, about_line, figure_jobs
+from analysis.heads.report import ReportConfig, readable_checkpoint, write_report
 from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
 from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -113,7 +113,11 @@ def _run(
     clock = time.perf_counter()
     coarse = {name: role.coarse for name, role in ROLES.items()}
     scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
-    pool.submit(figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds))
+    name = readable_checkpoint(config.ckpt)
+    about = {t: about_line(name, r.n_sequences, tau) for t, r in results.items()}
+    pool.submit(
+        figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds, about=about)
+    )
     figures = pool.results()
     timings["figures"] = time.perf_counter() - clock
     digest = summary.summarize(table, coarse=coarse)
@@ -141,7 +145,7 @@ def _run(
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     runinfo.write_run_json(tmp, run_info)
-    print(summary.format_summary(digest))
+    print(summary.format_summary(digest, {t: r.n_sequences for t, r in results.items()}))
     for task, result in results.items():
         if result.absent:
             print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")

