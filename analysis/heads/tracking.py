@@ -529,14 +529,15 @@ def _run(
     print(onset.format_onsets(track, onsets))
     if sas_curve is not None:
         print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
-    found = curves[curves["onset_step"].notna()]
+    found = curves[curves["changepoint_step"].notna()]
     if found.empty:  # a table of <NA> says less than this line (a short or flat series)
-        print(f"curve onsets: none of the {len(curves)} curves has an onset in this series ({len(steps)} checkpoints)")
+        print(f"curve changepoints: none of the {len(curves)} curves has one in this series ({len(steps)} checkpoints)")
     else:
         print(
-            f"curve onsets (steps; the {len(curves) - len(found)} curves without one are in {onset.CURVE_ONSETS_CSV}):"
+            f"curve changepoints (steps, 90% intervals; the {len(curves) - len(found)} curves without one are in "
+            f"{onset.CURVE_ONSETS_CSV}):"
         )
-        print(found.to_string(index=False))
+        print(found.drop(columns="fit").to_string(index=False))
     return track
 
 
