@@ -288,11 +288,11 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
     rc = config.roles
     tasks = config_tasks(rc)
     out = Path(rc.out).expanduser().resolve()
+    if config.sas is not None and not Path(config.sas).expanduser().is_file():
+        raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
     # Before the cache folder is made: GLUE from a hub switched off fails here at once.
     check_sources(rc, tasks)
     prepare_cache(config.cache_dir, out)
-    if config.sas is not None and not Path(config.sas).expanduser().is_file():
-        raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
     if config.sas is not None and jax.process_count() > 1:
         raise UserError(
             "--sas: not with --distributed (the SAS counts are not gathered across processes); run it alone"
