@@ -15,19 +15,20 @@ dataset.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api.attention import ClarkResult
-from analysis.api.attention import run_clark as run
-from analysis.attention import coref, surface
-from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig
-from analysis.common.forward import add_nonfinite_argument
+from analysis.attention.options import ANALYSES, COREF_TARGETS, SEGMENT_IDS, SURFACE_WEIGHTINGS, WORD_TEXTS
+from analysis.common.flags import add_nonfinite_argument
 from bertjax import cli
 from sieves import depattn
 
+if TYPE_CHECKING:
+    from analysis.api.attention import ClarkResult
+    from analysis.attention.pipeline import ClarkConfig
 
-def parse_args(argv: list[str] | None) -> ClarkConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.clark", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.clark", __doc__)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
@@ -46,7 +47,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--first-piece", action="store_true", help="attention from a word = its first piece's")
     p.add_argument(
         "--coref-target",
-        choices=coref.TARGETS,
+        choices=COREF_TARGETS,
         default="head",
         help="attention to a GAP name: head (its last word's pieces), sum (all its pieces) or first (its first piece)",
     )
@@ -57,7 +58,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--surface-weighting",
-        choices=surface.WEIGHTINGS,
+        choices=SURFACE_WEIGHTINGS,
         default="tokens",
         help="tokens: every row counts once; sequences: every sequence counts once (the authors' notebook)",
     )
@@ -87,7 +88,13 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_nonfinite_argument(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> ClarkConfig:
+    a = build_parser().parse_args(argv)
+    from analysis.attention.pipeline import ClarkConfig  # after parsing: --help and flag errors need no JAX
+
     explicit = a.analyses != "all"
     analyses = ANALYSES if not explicit else tuple(x.strip() for x in a.analyses.split(",") if x.strip())
     return ClarkConfig(
@@ -101,6 +108,12 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
         allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip
+
+
+def run(config: ClarkConfig) -> ClarkResult:
+    from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
+
+    return run_clark(config)
 
 
 def main(argv: list[str] | None = None) -> ClarkResult:

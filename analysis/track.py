@@ -34,18 +34,25 @@ step, label, source and resolved path).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api import run_track as run
-from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
-from analysis.heads.tracking import FIGURES, TrackConfig, parse_steps
-from bertjax import cli, distributed
+from analysis.heads.config import (
+    TRACK_FIGURES,
+    add_data_arguments,
+    add_output_arguments,
+    add_test_arguments,
+    config_from_args,
+)
+from bertjax import cli
+
+if TYPE_CHECKING:
+    from analysis.heads.tracking import TrackConfig
 
 # -- command line -------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> TrackConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.track", __doc__)
     series = p.add_mutually_exclusive_group(required=True)
     series.add_argument("--run", help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/)")
     series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",
@@ -64,8 +71,16 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
     p.add_argument("--sas-n", type=int, default=1000, help="with --sas: the first N trees of the file")
     add_data_arguments(p)
     add_test_arguments(p)
-    add_output_arguments(p, "track_out", FIGURES)
-    a = p.parse_args(argv)
+    add_output_arguments(p, "track_out", TRACK_FIGURES)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> TrackConfig:
+    a = build_parser().parse_args(argv)
+    # After parsing: --help and flag errors need no JAX.
+    from analysis.heads.tracking import TrackConfig, parse_steps
+    from bertjax import distributed
+
     shard = None if a.shard is None else distributed.parse_shard(a.shard)
     return TrackConfig(
         roles=config_from_args(a, ckpt=a.run or ""),
@@ -77,6 +92,12 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
         sas=a.sas,
         sas_n=a.sas_n,
     )
+
+
+def run(config: TrackConfig) -> None:
+    from analysis.api import run_track  # after parsing: --help and flag errors need no JAX
+
+    run_track(config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,7 @@ def random_run(workdir: Path, vocab: Path) -> Path:
     import bertjax
     from bertjax import checkpoint as ckpt
 
-    BertTokenizerFast(vocab_file=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(workdir / "tokenizer")
     manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
     for seed, step in enumerate(STEPS):
         model = bertjax.init_model(

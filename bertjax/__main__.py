@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import argparse
 
-import jax
-import numpy as np
-from flax import nnx
-
 from bertjax import cli
-from bertjax.pretrained import from_pretrained, load_tokenizer
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bertjax", description=__doc__)
-    cli.add_verbose_argument(parser)
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser("bertjax", __doc__)
     parser.add_argument("ckpt", help="HF-format directory, bertjax run workdir or hub id")
     parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run")
     parser.add_argument("--text", default="The cat sat on the mat.")
     parser.add_argument("--text-pair", default="It was happy there.")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    # After parsing: --help and flag errors need no JAX.
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from bertjax.pretrained import from_pretrained, load_tokenizer
 
     model = from_pretrained(args.ckpt, step=args.step)
     tokenizer = load_tokenizer(args.ckpt, step=args.step)

@@ -26,8 +26,8 @@ from analysis.api.common import (
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
-from analysis.heads.config import RolesConfig
-from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, figure_jobs
+from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig
+from analysis.heads.figures import figure_jobs
 from analysis.heads.report import ReportConfig, read_run, report_data, write_report
 from analysis.heads.report_page import render
 from bertjax import distributed

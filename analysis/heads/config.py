@@ -11,9 +11,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from analysis.common.examples import CONLLU_TASK, resolve_tasks
-from analysis.common.figures import add_figure_arguments
-from analysis.common.forward import add_device_arguments, add_nonfinite_argument, check_device_count
+from analysis.common.flags import add_device_arguments, add_figure_arguments, add_nonfinite_argument, check_device_count
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -31,6 +29,21 @@ CHOICES = {
     "correction": ("none", "holm", "bh"),
     "parser": ("spacy", "conllu"),
 }
+
+# The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
+# workers' shares); `--figures` names a subset.
+ROLES_FIGURES = (
+    "mean_heatmaps", "p_heatmaps", "score_distributions", "role_grid", "coarse_overlap", "local_vs_syntactic",
+)  # fmt: skip
+# What `analysis.roles` draws unless `--figures` says otherwise: the figure a user looks at first
+# (which role each head holds). Drawing all six cost more than the analysis itself on a small
+# model (BENCHMARKS.md row 2); `--figures all` draws every paper figure.
+DEFAULT_ROLES_FIGURES = "role_grid"
+# The figure kinds of `analysis.track` (per task) and `analysis.finetune_effect`, for `--figures`.
+TRACK_FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
+EFFECT_FIGURES = ("beta_change", "attention_similarity")
+# The file `analysis.report` (and `--html`) writes into a run's directory.
+REPORT = "report.html"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +124,8 @@ class RolesConfig:
 
 
 def config_tasks(config: RolesConfig) -> list[str]:
+    from analysis.common.examples import CONLLU_TASK, resolve_tasks  # jax: not at the parsers' import
+
     return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
 
 

@@ -43,6 +43,7 @@ from analysis.common.figures import (
 from analysis.common.forward import Devices
 from analysis.heads import figures as heads_figures
 from analysis.heads import onset, tracking_figures
+from analysis.heads.config import TRACK_FIGURES as FIGURES
 from analysis.heads.config import RolesConfig, config_tasks
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
@@ -61,8 +62,6 @@ SAS_CSV = "sas.csv"
 SCORES_FORMAT = 1
 SAS_FORMAT = 1
 
-# The figure kinds drawn per task, for `--figures`.
-FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
 
 log = logging.getLogger(__name__)
 

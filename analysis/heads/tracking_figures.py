@@ -26,9 +26,6 @@ TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 
-# The figure kinds drawn per task, for `--figures`.
-FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
-
 
 def held_fractions(track: pd.DataFrame, task: str) -> pd.DataFrame:
     """Fraction of heads holding each role at each step, overall and per layer group.
