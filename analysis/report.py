@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
 
 
 def run(config: ReportConfig) -> None:
-    from analysis.api import run_report  # after parsing: --help and flag errors need no JAX
+    from analysis.api.heads import run_report  # after parsing: --help and flag errors need no JAX
 
     run_report(config)
 

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 
 
 def run(config: RolesConfig) -> None:
-    from analysis.api import run_roles  # after parsing: --help and flag errors need no JAX
+    from analysis.api.heads import run_roles  # after parsing: --help and flag errors need no JAX
 
     run_roles(config)
 

@@ -95,7 +95,7 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
 
 
 def run(config: TrackConfig) -> None:
-    from analysis.api import run_track  # after parsing: --help and flag errors need no JAX
+    from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
 
     run_track(config)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import importlib
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -39,6 +41,29 @@ def test_every_entry_point_runs_through_cli_and_takes_verbose(name, capsys):
     with pytest.raises(SystemExit):
         module.main(["--help"])
     assert "-v, --verbose" in capsys.readouterr().out
+
+
+# What a command's `--help` must not wait for: the libraries that take seconds to import, and the
+# analyses other than the command's own (BENCHMARKS.md row 10 times it).
+NOT_FOR_HELP = ("jax", "flax", "optax", "orbax", "matplotlib", "pandas", "scipy", "spacy", "transformers", "torch",
+                "analysis.api", "analysis.ablation.kovaleva", "analysis.ablation.michel")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", [n for n in entry_points() if not n.startswith("benchmarks.")])
+def test_help_imports_no_heavy_library(name):
+    # A fresh interpreter: this one has imported everything already.
+    code = f"""
+import runpy, sys
+sys.argv = [{name!r}, "--help"]
+try:
+    runpy.run_module({name!r}, run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+print(sorted(m for m in sys.modules if m.startswith({NOT_FOR_HELP!r})))
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "-v, --verbose" in done.stdout
+    assert done.stdout.splitlines()[-1] == "[]", f"python -m {name} --help imports {done.stdout.splitlines()[-1]}"
 
 
 def _shown(name: str, level: int, message: str = "a line") -> bool:

@@ -446,3 +446,20 @@ def test_phase_two_tokenises_with_phase_ones_trained_vocabulary(shared_data, tmp
     )
     assert json.loads((workdir / "run.json").read_text())["phase"] == 2
     assert (workdir / "checkpoints" / "4").is_dir()  # phase 2's last step: 2 + 2
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "pretrain").glob("*.yaml")))
+def test_pretrain_configs_find_the_staged_data_through_bertjax_data(name, monkeypatch, tmp_path):
+    from train.config import load_config
+
+    def paths() -> list[str]:
+        config = load_config(pretrain.PretrainConfig, ROOT / "configs" / "pretrain" / name)
+        return [c.path or "" for c in [*config.data.corpora, *config.heldout.corpora]] + [config.data.vocab_file or ""]
+
+    monkeypatch.delenv("BERTJAX_DATA", raising=False)
+    default = paths()
+    monkeypatch.setenv("BERTJAX_DATA", str(tmp_path))
+    # Every staged path moves under BERTJAX_DATA; any other path stays as written.
+    assert paths() == [
+        f"{tmp_path}/{p.removeprefix('../shared/data/')}" if p.startswith("../shared/data/") else p for p in default
+    ]
