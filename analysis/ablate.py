@@ -27,7 +27,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from analysis.ablation.options import ANALYSES, SPLITS
-from analysis.common.flags import add_device_arguments, add_nonfinite_argument
+from analysis.common.flags import add_device_arguments, add_length_arguments, add_nonfinite_argument, add_out_arguments
 from bertjax import cli
 
 if TYPE_CHECKING:
@@ -40,18 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--task", default="mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=SPLITS)
+    p.add_argument("--split", default="dev", choices=SPLITS, help="the split of each task's examples (labelled)")
     p.add_argument("--n", type=int, help="first N examples of the split (default: all)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(p)
     p.add_argument("--analyses", default=",".join(ANALYSES), help=f"comma-separated subset of {','.join(ANALYSES)}")
     p.add_argument("--alpha", type=float, default=0.05, help="disable, mask: level of the Holm McNemar tests")
     p.add_argument("--compare-ckpt", help="features: a second checkpoint to compare with (the pre-trained model)")
     p.add_argument("--compare-step", type=int, help="checkpoint step of --compare-ckpt's run")
     p.add_argument("--spacy-model", help="spaCy pipeline for the features (default en_core_web_sm)")
     p.add_argument("--cache-dir", default=str(cli.CACHE_ROOT), help="where parses are cached")
-    p.add_argument("--out", default="ablate_out")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_out_arguments(p, "ablate_out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_device_arguments(p, distributed=False)
     add_nonfinite_argument(p)
@@ -75,6 +73,7 @@ def run(config: KovalevaConfig) -> None:
     from analysis.api.ablation import run_ablate  # after parsing: --help and flag errors need no JAX
 
     run_ablate(config)
+    cli.print_wrote(config.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from analysis.attention.options import ANALYSES, COREF_TARGETS, SEGMENT_IDS, SURFACE_WEIGHTINGS, WORD_TEXTS
-from analysis.common.flags import add_nonfinite_argument
+from analysis.common.flags import add_length_arguments, add_nonfinite_argument, add_out_arguments
 from bertjax import cli
 from sieves import depattn
 
@@ -30,16 +30,16 @@ if TYPE_CHECKING:
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("analysis.clark", __doc__)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
-    p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--analyses", default="all", help=f"comma-separated subset of {','.join(ANALYSES)}, or all")
     p.add_argument("--data-dir", default="../shared/data", help="staged data (ud_english_ewt/, wikitext/, gap/)")
-    p.add_argument("--inputs", default="wikitext", help="surface/cluster/gradient inputs: wikitext or a GLUE task")
-    p.add_argument("--glue-dir", help="local GLUE directory for --inputs TASK (default: the hub)")
-    p.add_argument("--split", default="dev", help="GLUE split for --inputs TASK")
+    p.add_argument("--task", "--inputs", dest="inputs", default="wikitext", action=cli.DeprecatedAliases,
+                   help="surface/cluster/gradient inputs: wikitext or a GLUE task (qnli, qqp, mrpc, sst2); "
+                        "--inputs: the old spelling")  # fmt: skip
+    p.add_argument("--glue-dir", help="local GLUE directory for --task TASK (default: the hub)")
+    p.add_argument("--split", default="dev", help="GLUE split for --task TASK")
     p.add_argument("--n", type=int, default=1000, help="number of input sequences (surface)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(p)
     p.add_argument("--cluster-n", type=int, default=300, help="sequences averaged for the JS distances")
     p.add_argument("--gradient-n", type=int, default=256, help="masked sequences for the gradients")
     p.add_argument("--ewt-n", type=int, help="first N sentences of EWT dev and test (default all)")
@@ -53,9 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--min-count", type=int, default=100, help="test arcs for a relation to be summarised")
     p.add_argument("--probe-train-n", type=int, default=2000, help="first N EWT train sentences for the probes")
-    p.add_argument("--probe-epochs", type=int, default=10)
-    p.add_argument("--probe-learning-rate", type=float, default=5e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe-epochs", type=int, default=10, help="epochs of each probe's training")
+    p.add_argument("--probe-learning-rate", type=float, default=5e-3, help="the probes' Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the gradients' masking and the probes' initialisation")
     p.add_argument(
         "--surface-weighting",
         choices=SURFACE_WEIGHTINGS,
@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="pairs",
         help="token type ids the model reads: pairs (0 for A, 1 for B) or zeros (the authors' extract_attention.py)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_out_arguments(p, "clark_out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_nonfinite_argument(p)
     return p
@@ -113,7 +113,9 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
 def run(config: ClarkConfig) -> ClarkResult:
     from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
 
-    return run_clark(config)
+    result = run_clark(config)
+    cli.print_wrote(config.out)
+    return result
 
 
 def main(argv: list[str] | None = None) -> ClarkResult:

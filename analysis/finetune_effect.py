@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
 def run(config: EffectConfig) -> None:
     from analysis.api.heads import run_finetune_effect  # after parsing: --help and flag errors need no JAX
 
-    run_finetune_effect(config)
+    if run_finetune_effect(config) is not None:  # None: a process other than the first, which writes nothing
+        cli.print_wrote(config.data.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -45,7 +45,8 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 def run(config: RolesConfig) -> None:
     from analysis.api.heads import run_roles  # after parsing: --help and flag errors need no JAX
 
-    run_roles(config)
+    if run_roles(config) is not None:  # None: a process other than the first, which writes nothing
+        cli.print_wrote(config.out)
 
 
 def main(argv: list[str] | None = None) -> None:

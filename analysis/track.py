@@ -97,7 +97,8 @@ def parse_args(argv: list[str] | None) -> TrackConfig:
 def run(config: TrackConfig) -> None:
     from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
 
-    run_track(config)
+    if run_track(config) is not None:  # None: a --shard job, or a process other than the first
+        cli.print_wrote(config.roles.out)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,23 +1,33 @@
-"""`python -m bertjax CKPT`: load a checkpoint, run one sentence pair, print what came out."""
+"""`python -m bertjax --ckpt CKPT`: load a checkpoint, run one sentence pair, print what came out."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 from bertjax import cli
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser("bertjax", __doc__)
-    parser.add_argument("ckpt", help="HF-format directory, bertjax run workdir or hub id")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run")
-    parser.add_argument("--text", default="The cat sat on the mat.")
-    parser.add_argument("--text-pair", default="It was happy there.")
+    parser.add_argument("--ckpt", help="HF-format directory, bertjax run workdir or hub id (required)")
+    parser.add_argument("old_ckpt", nargs="?", metavar="CKPT", help="the old spelling of --ckpt CKPT")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run (default: latest)")
+    parser.add_argument("--text", default="The cat sat on the mat.", help="the first sentence of the pair run")
+    parser.add_argument("--text-pair", default="It was happy there.", help="the second sentence")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.old_ckpt is not None:
+        if args.ckpt is not None:
+            parser.error("give the checkpoint once, as --ckpt CKPT")
+        print("warning: python -m bertjax CKPT is deprecated, use --ckpt CKPT", file=sys.stderr)
+        args.ckpt = args.old_ckpt
+    elif args.ckpt is None:
+        parser.error("the following arguments are required: --ckpt")
     # After parsing: --help and flag errors need no JAX.
     import jax
     import numpy as np

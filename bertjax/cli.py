@@ -66,6 +66,11 @@ class DeprecatedAliases(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def print_wrote(out: str | Path) -> None:
+    """The last line of a run that wrote a directory: where its outputs are."""
+    print(f"wrote {Path(out).expanduser().resolve()}")
+
+
 def add_verbose_argument(p: argparse.ArgumentParser) -> None:
     """`-v/--verbose`, the same in every CLI: it takes effect while the arguments are parsed, before
     jax starts its backends, so their start-up lines show too."""

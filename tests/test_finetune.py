@@ -45,7 +45,7 @@ def tiny_ckpt(tmp_path_factory, shared_data) -> Path:
 
 
 def _argv(task: str, init: Path, workdir: Path, glue_dir: Path, *extra: str) -> list[str]:
-    return ["--task", task, "--init", str(init), "--workdir", str(workdir), "--glue-dir", str(glue_dir), *QUICK, *extra]
+    return ["--task", task, "--ckpt", str(init), "--workdir", str(workdir), "--glue-dir", str(glue_dir), *QUICK, *extra]
 
 
 @pytest.fixture(scope="module")

@@ -292,7 +292,7 @@ QUICK = ["data.max_train_examples=48", "data.max_seq_length=64", "train.global_b
 @pytest.fixture(scope="module")
 def finetuned(hf_dirs, shared_data, tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("mrpc")
-    finetune.main(["--task", "mrpc", "--init", str(hf_dirs[0]), "--workdir", str(workdir),
+    finetune.main(["--task", "mrpc", "--ckpt", str(hf_dirs[0]), "--workdir", str(workdir),
                    "--glue-dir", str(shared_data / "glue"), *QUICK])  # fmt: skip
     return workdir
 
@@ -328,7 +328,7 @@ def test_with_init_needs_a_finetuning_run(shared_data, flags, tmp_path, cli_erro
 
 
 def test_a_negative_log_spaced_count_is_one_line(hf_dirs, shared_data, tmp_path, cli_error):
-    argv = ["--task", "mrpc", "--init", str(hf_dirs[0]), "--workdir", str(tmp_path / "run"),
+    argv = ["--task", "mrpc", "--ckpt", str(hf_dirs[0]), "--workdir", str(tmp_path / "run"),
             "--glue-dir", str(shared_data / "glue"), "checkpoint.log_spaced=-1"]  # fmt: skip
     assert cli_error(finetune.main, argv) == "error: checkpoint.log_spaced must be at least 0, got -1"
     assert not (tmp_path / "run").exists()

@@ -31,7 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, eval.json")
     parser.add_argument("--glue-dir", help="local GLUE directory (<TASK>/train.tsv, dev.tsv); default: the hub")
-    parser.add_argument("--seeds", type=int, help="run this many seeds (train.seed, +1, ...) and report mean ± std")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="run this many seeds (train.seed, +1, ...) and report mean ± std (default: the config's seeds, 1)",
+    )
     parser.add_argument(
         "--config", help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml"
     )

@@ -84,7 +84,7 @@ class FinetuneCheckpoints:
 @dataclasses.dataclass
 class FinetuneConfig:
     task: str = "mrpc"  # --task
-    init: str = ""  # --init: a bertjax run workdir or a HF-format directory (or hub id)
+    init: str = ""  # --ckpt: a bertjax run workdir or a HF-format directory (or hub id)
     init_step: int | None = None  # a step of a bertjax run; None: its latest
     seeds: int = 1  # --seeds
     best_metric: str | None = None  # None: the task's own metric, F1 for MRPC and QQP, else accuracy
@@ -192,7 +192,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
     spec = task_spec(config.task)
     metric = best_metric(config, spec)
     if not config.init:
-        raise UserError("init: no checkpoint to fine-tune (--init CKPT)")
+        raise UserError("init: no checkpoint to fine-tune (--ckpt CKPT)")
     positive = (
         ("train.epochs", config.train.epochs),
         ("seeds", config.seeds),

@@ -20,6 +20,7 @@ original drew them from the same input file.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import io
 import itertools
@@ -494,12 +495,16 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser("train.prepare", __doc__)
     parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
     parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     prepare(load_config(PrepareConfig, args.config, args.overrides), args.out)
 
 

@@ -49,3 +49,17 @@ def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -
         p.add_argument("--distributed", action="store_true",
                        help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
                             "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip
+
+
+def add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """`--max-length` and `--batch-size`, the same in every analysis that runs forward passes."""
+    p.add_argument("--max-length", type=int, default=128,
+                   help="tokens per sequence, [CLS] and [SEP] included: longer inputs are truncated")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
+
+
+def add_out_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """`--out` and `--overwrite`, the same in every analysis: a directory, written into a temporary
+    sibling and renamed when complete; an existing one is replaced only with `--overwrite`."""
+    p.add_argument("--out", default=default, help="output directory (written whole at the end of the run)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")

@@ -11,7 +11,14 @@ import logging
 import math
 from collections.abc import Sequence
 
-from analysis.common.flags import add_device_arguments, add_figure_arguments, add_nonfinite_argument, check_device_count
+from analysis.common.flags import (
+    add_device_arguments,
+    add_figure_arguments,
+    add_length_arguments,
+    add_nonfinite_argument,
+    add_out_arguments,
+    check_device_count,
+)
 from bertjax import cli
 from bertjax.errors import UserError
 from sieves.builders import DEFAULT_ROLES, get_role
@@ -138,14 +145,14 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all",
     )
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=CHOICES["split"])
+    p.add_argument("--split", default="dev", choices=CHOICES["split"], help="the split of each task's examples")
     p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(p)
     p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
     p.add_argument("--window", type=int, default=2, help="local window k")
     p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
-    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy")
+    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy",
+                   help="where the dependency trees come from: spaCy's parse, or the gold trees of --conllu")  # fmt: skip
     p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
@@ -156,16 +163,16 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 def add_test_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the hypothesis tests."""
     p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
-    p.add_argument("--alpha", type=float, default=0.05)
-    p.add_argument("--test", choices=CHOICES["test"], default="t")
-    p.add_argument("--correction", choices=CHOICES["correction"], default="none")
+    p.add_argument("--alpha", type=float, default=0.05, help="level of each one-sided test")
+    p.add_argument("--test", choices=CHOICES["test"], default="t", help="one-sided t test, or z test")
+    p.add_argument("--correction", choices=CHOICES["correction"], default="none",
+                   help="multiple-comparison correction over the heads of a role: none, Holm, Benjamini-Hochberg")  # fmt: skip
 
 
 def add_output_arguments(
     p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str], default_figures: str = "all"
 ) -> None:
-    p.add_argument("--out", default=default_out)
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_out_arguments(p, default_out)
     add_figure_arguments(p, figure_kinds, default_figures)
     p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 
