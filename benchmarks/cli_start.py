@@ -34,12 +34,19 @@ COMMANDS = (
 TARGET_S = 1.0
 
 
+class Failed(Exception):
+    pass
+
+
 def help_once(module: str, tree: Path) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one `python -m module --help` run in `tree`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     clock = time.perf_counter()
-    subprocess.run([sys.executable, "-m", module, "--help"], cwd=tree, stdout=subprocess.DEVNULL, check=True)
+    command = [sys.executable, "-m", module, "--help"]
+    done = subprocess.run(command, check=False, cwd=tree, capture_output=True, text=True)
     wall = time.perf_counter() - clock
+    if done.returncode != 0:
+        raise Failed(f"{module} in {tree}: exit status {done.returncode}: {done.stderr.strip()[-500:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
@@ -50,8 +57,12 @@ def run(args) -> list[dict]:
     for module in args.commands.split(","):
         walls: dict[str, list[float]] = {side: [] for side in trees}
         cpus: dict[str, list[float]] = {side: [] for side in trees}
-        for tree in trees.values():
-            help_once(module, tree)  # untimed: compiles the tree's bytecode, fills the page cache
+        try:
+            for tree in trees.values():
+                help_once(module, tree)  # untimed: compiles the tree's bytecode, fills the page cache
+        except Failed as e:  # a baseline tree may lack a command, or a library its --help imports
+            common.log(f"skipped: {e}")
+            continue
         for _ in range(args.repeat):
             for side, tree in trees.items():
                 wall, cpu = help_once(module, tree)
