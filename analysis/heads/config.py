@@ -166,7 +166,7 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, default=0.05, help="level of each one-sided test")
     p.add_argument("--test", choices=CHOICES["test"], default="t", help="one-sided t test, or z test")
     p.add_argument("--correction", choices=CHOICES["correction"], default="none",
-                   help="multiple-comparison correction over the heads of a role: none, Holm, Benjamini-Hochberg")  # fmt: skip
+                   help="multiple-comparison correction across all the run's tests: none, Holm, Benjamini-Hochberg")  # fmt: skip
 
 
 def add_output_arguments(
