@@ -297,6 +297,7 @@ def finetuned(hf_dirs, shared_data, tmp_path_factory) -> Path:
     return workdir
 
 
+@pytest.mark.slow  # the `finetuned` fixture fine-tunes: ~31 s of CPU
 def test_finetuning_keeps_log_spaced_checkpoints(finetuned):
     steps = ckpt.available_steps(finetuned / ckpt.CHECKPOINTS)
     # log-spaced 1, 2, 5, 12; the last (12); the best by F1 (an epoch end: 6 or 12)
@@ -304,6 +305,7 @@ def test_finetuning_keeps_log_spaced_checkpoints(finetuned):
     assert json.loads((finetuned / "run.json").read_text())["config"]["checkpoint"] == {"log_spaced": 4}
 
 
+@pytest.mark.slow  # the `finetuned` fixture, when run alone
 def test_a_finetuning_workdir_is_tracked_from_its_init(finetuned, hf_dirs, flags, loads, tmp_path):
     out = tmp_path / "track"
     track.main(["--run", str(finetuned), "--with-init", "--out", str(out), *flags])
