@@ -104,7 +104,7 @@ def library_info_lines(output: str) -> list[str]:
 def test_a_run_says_what_it_does_and_hides_library_info_lines(smoke_run):
     # Lines as a terminal shows them: a progress bar redraws its line after a carriage return.
     lines = (smoke_run.parent / "smoke.log").read_bytes().decode().rstrip("\n").split("\n")
-    assert "INFO __main__: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
+    assert "INFO train.pretraining: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
     assert library_info_lines("\n".join(lines)) == []
     # The first line, phase 1's, the progress bar's and one per evaluation: orbax alone wrote
     # about 40 lines per checkpoint (3 here).
