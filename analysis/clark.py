@@ -15,30 +15,38 @@ dataset.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api.attention import ClarkResult
-from analysis.api.attention import run_clark as run
-from analysis.attention import coref, surface
-from analysis.attention.pipeline import ANALYSES, SEGMENT_IDS, WORD_TEXTS, ClarkConfig
-from analysis.common.forward import add_nonfinite_argument
+from analysis.attention.options import (
+    ANALYSES,
+    COREF_MENTIONS,
+    COREF_TARGETS,
+    SEGMENT_IDS,
+    SURFACE_WEIGHTINGS,
+    WORD_TEXTS,
+)
+from analysis.common.flags import add_length_arguments, add_nonfinite_argument, add_out_arguments
 from bertjax import cli
 from sieves import depattn
 
+if TYPE_CHECKING:
+    from analysis.api.attention import ClarkResult
+    from analysis.attention.pipeline import ClarkConfig
 
-def parse_args(argv: list[str] | None) -> ClarkConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.clark", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.clark", __doc__)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
-    p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     p.add_argument("--analyses", default="all", help=f"comma-separated subset of {','.join(ANALYSES)}, or all")
     p.add_argument("--data-dir", default="../shared/data", help="staged data (ud_english_ewt/, wikitext/, gap/)")
-    p.add_argument("--inputs", default="wikitext", help="surface/cluster/gradient inputs: wikitext or a GLUE task")
-    p.add_argument("--glue-dir", help="local GLUE directory for --inputs TASK (default: the hub)")
-    p.add_argument("--split", default="dev", help="GLUE split for --inputs TASK")
+    p.add_argument("--task", "--inputs", dest="inputs", default="wikitext", action=cli.DeprecatedAliases,
+                   help="surface/cluster/gradient inputs: wikitext or a GLUE task (qnli, qqp, mrpc, sst2); "
+                        "--inputs: the old spelling")  # fmt: skip
+    p.add_argument("--glue-dir", help="local GLUE directory for --task TASK (default: the hub)")
+    p.add_argument("--split", default="dev", help="GLUE split for --task TASK")
     p.add_argument("--n", type=int, default=1000, help="number of input sequences (surface)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(p)
     p.add_argument("--cluster-n", type=int, default=300, help="sequences averaged for the JS distances")
     p.add_argument("--gradient-n", type=int, default=256, help="masked sequences for the gradients")
     p.add_argument("--ewt-n", type=int, help="first N sentences of EWT dev and test (default all)")
@@ -46,25 +54,25 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     p.add_argument("--first-piece", action="store_true", help="attention from a word = its first piece's")
     p.add_argument(
         "--coref-target",
-        choices=coref.TARGETS,
+        choices=COREF_TARGETS,
         default="head",
         help="attention to a GAP name: head (its last word's pieces), sum (all its pieces) or first (its first piece)",
     )
     p.add_argument(
         "--coref-mentions",
-        choices=coref.MENTIONS,
+        choices=COREF_MENTIONS,
         default="all",
         help="which mentions of a GAP candidate count: all (every occurrence of its name, Clark et al.'s "
         "'any of the antecedent's mentions') or marked (the occurrence GAP marks)",
     )
     p.add_argument("--min-count", type=int, default=100, help="test arcs for a relation to be summarised")
     p.add_argument("--probe-train-n", type=int, default=2000, help="first N EWT train sentences for the probes")
-    p.add_argument("--probe-epochs", type=int, default=10)
-    p.add_argument("--probe-learning-rate", type=float, default=5e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--probe-epochs", type=int, default=10, help="epochs of each probe's training")
+    p.add_argument("--probe-learning-rate", type=float, default=5e-3, help="the probes' Adam learning rate")
+    p.add_argument("--seed", type=int, default=0, help="seed of the gradients' masking and the probes' initialisation")
     p.add_argument(
         "--surface-weighting",
-        choices=surface.WEIGHTINGS,
+        choices=SURFACE_WEIGHTINGS,
         default="tokens",
         help="tokens: every row counts once; sequences: every sequence counts once (the authors' notebook)",
     )
@@ -91,10 +99,16 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         default="pairs",
         help="token type ids the model reads: pairs (0 for A, 1 for B) or zeros (the authors' extract_attention.py)",
     )
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_out_arguments(p, "clark_out")
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_nonfinite_argument(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> ClarkConfig:
+    a = build_parser().parse_args(argv)
+    from analysis.attention.pipeline import ClarkConfig  # after parsing: --help and flag errors need no JAX
+
     explicit = a.analyses != "all"
     analyses = ANALYSES if not explicit else tuple(x.strip() for x in a.analyses.split(",") if x.strip())
     return ClarkConfig(
@@ -109,6 +123,14 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
         allow_nonfinite=a.allow_nonfinite,
     )  # fmt: skip
+
+
+def run(config: ClarkConfig) -> ClarkResult:
+    from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
+
+    result = run_clark(config)
+    cli.print_wrote(config.out)
+    return result
 
 
 def main(argv: list[str] | None = None) -> ClarkResult:

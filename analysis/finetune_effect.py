@@ -16,23 +16,37 @@ Outputs (written into a temporary sibling of `--out` and renamed when complete):
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api.heads import run_finetune_effect as run
-from analysis.heads.config import add_data_arguments, add_output_arguments, config_from_args
-from analysis.heads.finetuning import FIGURES, EffectConfig, effect_config
+from analysis.heads.config import EFFECT_FIGURES, add_data_arguments, add_output_arguments, config_from_args
 from bertjax import cli
 
+if TYPE_CHECKING:
+    from analysis.heads.finetuning import EffectConfig
 
-def parse_args(argv: list[str] | None) -> EffectConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.finetune_effect", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.finetune_effect", __doc__)
     p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
     add_data_arguments(p)
-    add_output_arguments(p, "finetune_effect_out", FIGURES)
-    a = p.parse_args(argv)
+    add_output_arguments(p, "finetune_effect_out", EFFECT_FIGURES)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> EffectConfig:
+    a = build_parser().parse_args(argv)
+    from analysis.heads.finetuning import effect_config  # after parsing: --help and flag errors need no JAX
+
     return effect_config(a.post, config_from_args(a, ckpt=a.pre))
+
+
+def run(config: EffectConfig) -> None:
+    from analysis.api.heads import run_finetune_effect  # after parsing: --help and flag errors need no JAX
+
+    if run_finetune_effect(config) is not None:  # None: a process other than the first, which writes nothing
+        cli.print_wrote(config.data.out)
 
 
 def main(argv: list[str] | None = None) -> None:

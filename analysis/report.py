@@ -14,15 +14,17 @@ says so.
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api import run_report as run
-from analysis.heads.report import REPORT, ReportConfig
+from analysis.heads.config import REPORT
 from bertjax import cli
 
+if TYPE_CHECKING:
+    from analysis.heads.report import ReportConfig
 
-def parse_args(argv: list[str] | None) -> ReportConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.report", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.report", __doc__)
     p.add_argument(
         "run_dir",
         metavar="RUN_DIR",
@@ -39,8 +41,20 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
         help="an analysis.clark output with coref_heads.csv: the head cards show its GAP coreference accuracy "
         "(default: RUN_DIR's own coref_heads.csv, if any)",
     )
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> ReportConfig:
+    a = build_parser().parse_args(argv)
+    from analysis.heads.report import ReportConfig  # after parsing: --help and flag errors need no JAX
+
     return ReportConfig(a.run_dir, a.examples, a.out, a.overwrite, a.coref)
+
+
+def run(config: ReportConfig) -> None:
+    from analysis.api.heads import run_report  # after parsing: --help and flag errors need no JAX
+
+    run_report(config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -84,18 +84,21 @@ def screenshot(
         session.quit()
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m analysis.report_screenshot", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.report_screenshot", __doc__)
     p.add_argument("report", help="a report.html written by analysis.report")
     p.add_argument("out", help="the PNG to write")
     p.add_argument("--task", help="the task shown (default: the report's first)")
     p.add_argument("--head", help="LAYER,HEAD whose card to open")
     p.add_argument("--role", help="the role shown in the card (with --head)")
     p.add_argument("--token", type=int, help="position of the token to pick (default: the first the role scores)")
-    p.add_argument("--width", type=int, default=1400)
-    p.add_argument("--height", type=int, default=1000)
-    a = p.parse_args(argv)
+    p.add_argument("--width", type=int, default=1400, help="browser window width, pixels")
+    p.add_argument("--height", type=int, default=1000, help="browser window height, pixels")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     page = Path(a.report)
     if not page.is_file():
         raise UserError(f"{page}: no such file")

@@ -12,10 +12,10 @@ leaves nothing half-written.
 from __future__ import annotations
 
 import argparse
-import logging
 
-from analysis.api import run_roles as run
 from analysis.heads.config import (
+    DEFAULT_ROLES_FIGURES,
+    ROLES_FIGURES,
     RolesConfig,
     add_data_arguments,
     add_output_arguments,
@@ -23,23 +23,30 @@ from analysis.heads.config import (
     add_variant_arguments,
     config_from_args,
 )
-from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES
 from bertjax import cli
 
-log = logging.getLogger(__name__)
 
-
-def parse_args(argv: list[str] | None) -> RolesConfig:
-    p = argparse.ArgumentParser(prog="python -m analysis.roles", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.roles", __doc__)
     p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
     p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
     add_data_arguments(p)
     add_test_arguments(p)
     add_variant_arguments(p)
     add_output_arguments(p, "roles_out", ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
-    a = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> RolesConfig:
+    a = build_parser().parse_args(argv)
     return config_from_args(a, ckpt=a.ckpt, step=a.step)
+
+
+def run(config: RolesConfig) -> None:
+    from analysis.api.heads import run_roles  # after parsing: --help and flag errors need no JAX
+
+    if run_roles(config) is not None:  # None: a process other than the first, which writes nothing
+        cli.print_wrote(config.out)
 
 
 def main(argv: list[str] | None = None) -> None:

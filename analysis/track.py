@@ -34,18 +34,27 @@ step, label, source and resolved path).
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from analysis.api import run_track as run
-from analysis.heads.config import add_data_arguments, add_output_arguments, add_test_arguments, config_from_args
-from analysis.heads.tracking import CORRECTION_SCOPES, FIGURES, TrackConfig, parse_steps, run_seeds
-from bertjax import cli, distributed
+from analysis.heads.config import (
+    CORRECTION_SCOPES,
+    PERSISTENCE,
+    TRACK_FIGURES,
+    add_data_arguments,
+    add_output_arguments,
+    add_test_arguments,
+    config_from_args,
+)
+from bertjax import cli
+
+if TYPE_CHECKING:
+    from analysis.heads.tracking import TrackConfig
 
 # -- command line -------------------------------------------------------------------------------
 
 
-def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
-    p = argparse.ArgumentParser(prog="python -m analysis.track", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(p)
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("analysis.track", __doc__)
     series = p.add_mutually_exclusive_group(required=True)
     series.add_argument("--run", action="append",
                         help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/); repeated: the seeds "
@@ -67,14 +76,23 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
                    help="also the syntactic attention structure (Chen et al. 2023) of each step on this CoNLL-U "
                         "file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
     p.add_argument("--sas-n", type=int, default=1000, help="with --sas: the first N trees of the file")
-    p.add_argument("--persistence", type=int, default=TrackConfig.persistence, metavar="K",
+    p.add_argument("--persistence", type=int, default=PERSISTENCE, metavar="K",
                    help="an onset needs the role held at K consecutive analysed steps (1: the last ones alone)")  # fmt: skip
-    p.add_argument("--correction-scope", choices=CORRECTION_SCOPES, default=TrackConfig.correction_scope,
+    p.add_argument("--correction-scope", choices=CORRECTION_SCOPES, default=CORRECTION_SCOPES[0],
                    help="the family of --correction: the tests of each step, or of the whole series")  # fmt: skip
     add_data_arguments(p)
     add_test_arguments(p)
-    add_output_arguments(p, "track_out", FIGURES)
-    a = p.parse_args(argv)
+    add_output_arguments(p, "track_out", TRACK_FIGURES)
+    return p
+
+
+def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
+    """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
+    a = build_parser().parse_args(argv)
+    # After parsing: --help and flag errors need no JAX.
+    from analysis.heads.tracking import TrackConfig, parse_steps
+    from bertjax import distributed
+
     shard = None if a.shard is None else distributed.parse_shard(a.shard)
     config = TrackConfig(
         roles=config_from_args(a, ckpt=a.run[0] if a.run else ""),
@@ -92,10 +110,20 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     return config, list(a.run or ())
 
 
+def run(config: TrackConfig) -> None:
+    from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
+
+    if run_track(config) is not None:  # None: a --shard job, or a process other than the first
+        cli.print_wrote(config.roles.out)
+
+
 def main(argv: list[str] | None = None) -> None:
     config, runs = parse_args(argv)
     if len(runs) > 1:
+        from analysis.heads.tracking import run_seeds
+
         run_seeds(config, runs)
+        cli.print_wrote(config.roles.out)
     else:
         run(config)
 

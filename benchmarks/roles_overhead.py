@@ -28,11 +28,10 @@ import jax
 from flax import nnx
 
 from analysis.common.examples import encode_tasks, fit_max_length, load_tasks, make_parser
-from analysis.common.figures import add_figure_arguments
+from analysis.common.flags import add_figure_arguments
 from analysis.common.forward import padded_batches
 from analysis.heads import pipeline
-from analysis.heads.config import RolesConfig, config_tasks
-from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES
+from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig, config_tasks
 from benchmarks import common
 from bertjax import cli
 from bertjax.pretrained import from_pretrained, load_tokenizer

@@ -1,25 +1,39 @@
-"""`python -m bertjax CKPT`: load a checkpoint, run one sentence pair, print what came out."""
+"""`python -m bertjax --ckpt CKPT`: load a checkpoint, run one sentence pair, print what came out."""
 
 from __future__ import annotations
 
 import argparse
-
-import jax
-import numpy as np
-from flax import nnx
+import sys
 
 from bertjax import cli
-from bertjax.pretrained import from_pretrained, load_tokenizer
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser("bertjax", __doc__)
+    parser.add_argument("--ckpt", help="HF-format directory, bertjax run workdir or hub id (required)")
+    parser.add_argument("old_ckpt", nargs="?", metavar="CKPT", help="the old spelling of --ckpt CKPT")
+    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run (default: latest)")
+    parser.add_argument("--text", default="The cat sat on the mat.", help="the first sentence of the pair run")
+    parser.add_argument("--text-pair", default="It was happy there.", help="the second sentence")
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bertjax", description=__doc__)
-    cli.add_verbose_argument(parser)
-    parser.add_argument("ckpt", help="HF-format directory, bertjax run workdir or hub id")
-    parser.add_argument("--step", type=int, default=None, help="checkpoint step of a bertjax run")
-    parser.add_argument("--text", default="The cat sat on the mat.")
-    parser.add_argument("--text-pair", default="It was happy there.")
+    parser = build_parser()
     args = parser.parse_args(argv)
+    if args.old_ckpt is not None:
+        if args.ckpt is not None:
+            parser.error("give the checkpoint once, as --ckpt CKPT")
+        print("warning: python -m bertjax CKPT is deprecated, use --ckpt CKPT", file=sys.stderr)
+        args.ckpt = args.old_ckpt
+    elif args.ckpt is None:
+        parser.error("the following arguments are required: --ckpt")
+    # After parsing: --help and flag errors need no JAX.
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from bertjax.pretrained import from_pretrained, load_tokenizer
 
     model = from_pretrained(args.ckpt, step=args.step)
     tokenizer = load_tokenizer(args.ckpt, step=args.step)

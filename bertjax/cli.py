@@ -12,8 +12,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import jax
-
 from bertjax.errors import UserError
 
 # Where bertjax keeps what it can recompute: parses, compiled XLA programs.
@@ -36,6 +34,42 @@ class Quiet(logging.Filter):
         if record.levelno >= logging.WARNING:
             return not (record.name == "absl" and str(record.msg).startswith(RESTATEMENTS))
         return record.name.split(".", 1)[0] in OWN_LOGGERS
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's `(default: X)` after every flag that takes a value, except where the help text
+    already says what its default is (a None default means something: "default: the hub")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default" in text:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
+def parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """The parser of `python -m PROG`, described by the first paragraph of its module's `doc`,
+    with every flag's default in `--help` and `-v/--verbose`."""
+    p = argparse.ArgumentParser(
+        prog=f"python -m {prog}", description=doc.split("\n\n")[0], formatter_class=HelpFormatter
+    )
+    add_verbose_argument(p)
+    return p
+
+
+class DeprecatedAliases(argparse.Action):
+    """Stores a flag's value; every option string after the first is an old spelling, kept for one
+    release, and using it prints one line on stderr naming the new one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string is not None and option_string != self.option_strings[0]:
+            print(f"warning: {option_string} is deprecated, use {self.option_strings[0]}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def print_wrote(out: str | Path) -> None:
+    """The last line of a run that wrote a directory: where its outputs are."""
+    print(f"wrote {Path(out).expanduser().resolve()}")
 
 
 def add_verbose_argument(p: argparse.ArgumentParser) -> None:
@@ -128,5 +162,12 @@ def use_compilation_cache() -> None:
     new process skips XLA compilation it has done before: on a GPU, compiling an analysis' padded
     batch shapes costs more than running them. `JAX_COMPILATION_CACHE_DIR` chooses another
     directory and `JAX_ENABLE_COMPILATION_CACHE=false` turns it off."""
+    if "jax" not in sys.modules:
+        # jax reads its flags' environment variables when it is imported; set this way, a CLI's
+        # `--help` (parsed after this) does not wait for jax to load.
+        os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(CACHE_ROOT / "xla"))
+        return
+    import jax
+
     if jax.config.jax_compilation_cache_dir is None:
         jax.config.update("jax_compilation_cache_dir", str(CACHE_ROOT / "xla"))

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import optax
 
 from bertjax.errors import UserError
 
@@ -329,6 +328,8 @@ METRICS = {"accuracy": accuracy, "f1": f1}
 
 
 def classification_metrics(logits: np.ndarray, labels: np.ndarray, names: tuple[str, ...]) -> dict[str, float]:
+    import optax  # here, not at the top: the CLIs' parsers read TASKS, and optax imports jax
+
     predictions = logits.argmax(-1)
     scores = {name: METRICS[name](predictions, labels) for name in names}
     scores["loss"] = float(optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean())

@@ -22,8 +22,6 @@ from importlib import metadata
 from pathlib import Path
 from typing import IO, Any
 
-import jax
-
 from bertjax import cli
 from bertjax.errors import UserError
 
@@ -82,6 +80,8 @@ def versions() -> dict[str, str | None]:
 
 
 def environment() -> dict[str, Any]:
+    import jax
+
     devices = jax.devices()
     return {
         "versions": versions(),

@@ -42,11 +42,14 @@ pre-training); both predictions are `predicted_heads`.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
-from sieves.wordattn import WordAttention
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sieves.wordattn import WordAttention
 
 DIRECTIONS = ("dep2head", "head2dep")
 BASELINE_OFFSETS = {"paper": (-3, -2, -1, 1, 2, 3), "authors": (-3, -2, -1, 0, 1, 2)}
@@ -157,6 +160,8 @@ def last_argmax(values: np.ndarray) -> int:
 def sas_table(counts: DependencyCounts) -> pd.DataFrame:
     """One row per relation ("all" first, then by arc count, most first): its arc count, the UAS
     of the best (layer, head, direction) and that head, the best offset and its UAS."""
+    import pandas as pd  # here, not at the top: analysis.clark's parser reads BASELINE_OFFSETS
+
     relations = sorted(counts.count, key=lambda r: (r != ALL_RELATIONS, -counts.count[r], r))
     rows = []
     for relation in relations:

@@ -25,9 +25,11 @@ def pytest_unconfigure(config) -> None:
 @pytest.fixture(scope="session")
 def shared_data() -> Path:
     """The staged public data directory (`shared/data`), or a skip (a failure on CI) without it."""
-    root = Path(os.environ.get("BERTJAX_SHARED_DATA") or Path(__file__).resolve().parents[1].parent / "shared" / "data")
+    # BERTJAX_DATA, as the pre-training configs read it; BERTJAX_SHARED_DATA, its older name here.
+    given = os.environ.get("BERTJAX_DATA") or os.environ.get("BERTJAX_SHARED_DATA")
+    root = Path(given or Path(__file__).resolve().parents[1].parent / "shared" / "data")
     if not root.is_dir():
-        _require(f"staged data not found at {root}; set BERTJAX_SHARED_DATA to shared/data")
+        _require(f"staged data not found at {root}; set BERTJAX_DATA to shared/data")
     return root
 
 

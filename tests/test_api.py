@@ -268,6 +268,7 @@ print(json.dumps(measured))
 """
 
 
+@pytest.mark.slow  # ~32 s of CPU: every tool three times in a fresh process
 def test_repeated_calls_of_every_tool_compile_nothing_new_and_keep_memory(
     tiny_hf, second_hf, tiny_classifier, shared_data, ud_english_ewt, tmp_path
 ):

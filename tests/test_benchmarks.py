@@ -197,3 +197,14 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     assert "emergence-gpu/run.json" in names and any(name.startswith("track/") for name in names), names
     # What comes back from the device machine: at most 8 files, none further down.
     assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
+
+
+def test_cli_start_times_help_against_a_baseline_tree(capsys):
+    from benchmarks import cli_start
+
+    # The baseline is this tree too: the script needs only a directory whose commands run.
+    cli_start.main(["--repeat", "1", "--commands", "analysis.ablate", "--baseline", str(ROOT)])
+    this, baseline = json_lines(capsys.readouterr().out)
+    assert (this["tree"], baseline["tree"]) == ("this", "baseline")
+    assert this["command"] == baseline["command"] == "python -m analysis.ablate --help"
+    assert this["runs"] == 1 and this["cpu_median_s"] > 0 and this["target_s"] == 1.0

@@ -88,12 +88,14 @@ def trained(language, tmp_path_factory) -> tuple[Path, Path]:
     return pretrain_and_track(language, tmp_path_factory.mktemp("trained"))
 
 
+@pytest.mark.slow  # pre-trains on the synthetic language: ~61 s of CPU
 def test_positional_heads_form_at_the_loss_drop(trained):
     found = check_known_answer(*trained)
     assert found["heads_at_last"] >= 1
     print(found)
 
 
+@pytest.mark.slow  # pre-trains once more, without positions: ~47 s of CPU
 def test_without_positions_the_same_check_fails(trained, language, tmp_path, monkeypatch):
     """The planted defect: every token embedded at position 0, in training and in tracking, so the
     model sees a bag of words and no head can find a neighbour by position."""

@@ -167,10 +167,9 @@ def test_figure_workers_die_with_a_killed_parent_and_leave_no_temporaries(synthe
 
 
 def test_a_failing_run_stops_its_workers_at_once():
-    clock = time.monotonic()
     with pytest.raises(KeyError), common_figures.FigurePool(2) as pool:
         workers = list(pool._processes)
         raise KeyError("the run failed while the workers were importing")
-    assert all(p.poll() is not None for p in workers)
-    # not after their imports, which take seconds: they are killed
-    assert time.monotonic() - clock < 2
+    # Killed, not asked to stop: a worker asked to stop first finishes its imports (seconds) and
+    # exits with status 0.
+    assert [p.returncode for p in workers] == [-signal.SIGKILL] * 2

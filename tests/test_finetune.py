@@ -45,7 +45,7 @@ def tiny_ckpt(tmp_path_factory, shared_data) -> Path:
 
 
 def _argv(task: str, init: Path, workdir: Path, glue_dir: Path, *extra: str) -> list[str]:
-    return ["--task", task, "--init", str(init), "--workdir", str(workdir), "--glue-dir", str(glue_dir), *QUICK, *extra]
+    return ["--task", task, "--ckpt", str(init), "--workdir", str(workdir), "--glue-dir", str(glue_dir), *QUICK, *extra]
 
 
 @pytest.fixture(scope="module")
@@ -186,6 +186,7 @@ def test_summary_takes_the_last_row_and_the_best_by_the_metric(tmp_path):
         finetune.summarise_evaluations(tmp_path, "f1")
 
 
+@pytest.mark.slow  # the `mrpc_run` fixture fine-tunes: ~37 s of CPU
 def test_run_writes_eval_json_and_best_and_last_checkpoints(mrpc_run):
     summary = json.loads((mrpc_run / "eval.json").read_text())
     assert {"task", "split", "step", "epoch", "accuracy", "f1", "loss", "n_examples", "best", "best_metric"} <= set(
@@ -211,6 +212,7 @@ def test_run_writes_eval_json_and_best_and_last_checkpoints(mrpc_run):
     assert run["steps"] == 12 and run["warmup_steps"] == 1 and run["eval"] == summary
 
 
+@pytest.mark.slow  # the `mrpc_run` fixture, when run alone
 def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(
     mrpc_run, tiny_ckpt, shared_data, tmp_path, cli_error
 ):
@@ -229,6 +231,7 @@ def test_a_rerun_with_other_settings_is_refused_before_anything_is_written(
     ]
 
 
+@pytest.mark.slow  # the `mrpc_run` fixture, when run alone
 def test_checkpoints_load_for_analysis(mrpc_run, tiny_ckpt, shared_data):
     summary = json.loads((mrpc_run / "eval.json").read_text())
     last = bertjax.from_pretrained(mrpc_run, "BertForSequenceClassification")
@@ -246,6 +249,7 @@ def test_checkpoints_load_for_analysis(mrpc_run, tiny_ckpt, shared_data):
     assert scores["accuracy"] == pytest.approx(summary["accuracy"]) and scores["f1"] == pytest.approx(summary["f1"])
 
 
+@pytest.mark.slow  # the `mrpc_run` fixture, when run alone
 def test_rerunning_a_finished_run_changes_nothing(mrpc_run, tiny_ckpt, shared_data):
     before = (mrpc_run / "eval.json").read_text()
     finetune.main(_argv("mrpc", tiny_ckpt, mrpc_run, shared_data / "glue"))

@@ -64,6 +64,7 @@ def _heldout_rows(workdir: Path) -> dict[int, dict]:
     return {row["step"]: row for row in rows if "heldout_mlm_loss" in row}
 
 
+@pytest.mark.slow  # the `heldout_run` fixture pre-trains in a subprocess: ~33 s of CPU
 def test_heldout_metrics_are_written_at_every_checkpoint(heldout_run):
     saved = sorted(int(p.name) for p in (heldout_run / "checkpoints").iterdir() if p.name.isdigit())
     rows = _heldout_rows(heldout_run)
@@ -76,6 +77,7 @@ def test_heldout_metrics_are_written_at_every_checkpoint(heldout_run):
     assert run["timings_s"]["heldout_eval_s"] > 0
 
 
+@pytest.mark.slow  # the `heldout_run` fixture, when run alone
 def test_heldout_metrics_are_the_losses_of_the_fixed_heldout_batches(heldout_run):
     """Recomputed with the training loss on the same two batches of the held-out shards: the
     evaluator's sums over masked tokens divided by their count are the training loss's means

@@ -297,7 +297,11 @@ def test_bad_checkpoint_names_the_tensor_and_file(tmp_path, edit, message):
 def test_cli_reports_a_user_error_in_one_line(tmp_path):
     _write_tiny_hf(tmp_path, lambda t: t.pop("encoder.layer.0.output.dense.bias"))
     result = subprocess.run(
-        [sys.executable, "-m", "bertjax", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+        [sys.executable, "-m", "bertjax", "--ckpt", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == (

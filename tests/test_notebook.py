@@ -45,6 +45,7 @@ def _html_outputs(cells) -> list[str]:
     ]
 
 
+@pytest.mark.slow  # the notebook in a real kernel: ~24 s of CPU
 def test_every_cell_runs_and_the_views_are_inline(executed):
     code = [c for c in executed.cells if c.cell_type == "code"]
     assert all(c.execution_count for c in code)
@@ -73,6 +74,7 @@ def exported(executed, tmp_path_factory) -> Path:
     return path
 
 
+@pytest.mark.slow  # the executed notebook (the fixture above), when run alone
 def test_the_html_export_opens_a_head_card_on_click(browser, exported):
     from selenium.webdriver.common.by import By
 

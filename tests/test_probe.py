@@ -119,6 +119,7 @@ def tensorboard_scalars(workdir: Path) -> dict[str, dict[int, float]]:
     return scalars
 
 
+@pytest.mark.slow  # the `run` fixture pre-trains with probes: ~33 s of CPU
 def test_probe_metrics_are_logged_at_every_probe_step(run):
     saves = checkpoint_steps(run)
     expected = sorted({*range(EVERY, STEPS + 1, EVERY), *saves})
@@ -137,6 +138,7 @@ def test_probe_metrics_are_logged_at_every_probe_step(run):
     assert run_json["timings_s"]["probe_s"] > 0
 
 
+@pytest.mark.slow  # the `run` fixture, when run alone
 def test_probe_equals_analysis_track(run, trees, tmp_path):
     from analysis import track
 

@@ -139,6 +139,7 @@ def test_preparing_on_a_full_disk_is_one_line_naming_the_file(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow  # pre-trains until a save fails: ~26 s of CPU
 def test_a_checkpoint_save_on_a_full_disk_is_one_line_and_leaves_no_partial_step(small_corpus, tmp_path):
     prepared = tmp_path / "data"
     subprocess.run([sys.executable, "-m", "train.prepare", "--out", str(prepared), *_data_settings(small_corpus),

@@ -76,7 +76,7 @@ def test_analysis_and_finetune_refuse_a_bad_config_json_with_one_line(tiny_hf, s
     argv = [
         "--task",
         "mrpc",
-        "--init",
+        "--ckpt",
         str(directory),
         "--workdir",
         str(workdir),
@@ -211,7 +211,7 @@ def test_a_non_finite_or_negative_learning_rate_is_refused_before_anything_is_wr
     ]
     expected = f"error: optimizer.learning_rate: must be a finite number ≥ 0, got {float(value.lstrip('.'))}"
     assert cli_error(pretrain.main, argv) == expected
-    argv = ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir), f"optimizer.end_learning_rate={value}"]
+    argv = ["--task", "mrpc", "--ckpt", "unused", "--workdir", str(workdir), f"optimizer.end_learning_rate={value}"]
     assert cli_error(finetune.main, argv) == expected.replace("learning_rate", "end_learning_rate")
     assert not workdir.exists()
 
@@ -246,8 +246,8 @@ def test_a_second_finetuning_run_on_a_workdir_stops_at_once(tmp_path, cli_error)
     from train import finetune
 
     workdir = tmp_path / "work"
-    with runinfo.one_writer(workdir):  # the first run; the second stops before reading --init
-        message = cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", "--workdir", str(workdir)])
+    with runinfo.one_writer(workdir):  # the first run; the second stops before reading --ckpt
+        message = cli_error(finetune.main, ["--task", "mrpc", "--ckpt", "unused", "--workdir", str(workdir)])
     assert message == (
         f"error: --workdir {workdir} is being written by another run (pid {os.getpid()}); "
         "wait for it to end or choose another --workdir"
@@ -292,7 +292,7 @@ def test_a_yaml_syntax_error_is_one_line(tmp_path, cli_error):
     expected = f"error: {config}: not valid YAML (line 3, column 8: mapping values are not allowed in this context)"
     argv = ["--config", str(config), "--workdir", str(tmp_path / "work")]
     assert cli_error(pretrain.main, argv) == expected
-    assert cli_error(finetune.main, ["--task", "mrpc", "--init", "unused", *argv]) == expected
+    assert cli_error(finetune.main, ["--task", "mrpc", "--ckpt", "unused", *argv]) == expected
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.yaml"]
 
 

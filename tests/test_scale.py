@@ -109,6 +109,7 @@ def t_within_bound(table: pd.DataFrame, reference: pd.DataFrame, keys: list[str]
     assert ((a["t"] - b["t"]).abs()[finite] <= bound[finite]).all()
 
 
+@pytest.mark.slow  # the `outputs` fixture runs every analysis on 1, 2, 4 and 8 devices: ~87 s of CPU
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
 def test_roles_agree_on_every_device_count(outputs, devices):
     one, many = (pd.read_csv(outputs / f"roles-{d}" / "roles.csv") for d in (1, devices))
@@ -121,12 +122,14 @@ def test_roles_agree_on_every_device_count(outputs, devices):
     assert run["config"]["devices"] == devices
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
 def test_track_agrees_on_every_device_count(outputs, devices):
     one, many = (pd.read_csv(outputs / f"track-{d}" / "track.csv") for d in (1, devices))
     agree(many, one, ["step", "task", "layer", "head", "role"], ["mean"], ["n", "assigned"])
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
 def test_finetune_effect_agrees_on_every_device_count(outputs, devices):
     for name, keys, means in (
@@ -138,6 +141,7 @@ def test_finetune_effect_agrees_on_every_device_count(outputs, devices):
     assert json.loads((outputs / f"effect-{devices}" / "run.json").read_text())["mesh"]["data"] == devices
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 @pytest.mark.parametrize("devices", DEVICE_COUNTS[1:])
 def test_prune_agrees_on_every_device_count(outputs, devices):
     one, many = (pd.read_csv(outputs / f"prune-{d}" / "mrpc_importance.csv") for d in (1, devices))
@@ -147,6 +151,7 @@ def test_prune_agrees_on_every_device_count(outputs, devices):
     assert json.loads((outputs / f"prune-{devices}" / "run.json").read_text())["mesh"]["data"] == devices
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 def test_a_planted_padding_bug_breaks_the_bound(outputs):
     """Scores of the first sequences of each batch replaced by a padding row's (what a result taken
     from the wrong rows of a padded batch would hold) move the means well past the bound."""
@@ -183,6 +188,7 @@ else:
 """
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 def test_two_processes_give_the_one_process_result(outputs, localhost_job, minilm_path, shared_data, tmp_path):
     out = tmp_path / "job"
     args = (str(minilm_path), str(shared_data / "glue"), str(outputs / "parses"), str(out))
@@ -212,6 +218,7 @@ def test_a_process_that_dies_leaves_no_output(localhost_job, minilm_path, shared
     assert not out.exists()
 
 
+@pytest.mark.slow  # the `outputs` fixture, when run alone
 def test_two_processes_track_a_series_as_one(outputs, localhost_job, minilm_path, shared_data, tmp_path):
     out = tmp_path / "job"
     args = (str(minilm_path), str(shared_data / "glue"), str(outputs / "parses"), str(out), str(outputs / "classifier"))

@@ -283,11 +283,12 @@ QUICK = ["data.max_train_examples=48", "data.max_seq_length=64", "train.global_b
 @pytest.fixture(scope="module")
 def finetuned(hf_dirs, shared_data, tmp_path_factory) -> Path:
     workdir = tmp_path_factory.mktemp("mrpc")
-    finetune.main(["--task", "mrpc", "--init", str(hf_dirs[0]), "--workdir", str(workdir),
+    finetune.main(["--task", "mrpc", "--ckpt", str(hf_dirs[0]), "--workdir", str(workdir),
                    "--glue-dir", str(shared_data / "glue"), *QUICK])  # fmt: skip
     return workdir
 
 
+@pytest.mark.slow  # the `finetuned` fixture fine-tunes: ~31 s of CPU
 def test_finetuning_keeps_log_spaced_checkpoints(finetuned):
     steps = ckpt.available_steps(finetuned / ckpt.CHECKPOINTS)
     # log-spaced 1, 2, 5, 12; the last (12); the best by F1 (an epoch end: 6 or 12)
@@ -295,6 +296,7 @@ def test_finetuning_keeps_log_spaced_checkpoints(finetuned):
     assert json.loads((finetuned / "run.json").read_text())["config"]["checkpoint"] == {"log_spaced": 4}
 
 
+@pytest.mark.slow  # the `finetuned` fixture, when run alone
 def test_a_finetuning_workdir_is_tracked_from_its_init(finetuned, hf_dirs, flags, loads, tmp_path):
     out = tmp_path / "track"
     track.main(["--run", str(finetuned), "--with-init", "--out", str(out), *flags])
@@ -319,7 +321,7 @@ def test_with_init_needs_a_finetuning_run(shared_data, flags, tmp_path, cli_erro
 
 
 def test_a_negative_log_spaced_count_is_one_line(hf_dirs, shared_data, tmp_path, cli_error):
-    argv = ["--task", "mrpc", "--init", str(hf_dirs[0]), "--workdir", str(tmp_path / "run"),
+    argv = ["--task", "mrpc", "--ckpt", str(hf_dirs[0]), "--workdir", str(tmp_path / "run"),
             "--glue-dir", str(shared_data / "glue"), "checkpoint.log_spaced=-1"]  # fmt: skip
     assert cli_error(finetune.main, argv) == "error: checkpoint.log_spaced must be at least 0, got -1"
     assert not (tmp_path / "run").exists()

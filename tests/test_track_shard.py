@@ -66,6 +66,7 @@ def sharded(flags, tmp_path_factory):
     return out, cache, [stdout for _, stdout, _ in results]
 
 
+@pytest.mark.slow  # the `sharded` fixture: two shard processes and their imports, ~26 s of CPU
 def test_two_shards_at_once_fill_the_cache_and_leave_no_out(sharded):
     out, cache, stdouts = sharded
     # Nothing beside the cache: no --out, no temporary or lock of it.
@@ -80,6 +81,7 @@ def test_two_shards_at_once_fill_the_cache_and_leave_no_out(sharded):
         assert f"into {cache}" in stdout and "wrote nothing into --out" in stdout
 
 
+@pytest.mark.slow  # the `sharded` fixture, when run alone
 def test_the_merge_scores_nothing_and_writes_what_one_plain_run_writes(sharded, flags, tmp_path, monkeypatch):
     out, cache, _ = sharded
     plain = tmp_path / "plain"
@@ -100,6 +102,7 @@ def test_the_merge_scores_nothing_and_writes_what_one_plain_run_writes(sharded, 
             out.rename(tmp_path / "merged")
 
 
+@pytest.mark.slow  # the `sharded` fixture, when run alone
 def test_a_shard_whose_members_are_cached_scores_nothing(sharded, flags, monkeypatch, capsys):
     out, cache, _ = sharded
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}

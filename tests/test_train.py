@@ -101,16 +101,18 @@ def library_info_lines(output: str) -> list[str]:
     return re.findall(rf"^.* INFO (?!(?:{own})[.:]).*$", output, flags=re.MULTILINE)
 
 
+@pytest.mark.slow  # the `smoke_run` fixture pre-trains in a subprocess: ~26 s of CPU
 def test_a_run_says_what_it_does_and_hides_library_info_lines(smoke_run):
     # Lines as a terminal shows them: a progress bar redraws its line after a carriage return.
     lines = (smoke_run.parent / "smoke.log").read_bytes().decode().rstrip("\n").split("\n")
-    assert "INFO __main__: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
+    assert "INFO train.pretraining: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
     assert library_info_lines("\n".join(lines)) == []
     # The first line, phase 1's, the progress bar's and one per evaluation: orbax alone wrote
     # about 40 lines per checkpoint (3 here).
     assert len(lines) <= 8, "\n".join(lines)
 
 
+@pytest.mark.slow  # a pre-training subprocess: ~17 s of CPU
 def test_verbose_shows_library_info_lines(corpus, prepared, tmp_path):
     command = _train_command(tmp_path / "run", corpus, prepared, 2, "checkpoint.every=1", "--verbose")
     result = subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True, text=True)
@@ -119,6 +121,7 @@ def test_verbose_shows_library_info_lines(corpus, prepared, tmp_path):
     assert any(" INFO jax." in line for line in shown), result.stderr  # jax's backend probing
 
 
+@pytest.mark.slow  # the `smoke_run` fixture, when run alone
 def test_pretraining_writes_checkpoints_metrics_and_run_info(smoke_run):
     steps = sorted(int(p.name) for p in (smoke_run / "checkpoints").iterdir() if p.name.isdigit())
     assert steps == [4, 8, 12]
@@ -141,6 +144,7 @@ def test_pretraining_writes_checkpoints_metrics_and_run_info(smoke_run):
     assert list((smoke_run / "tensorboard").iterdir())
 
 
+@pytest.mark.slow  # the `smoke_run` fixture, when run alone
 def test_analysis_runs_on_a_pretraining_checkpoint(smoke_run, shared_data, tmp_path):
     from analysis import roles
 
@@ -416,6 +420,7 @@ def test_probe_and_heldout_settings_may_change_on_a_resume_the_recipe_may_not():
     assert len(changed) == 1 and "model.layer_norm_position" in changed[0]
 
 
+@pytest.mark.slow  # prepares and trains two phases: ~21 s of CPU
 def test_phase_two_tokenises_with_phase_ones_trained_vocabulary(shared_data, tmp_path):
     """BERT's two-phase recipe on a vocabulary trained from the corpora: phase 2 (T = 64) reads
     phase 1's vocab.txt, not a vocabulary trained again (another numbering, or other tokens,
@@ -447,3 +452,20 @@ def test_phase_two_tokenises_with_phase_ones_trained_vocabulary(shared_data, tmp
     )
     assert json.loads((workdir / "run.json").read_text())["phase"] == 2
     assert (workdir / "checkpoints" / "4").is_dir()  # phase 2's last step: 2 + 2
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "pretrain").glob("*.yaml")))
+def test_pretrain_configs_find_the_staged_data_through_bertjax_data(name, monkeypatch, tmp_path):
+    from train.config import load_config
+
+    def paths() -> list[str]:
+        config = load_config(pretrain.PretrainConfig, ROOT / "configs" / "pretrain" / name)
+        return [c.path or "" for c in [*config.data.corpora, *config.heldout.corpora]] + [config.data.vocab_file or ""]
+
+    monkeypatch.delenv("BERTJAX_DATA", raising=False)
+    default = paths()
+    monkeypatch.setenv("BERTJAX_DATA", str(tmp_path))
+    # Every staged path moves under BERTJAX_DATA; any other path stays as written.
+    assert paths() == [
+        f"{tmp_path}/{p.removeprefix('../shared/data/')}" if p.startswith("../shared/data/") else p for p in default
+    ]

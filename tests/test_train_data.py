@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
-import time
 from pathlib import Path
 
 import numpy as np
@@ -824,16 +823,6 @@ def test_iterator_hosts_read_disjoint_slices(prepared: Path) -> None:
         assert np.array_equal(np.concatenate(parts), whole.examples(0, index))
     with pytest.raises(UserError, match="global_batch_size"):
         PretrainingData(prepared, 7, process_count=2)
-
-
-def test_iterator_throughput(prepared: Path) -> None:
-    data = PretrainingData(prepared, 128, seed=0)
-    next(data)
-    start = time.perf_counter()
-    n = sum(len(b["input_ids"]) for b in take(data, 40))
-    rate = n / (time.perf_counter() - start)
-    print(f"iterator: {rate:,.0f} sequences/s at T=128")
-    assert rate > 10_000
 
 
 @pytest.mark.parametrize("pair_task", ["sop", "none"])

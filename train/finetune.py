@@ -1,422 +1,53 @@
-"""`python -m train.finetune --task mrpc --init CKPT --workdir DIR [--glue-dir DIR] [key=value ...]`
+"""`python -m train.finetune --task mrpc --ckpt CKPT --workdir DIR [--glue-dir DIR] [key=value ...]`
 
 Fine-tunes BERT with a classifier on the pooled output on a GLUE task (QNLI, QQP, MRPC, SST-2),
-starting from a bertjax pre-training run or a HF-format directory, with the pre-training `Trainer`.
-Every epoch ends with an evaluation on the dev split (accuracy; F1 too for MRPC and QQP). The run
-keeps the last checkpoint, the best by `best_metric` and, with `checkpoint.log_spaced=K`, K
-log-spaced steps (as pre-training does), in the orbax layout of pre-training, so
-`analysis.roles --ckpt DIR --step S` reads any of them and `analysis.track --run DIR` tracks them.
-Re-running the same command resumes.
+starting from a bertjax pre-training run or a HF-format directory (`train.finetuning` says what
+the run keeps and writes). Re-running the same command resumes.
 
-Outputs in the workdir: `checkpoints/`, `tokenizer/`, `metrics.jsonl` and `tensorboard/` (training
-and `eval_*` curves), `eval.jsonl` (one row per evaluation), `eval.json` (the last evaluation, with
-the best under `best`), `config.yaml`, `run.json`. With `--seeds K > 1`: one such run per seed in
-`seed-<s>/` and their mean ± std in `seeds.json`.
+The command line only: the work is `train.finetuning`'s, imported once the flags are parsed, so
+that `--help` and a mistyped flag answer without loading JAX. The library's names (`run`,
+`FinetuneConfig`, ...) are reachable from this module too.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
-import json
-import logging
-import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import numpy as np
-from jax.sharding import NamedSharding, PartitionSpec
+from bertjax import cli
+from bertjax.glue import TASKS
 
-from bertjax import cli, pretrained, runinfo, sharding
-from bertjax.config import BertConfig
-from bertjax.errors import UserError
-from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
-from bertjax.model import BertForSequenceClassification
-from train import config as config_lib
-from train.checkpoints import CheckpointConfig, check_resumable
-from train.glue_data import ClassificationData, eval_batches
-from train.losses import classification_loss
-from train.optim import OptimizerConfig
-from train.pretrain import TOKENIZER_DIR, compute_dtype, write_tokenizer
-from train.trainer import LoopConfig, Trainer
-
-log = logging.getLogger(__name__)
-
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
-EVAL_ROWS = "eval.jsonl"
-EVAL_SUMMARY = "eval.json"
-SEEDS_SUMMARY = "seeds.json"
+if TYPE_CHECKING:
+    from train.finetuning import FinetuneConfig
 
 
-@dataclasses.dataclass
-class DataSettings:
-    glue_dir: str | None = None  # local GLUE directory (<TASK>/<split>.tsv); None: the hub, nyu-mll/glue
-    max_seq_length: int = 128
-    max_train_examples: int | None = None  # the first N training examples (quick runs); None: all
-    eval_split: str = "dev"
-    eval_batch_size: int = 128
-    # Batches of similar length, each cut to its longest sequence (rounded up to pad_multiple):
-    # several times less compute on GLUE's short sentences; see train/glue_data.py.
-    group_by_length: bool = True
-    pad_multiple: int = 16
-
-
-@dataclasses.dataclass
-class FinetuneLoop:
-    epochs: int = 3
-    global_batch_size: int = 32
-    grad_accum_steps: int = 1
-    seed: int = 0  # the classifier's init, dropout and shuffling; seed s of --seeds K is seed + s
-    log_every: int = 50
-    # Linear warm-up over this fraction of all steps (the step count depends on the data size);
-    # null to use optimizer.warmup_steps instead.
-    warmup_ratio: float | None = 0.1
-
-
-@dataclasses.dataclass
-class FinetuneCheckpoints:
-    # Also keep this many log-spaced steps in [1, last step] (`train.checkpoints.log_spaced_steps`,
-    # as pre-training's `checkpoint.log_spaced`), for `analysis.track --run WORKDIR`.
-    log_spaced: int = 0
-
-
-@dataclasses.dataclass
-class FinetuneConfig:
-    task: str = "mrpc"  # --task
-    init: str = ""  # --init: a bertjax run workdir or a HF-format directory (or hub id)
-    init_step: int | None = None  # a step of a bertjax run; None: its latest
-    seeds: int = 1  # --seeds
-    best_metric: str | None = None  # None: the task's own metric, F1 for MRPC and QQP, else accuracy
-    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
-    data: DataSettings = dataclasses.field(default_factory=DataSettings)
-    train: FinetuneLoop = dataclasses.field(default_factory=FinetuneLoop)
-    optimizer: OptimizerConfig = dataclasses.field(
-        default_factory=lambda: OptimizerConfig(name="adamw", learning_rate=2e-5)
-    )
-    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-    checkpoint: FinetuneCheckpoints = dataclasses.field(default_factory=FinetuneCheckpoints)
-
-
-def task_spec(task: str) -> TaskSpec:
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r} (--task): choose one of {', '.join(TASKS)}")
-    return TASKS[task]
-
-
-def best_metric(config: FinetuneConfig, spec: TaskSpec) -> str:
-    # TaskSpec lists accuracy first, then the task's GLUE metric where it has its own (F1).
-    name = config.best_metric or spec.metrics[-1]
-    if name not in spec.metrics:
-        raise UserError(f"best_metric: {name!r} is not a metric of {spec.name} ({', '.join(spec.metrics)})")
-    return name
-
-
-class Evaluator:
-    """The `evaluate` hook of the Trainer: a jitted forward of the trainer's params over every
-    example of the split, metrics on host, one row appended to `eval.jsonl` per call."""
-
-    def __init__(self, trainer: Trainer, arrays: dict[str, np.ndarray], spec: TaskSpec, split: str,
-                 batch_size: int, batches_per_epoch: int):  # fmt: skip
-        # Checked here, before training: the first evaluation comes after a whole epoch.
-        sharding.check_batch_size("data.eval_batch_size", batch_size, trainer.mesh)
-        self.trainer, self.arrays, self.spec, self.split = trainer, arrays, spec, split
-        self.batch_size, self.batches_per_epoch = batch_size, batches_per_epoch
-        replicated = NamedSharding(trainer.mesh, PartitionSpec())
-        self.forward = jax.jit(
-            lambda params, batch: (
-                trainer.model(params)(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"]).logits
-            ),
-            out_shardings=replicated,  # every host gets all logits
-        )
-        self.seconds = 0.0
-
-    def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
-        started = time.perf_counter()
-        batches = eval_batches(self.arrays, self.batch_size, jax.process_index(), jax.process_count())
-        logits = [jax.device_get(self.forward(params, sharding.global_batch(b, self.trainer.mesh))) for b in batches]
-        labels = self.arrays["labels"]
-        scores = classification_metrics(np.concatenate(logits)[: len(labels)], labels, self.spec.metrics)
-        row = {"task": self.spec.name, "split": self.split, "step": step, "epoch": step // self.batches_per_epoch,
-               "n_examples": len(labels), **scores}  # fmt: skip
-        if self.trainer.is_main:
-            path = self.trainer.workdir / EVAL_ROWS
-            with runinfo.log_write(path, "the evaluation rows"), runinfo.open_append(path) as f:
-                f.write(json.dumps(row) + "\n")
-        log.info(
-            "%s %s step %d: %s", self.spec.name, self.split, step, ", ".join(f"{k} {v:.4f}" for k, v in scores.items())
-        )
-        self.seconds += time.perf_counter() - started
-        return {f"eval_{k}": v for k, v in scores.items()}
-
-
-def summarise_evaluations(workdir: Path, metric: str) -> dict[str, Any]:
-    """eval.json's content: the last evaluation, plus the best by `metric` (ties: the later, as
-    the checkpointer keeps)."""
-    # A run resumed after a crash may evaluate a step twice (bit-identically): keep one row.
-    rows = {}
-    path = workdir / EVAL_ROWS
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            # Only a crash or a full disk in the middle of an append tears a line.
-            raise UserError(
-                f"{path}:{lineno}: not a JSON row (a write cut short?); delete that line and rerun"
-            ) from None
-        rows[row["step"]] = row
-    last = rows[max(rows)]
-    best = max(rows.values(), key=lambda r: (r[metric], r["step"]))
-    return {**last, "best_metric": metric, "best": best}
-
-
-# -- the run ---------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class Prepared:
-    """What every seed of a run shares: the task, the model config, the tokenizer, the data."""
-
-    spec: TaskSpec
-    metric: str
-    model_config: BertConfig
-    tokenizer: Any
-    train_set: dict[str, np.ndarray]
-    eval_set: dict[str, np.ndarray]
-    data_files: list[dict[str, str]]
-    seconds: float
-
-
-def prepare(config: FinetuneConfig) -> Prepared:
-    """Checks the settings and the checkpoint, then reads and tokenizes the data."""
-    started = time.perf_counter()
-    spec = task_spec(config.task)
-    metric = best_metric(config, spec)
-    if not config.init:
-        raise UserError("init: no checkpoint to fine-tune (--init CKPT)")
-    positive = (
-        ("train.epochs", config.train.epochs),
-        ("seeds", config.seeds),
-        ("data.pad_multiple", config.data.pad_multiple),
-    )
-    if config.checkpoint.log_spaced < 0:
-        raise UserError(f"checkpoint.log_spaced must be at least 0, got {config.checkpoint.log_spaced}")
-    for name, value in positive:
-        if value < 1:
-            raise UserError(f"{name} must be at least 1, got {value}")
-    if config.train.warmup_ratio is not None and not 0 <= config.train.warmup_ratio <= 1:
-        raise UserError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
-    if config.train.warmup_ratio is not None and config.optimizer.warmup_steps:
-        raise UserError(
-            "train.warmup_ratio and optimizer.warmup_steps are both set; set train.warmup_ratio=null to use steps"
-        )
-    source = pretrained.resolve(config.init, config.init_step)
-    model_config = pretrained.load_config(source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype))
-    tokenizer = pretrained.load_tokenizer(config.init, config.init_step)
-    if len(tokenizer) != model_config.vocab_size:
-        raise UserError(
-            f"{config.init}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "
-            f"{model_config.vocab_size}; the checkpoint and its tokenizer do not belong together"
-        )
-    length = config.data.max_seq_length
-    if not 3 <= length <= model_config.max_position_embeddings:
-        raise UserError(
-            f"data.max_seq_length {length} is not in [3, {model_config.max_position_embeddings}] (the model's positions)"
-        )
-
-    glue_dir = Path(config.data.glue_dir) if config.data.glue_dir else None
-    split = config.data.eval_split
-    where = "the hub" if glue_dir is None else str(glue_dir)
-    train = load_glue(spec.name, "train", glue_dir, config.data.max_train_examples, allow_empty=True)
-    dev = load_glue(spec.name, split, glue_dir, allow_empty=True)
-    for name, examples in (("train", train), (split, dev)):
-        empty = sum(not (e.text_a.strip() and (e.text_b is None or e.text_b.strip())) for e in examples)
-        if empty:
-            log.warning(
-                "%s %s: %d examples with an empty text, kept (as HF's run_glue keeps them)", spec.name, name, empty
-            )
-    files = (
-        [] if glue_dir is None else glue_files(spec.name, "train", glue_dir) + glue_files(spec.name, split, glue_dir)
-    )
-    return Prepared(
-        spec=spec,
-        metric=metric,
-        model_config=model_config,
-        tokenizer=tokenizer,
-        train_set=encode(train, tokenizer, length, f"{spec.name} train ({where})"),
-        eval_set=encode(dev, tokenizer, length, f"{spec.name} {split} ({where})"),
-        data_files=[{"path": str(p), "sha256": runinfo.sha256(p)} for p in files],
-        seconds=time.perf_counter() - started,
-    )
-
-
-def finetune(
-    config: FinetuneConfig, workdir: Path, prepared: Prepared, mesh: jax.sharding.Mesh
-) -> dict[str, Any] | None:
-    """One seed: trains `train.epochs` epochs in `workdir`; returns eval.json's content, or None
-    when preempted (SIGTERM) before the end."""
-    # Every setting is checked (batches, optimizer, mesh, an earlier run's settings) before anything
-    # is written: a bad one must leave no half-made workdir, nor rewrite a run's config.yaml.
-    sharding.check_batch_size("data.eval_batch_size", config.data.eval_batch_size, mesh)
-    run_config = dataclasses.asdict(config)
-    check_resumable(workdir, run_config)
-    loop = config.train
-    data = ClassificationData(prepared.train_set, loop.global_batch_size, process_count=jax.process_count())
-    steps = loop.epochs * data.batches_per_epoch
-    optimizer = config.optimizer
-    if loop.warmup_ratio is not None:
-        optimizer = dataclasses.replace(optimizer, warmup_steps=round(loop.warmup_ratio * steps))
-    trainer = Trainer(
-        workdir=workdir,
-        model_config=prepared.model_config,
-        model_cls=BertForSequenceClassification,
-        loss_fn=classification_loss,
-        optimizer=optimizer,
-        loop=LoopConfig(
-            steps=steps,
-            global_batch_size=loop.global_batch_size,
-            grad_accum_steps=loop.grad_accum_steps,
-            seed=loop.seed,
-            log_every=loop.log_every,
-            init_from=config.init,
-            init_step=config.init_step,
-        ),
-        # Saved at each epoch's end, right after its evaluation; kept: the last, the best and the
-        # log-spaced steps.
-        checkpoint=CheckpointConfig(
-            every=data.batches_per_epoch,
-            keep=1,
-            log_spaced=config.checkpoint.log_spaced,
-            best_metric=f"eval_{prepared.metric}",
-        ),
-        mesh=mesh,
-        run_config=run_config,
-        tokenizer=TOKENIZER_DIR,
-    )
-
-    def make_data(position):
-        return ClassificationData(
-            prepared.train_set,
-            loop.global_batch_size,
-            seed=loop.seed,
-            process_index=jax.process_index(),
-            process_count=jax.process_count(),
-            position=position,
-            group_by_length=config.data.group_by_length,
-            pad_multiple=config.data.pad_multiple,
-        )
-
-    evaluator = Evaluator(trainer, prepared.eval_set, prepared.spec, config.data.eval_split,
-                          config.data.eval_batch_size, data.batches_per_epoch)  # fmt: skip
-    if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-        config_lib.save_resolved(config, workdir / "config.yaml")
-        if not (workdir / TOKENIZER_DIR).is_dir():
-            write_tokenizer(prepared.tokenizer, workdir / TOKENIZER_DIR)
-    log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
-             loop.global_batch_size, config.init)  # fmt: skip
-    outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
-    summary = None if outcome.preempted else summarise_evaluations(workdir, prepared.metric)
-    if jax.process_index() == 0:
-        if summary is not None:
-            _write_json(workdir / EVAL_SUMMARY, summary)
-        runinfo.write_run_json(
-            workdir,
-            {
-                "config": run_config,
-                "step": outcome.step,
-                "preempted": outcome.preempted,
-                "final_metrics": outcome.metrics,
-                "eval": summary,
-                "n_params": trainer.n_params,
-                "n_train_examples": data.num_examples,
-                "steps": steps,
-                "warmup_steps": optimizer.warmup_steps,
-                "data_files": prepared.data_files,
-                "timings_s": {**outcome.timings, "data_s": prepared.seconds, "eval_s": evaluator.seconds},
-            },
-        )
-    return summary
-
-
-def summarise_seeds(task: str, seeds: list[int], summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean ± sample std (ddof 1) over seeds of the last and of the best evaluation."""
-    names = [k for k in ("accuracy", "f1", "loss") if k in summaries[0]]
-    out: dict[str, Any] = {"task": task, "split": summaries[0]["split"], "n_examples": summaries[0]["n_examples"],
-                           "best_metric": summaries[0]["best_metric"], "seeds": seeds}  # fmt: skip
-    for which in ("last", "best"):
-        rows = [s if which == "last" else s["best"] for s in summaries]
-        out[which] = {}
-        for name in names:
-            values = [float(r[name]) for r in rows]
-            out[which][name] = {"mean": float(np.mean(values)), "std": float(np.std(values, ddof=1)), "values": values}
-    return out
-
-
-def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
-    """Fine-tunes `config.seeds` seeds; returns eval.json's content (one seed) or seeds.json's,
-    or None when preempted."""
-    workdir = Path(workdir)
-    # One run writes a workdir, as in train.pretrain; process 0 writes, the others only read.
-    with runinfo.one_writer(workdir) if jax.process_index() == 0 else contextlib.nullcontext():
-        return _run(config, workdir)
-
-
-def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
-    prepared = prepare(config)
-    mesh = sharding.make_mesh(config.mesh)
-    if config.seeds == 1:
-        return finetune(config, workdir, prepared, mesh)
-    workdir.mkdir(parents=True, exist_ok=True)
-    if jax.process_index() == 0:
-        config_lib.save_resolved(config, workdir / "config.yaml")
-    seeds = [config.train.seed + i for i in range(config.seeds)]
-    summaries = []
-    for seed in seeds:
-        one = dataclasses.replace(config, seeds=1, train=dataclasses.replace(config.train, seed=seed))
-        summary = finetune(one, workdir / f"seed-{seed}", prepared, mesh)
-        if summary is None:
-            return None
-        summaries.append(summary)
-    result = summarise_seeds(prepared.spec.name, seeds, summaries)
-    if jax.process_index() == 0:
-        _write_json(workdir / SEEDS_SUMMARY, result)
-    return result
-
-
-def _write_json(path: Path, content: dict[str, Any]) -> None:
-    with runinfo.atomic_file(path, overwrite=True) as f:
-        f.write(json.dumps(content, indent=2) + "\n")
-
-
-def describe(result: dict[str, Any]) -> str:
-    """One line for the terminal: the last (and best) evaluation, or mean ± std over seeds."""
-    head = f"{result['task']} {result['split']} ({result['n_examples']} examples)"
-    if "seeds" in result:
-        parts = [f"{which} {name} {m['mean']:.4f} ± {m['std']:.4f}"
-                 for which in ("last", "best") for name, m in result[which].items() if name != "loss"]  # fmt: skip
-        return f"{head} over seeds {result['seeds']}: " + ", ".join(parts)
-    metric = result["best_metric"]
-    scores = ", ".join(f"{k} {result[k]:.4f}" for k in ("accuracy", "f1") if k in result)
-    return f"{head} at step {result['step']}: {scores}; best {metric} {result['best'][metric]:.4f} at step {result['best']['step']}"
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.finetune", description=__doc__.split("\n\n")[0])
-    cli.add_verbose_argument(parser)
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser("train.finetune", __doc__)
     parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
     parser.add_argument(
-        "--init", required=True, help="checkpoint to start from: a bertjax run workdir or a HF-format directory"
-    )
+        "--ckpt", "--init", dest="init", required=True, action=cli.DeprecatedAliases,
+        help="checkpoint to start from: a bertjax run workdir or a HF-format directory (--init: the old spelling)",
+    )  # fmt: skip
     parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, eval.json")
     parser.add_argument("--glue-dir", help="local GLUE directory (<TASK>/train.tsv, dev.tsv); default: the hub")
-    parser.add_argument("--seeds", type=int, help="run this many seeds (train.seed, +1, ...) and report mean ± std")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        help="run this many seeds (train.seed, +1, ...) and report mean ± std (default: the config's seeds, 1)",
+    )
     parser.add_argument(
         "--config", help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml"
     )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optimizer.learning_rate=1e-4")
-    args = parser.parse_intermixed_args(argv)  # flags may follow the overrides
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_intermixed_args(argv)  # flags may follow the overrides
+    from train import config as config_lib
+    from train.finetuning import CONFIG_DIR, FinetuneConfig, describe, task_spec
+
     task_spec(args.task)  # before looking for its config file
     config = config_lib.load_config(FinetuneConfig, args.config or CONFIG_DIR / f"{args.task}.yaml", args.overrides)
     # The flags are set after the overrides, not as overrides, so that paths keep their exact text.
@@ -428,6 +59,22 @@ def main(argv: list[str] | None = None) -> None:
     result = run(config, Path(args.workdir))
     if result is not None:
         print(describe(result))
+
+
+def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
+    from train import finetuning
+
+    return finetuning.run(config, workdir)
+
+
+def __getattr__(name: str) -> Any:
+    """The library's other names (`FinetuneConfig`, `describe`, ...), for code that imports them
+    from the command's module."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    from train import finetuning
+
+    return getattr(finetuning, name)
 
 
 if __name__ == "__main__":

@@ -39,7 +39,6 @@ import numpy as np
 
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import hub_file, is_hub_id
 from train.config import load_config
 from train.corpora import (
     GUTENBERG,
@@ -108,6 +107,8 @@ class PrepareConfig:
 
 def validate(config: PrepareConfig) -> None:
     """Raise UserError naming the first setting that cannot work."""
+    from bertjax.pretrained import is_hub_id  # here, not at the top: it imports JAX, which --help need not wait for
+
     choices = {
         "masking": MASKINGS,
         "short_seq_per": SHORT_SEQ_PER,
@@ -159,6 +160,8 @@ def validate(config: PrepareConfig) -> None:
 def vocab_source_file(vocab_file: str) -> Path:
     """`vocab_file` itself, or the vocab.txt of the hub model it names (a run on a fresh TPU VM
     has no vocabulary on disk)."""
+    from bertjax.pretrained import hub_file
+
     path = Path(vocab_file).expanduser()
     return path if path.is_file() else hub_file(vocab_file, "vocab.txt")
 
@@ -493,13 +496,16 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     }
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m train.prepare", description=__doc__.splitlines()[0])
-    cli.add_verbose_argument(parser)
+def build_parser() -> argparse.ArgumentParser:
+    parser = cli.parser("train.prepare", __doc__)
     parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
     parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     prepare(load_config(PrepareConfig, args.config, args.overrides), args.out)
 
 

@@ -113,15 +113,18 @@ def write(out: Path, words: int, successors: int, tokens: int, seed: int, heldou
     return info
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m train.synthetic", description=__doc__.splitlines()[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = cli.parser("train.synthetic", __doc__)
     p.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     p.add_argument("--words", type=int, default=64, help="vocabulary of the language")
     p.add_argument("--successors", type=int, default=2, help="words that may follow each word")
     p.add_argument("--tokens", type=int, default=300_000, help="training text size, in words and full stops")
-    p.add_argument("--seed", type=int, default=0)
-    cli.add_verbose_argument(p)
-    a = p.parse_args(argv)
+    p.add_argument("--seed", type=int, default=0, help="seed of the language and of the text drawn from it")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     info = write(a.out, a.words, a.successors, a.tokens, a.seed)
     print(f"wrote {a.out}: {info['documents']['train']} training documents, {info['pairs']} held-out pairs")
 

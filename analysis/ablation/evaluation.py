@@ -28,6 +28,7 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
+from analysis.ablation.options import SPLITS
 from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
@@ -91,10 +92,6 @@ def load_eval_set(
     arrays = glue.encode(examples, tokenizer, max_length, f"{task} {split}")
     files = glue.glue_files(task, split, glue_dir) if glue_dir else []
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
-
-
-# The GLUE splits with labels, which the metrics need (`--split`, `--importance-split`).
-SPLITS = ("train", "dev", "validation")
 
 
 def check_split(flag: str, split: str) -> None:

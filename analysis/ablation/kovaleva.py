@@ -31,6 +31,7 @@ from analysis.ablation.figures import (
     plot_mask_one_head,
     plot_pattern_shares,
 )
+from analysis.ablation.options import ANALYSES
 from analysis.ablation.patterns import (
     DEFAULT_THRESHOLDS,
     PATTERNS,
@@ -42,15 +43,14 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import Devices, check_device_count, compiled, padded_batches
+from analysis.common.flags import check_device_count
+from analysis.common.forward import Devices, compiled, padded_batches
 from analysis.common.settings import check_types
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
-
-ANALYSES = ("patterns", "features", "disable", "mask")
 
 # The analyses that read the classifier's predictions, so need one trained for the task.
 CLASSIFIER_ANALYSES = ("disable", "mask")

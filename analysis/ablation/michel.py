@@ -24,7 +24,8 @@ from analysis.ablation.evaluation import (
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, select_formats
-from analysis.common.forward import Devices, check_device_count
+from analysis.common.flags import check_device_count
+from analysis.common.forward import Devices
 from analysis.common.settings import check_types
 from bertjax import glue, runinfo
 from bertjax.errors import UserError

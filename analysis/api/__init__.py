@@ -20,36 +20,70 @@ Kovaleva et al.'s and Michel et al.'s in `analysis.api.ablation`; the results' s
 `analysis.api.common`.
 """
 
-from analysis.api.ablation import (
-    AblateResult,
-    PruneResult,
-    ablate,
-    ablate_config,
-    prune,
-    prune_config,
-    run_ablate,
-    run_prune,
-)
-from analysis.api.attention import ClarkResult, clark, clark_config, run_clark
-from analysis.api.common import FigureFile, TablesResult
-from analysis.api.heads import (
-    FinetuneEffectResult,
-    HeadView,
-    Report,
-    RolesResult,
-    TrackResult,
-    finetune_effect,
-    head_view,
-    report,
-    roles,
-    roles_config,
-    run_finetune_effect,
-    run_report,
-    run_roles,
-    run_track,
-    track,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from bertjax.errors import UserError
+
+# The names above by the module that defines them, imported on first use: a CLI (or a notebook)
+# that runs one analysis family does not wait for the others' imports (`analysis.track` for
+# Kovaleva's, Michel's and Clark's: scipy.stats, spaCy's pipeline code, the probes).
+_MODULES = {
+    "analysis.api.ablation": ("AblateResult", "PruneResult", "ablate", "ablate_config", "prune", "prune_config",
+                              "run_ablate", "run_prune"),
+    "analysis.api.attention": ("ClarkResult", "clark", "clark_config", "run_clark"),
+    "analysis.api.common": ("FigureFile", "TablesResult"),
+    "analysis.api.heads": ("FinetuneEffectResult", "HeadView", "Report", "RolesResult", "TrackResult",
+                           "finetune_effect", "head_view", "report", "roles", "roles_config", "run_finetune_effect",
+                           "run_report", "run_roles", "run_track", "track"),
+}  # fmt: skip
+_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+
+if TYPE_CHECKING:
+    from analysis.api.ablation import (
+        AblateResult,
+        PruneResult,
+        ablate,
+        ablate_config,
+        prune,
+        prune_config,
+        run_ablate,
+        run_prune,
+    )
+    from analysis.api.attention import ClarkResult, clark, clark_config, run_clark
+    from analysis.api.common import FigureFile, TablesResult
+    from analysis.api.heads import (
+        FinetuneEffectResult,
+        HeadView,
+        Report,
+        RolesResult,
+        TrackResult,
+        finetune_effect,
+        head_view,
+        report,
+        roles,
+        roles_config,
+        run_finetune_effect,
+        run_report,
+        run_roles,
+        run_track,
+        track,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'analysis.api' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AblateResult", "ClarkResult", "FigureFile", "FinetuneEffectResult", "HeadView", "PruneResult", "Report",

@@ -30,8 +30,8 @@ from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_forma
 from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
-from analysis.heads.config import RolesConfig
-from analysis.heads.figures import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, about_line, figure_jobs
+from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig
+from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, report_data, write_report
 from analysis.heads.report_page import render
 from bertjax import distributed, runinfo

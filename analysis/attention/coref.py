@@ -48,13 +48,13 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
+from analysis.attention.options import COREF_MENTIONS as MENTIONS
+from analysis.attention.options import COREF_TARGETS as TARGETS
 from analysis.common.forward import compiled, padded_batches
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
 
-TARGETS = ("head", "sum", "first")
-MENTIONS = ("all", "marked")
 BASELINES = ("nearest", "earlier")
 CHANCE = 0.5
 GAP_COLUMNS = (

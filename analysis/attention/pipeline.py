@@ -18,6 +18,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from analysis.attention import coref, depheads, gradients, probes, surface
+from analysis.attention.options import ANALYSES, SEGMENT_IDS, WORD_TEXTS
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
@@ -30,19 +31,11 @@ from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
 
-ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes", "coref")
-
 EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
 
 PUNCT_TOKENS = (".", ",")
 
-WORD_TEXTS = ("original", "joined")
-
 GAP_FILES = {"dev": "gap-development.tsv", "test": "gap-test.tsv"}
-
-# pairs: token type 0 for [CLS], segment A and its [SEP], 1 for segment B and the last [SEP];
-# zeros: 0 everywhere, as the authors' `extract_attention.py` feeds BERT.
-SEGMENT_IDS = ("pairs", "zeros")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,10 +22,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from analysis.attention.options import SURFACE_WEIGHTINGS as WEIGHTINGS
 from analysis.common.forward import compiled, padded_batches
 from sieves.align import EncodedSequence
 
-WEIGHTINGS = ("tokens", "sequences")
 STATISTICS = (
     "cls", "sep", "punct", "self", "prev", "next",
     "entropy", "entropy_cls", "uniform_entropy", "uniform_entropy_cls",

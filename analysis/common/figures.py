@@ -8,7 +8,6 @@ The figures themselves live with their analysis family (`heads.figures`, `ablati
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import contextvars
 import dataclasses
@@ -34,15 +33,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
+from analysis.common.flags import DEFAULT_FORMATS, FIGURE_FORMATS
 from bertjax import runinfo
 from bertjax.errors import UserError
 
 PNG_DPI = 150
-
-# PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
-# most runs' figures are looked at, not edited. Vector formats on request.
-FIGURE_FORMATS = ("png", "svg", "pdf")
-DEFAULT_FORMATS = ("png",)
 
 # Starting a figure process (importing matplotlib and pandas, ~2 s) costs what drawing two to
 # three figures does, so a process is worth starting only for about four.
@@ -107,16 +102,6 @@ def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
 def select_formats(spec: str) -> tuple[str, ...]:
     """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
     return _choice("--figure-format", spec, FIGURE_FORMATS, [])
-
-
-def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
-    """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
-    p.add_argument("--figures", default=default,
-                   help=f"all, none, or a comma-separated subset of {','.join(kinds)} (default: {default})")  # fmt: skip
-    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
-                   help="the same as --figures none")  # fmt: skip
-    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
-                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
 
 
 def log_scale(ax: Axes, which: Literal["x", "y"]) -> None:

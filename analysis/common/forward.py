@@ -11,7 +11,6 @@ once per architecture in a process, so that no call compiles what an earlier one
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -22,7 +21,6 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from bertjax import cli, sharding
-from bertjax.errors import UserError
 from bertjax.progress import tqdm
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
@@ -109,27 +107,3 @@ class DataParallel:
             placed = sharding.shard_batch(tuple(arrays[: len(axes)]), self.devices.mesh, axis=axes)
             arrays = (*placed, *arrays[len(axes) :])
         return self.fn(self.state, *arrays)
-
-
-def check_device_count(devices: int | None) -> None:
-    """`--devices` as a config gives it: None (all local devices) or at least 1; whether this
-    process has that many is checked when the mesh is built."""
-    if devices is not None and devices < 1:
-        raise UserError(f"--devices must be at least 1, got {devices}")
-
-
-def add_nonfinite_argument(p: argparse.ArgumentParser) -> None:
-    """`--allow-nonfinite`, spelled the same by every CLI that loads a checkpoint: weights holding
-    NaN or ±Inf are refused at load unless it is given (then a warning)."""
-    p.add_argument("--allow-nonfinite", action="store_true",
-                   help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
-
-
-def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:
-    """`--devices` (and `--distributed` where the analysis spreads over hosts), spelled the same by
-    every CLI that runs forward passes."""
-    p.add_argument("--devices", type=int, help="use the first N local devices, data parallel (default: all of them)")
-    if distributed:
-        p.add_argument("--distributed", action="store_true",
-                       help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
-                            "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip

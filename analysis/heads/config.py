@@ -11,9 +11,14 @@ import logging
 import math
 from collections.abc import Sequence
 
-from analysis.common.examples import CONLLU_TASK, resolve_tasks
-from analysis.common.figures import add_figure_arguments
-from analysis.common.forward import add_device_arguments, add_nonfinite_argument, check_device_count
+from analysis.common.flags import (
+    add_device_arguments,
+    add_figure_arguments,
+    add_length_arguments,
+    add_nonfinite_argument,
+    add_out_arguments,
+    check_device_count,
+)
 from analysis.common.settings import check_types
 from bertjax import cli
 from bertjax.errors import UserError
@@ -32,6 +37,25 @@ CHOICES = {
     "correction": ("none", "holm", "bh"),
     "parser": ("spacy", "conllu"),
 }
+
+# The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
+# workers' shares); `--figures` names a subset.
+ROLES_FIGURES = (
+    "mean_heatmaps", "p_heatmaps", "score_distributions", "role_grid", "coarse_overlap", "local_vs_syntactic",
+)  # fmt: skip
+# What `analysis.roles` draws unless `--figures` says otherwise: the figure a user looks at first
+# (which role each head holds). Drawing all six cost more than the analysis itself on a small
+# model (BENCHMARKS.md row 2); `--figures all` draws every paper figure.
+DEFAULT_ROLES_FIGURES = "role_grid"
+# The figure kinds of `analysis.track` (per task) and `analysis.finetune_effect`, for `--figures`.
+TRACK_FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
+EFFECT_FIGURES = ("beta_change", "attention_similarity")
+# The file `analysis.report` (and `--html`) writes into a run's directory.
+REPORT = "report.html"
+# analysis.track: an onset needs the role held at this many consecutive analysed steps
+# (analysis.heads.onset), and the families --correction may take (--correction-scope).
+PERSISTENCE = 2
+CORRECTION_SCOPES = ("step", "series")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -123,6 +147,8 @@ class RolesConfig:
 
 
 def config_tasks(config: RolesConfig) -> list[str]:
+    from analysis.common.examples import CONLLU_TASK, resolve_tasks  # jax: not at the parsers' import
+
     return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
 
 
@@ -135,14 +161,14 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
         help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all",
     )
     p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=CHOICES["split"])
+    p.add_argument("--split", default="dev", choices=CHOICES["split"], help="the split of each task's examples")
     p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=32)
+    add_length_arguments(p)
     p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
     p.add_argument("--window", type=int, default=2, help="local window k")
     p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
-    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy")
+    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy",
+                   help="where the dependency trees come from: spaCy's parse, or the gold trees of --conllu")  # fmt: skip
     p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
     p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
     p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
@@ -153,10 +179,11 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
 def add_test_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of the hypothesis tests."""
     p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
-    p.add_argument("--alpha", type=float, default=0.05)
+    p.add_argument("--alpha", type=float, default=0.05, help="level of each one-sided test")
     p.add_argument("--test", choices=CHOICES["test"], default="t",
                    help="t: one-sided t-test (ddof 1); z: normal tail; bootstrap: bootstrap-t, for skewed β")  # fmt: skip
-    p.add_argument("--correction", choices=CHOICES["correction"], default="none")
+    p.add_argument("--correction", choices=CHOICES["correction"], default="none",
+                   help="multiple-comparison correction across all the run's tests: none, Holm, Benjamini-Hochberg")  # fmt: skip
     p.add_argument("--bootstrap", type=int, default=RolesConfig.bootstrap, metavar="B",
                    help="resamples of --test bootstrap and of track's onset intervals (track: 0 = no intervals)")  # fmt: skip
     p.add_argument("--bootstrap-seed", type=int, default=RolesConfig.bootstrap_seed,
@@ -166,8 +193,7 @@ def add_test_arguments(p: argparse.ArgumentParser) -> None:
 def add_output_arguments(
     p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str], default_figures: str = "all"
 ) -> None:
-    p.add_argument("--out", default=default_out)
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+    add_out_arguments(p, default_out)
     add_figure_arguments(p, figure_kinds, default_figures)
     p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
 

@@ -29,6 +29,7 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
 from analysis.common.figures import FigurePool, Margins, log_scale, panel_grid, pool_size, save_figure
+from analysis.heads.config import ROLES_FIGURES
 from analysis.heads.summary import (
     DEFAULT_COARSE,
     Correlation,
@@ -39,15 +40,6 @@ from analysis.heads.summary import (
     task_rows,
 )
 
-# The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
-# workers' shares); `--figures` names a subset.
-ROLES_FIGURES = (
-    "mean_heatmaps", "p_heatmaps", "score_distributions", "role_grid", "coarse_overlap", "local_vs_syntactic",
-)  # fmt: skip
-# What `analysis.roles` draws unless `--figures` says otherwise: the figure a user looks at first
-# (which role each head holds). Drawing all six cost more than the analysis itself on a small
-# model (BENCHMARKS.md row 2); `--figures all` draws every paper figure.
-DEFAULT_ROLES_FIGURES = "role_grid"
 NOT_HELD = "#eeeeee"
 NO_DATA = "#bdbdbd"
 # Hue families follow the coarse roles (blues local, purple block, reds delimiter, greens

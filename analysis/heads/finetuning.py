@@ -31,6 +31,7 @@ from analysis.common.examples import (
 )
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, compiled
+from analysis.heads.config import EFFECT_FIGURES as FIGURES
 from analysis.heads.config import RolesConfig
 from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
 from analysis.heads.summary import layer_groups
@@ -48,9 +49,6 @@ BARS: tuple[tuple[str, str], ...] = (
 )  # fmt: skip
 
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
-
-# The figure kinds, for `--figures`.
-FIGURES = ("beta_change", "attention_similarity")
 
 
 @dataclasses.dataclass(frozen=True)

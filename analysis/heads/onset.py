@@ -28,12 +28,12 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis.common import changepoint
 from analysis.common.figures import save_figure, step_axis
+from analysis.heads.config import PERSISTENCE
 from analysis.heads.figures import role_colours
 from analysis.heads.intervals import onset_index
 from analysis.heads.summary import ordered_roles
 from bertjax.errors import UserError
 
-PERSISTENCE = 2
 ONSET_CSV = "onset.csv"
 ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "status", "mean_at_onset", "held_at_last_step",
                  "onset_low", "onset_high", "no_onset_share", "held_at_last_share", "vs_loss"]  # fmt: skip

@@ -26,8 +26,8 @@ from analysis.common.examples import (
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
 from analysis.common.forward import Devices
 from analysis.heads import summary
-from analysis.heads.config import RolesConfig, config_tasks
-from analysis.heads.figures import ROLES_FIGURES, about_line, figure_jobs
+from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
+from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, readable_checkpoint, write_report
 from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
 from bertjax import distributed, runinfo

@@ -18,7 +18,7 @@ import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
 from analysis.common.settings import check_types, fits
-from analysis.heads.config import RolesConfig
+from analysis.heads.config import REPORT, RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
@@ -28,8 +28,6 @@ from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
 
 log = logging.getLogger(__name__)
-
-REPORT = "report.html"
 
 # The table that says which analysis wrote a directory.
 TABLES = {"roles": "roles.csv", "track": "track.csv", "effect": "head_means.csv"}

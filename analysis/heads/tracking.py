@@ -45,7 +45,8 @@ from analysis.common.forward import Devices
 from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import intervals, onset, seeds, tracking_figures
-from analysis.heads.config import RolesConfig, config_tasks
+from analysis.heads.config import CORRECTION_SCOPES, PERSISTENCE, RolesConfig, config_tasks
+from analysis.heads.config import TRACK_FIGURES as FIGURES
 from analysis.heads.figures import about_line
 from analysis.heads.report import readable_checkpoint
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
@@ -66,10 +67,6 @@ SAS_CSV = "sas.csv"
 SCORES_FORMAT = 1
 SAS_FORMAT = 2  # 2: an entry stores what it holds ("about"), checked as a scores entry is
 
-CORRECTION_SCOPES = ("step", "series")
-
-# The figure kinds drawn per task, for `--figures`.
-FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +89,7 @@ class TrackConfig:
     sas: str | None = None
     sas_n: int = 1000
     # An onset needs the role held at this many consecutive analysed steps (analysis.heads.onset).
-    persistence: int = onset.PERSISTENCE
+    persistence: int = PERSISTENCE
     # The family of --correction: the tests of one step (as analysis.roles) or of the whole series.
     correction_scope: str = "step"
     # `--remove-downloads`: delete the weights each hub checkpoint's download added to the hub

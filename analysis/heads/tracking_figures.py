@@ -26,9 +26,6 @@ TRACK_CSV = "track.csv"
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 
-# The figure kinds drawn per task, for `--figures`.
-FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
-
 
 # Curves of different roles can coincide (prev and next on a symmetric model): each role gets its
 # own hollow marker and dash pattern, so one drawn over another still shows.

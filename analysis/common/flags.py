@@ -1,0 +1,65 @@
+"""The flags that every analysis CLI spells the same way (docs/cli.md), and the choices they take.
+
+Only argparse and bertjax's light modules are imported here: each entry point builds its parser
+from this module before it imports any analysis, so `--help` and a mistyped flag answer at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from bertjax.errors import UserError
+
+# PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
+# most runs' figures are looked at, not edited. Vector formats on request.
+FIGURE_FORMATS = ("png", "svg", "pdf")
+DEFAULT_FORMATS = ("png",)
+
+
+def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
+    """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
+    p.add_argument("--figures", default=default,
+                   help=f"all, none, or a comma-separated subset of {','.join(kinds)} (default: {default})")  # fmt: skip
+    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
+                   help="the same as --figures none")  # fmt: skip
+    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
+                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
+
+
+def check_device_count(devices: int | None) -> None:
+    """`--devices` as a config gives it: None (all local devices) or at least 1; whether this
+    process has that many is checked when the mesh is built."""
+    if devices is not None and devices < 1:
+        raise UserError(f"--devices must be at least 1, got {devices}")
+
+
+def add_nonfinite_argument(p: argparse.ArgumentParser) -> None:
+    """`--allow-nonfinite`, spelled the same by every CLI that loads a checkpoint: weights holding
+    NaN or ±Inf are refused at load unless it is given (then a warning)."""
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
+
+
+def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:
+    """`--devices` (and `--distributed` where the analysis spreads over hosts), spelled the same by
+    every CLI that runs forward passes."""
+    p.add_argument("--devices", type=int, help="use the first N local devices, data parallel (default: all of them)")
+    if distributed:
+        p.add_argument("--distributed", action="store_true",
+                       help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
+                            "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip
+
+
+def add_length_arguments(p: argparse.ArgumentParser) -> None:
+    """`--max-length` and `--batch-size`, the same in every analysis that runs forward passes."""
+    p.add_argument("--max-length", type=int, default=128,
+                   help="tokens per sequence, [CLS] and [SEP] included: longer inputs are truncated")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
+
+
+def add_out_arguments(p: argparse.ArgumentParser, default: str) -> None:
+    """`--out` and `--overwrite`, the same in every analysis: a directory, written into a temporary
+    sibling and renamed when complete; an existing one is replaced only with `--overwrite`."""
+    p.add_argument("--out", default=default, help="output directory (written whole at the end of the run)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
