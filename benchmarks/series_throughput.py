@@ -32,7 +32,7 @@ from pathlib import Path
 import jax
 from flax import nnx
 
-from analysis import track
+from analysis import api
 from analysis.common.examples import encode_tasks, load_tasks, make_parser
 from analysis.common.forward import padded_batches
 from analysis.heads import tracking
@@ -78,10 +78,11 @@ class Stopwatch:
 
 
 def run_track(pattern: str, count: int, args, out: Path, cache: Path) -> dict[str, float]:
-    argv = ["--ckpt", pattern, "--steps", ",".join(map(str, range(count))), "--task", "mrpc",
-            "--glue-dir", args.glue_dir, "--n", str(args.n), "--batch-size", str(args.batch_size),
-            "--cache-dir", args.cache_dir, "--scores-cache", str(cache), "--out", str(out), "--overwrite",
-            "--no-figures"]  # fmt: skip
+    settings = dict(
+        ckpt=pattern, steps=list(range(count)), task="mrpc", glue_dir=args.glue_dir, n=args.n,
+        batch_size=args.batch_size, cache_dir=args.cache_dir, scores_cache=str(cache), out=str(out), overwrite=True,
+        figures="none",
+    )  # fmt: skip
     clock = time.perf_counter()
     with (
         Stopwatch(
@@ -94,7 +95,7 @@ def run_track(pattern: str, count: int, args, out: Path, cache: Path) -> dict[st
         ) as watch,  # fmt: skip
         contextlib.redirect_stdout(sys.stderr),
     ):
-        track.main(argv)
+        api.track(**settings)
     total = time.perf_counter() - clock
     timings = json.loads((out / "run.json").read_text())["timings_s"]
     # `timings["tests"]` is the series' tables (track.csv, onsets) after every step is tested.
