@@ -127,11 +127,32 @@ def stop_if_terminated() -> None:
         raise Terminated
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to the `sys.stderr` of the moment: a handler holding the stream it was made with
+    writes into a closed one once that is replaced (a notebook cell's, a test's captured stream)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
 def run(main: Callable[[list[str] | None], object], argv: list[str] | None = None) -> None:
     """Runs `main(argv)`; a `UserError` becomes `error: <message>` on stderr and exit status 2,
     Ctrl-C exit status 130 and SIGTERM 143 (the shell's 128 + signal), after the same clean-up."""
     # force: absl (imported with jax) has already configured the root logger at WARNING.
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", force=True)
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[_StderrHandler()],
+        force=True,
+    )
     set_verbose(False)
     use_compilation_cache()
     _TERMINATED.clear()

@@ -134,7 +134,7 @@ def test_errors_are_the_clis_lines(keywords, flags, tiny_hf, tmp_path, cli_error
 
 
 def test_a_choice_the_cli_parser_checks_is_one_line_too(tiny_hf):
-    with pytest.raises(UserError, match=r"^--test must be one of t, z, got 'x'$"):
+    with pytest.raises(UserError, match=r"^--test must be one of t, z, bootstrap, got 'x'$"):
         api.roles(str(tiny_hf), test="x")
     with pytest.raises(UserError, match="one of the arguments --run --ckpt is required"):
         api.track()

@@ -29,7 +29,7 @@ def test_a_config_claiming_more_layers_than_the_weights_hold_is_refused_at_once(
     directory = _tiny_hf(tmp_path / "hf")
     config = json.loads((directory / "config.json").read_text())
     (directory / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 100000}))
-    done = subprocess.run([sys.executable, "-m", "bertjax", str(directory)], cwd=ROOT, capture_output=True,
+    done = subprocess.run([sys.executable, "-m", "bertjax", "--ckpt", str(directory)], cwd=ROOT, capture_output=True,
                           text=True, timeout=120, check=False)  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [
