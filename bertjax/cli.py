@@ -98,6 +98,10 @@ def set_verbose(verbose: bool) -> None:
     if _USER_XLA_LOG_LEVEL is None:
         # XLA reads it once, at its first C++ log line, which comes when jax starts a backend.
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0" if verbose else "1"
+    if not verbose:
+        # transformers' advice at import, e.g. "PyTorch was not found. Models won't be available"
+        # where only the runtime is installed: bertjax reads tokenizers and configs only.
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 
 class Terminated(KeyboardInterrupt):
