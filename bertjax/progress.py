@@ -20,7 +20,14 @@ warnings.filterwarnings("ignore", message="IProgress not found", category=TqdmWa
 
 
 def in_kernel() -> bool:
-    return "ipykernel" in sys.modules
+    """Whether this process is a Jupyter kernel's: ipykernel imported is not enough (a test
+    session that drives a notebook imports it too, and its own bars must stay)."""
+    if "ipykernel" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
 
 
 def tqdm(*args, **kwargs) -> _tqdm:
