@@ -138,7 +138,9 @@ def heldout_curve(metrics: Path, key: str) -> dict[int, float]:
     return {r["step"]: r[key] for r in rows if key in r}
 
 
-def known_answer_failures(track: pd.DataFrame, onsets: pd.DataFrame, accuracy: dict[int, float], chance: float) -> list[str]:
+def known_answer_failures(
+    track: pd.DataFrame, onsets: pd.DataFrame, accuracy: dict[int, float], chance: float
+) -> list[str]:
     """What of the known-answer checks failed (empty: all held)."""
     failures = []
     positional = track[track["role"].isin(POSITIONAL)]
@@ -171,7 +173,9 @@ def summarize(member: Member) -> dict:
     accuracy = heldout_curve(workdir / "metrics.jsonl", "heldout_mlm_accuracy")
     chance = context_free_accuracy(workdir / "data-T32")
     failures = known_answer_failures(track, onsets, accuracy, chance)
-    found = onsets[onsets["role"].isin(POSITIONAL) & (onsets["status"] == "onset")].sort_values(["onset_step", "layer", "head"])
+    found = onsets[onsets["role"].isin(POSITIONAL) & (onsets["status"] == "onset")].sort_values(
+        ["onset_step", "layer", "head"]
+    )
     first = found.iloc[0] if len(found) else None
     last_step = track["step"].max()
     held_last = track[(track["step"] == last_step) & track["role"].isin(POSITIONAL) & track["assigned"]]
@@ -221,9 +225,14 @@ def table(summary: pd.DataFrame) -> str:
     ]
     for r in summary.to_dict("records"):
         r = {k: (None if isinstance(v, float) and np.isnan(v) else v) for k, v in r.items()}
-        onset = "none" if r["first_onset"] is None else (
-            f"{_cell(r['first_onset'])} ({_cell(r['first_onset_low'])}–{_cell(r['first_onset_high'])}), "
-            f"{r['first_onset_role']} {r['first_onset_head']}")
+        onset = (
+            "none"
+            if r["first_onset"] is None
+            else (
+                f"{_cell(r['first_onset'])} ({_cell(r['first_onset_low'])}–{_cell(r['first_onset_high'])}), "
+                f"{r['first_onset_role']} {r['first_onset_head']}"
+            )
+        )
         lines.append(
             f"| {r['member']} | {r['split_words']} | {r['final_heldout_loss']:.3f} "
             f"| {_cell(r['loss_changepoint'])} ({_cell(r['loss_low'])}–{_cell(r['loss_high'])}) "
