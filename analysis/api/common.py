@@ -203,13 +203,17 @@ def frame(page: str, height: int) -> str:
 
 
 class FigureFile:
-    """A figure the analysis wrote; Jupyter shows it (PNG) inline."""
+    """A figure the analysis wrote; Jupyter shows it (PNG) inline. `data`: its bytes, for a figure
+    of a result not written anywhere (drawn into a folder removed at once; `path` is its name)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, data: bytes | None = None):
         self.path = path
+        self.data = data
 
     def _repr_png_(self) -> bytes | None:
-        return self.path.read_bytes() if self.path.suffix == ".png" else None
+        if self.path.suffix != ".png":
+            return None
+        return self.path.read_bytes() if self.data is None else self.data
 
     def __repr__(self) -> str:
         return f"FigureFile({str(self.path)!r})"
@@ -251,17 +255,20 @@ class TablesResult:
         return [FigureFile(self.directory / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
 
     def _repr_html_(self) -> str:
-        # The figures as PNG data (offline, and kept by a static export), then each table's rows.
-        parts = [
-            f"<div class='bertjax-result'><b>{html.escape(type(self).__name__)}</b>: {html.escape(str(self.directory))}"
-        ]
-        for name in self.figure_names():
-            for figure in self.figure(name):
-                if figure.path.suffix == ".png":
-                    data = base64.b64encode(figure.path.read_bytes()).decode()
-                    parts.append(f"<figure><img alt='{html.escape(name)}' style='max-width: 100%' "
-                                 f"src='data:image/png;base64,{data}'><figcaption>{html.escape(name)}</figcaption></figure>")  # fmt: skip
-        for name, table in self.tables.items():
-            parts.append(f"<details><summary>{html.escape(name)}.csv: {len(table)} rows</summary>"
-                         f"{table.to_html(max_rows=VIEW_ROWS, index=False)}</details>")  # fmt: skip
-        return "\n".join([*parts, "</div>"])
+        return tables_html(self, str(self.directory))
+
+
+def tables_html(result, where: str) -> str:
+    """The inline view of a result of tables and figures (`figure_names`, `figure`, `tables`): the
+    figures as PNG data (offline, and kept by a static export), then each table's rows."""
+    parts = [f"<div class='bertjax-result'><b>{html.escape(type(result).__name__)}</b>: {html.escape(where)}"]
+    for name in result.figure_names():
+        for figure in result.figure(name):
+            if (png := figure._repr_png_()) is not None:
+                data = base64.b64encode(png).decode()
+                parts.append(f"<figure><img alt='{html.escape(name)}' style='max-width: 100%' "
+                             f"src='data:image/png;base64,{data}'><figcaption>{html.escape(name)}</figcaption></figure>")  # fmt: skip
+    for name, table in result.tables.items():
+        parts.append(f"<details><summary>{html.escape(name)}.csv: {len(table)} rows</summary>"
+                     f"{table.to_html(max_rows=VIEW_ROWS, index=False)}</details>")  # fmt: skip
+    return "\n".join([*parts, "</div>"])

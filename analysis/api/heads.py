@@ -3,8 +3,11 @@ and `head_view`; the results of roles and track show the report's role grid and 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Sequence
+import json
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import jax
@@ -15,16 +18,15 @@ from analysis.api.common import (
     Checkpoint,
     FigureFile,
     Output,
-    TablesResult,
     check_given,
     check_model,
     collect_garbage,
     frame,
     loaded,
-    read_tables,
     refuse_inside_temporary,
     run_json,
     save,
+    tables_html,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
 from analysis.common.settings import fits
@@ -36,7 +38,7 @@ from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, r
 from analysis.heads.report_page import render
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
-from sieves.builders import DEFAULT_ROLES, ROLES
+from sieves.builders import DEFAULT_ROLES
 
 # The flags of `analysis.roles` that `track` does not have (it scores with the published definitions).
 ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
@@ -66,21 +68,62 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     return RolesConfig(ckpt=str(ckpt), **settings)
 
 
-class _Result:
-    """What the roles and track results share: the directory, its report and its figures."""
+class _Held:
+    """What the heads results share. A result is held in memory: the call that made it wrote
+    nothing unless given `out`. `save(out)` writes its files through the CLI's writer;
+    `directory` is where its files are (`out`, or on first use a temporary folder they are
+    written into, removed with the result); the figures are drawn on demand."""
 
-    directory: Path
+    kind: str
+    written: Path | None
     output: Output | None
-    examples: int = 4
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
+        `--html` page too where the settings ask for it and `page`."""
+        raise NotImplementedError
+
+    @property
+    def directory(self) -> Path:
+        """Where the result's files are: the call's `out`; without one, on first use, a temporary
+        folder they are written into, removed with the result."""
+        if self.written is None:
+            self.output = Output(None, self.kind)
+            self._write(self.output.path, overwrite=False)
+            self.written = self.output.path
+        return self.written
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite, self.output)
+        """Writes the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
+        if not isinstance(overwrite, bool):  # "no" would be taken for yes
+            raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
+        refuse_inside_temporary(out, self.output)
+        self._write(Path(out), overwrite)
+        return Path(out).expanduser()
+
+    @contextlib.contextmanager
+    def _files(self) -> Iterator[Path]:
+        """A directory holding the result's tables and run.json for the block: its own, or a
+        temporary one removed at the end of the block (no figures drawn into it)."""
+        if self.written is not None:
+            yield self.written
+            return
+        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
+            path = Path(folder) / self.kind
+            self._write(path, overwrite=False, page=False)
+            yield path
+
+
+class _Result(_Held):
+    """A roles or track result: shown inline as the report's page."""
+
+    examples: int = 4
 
     def report_html(self, examples: int | None = None) -> str:
         """The page `python -m analysis.report` writes for these outputs."""
-        config = ReportConfig(str(self.directory), self.examples if examples is None else examples)
-        return render(report_data(read_run(self.directory), config))
+        with self._files() as directory:
+            config = ReportConfig(str(directory), self.examples if examples is None else examples)
+            return render(report_data(read_run(directory), config))
 
     def _repr_html_(self) -> str:
         if not hasattr(self, "_page"):
@@ -88,11 +131,28 @@ class _Result:
         return frame(self._page, FRAME_HEIGHT)
 
 
+def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
+    """run.json as it would be written, without the figures (none drawn) and the environment: the
+    values as JSON gives them back (lists for tuples, text for paths)."""
+    info = info | {"figures": [], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+    return json.loads(json.dumps(info, default=str))
+
+
+def _drawn(draw, directory: Path | None) -> list[FigureFile]:
+    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
+    temporary folder, removed at once, the figures then held as bytes."""
+    if directory is not None:
+        return [FigureFile(p) for p in draw(directory)]
+    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
+        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
+
+
 @dataclasses.dataclass(eq=False)
 class RolesResult(_Result):
     """`roles(...)`: `table` is roles.csv, `summary` summary.csv, `scores[task][role]` the
     per-sequence β [n, layers, heads] of scores.npz (`indices[task][role]`: their example
-    indices), `settings` the RolesConfig, `info` run.json, `directory` where they are."""
+    indices), `settings` the RolesConfig, `info` run.json (as written, or as it would be: its
+    `figures` are those written), `run` the computed run the writer writes."""
 
     table: pd.DataFrame
     summary: pd.DataFrame
@@ -100,29 +160,51 @@ class RolesResult(_Result):
     indices: dict[str, dict[str, np.ndarray]]
     settings: RolesConfig
     info: dict
-    directory: Path
+    run: pipeline.RolesRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "roles"
+
+    @classmethod
+    def of(cls, run: pipeline.RolesRun, info: dict | None = None, directory: Path | None = None) -> RolesResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        if info is None:
+            info = unwritten_info(run.info, run.timings)
+        return cls(run.table, run.summary, {t: r.scores for t, r in run.results.items()},
+                   {t: r.indices for t, r in run.results.items()}, run.config, info, run, directory)  # fmt: skip
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        config = dataclasses.replace(self.run.config, out=str(out))
+        if not page:
+            config = dataclasses.replace(config, figures="none", html=False)
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            pipeline.write(dataclasses.replace(self.run, config=config), tmp)
+        if config.html:
+            pipeline.write_html(str(out))
 
     def figure(self, kind: str = "role_grid", task: str | None = None) -> list[FigureFile]:
         """The figures of `kind` (one of ROLES_FIGURES) for `task` (default: the first), drawn into
-        the directory if the run did not draw them (`figures=`)."""
+        the directory if the run did not draw them there (`figures=`), or held in memory when the
+        result was written nowhere."""
         if kind not in ROLES_FIGURES:
             raise UserError(f"--figures: unknown figure {kind!r} (choose from {', '.join(ROLES_FIGURES)})")
         task = task or str(self.table["task"].iloc[0])
         if task not in set(self.table["task"]):
             raise UserError(f"--task: {task!r} is not a task of this run ({', '.join(pd.unique(self.table['task']))})")
-        paths = sorted(self.directory.glob(f"{task}_{kind}*"))
-        if not paths:
+        if self.written is not None and (paths := sorted(self.written.glob(f"{task}_{kind}*"))):
+            return [FigureFile(p) for p in paths]
+
+        def draw(folder: Path) -> list[Path]:
             scores = {(task, r): s for r, s in self.scores[task].items()}
-            coarse = {name: role.coarse for name, role in ROLES.items()}
             about = about_line(
-                readable_checkpoint(self.settings.ckpt), self.info["tasks"][task]["sequences"], self.info["tau"]
+                readable_checkpoint(self.settings.ckpt), self.run.results[task].n_sequences, self.run.tau
             )
-            ((draw, args),) = figure_jobs(self.table[self.table["task"] == task], scores, self.directory,
-                                          tau=self.info["tau"], alpha=self.settings.alpha, coarse=coarse, kinds=(kind,),
-                                          about={task: about})  # fmt: skip
-            paths = draw(*args)
-        return [FigureFile(p) for p in paths]
+            ((draw_one, args),) = figure_jobs(self.table[self.table["task"] == task], scores, folder, tau=self.run.tau,
+                                              alpha=self.settings.alpha, coarse=pipeline.COARSE, kinds=(kind,),
+                                              about={task: about})  # fmt: skip
+            return draw_one(*args)
+
+        return _drawn(draw, self.written)
 
 
 @dataclasses.dataclass(eq=False)
@@ -190,8 +272,7 @@ def roles(
     syntactic_average, devices, distributed, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes)."""
     collect_garbage()
-    output = Output(out, "roles")
-    config = roles_config(ckpt, settings | {"out": str(output.path)})
+    config = roles_config(ckpt, settings if out is None else settings | {"out": str(out)})
     if model is None:
         ((model, kept_tokenizer),) = loaded(
             [Checkpoint(config.ckpt, config.step, allow_nonfinite=config.allow_nonfinite)]
@@ -199,30 +280,23 @@ def roles(
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+    if out is None:  # held in memory: nothing is written
+        return RolesResult.of(pipeline.compute(config, parser, model, tokenizer))
     result = run_roles(config, model, tokenizer, parser)
-    if result is not None:
-        result.output = output
+    if result is not None and config.html:
+        pipeline.write_html(config.out)
     return result
 
 
 def run_roles(config: RolesConfig, model=None, tokenizer=None, parser=None) -> RolesResult | None:
-    """The roles run of `config` (what `python -m analysis.roles` calls); None in a process of a
-    multi-process job other than the first, which writes nothing."""
-    table = pipeline.run(config, parser=parser, model=model, tokenizer=tokenizer)
-    if jax.process_index() != 0:
+    """The roles run of `config` written into `config.out` (what `python -m analysis.roles` calls;
+    the `--html` page is the caller's); None in a process of a multi-process job other than the
+    first, which writes nothing."""
+    done = pipeline.run(config, parser=parser, model=model, tokenizer=tokenizer)
+    if done is None:
         return None
-    if config.html:
-        pipeline.write_html(config.out)
-    directory = Path(config.out).expanduser()
-    scores: dict[str, dict[str, np.ndarray]] = {}
-    indices: dict[str, dict[str, np.ndarray]] = {}
-    with np.load(directory / "scores.npz") as stored:
-        for key in stored.files:
-            task, role, *index = key.split("/")
-            (indices if index else scores).setdefault(task, {})[role] = stored[key]
-    info = run_json(directory)
-    return RolesResult(table, pd.read_csv(directory / "summary.csv"), scores, indices,
-                       dataclasses.replace(config, max_length=info["config"]["max_length"]), info, directory)  # fmt: skip
+    run, info = done
+    return RolesResult.of(run, info, Path(config.out).expanduser())
 
 
 def track(
@@ -295,21 +369,57 @@ EFFECT_FLAGS = (
 
 
 @dataclasses.dataclass(eq=False)
-class FinetuneEffectResult(TablesResult):
+class FinetuneEffectResult(_Held):
     """`finetune_effect(...)`: `tables` holds beta_change.csv, head_means.csv and
-    attention_similarity.csv; `settings` is the EffectConfig, `info` run.json."""
+    attention_similarity.csv; `settings` is the EffectConfig, `info` run.json (as written, or as it
+    would be: its `figures` are those written), `run` the computed run the writer writes."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: finetuning.EffectConfig
+    info: dict
+    run: finetuning.EffectRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "finetune_effect"
+
+    @classmethod
+    def of(cls, run: finetuning.EffectRun, info: dict | None = None, directory: Path | None = None):
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(run.tables, run.config, info, run, directory)
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        data = dataclasses.replace(self.run.config.data, out=str(out))
+        if not page:
+            data = dataclasses.replace(data, figures="none", html=False)
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            finetuning.write(dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data)), tmp)
+        if data.html:
+            pipeline.write_html(str(out))
+
+    def figure_names(self) -> list[str]:
+        """The figures the run drew, by file name without its format."""
+        return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
 
     def figure(self, name: str = "beta_change") -> list[FigureFile]:
         """The figure `name` (one of FIGURES), drawn into the directory if the run did not draw it
-        (`figures=`)."""
+        there (`figures=`), or held in memory when the result was written nowhere."""
         if name not in finetuning.FIGURES:
             raise UserError(f"--figures: unknown figure {name!r} (choose from {', '.join(finetuning.FIGURES)})")
-        paths = [p for p in sorted(self.directory.glob(f"{name}.*")) if p.suffix[1:] in FIGURE_FORMATS]
-        if not paths:
-            draw = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
+        if self.written is not None:
+            paths = [p for p in sorted(self.written.glob(f"{name}.*")) if p.suffix[1:] in FIGURE_FORMATS]
+            if paths:
+                return [FigureFile(p) for p in paths]
+
+        def draw(folder: Path) -> list[Path]:
+            plot = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
             with figure_formats(select_formats(self.settings.data.figure_format)):
-                paths = draw[name](self.tables[name], self.directory, name)
-        return [FigureFile(p) for p in paths]
+                return plot[name](self.tables[name], folder, name)
+
+        return _drawn(draw, self.written)
+
+    def _repr_html_(self) -> str:
+        return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
 def finetune_effect(
@@ -331,8 +441,7 @@ def finetune_effect(
     `post_models`: each post checkpoint already loaded, in the order of `post`."""
     specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
     collect_garbage()
-    output = Output(out, "finetune_effect")
-    data = roles_config(str(pre), settings | {"out": str(output.path)}, EFFECT_FLAGS)
+    data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_FLAGS)
     config = finetuning.effect_config(specs, data)
     if model is not None:
         check_given(model, data.ckpt, None, data.allow_nonfinite)
@@ -345,26 +454,25 @@ def finetune_effect(
         (model, kept_tokenizer), *posts = loaded(checkpoints)
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         post_models = [post_model for post_model, _ in posts]
+    if out is None:  # held in memory: nothing is written
+        return FinetuneEffectResult.of(finetuning.compute(config, model, tokenizer, post_models))
     result = run_finetune_effect(config, model, tokenizer, post_models)
-    if result is not None:
-        result.output = output
+    if result is not None and data.html:
+        pipeline.write_html(data.out)
     return result
 
 
 def run_finetune_effect(
     config: finetuning.EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
 ) -> FinetuneEffectResult | None:
-    """The comparison of `config` (what `python -m analysis.finetune_effect` calls); None in a
-    process of a multi-process job other than the first, which writes nothing."""
-    finetuning.run(config, model, tokenizer, post_models)
-    if jax.process_index() != 0:
+    """The comparison of `config` written into its --out (what `python -m analysis.finetune_effect`
+    calls; the `--html` page is the caller's); None in a process of a multi-process job other than
+    the first, which writes nothing."""
+    done = finetuning.run(config, model, tokenizer, post_models)
+    if done is None:
         return None
-    if config.data.html:
-        pipeline.write_html(config.data.out)
-    directory = Path(config.data.out).expanduser()
-    info = run_json(directory)
-    data = dataclasses.replace(config.data, max_length=info["config"]["data"]["max_length"])
-    return FinetuneEffectResult(read_tables(directory), dataclasses.replace(config, data=data), info, directory)
+    run, info = done
+    return FinetuneEffectResult.of(run, info, Path(config.data.out).expanduser())
 
 
 def report(

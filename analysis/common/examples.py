@@ -193,6 +193,36 @@ def make_parser(config: ExampleSettings) -> SpacyParser | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The tasks' examples as read (`data`), their files' hashes and the parser: the preparation the
+    heads analyses share, made once and encoded with the tokenizer of whichever model scores them."""
+
+    config: ExampleSettings
+    data: dict[str, TaskData]
+    data_files: dict[str, list[dict[str, str]]]
+    parser: SpacyParser | None
+
+    @property
+    def n_sequences(self) -> dict[str, int]:
+        """Each task's number of examples (every process's share together)."""
+        return {task: len(d.indices) for task, d in self.data.items()}
+
+    def encode(self, tokenizer, timings: dict[str, float]) -> dict[str, list[EncodedSequence]]:
+        """This process's share of every task, parsed and encoded (`encode_tasks`)."""
+        return encode_tasks(self.config, process_shares(self.data), tokenizer, self.parser, timings)
+
+
+def prepare_inputs(config: ExampleSettings, tasks: Sequence[str], parser=None) -> Inputs:
+    """Reads the tasks' examples (`load_tasks`) and hashes their files. `parser`: one made elsewhere
+    (anything with `parse`, `name` and `version`), used when `config` asks for spaCy's parses;
+    otherwise the one `config` names (`make_parser`)."""
+    data = load_tasks(config, tasks)
+    if parser is None or config.parser != "spacy":
+        parser = make_parser(config)
+    return Inputs(config, data, data_file_hashes(data), parser)
+
+
 # Examples parsed and encoded at a time: what a chunk needs on the way (its parses, the tokenizer's
 # offsets as Python lists, ~3 kB an example) is freed before the next, so a 100,000-pair task holds
 # only its encoded sequences, not the whole task's intermediates at once.
