@@ -55,6 +55,10 @@ class LoopConfig:
         # section `train`.
         if self.global_batch_size < 1:
             raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
+        if self.log_every < 1:
+            raise UserError(f"train.log_every: must be an integer ≥ 1, got {self.log_every}")
+        if self.seed < 0:  # numpy's generators (the batches' shuffling) take no negative seed
+            raise UserError(f"train.seed: must be an integer ≥ 0, got {self.seed}")
 
 
 def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
