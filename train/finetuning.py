@@ -288,7 +288,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
         tokenizer=tokenizer,
         train_set=encode(train, tokenizer, length, f"{spec.name} train ({where})"),
         eval_set=encode(dev, tokenizer, length, f"{spec.name} {split} ({where})"),
-        data_files=[{"path": str(p), "sha256": runinfo.sha256(p)} for p in files],
+        data_files=[{"path": str(p), "sha256": runinfo.input_sha256(p)} for p in files],
         seconds=time.perf_counter() - started,
     )
 

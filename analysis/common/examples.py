@@ -89,12 +89,13 @@ def text_task_files(spec: str) -> dict[str, Path]:
     return files
 
 
-def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str | None]]:
+def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str]]:
     """(segments per example, example indices, files read) in file order; each file with the
-    sha256 of the bytes read where the reader took it (a text:FILE), else None (hashed after)."""
+    sha256 of the bytes parsed (a task from the hub's copy has no file)."""
     if task == CONLLU_TASK:
         sentences = read_conllu(Path(config.conllu), limit=config.n)
-        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): None}
+        digest = runinfo.input_sha256(Path(config.conllu))
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): digest}
     if task.startswith(TEXT_LABEL):
         files = text_task_files(getattr(config, "task", ""))
         if task not in files:
@@ -105,7 +106,7 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
     segments = [e.segments for e in examples]
-    return segments, [e.index for e in examples], dict.fromkeys(files)
+    return segments, [e.index for e in examples], {f: runinfo.input_sha256(f) for f in files}
 
 
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
@@ -117,11 +118,11 @@ def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[
 @dataclasses.dataclass
 class TaskData:
     """One task's examples as read: segments per example, example indices, files read (each with
-    the sha256 of what was read, or None: `examples_for`)."""
+    the sha256 of the bytes parsed: `examples_for`)."""
 
     segments: list[tuple[str, ...]]
     indices: list[int]
-    files: dict[Path, str | None]
+    files: dict[Path, str]
 
 
 def check_sources(config: ExampleSettings, tasks: Sequence[str]) -> None:
@@ -180,10 +181,7 @@ def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
 
 
 def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:
-    return {
-        t: [{"path": str(f), "sha256": digest or runinfo.sha256(f)} for f, digest in d.files.items()]
-        for t, d in data.items()
-    }
+    return {t: [{"path": str(f), "sha256": digest} for f, digest in d.files.items()] for t, d in data.items()}
 
 
 def make_parser(config: ExampleSettings) -> SpacyParser | None:
@@ -208,7 +206,11 @@ def encode_tasks(
     sequences = {}
     for task, d in data.items():
         clock = time.perf_counter()
-        trees = parse_segments(config, task, d.segments, None) if task == CONLLU_TASK else None
+        trees = None
+        if task == CONLLU_TASK:
+            trees = parse_segments(config, task, d.segments, None)  # the file read again, for its trees
+            if runinfo.input_sha256(Path(config.conllu)) != d.files[Path(config.conllu)]:
+                raise UserError(f"{config.conllu} changed while it was read; run again once it stays put")
         encoded: list[EncodedSequence] = []
         with tqdm(total=len(d.segments), desc=f"{task} encode", unit="example",
                   disable=len(d.segments) <= ENCODE_CHUNK or jax.process_index() != 0) as progress:  # fmt: skip
