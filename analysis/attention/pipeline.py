@@ -134,7 +134,7 @@ def wikitext_segment_pairs(text: str, n: int) -> list[tuple[str, str]]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return runinfo.read_input(path).decode("utf-8")  # run.json's sha256 is of these bytes
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read ({error})") from None
 
