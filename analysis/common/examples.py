@@ -38,6 +38,14 @@ SMALL_N = 30
 # Above this share of [UNK] among a task's text pieces the model reads mostly unknown text (a model
 # with a 160-piece vocabulary on English): its roles say little about the text, and the run warns.
 UNKNOWN_SHARE = 0.05
+# Above this many text pieces per whitespace-separated word the model's vocabulary spells the text
+# out in fragments instead of mapping it to [UNK] (a 160-piece vocabulary trained on English gives
+# 3.3-3.8 on GLUE and EWT text, 0% [UNK]), and roles such as `local` describe attention inside
+# words: the run warns. Real vocabularies give 1.2-1.5 on the same text, 500- to 4,000-piece ones
+# trained on MRPC 1.6-2.8; docs/pieces_per_word.py measures them (docs/roles.md).
+PIECES_PER_WORD = 3.0
+# Examples whose text pieces per word are counted (`pieces_per_word`): enough for a stable mean.
+PIECES_SAMPLE = 1000
 
 
 class ExampleSettings(Protocol):
@@ -164,6 +172,17 @@ def unknown_share(tokenizer, sequences: Sequence[EncodedSequence]) -> float:
     return unknown / total if total else 0.0
 
 
+def pieces_per_word(tokenizer, segments: Sequence[tuple[str, ...]]) -> float:
+    """The mean number of text pieces per whitespace-separated word over the first
+    `PIECES_SAMPLE` examples' segments, untruncated (special tokens not counted)."""
+    texts = [text for example in segments[:PIECES_SAMPLE] for text in example]
+    words = sum(len(text.split()) for text in texts)
+    if not words:
+        return 0.0
+    pieces = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return sum(map(len, pieces)) / words
+
+
 def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
     """Each task's examples that this process encodes and scores: a contiguous share
     (`bertjax.distributed.process_share`), so the gathered scores come back in file order. With one
@@ -232,6 +251,14 @@ def encode_tasks(
                 "%s: %.0f%% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above %.0f%%): "
                 "the roles describe attention over [UNK], not over this text",
                 task, 100 * share, 100 * UNKNOWN_SHARE,
+            )  # fmt: skip
+        ratio = pieces_per_word(tokenizer, d.segments)
+        if ratio > PIECES_PER_WORD:
+            log.warning(
+                "%s: %.1f text pieces per word (warned above %.1f; a vocabulary of the text's language gives "
+                "1.2-1.5): the model's vocabulary spells this text out in fragments, and the roles describe "
+                "attention inside its words",
+                task, ratio, PIECES_PER_WORD,
             )  # fmt: skip
         timings[f"{task}/prepare"] = time.perf_counter() - clock
     return sequences
