@@ -1,6 +1,7 @@
-"""SIGTERM always ends a run, with status 143 and the same clean-up as Ctrl-C: its handler sets a flag
-that the loops read (a handler that raised lost the signal where Python ran a garbage-collection
-callback), and a run that cannot write its metrics stops with one line instead of waiting."""
+"""SIGTERM always ends a run, with status 143 and the same clean-up as Ctrl-C (130): both handlers set
+a flag that the loops read (a handler that raised lost the signal where Python ran a
+garbage-collection callback), and a run that cannot write its metrics stops with one line instead
+of waiting."""
 
 from __future__ import annotations
 
@@ -23,13 +24,19 @@ from bertjax import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_sigterm_inside_a_garbage_collection_callback_still_ends_the_run(capsys):
-    """Probe 7.1: the signal came while JAX's `_xla_gc_callback` ran; `Terminated`, raised from the
-    handler there, was printed as "Exception ignored" and dropped, and the run exited 0."""
+@pytest.mark.parametrize(
+    ("signum", "status", "line"),
+    [(signal.SIGTERM, 143, "error: terminated"), (signal.SIGINT, 130, "error: interrupted")],
+    ids=["SIGTERM", "SIGINT"],
+)
+def test_a_signal_inside_a_garbage_collection_callback_still_ends_the_run(capsys, signum, status, line):
+    """Probe 7.1: the signal came while JAX's `_xla_gc_callback` ran; `Terminated` (or Ctrl-C's
+    `KeyboardInterrupt`), raised from the handler there, was printed as "Exception ignored" and
+    dropped, and the run exited 0."""
 
     def in_the_collector(phase, info):
         if phase == "start":
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
             sum(range(1000))  # Python code, where the handler runs
 
     def main(argv):
@@ -41,10 +48,33 @@ def test_sigterm_inside_a_garbage_collection_callback_still_ends_the_run(capsys)
 
     with pytest.raises(SystemExit) as exit_info:
         cli.run(main, [])
-    assert exit_info.value.code == 143
+    assert exit_info.value.code == status
     captured = capsys.readouterr().err
-    assert captured.strip().splitlines()[-1] == "error: terminated" and "Exception ignored" not in captured
-    assert not cli.terminated()  # the next run in this process is not stopped by this one's signal
+    assert captured.strip().splitlines()[-1] == line and "Exception ignored" not in captured
+    assert not cli.terminated() and not cli.interrupted()  # the next run in this process starts afresh
+
+
+def test_a_loop_stops_at_its_next_check_and_a_second_ctrl_c_at_once(capsys):
+    """One design for both signals: the first only sets the flag, read at the loop's next check;
+    a second Ctrl-C, for a wait that no loop checks, raises where the run is."""
+    checks = []
+
+    def main(argv):
+        os.kill(os.getpid(), signal.SIGINT)
+        sum(range(1000))  # the handler has run: no exception
+        checks.append("after the first")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(1000))
+        except KeyboardInterrupt:
+            checks.append("the second raised")
+        cli.stop_if_terminated()
+        checks.append("not reached")
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(main, [])
+    assert exit_info.value.code == 130 and checks == ["after the first", "the second raised"]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: interrupted"
 
 
 def _terminated_at_random(command: list[str], tries: int, seed: int) -> list[tuple[float, int, list[str]]]:

@@ -13,6 +13,8 @@ import optax
 from bertjax.checkpoint import SEP
 from bertjax.errors import UserError
 
+OPTIMIZERS = ("lamb", "adamw")
+
 
 @dataclasses.dataclass
 class OptimizerConfig:
@@ -35,6 +37,8 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         # Checked with the other settings, before a run writes anything: a NaN rate would only
         # show as a non-finite update at step 1. Every config names this section `optimizer`.
+        if self.name not in OPTIMIZERS:
+            raise UserError(f"optimizer.name: {self.name!r} is not {' or '.join(OPTIMIZERS)}")
         for name in ("learning_rate", "end_learning_rate"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -89,9 +93,7 @@ def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientT
     lr = schedule(config, total_steps)
     if config.name == "lamb":
         core = lamb(config, lr)
-    elif config.name == "adamw":
-        core = optax.adamw(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
     else:
-        raise UserError(f"optimizer.name: {config.name!r} is not lamb or adamw")
+        core = optax.adamw(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm > 0 else optax.identity()
     return optax.chain(clip, core)

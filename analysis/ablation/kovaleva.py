@@ -334,7 +334,7 @@ def _run(
         result: dict = {
             "split": config.split,
             "examples": len(examples),
-            "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+            "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in files],
         }
         if {"patterns", "features"} & set(config.analyses):
             clock = time.perf_counter()

@@ -288,7 +288,7 @@ def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> d
         "forward_passes": evaluator.forward_passes,
         "importance_passes": importance_evaluator.gradient_passes,
         "compiled_executables": sum(e.compiled_shapes() for e in evaluators),
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(files)],
+        "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in dict.fromkeys(files)],
     }
     timings["total"] = time.perf_counter() - started
     runinfo.write_run_json(

@@ -134,7 +134,7 @@ def wikitext_segment_pairs(text: str, n: int) -> list[tuple[str, str]]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return runinfo.read_input(path).decode("utf-8")  # run.json's sha256 is of these bytes
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read ({error})") from None
 
@@ -376,7 +376,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
         "checkpoint": source.describe(),
         "model_config": encoder.config.to_hf_dict(),
         "results": results,
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(data_files)],
+        "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in dict.fromkeys(data_files)],
         "figures": sorted(p.name for p in figures),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }

@@ -321,7 +321,7 @@ def _run(
     if config.sas is not None:
         sas_file = {"path": str(Path(config.sas).expanduser().resolve())}
         sas_sentences = read_conllu(Path(sas_file["path"]), limit=config.sas_n)
-        sas_file["sha256"] = runinfo.sha256(Path(sas_file["path"]))
+        sas_file["sha256"] = runinfo.input_sha256(Path(sas_file["path"]))
         sas_settings = sas_settings_key(config, sas_file, tokenizer_id)
         sas_paths = {s: cache_path(config.cache_dir, sas_settings, identities[s], "sas") for s in steps}
     # A shard's members are every N-th of the series from its I-th, round-robin in step order.
