@@ -10,7 +10,6 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-import jax
 import numpy as np
 import pandas as pd
 
@@ -24,8 +23,6 @@ from analysis.api.common import (
     frame,
     loaded,
     refuse_inside_temporary,
-    run_json,
-    save,
     tables_html,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
@@ -210,42 +207,46 @@ class RolesResult(_Result):
 @dataclasses.dataclass(eq=False)
 class TrackResult(_Result):
     """`track(...)`: `table` is track.csv, `onset` onset.csv, `scores[step][task][role]` the
-    per-sequence β of each checkpoint (from the scores cache), `settings` the TrackConfig, `info`
-    run.json."""
+    per-sequence β of each checkpoint (held in memory, or read from the scores cache), `settings`
+    the TrackConfig, `info` run.json (as written, or as it would be: its `figures` are those
+    written, its `scores_cache` names the entries once they are written), `run` the computed run
+    the writer writes."""
 
     table: pd.DataFrame
     onset: pd.DataFrame
     settings: tracking.TrackConfig
     info: dict
-    directory: Path
+    run: tracking.TrackRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "track"
 
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
-        this result's temporary directory (removed with it) are copied to `<out>.cache`, the
-        cache `--out` would have had, and the copy's run.json names them there."""
-        refuse_inside_temporary(out, self.output)
-        temporary = None if self.output is None else self.output.temporary
-        entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
-        if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
-            return save(self.directory, out, overwrite, self.output)
+    @classmethod
+    def of(cls, run: tracking.TrackRun, info: dict | None = None, directory: Path | None = None) -> TrackResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(run.track, run.onsets, run.config, info, run, directory)
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """As `--out` would have it; scores held in memory go into the scores cache `--out` would
+        have had (`<out>.cache`), and run.json names them there."""
         target = Path(out).expanduser().resolve()
-        cache = target.parent / f"{target.name}.cache"
-        tracking.prepare_cache(cache, target)
-        for step, path in entries.items():
-            if path.is_relative_to(temporary):
-                with runinfo.atomic_file(cache / path.name, binary=True, overwrite=True) as f:
-                    f.write(path.read_bytes())
-                entries[step] = cache / path.name
-        info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
-        return save(self.directory, out, overwrite, self.output, info)
+        cache = self.run.cache
+        if self.run.held is not None:
+            cache = target.parent / f"{target.name}.cache"
+            tracking.prepare_cache(cache, target)
+        roles = dataclasses.replace(self.run.config.roles, out=str(out))
+        if not page:
+            roles = dataclasses.replace(roles, figures="none", html=False)
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            tracking.write(run, tmp, cache)
+        if roles.html:
+            pipeline.write_html(str(out))
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-        return {
-            int(step): {task: r.scores for task, r in tracking.load_scores(Path(path)).items()}
-            for step, path in self.info["scores_cache"].items()
-        }
+        return {step: {task: r.scores for task, r in self.run.scores(step).items()} for step in self.run.taus}
 
 
 @dataclasses.dataclass(eq=False)
@@ -328,10 +329,9 @@ def track(
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
-    output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
     config = tracking.TrackConfig(
-        roles=roles_config(run or "", settings | {"out": str(output.path)}, fields),
+        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, fields),
         steps=None if steps is None else tuple(steps),
         scores_cache=None if scores_cache is None else str(scores_cache),
         series=series,
@@ -340,24 +340,27 @@ def track(
         sas=None if sas is None else str(sas),
         sas_n=sas_n,
     )
+    if out is None and config.shard is None:  # held in memory; written only into a scores cache given
+        return TrackResult.of(tracking.compute(config, None if scores_cache is None else config.cache_dir))
+    if out is None and scores_cache is None:
+        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
     result = run_track(config)
-    if result is not None:
-        result.output = output
+    if result is not None and config.roles.html:
+        pipeline.write_html(config.roles.out)
     return result
 
 
-def run_track(config: tracking.TrackConfig) -> TrackResult | None:
-    """The track run of `config` (what `python -m analysis.track` calls); None for a `--shard` job
-    and in a process other than the first, which write nothing into --out."""
+def run_track(config: tracking.TrackConfig, say=print) -> TrackResult | None:
+    """The track run of `config` written into its --out (what `python -m analysis.track` calls;
+    the `--html` page is the caller's); None for a `--shard` job and in a process other than the
+    first, which write nothing into --out. `say` gets the progress lines."""
     if config.shard is not None and config.roles.html:
         raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
-    table = tracking.run(config)
-    if table is None or jax.process_index() != 0:
+    done = tracking.run(config, say)
+    if done is None:
         return None
-    if config.roles.html:
-        pipeline.write_html(config.roles.out)
-    directory = Path(config.roles.out).expanduser()
-    return TrackResult(table, pd.read_csv(directory / "onset.csv"), config, run_json(directory), directory)
+    run, info = done
+    return TrackResult.of(run, info, Path(config.roles.out).expanduser())
 
 
 # The flags of `analysis.finetune_effect` besides --pre and --post: the data and output flags.
