@@ -1,4 +1,4 @@
-"""A call of `roles`, `track` and `finetune_effect` without `out` returns its result held in memory:
+"""A call of `roles`, `track`, `finetune_effect` and `clark` without `out` returns its result held in memory:
 nothing is written into the system's temporary directory or the working directory (its figures
 and report page drawn on demand leave nothing either), and calling again compiles nothing new."""
 
@@ -34,7 +34,7 @@ def _listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.slow  # ~25 s: three tools twice, a figure and a report page
+@pytest.mark.slow  # ~30 s: four tools twice, a figure and a report page
 def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
     tiny_hf, second_hf, shared_data, tmp_path, monkeypatch
 ):
@@ -53,6 +53,14 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
         "roles": lambda: api.roles(str(tiny_hf), **small),
         "track": lambda: api.track(ckpt=[f"{tiny_hf}@0", f"{second_hf}@5"], bootstrap=20, **small),
         "finetune_effect": lambda: api.finetune_effect(str(tiny_hf), f"{second_hf}:mrpc", **small),
+        "clark": lambda: api.clark(
+            str(tiny_hf),
+            analyses="surface,depheads",
+            inputs="mrpc",
+            data_dir=str(shared_data),
+            ewt_n=8,
+            **{k: v for k, v in small.items() if k not in ("task", "cache_dir")},
+        ),
     }
     for name, call in calls.items():
         result = call()
@@ -61,7 +69,7 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
         before = len(compiles)
         again = call()
         assert len(compiles) == before, f"{name}: the second call compiled {len(compiles) - before} programs"
-        tables = (lambda r: r.tables) if name == "finetune_effect" else (lambda r: {"table": r.table})
+        tables = (lambda r: r.tables) if name in ("finetune_effect", "clark") else (lambda r: {"table": r.table})
         assert all(tables(again)[k].equals(table) for k, table in tables(result).items()), name
         assert _listing(temporary) == [] and _listing(here) == [], name
     # Drawn on demand, into a folder removed at once: a figure and the report page leave nothing.

@@ -3,11 +3,8 @@ and `head_view`; the results of roles and track show the report's role grid and 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -16,14 +13,16 @@ import pandas as pd
 from analysis.api.common import (
     Checkpoint,
     FigureFile,
+    HeldResult,
     Output,
     check_given,
     check_model,
     collect_garbage,
+    drawn,
     frame,
     loaded,
-    refuse_inside_temporary,
     tables_html,
+    unwritten_info,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
 from analysis.common.settings import fits
@@ -65,53 +64,7 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     return RolesConfig(ckpt=str(ckpt), **settings)
 
 
-class _Held:
-    """What the heads results share. A result is held in memory: the call that made it wrote
-    nothing unless given `out`. `save(out)` writes its files through the CLI's writer;
-    `directory` is where its files are (`out`, or on first use a temporary folder they are
-    written into, removed with the result); the figures are drawn on demand."""
-
-    kind: str
-    written: Path | None
-    output: Output | None
-
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
-        """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
-        `--html` page too where the settings ask for it and `page`."""
-        raise NotImplementedError
-
-    @property
-    def directory(self) -> Path:
-        """Where the result's files are: the call's `out`; without one, on first use, a temporary
-        folder they are written into, removed with the result."""
-        if self.written is None:
-            self.output = Output(None, self.kind)
-            self._write(self.output.path, overwrite=False)
-            self.written = self.output.path
-        return self.written
-
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Writes the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        if not isinstance(overwrite, bool):  # "no" would be taken for yes
-            raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
-        refuse_inside_temporary(out, self.output)
-        self._write(Path(out), overwrite)
-        return Path(out).expanduser()
-
-    @contextlib.contextmanager
-    def _files(self) -> Iterator[Path]:
-        """A directory holding the result's tables and run.json for the block: its own, or a
-        temporary one removed at the end of the block (no figures drawn into it)."""
-        if self.written is not None:
-            yield self.written
-            return
-        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
-            path = Path(folder) / self.kind
-            self._write(path, overwrite=False, page=False)
-            yield path
-
-
-class _Result(_Held):
+class _Result(HeldResult):
     """A roles or track result: shown inline as the report's page."""
 
     examples: int = 4
@@ -126,22 +79,6 @@ class _Result(_Held):
         if not hasattr(self, "_page"):
             self._page = self.report_html()
         return frame(self._page, FRAME_HEIGHT)
-
-
-def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
-    """run.json as it would be written, without the figures (none drawn) and the environment: the
-    values as JSON gives them back (lists for tuples, text for paths)."""
-    info = info | {"figures": [], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
-    return json.loads(json.dumps(info, default=str))
-
-
-def _drawn(draw, directory: Path | None) -> list[FigureFile]:
-    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
-    temporary folder, removed at once, the figures then held as bytes."""
-    if directory is not None:
-        return [FigureFile(p) for p in draw(directory)]
-    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
-        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
 
 
 @dataclasses.dataclass(eq=False)
@@ -201,7 +138,7 @@ class RolesResult(_Result):
                                               about={task: about})  # fmt: skip
             return draw_one(*args)
 
-        return _drawn(draw, self.written)
+        return drawn(draw, self.written)
 
 
 @dataclasses.dataclass(eq=False)
@@ -372,7 +309,7 @@ EFFECT_FLAGS = (
 
 
 @dataclasses.dataclass(eq=False)
-class FinetuneEffectResult(_Held):
+class FinetuneEffectResult(HeldResult):
     """`finetune_effect(...)`: `tables` holds beta_change.csv, head_means.csv and
     attention_similarity.csv; `settings` is the EffectConfig, `info` run.json (as written, or as it
     would be: its `figures` are those written), `run` the computed run the writer writes."""
@@ -419,7 +356,7 @@ class FinetuneEffectResult(_Held):
             with figure_formats(select_formats(self.settings.data.figure_format)):
                 return plot[name](self.tables[name], folder, name)
 
-        return _drawn(draw, self.written)
+        return drawn(draw, self.written)
 
     def _repr_html_(self) -> str:
         return tables_html(self, "not saved" if self.written is None else str(self.written))
