@@ -1,5 +1,6 @@
-"""Every output of `analysis.roles`, `analysis.track` and `analysis.finetune_effect` (CSVs, scores,
-figures, run.json, the report page and the printed lines) equals, byte for byte, what the code
+"""Every output of `analysis.roles`, `analysis.track`, `analysis.finetune_effect`, `analysis.clark`,
+`analysis.ablate` and `analysis.prune` (CSVs, scores, figures, run.json, the report page and the
+printed lines) equals, byte for byte, what the code
 wrote before the analyses became compute → result → writer (issue 40): the files under
 tests/fixtures/outputs/ were written by that code (BERTJAX_RECORD_FIXTURES=1 writes them again).
 
@@ -30,12 +31,15 @@ import pytest
 from test_track import write_checkpoint, write_run
 
 import bertjax
-from analysis import finetune_effect, roles, track
+from analysis import ablate, clark, finetune_effect, prune, roles, track
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "outputs"
 RECORD = os.environ.get("BERTJAX_RECORD_FIXTURES") == "1"
 # run.json's keys that differ between two runs of the same code on the same inputs.
 VOLATILE = ("timings_s", "versions", "host", "command", "cwd")
+# ... and, at any depth, the count of programs compiled, which depends on what this process
+# compiled before (ablate and prune record it).
+VOLATILE_NESTED = ("compiled_executables",)
 DIGEST = re.compile(r"-[0-9a-f]{16}\.npz")
 
 pytestmark = pytest.mark.slow
@@ -51,6 +55,13 @@ def places(tmp_path_factory, tiny_hf, shared_data) -> dict[str, Path]:
     post = root / "post" / "tiny-mrpc"
     shutil.copytree(run / "tokenizer", post / "tokenizer")
     write_checkpoint(post, 40, seed=2, cls=bertjax.BertForSequenceClassification)
+    for name, cls, seed in (
+        ("pretraining", "BertForPreTraining", 1),
+        ("classifier", "BertForSequenceClassification", 3),
+    ):
+        config = bertjax.preset("tiny", max_position_embeddings=128)
+        bertjax.save_pretrained(bertjax.init_model(config, cls, seed=seed), root / name)
+        bertjax.load_tokenizer(tiny_hf).save_pretrained(root / name)
     return {"<data>": shared_data, "<tmp>": root}
 
 
@@ -68,11 +79,21 @@ def _command(tool: str, out: Path, places: dict[str, Path]):
                             "--html", "--out", str(out), *_flags(places)]  # fmt: skip
     if tool == "track":
         return track.main, ["--run", "run", "--task", "mrpc", "--bootstrap", "50", "--out", str(out), *_flags(places)]
-    return finetune_effect.main, ["--pre", "ckpt", "--post", "post/tiny-mrpc", "--task", "mrpc", "--out", str(out),
-                                  *_flags(places)]  # fmt: skip
+    if tool == "finetune_effect":
+        return finetune_effect.main, ["--pre", "ckpt", "--post", "post/tiny-mrpc", "--task", "mrpc", "--out", str(out),
+                                      *_flags(places)]  # fmt: skip
+    small = ["--n", "6", "--batch-size", "4", "--max-length", "32", "--out", str(out)]
+    glue = ["--task", "mrpc", "--glue-dir", str(places["<data>"] / "glue")]
+    if tool == "clark":  # every analysis, the gradients through the random MLM head
+        return clark.main, ["--ckpt", "pretraining", "--data-dir", str(places["<data>"]), "--cluster-n", "4",
+                            "--gradient-n", "4", "--ewt-n", "12", "--gap-n", "8", "--probe-train-n", "8",
+                            "--probe-epochs", "1", "--min-count", "1", *small]  # fmt: skip
+    if tool == "ablate":
+        return ablate.main, ["--ckpt", "classifier", *glue, *small]
+    return prune.main, ["--ckpt", "classifier", *glue, "--prune-step", "0.25", "--random-seeds", "2", *small]
 
 
-TOOLS = ("roles", "track", "finetune_effect")
+TOOLS = ("roles", "track", "finetune_effect", "clark", "ablate", "prune")
 
 
 def _mask(text: str, places: dict[str, Path]) -> str:
@@ -85,7 +106,16 @@ def _run_json(path: Path, places: dict[str, Path]) -> str:
     info = json.loads(path.read_text())
     for key in VOLATILE:
         info.pop(key, None)
+    info = _without(info, VOLATILE_NESTED)
     return _mask(json.dumps(info, indent=2, sort_keys=True), places) + "\n"
+
+
+def _without(value, keys: tuple[str, ...]):
+    if isinstance(value, dict):
+        return {k: _without(v, keys) for k, v in value.items() if k not in keys}
+    if isinstance(value, list):
+        return [_without(v, keys) for v in value]
+    return value
 
 
 def _outputs(out: Path, printed: str, places: dict[str, Path]) -> dict[str, bytes]:

@@ -14,7 +14,7 @@ import pytest
 
 from analysis import api
 from analysis.attention import coref
-from analysis.heads import pipeline
+from analysis.common import examples
 from analysis.heads import report as report_lib
 from bertjax.errors import UserError
 from sieves.parse import read_conllu, read_text_examples
@@ -67,7 +67,7 @@ def test_a_text_file_replaced_after_it_was_read_is_recorded_as_read(
 ):  # 2.10
     text = tmp_path / "f.txt"
     text.write_text(SINGLES)
-    read = pipeline.load_tasks
+    read = examples.load_tasks
 
     def read_then_replaced(config, tasks):
         data = read(config, tasks)
@@ -75,7 +75,7 @@ def test_a_text_file_replaced_after_it_was_read_is_recorded_as_read(
         os.replace(tmp_path / "other.txt", text)  # another process swaps the file in
         return data
 
-    monkeypatch.setattr(pipeline, "load_tasks", read_then_replaced)
+    monkeypatch.setattr(examples, "load_tasks", read_then_replaced)
     result = api.roles(str(tiny_hf), task=f"text:{text}", **_settings(shared_data, tmp_path / "parses"))
     (files,) = result.info["data_files"].values()
     # The singles were analysed (no pair role), so run.json names the singles' bytes.
@@ -206,7 +206,7 @@ def test_the_staged_ewt_trees_pass(ud_english_ewt):
 
 def _replaced_after_reading(monkeypatch, path: Path, other: bytes) -> None:
     """Swaps `other` in at `path` once the run's tasks are read, as another process might."""
-    read = pipeline.load_tasks
+    read = examples.load_tasks
 
     def read_then_replaced(config, tasks):
         data = read(config, tasks)
@@ -215,7 +215,7 @@ def _replaced_after_reading(monkeypatch, path: Path, other: bytes) -> None:
         os.replace(swap, path)
         return data
 
-    monkeypatch.setattr(pipeline, "load_tasks", read_then_replaced)
+    monkeypatch.setattr(examples, "load_tasks", read_then_replaced)
 
 
 def test_a_glue_file_replaced_after_it_was_read_is_recorded_as_read(tiny_hf, shared_data, tmp_path, monkeypatch):

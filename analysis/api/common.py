@@ -6,6 +6,7 @@ tables as plain HTML), and the checkpoints the last call loaded, kept for the ne
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import gc
 import html
@@ -13,7 +14,7 @@ import json
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -217,6 +218,68 @@ class FigureFile:
 
     def __repr__(self) -> str:
         return f"FigureFile({str(self.path)!r})"
+
+
+class HeldResult:
+    """What the results held in memory share (roles, track, finetune_effect, clark). A result is held in memory: the call that made it wrote
+    nothing unless given `out`. `save(out)` writes its files through the CLI's writer;
+    `directory` is where its files are (`out`, or on first use a temporary folder they are
+    written into, removed with the result); the figures are drawn on demand."""
+
+    kind: str
+    written: Path | None
+    output: Output | None
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
+        `--html` page too where the settings ask for it and `page`."""
+        raise NotImplementedError
+
+    @property
+    def directory(self) -> Path:
+        """Where the result's files are: the call's `out`; without one, on first use, a temporary
+        folder they are written into, removed with the result."""
+        if self.written is None:
+            self.output = Output(None, self.kind)
+            self._write(self.output.path, overwrite=False)
+            self.written = self.output.path
+        return self.written
+
+    def save(self, out: str | Path, overwrite: bool = False) -> Path:
+        """Writes the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
+        if not isinstance(overwrite, bool):  # "no" would be taken for yes
+            raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
+        refuse_inside_temporary(out, self.output)
+        self._write(Path(out), overwrite)
+        return Path(out).expanduser()
+
+    @contextlib.contextmanager
+    def _files(self) -> Iterator[Path]:
+        """A directory holding the result's tables and run.json for the block: its own, or a
+        temporary one removed at the end of the block (no figures drawn into it)."""
+        if self.written is not None:
+            yield self.written
+            return
+        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
+            path = Path(folder) / self.kind
+            self._write(path, overwrite=False, page=False)
+            yield path
+
+
+def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
+    """run.json as it would be written, without the figures (none drawn) and the environment: the
+    values as JSON gives them back (lists for tuples, text for paths)."""
+    info = info | {"figures": [], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+    return json.loads(json.dumps(info, default=str))
+
+
+def drawn(draw, directory: Path | None) -> list[FigureFile]:
+    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
+    temporary folder, removed at once, the figures then held as bytes."""
+    if directory is not None:
+        return [FigureFile(p) for p in draw(directory)]
+    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
+        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
 
 
 @dataclasses.dataclass(eq=False)

@@ -3,30 +3,26 @@ and `head_view`; the results of roles and track show the report's role grid and 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
-import jax
 import numpy as np
 import pandas as pd
 
 from analysis.api.common import (
     Checkpoint,
     FigureFile,
+    HeldResult,
     Output,
     check_given,
     check_model,
     collect_garbage,
+    drawn,
     frame,
     loaded,
-    refuse_inside_temporary,
-    run_json,
-    save,
     tables_html,
+    unwritten_info,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
 from analysis.common.settings import fits
@@ -68,53 +64,7 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     return RolesConfig(ckpt=str(ckpt), **settings)
 
 
-class _Held:
-    """What the heads results share. A result is held in memory: the call that made it wrote
-    nothing unless given `out`. `save(out)` writes its files through the CLI's writer;
-    `directory` is where its files are (`out`, or on first use a temporary folder they are
-    written into, removed with the result); the figures are drawn on demand."""
-
-    kind: str
-    written: Path | None
-    output: Output | None
-
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
-        """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
-        `--html` page too where the settings ask for it and `page`."""
-        raise NotImplementedError
-
-    @property
-    def directory(self) -> Path:
-        """Where the result's files are: the call's `out`; without one, on first use, a temporary
-        folder they are written into, removed with the result."""
-        if self.written is None:
-            self.output = Output(None, self.kind)
-            self._write(self.output.path, overwrite=False)
-            self.written = self.output.path
-        return self.written
-
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Writes the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        if not isinstance(overwrite, bool):  # "no" would be taken for yes
-            raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
-        refuse_inside_temporary(out, self.output)
-        self._write(Path(out), overwrite)
-        return Path(out).expanduser()
-
-    @contextlib.contextmanager
-    def _files(self) -> Iterator[Path]:
-        """A directory holding the result's tables and run.json for the block: its own, or a
-        temporary one removed at the end of the block (no figures drawn into it)."""
-        if self.written is not None:
-            yield self.written
-            return
-        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
-            path = Path(folder) / self.kind
-            self._write(path, overwrite=False, page=False)
-            yield path
-
-
-class _Result(_Held):
+class _Result(HeldResult):
     """A roles or track result: shown inline as the report's page."""
 
     examples: int = 4
@@ -129,22 +79,6 @@ class _Result(_Held):
         if not hasattr(self, "_page"):
             self._page = self.report_html()
         return frame(self._page, FRAME_HEIGHT)
-
-
-def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
-    """run.json as it would be written, without the figures (none drawn) and the environment: the
-    values as JSON gives them back (lists for tuples, text for paths)."""
-    info = info | {"figures": [], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
-    return json.loads(json.dumps(info, default=str))
-
-
-def _drawn(draw, directory: Path | None) -> list[FigureFile]:
-    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
-    temporary folder, removed at once, the figures then held as bytes."""
-    if directory is not None:
-        return [FigureFile(p) for p in draw(directory)]
-    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
-        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
 
 
 @dataclasses.dataclass(eq=False)
@@ -204,48 +138,52 @@ class RolesResult(_Result):
                                               about={task: about})  # fmt: skip
             return draw_one(*args)
 
-        return _drawn(draw, self.written)
+        return drawn(draw, self.written)
 
 
 @dataclasses.dataclass(eq=False)
 class TrackResult(_Result):
     """`track(...)`: `table` is track.csv, `onset` onset.csv, `scores[step][task][role]` the
-    per-sequence β of each checkpoint (from the scores cache), `settings` the TrackConfig, `info`
-    run.json."""
+    per-sequence β of each checkpoint (held in memory, or read from the scores cache), `settings`
+    the TrackConfig, `info` run.json (as written, or as it would be: its `figures` are those
+    written, its `scores_cache` names the entries once they are written), `run` the computed run
+    the writer writes."""
 
     table: pd.DataFrame
     onset: pd.DataFrame
     settings: tracking.TrackConfig
     info: dict
-    directory: Path
+    run: tracking.TrackRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "track"
 
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
-        this result's temporary directory (removed with it) are copied to `<out>.cache`, the
-        cache `--out` would have had, and the copy's run.json names them there."""
-        refuse_inside_temporary(out, self.output)
-        temporary = None if self.output is None else self.output.temporary
-        entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
-        if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
-            return save(self.directory, out, overwrite, self.output)
+    @classmethod
+    def of(cls, run: tracking.TrackRun, info: dict | None = None, directory: Path | None = None) -> TrackResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(run.track, run.onsets, run.config, info, run, directory)
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """As `--out` would have it; scores held in memory go into the scores cache `--out` would
+        have had (`<out>.cache`), and run.json names them there."""
         target = Path(out).expanduser().resolve()
-        cache = target.parent / f"{target.name}.cache"
-        tracking.prepare_cache(cache, target)
-        for step, path in entries.items():
-            if path.is_relative_to(temporary):
-                with runinfo.atomic_file(cache / path.name, binary=True, overwrite=True) as f:
-                    f.write(path.read_bytes())
-                entries[step] = cache / path.name
-        info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
-        return save(self.directory, out, overwrite, self.output, info)
+        cache = self.run.cache
+        if self.run.held is not None:
+            cache = target.parent / f"{target.name}.cache"
+            tracking.prepare_cache(cache, target)
+        roles = dataclasses.replace(self.run.config.roles, out=str(out))
+        if not page:
+            roles = dataclasses.replace(roles, figures="none", html=False)
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            tracking.write(run, tmp, cache)
+        if roles.html:
+            pipeline.write_html(str(out))
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-        return {
-            int(step): {task: r.scores for task, r in tracking.load_scores(Path(path)).items()}
-            for step, path in self.info["scores_cache"].items()
-        }
+        return {step: {task: r.scores for task, r in self.run.scores(step).items()} for step in self.run.taus}
 
 
 @dataclasses.dataclass(eq=False)
@@ -328,10 +266,9 @@ def track(
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
-    output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
     config = tracking.TrackConfig(
-        roles=roles_config(run or "", settings | {"out": str(output.path)}, fields),
+        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, fields),
         steps=None if steps is None else tuple(steps),
         scores_cache=None if scores_cache is None else str(scores_cache),
         series=series,
@@ -340,24 +277,27 @@ def track(
         sas=None if sas is None else str(sas),
         sas_n=sas_n,
     )
+    if out is None and config.shard is None:  # held in memory; written only into a scores cache given
+        return TrackResult.of(tracking.compute(config, None if scores_cache is None else config.cache_dir))
+    if out is None and scores_cache is None:
+        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
     result = run_track(config)
-    if result is not None:
-        result.output = output
+    if result is not None and config.roles.html:
+        pipeline.write_html(config.roles.out)
     return result
 
 
-def run_track(config: tracking.TrackConfig) -> TrackResult | None:
-    """The track run of `config` (what `python -m analysis.track` calls); None for a `--shard` job
-    and in a process other than the first, which write nothing into --out."""
+def run_track(config: tracking.TrackConfig, say=print) -> TrackResult | None:
+    """The track run of `config` written into its --out (what `python -m analysis.track` calls;
+    the `--html` page is the caller's); None for a `--shard` job and in a process other than the
+    first, which write nothing into --out. `say` gets the progress lines."""
     if config.shard is not None and config.roles.html:
         raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
-    table = tracking.run(config)
-    if table is None or jax.process_index() != 0:
+    done = tracking.run(config, say)
+    if done is None:
         return None
-    if config.roles.html:
-        pipeline.write_html(config.roles.out)
-    directory = Path(config.roles.out).expanduser()
-    return TrackResult(table, pd.read_csv(directory / "onset.csv"), config, run_json(directory), directory)
+    run, info = done
+    return TrackResult.of(run, info, Path(config.roles.out).expanduser())
 
 
 # The flags of `analysis.finetune_effect` besides --pre and --post: the data and output flags.
@@ -369,7 +309,7 @@ EFFECT_FLAGS = (
 
 
 @dataclasses.dataclass(eq=False)
-class FinetuneEffectResult(_Held):
+class FinetuneEffectResult(HeldResult):
     """`finetune_effect(...)`: `tables` holds beta_change.csv, head_means.csv and
     attention_similarity.csv; `settings` is the EffectConfig, `info` run.json (as written, or as it
     would be: its `figures` are those written), `run` the computed run the writer writes."""
@@ -416,7 +356,7 @@ class FinetuneEffectResult(_Held):
             with figure_formats(select_formats(self.settings.data.figure_format)):
                 return plot[name](self.tables[name], folder, name)
 
-        return _drawn(draw, self.written)
+        return drawn(draw, self.written)
 
     def _repr_html_(self) -> str:
         return tables_html(self, "not saved" if self.written is None else str(self.written))
