@@ -216,3 +216,16 @@ def test_report_takes_coref_and_overwrite_as_named(monkeypatch, tmp_path):
     monkeypatch.setattr(api.heads, "write_report", lambda config: written.append(config) or tmp_path / "r.html")
     api.report(tmp_path, coref=tmp_path / "coref")
     assert written[0].coref == str(tmp_path / "coref") and written[0].overwrite is False
+
+
+def test_roles_takes_the_parser_flags_value(tiny_hf, shared_data, tmp_path):
+    """`parser="conllu"`, the flag's value as the docstring lists it, was taken for a parser
+    object and ignored: the run analysed the default tasks (offline: the hub's error) instead of
+    the CoNLL-U sentences."""
+    gold = tmp_path / "gold.conllu"
+    sentences = (shared_data / "ud_english_ewt" / "en_ewt-ud-dev.conllu").read_text().split("\n\n")[:4]
+    gold.write_text("\n\n".join(sentences) + "\n\n")
+    result = api.roles(str(tiny_hf), parser="conllu", conllu=str(gold), n=4, max_length=32, roles="local,nsubj",
+                       figures="none", cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert result.info["config"]["parser"] == "conllu"
+    assert list(result.info["data_files"]) == ["ud"]
