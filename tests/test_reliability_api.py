@@ -201,6 +201,9 @@ def test_head_view_compiles_nothing_new_for_texts_of_similar_length(tiny_hf):  #
         (["--ewt-n", "0"], "error: --ewt-n must be at least 1, got 0"),
         (["--probe-learning-rate", "nan"], "error: --probe-learning-rate must be a finite number > 0, got nan"),  # 1.39
         (["--probe-learning-rate", "0"], "error: --probe-learning-rate must be a finite number > 0, got 0.0"),
+        # numpy's `ValueError: expected non-negative integer` traceback once the probes' data was read.
+        (["--seed", "-1"], "error: --seed must be at least 0, got -1"),
+        (["--min-count", "-1"], "error: --min-count must be at least 0, got -1"),
     ],
 )  # fmt: skip
 def test_clark_flags_that_would_run_nothing_or_nonsense_are_refused(flags, message, tmp_path, cli_error):
