@@ -212,6 +212,17 @@ def test_clark_flags_that_would_run_nothing_or_nonsense_are_refused(flags, messa
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_ablate_and_prune_refuse_a_batch_size_of_0_before_loading(command, tmp_path, cli_error):
+    """Not checked at all before: the run went on to load the checkpoint and read the data."""
+    import importlib
+
+    main = importlib.import_module(f"analysis.{command}").main
+    argv = ["--ckpt", str(tmp_path / "c"), "--task", "mrpc", "--out", str(tmp_path / "o"), "--batch-size", "0"]
+    assert cli_error(main, argv) == "error: --batch-size must be at least 1, got 0"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_report_takes_coref_and_overwrite_as_named(monkeypatch, tmp_path):
     # `coref` went into ReportConfig's `overwrite` place: the page got no coreference, and a
     # `coref` given meant --overwrite (found by the type check above).
