@@ -182,3 +182,27 @@ def test_pretraining_that_cannot_write_its_metrics_stops_with_one_line(tmp_path)
         last,
     ), done.stderr[-3000:]
     assert "Traceback" not in done.stderr
+
+
+def test_the_wait_for_the_figure_workers_reads_the_flag(capsys):
+    """The pool's wait was `Queue.join()`, which a flag never ends: SIGTERM during the figures
+    waited for all of them to be drawn. Here the one figure takes 60 s (`time.sleep`), and the
+    signal, 1 s into the wait, ends the run at once with 143; the worker is killed."""
+    import threading
+
+    from analysis.common.figures import FigurePool
+
+    pools = []
+
+    def main(argv):
+        with FigurePool(1) as pool:
+            pools.append(pool)
+            pool.submit([(time.sleep, (60,))])
+            threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            pool.results()
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.run(main, [])
+    assert exit_info.value.code == 143
+    assert capsys.readouterr().err.strip().splitlines()[-1] == "error: terminated"
+    assert pools[0]._processes == []  # closed: the worker killed, not left drawing

@@ -84,8 +84,9 @@ class KovalevaConfig:
         check_types(self)
         check_device_count(self.devices)
         check_split("--split", self.split)
-        if self.n is not None and self.n < 1:
-            raise UserError(f"--n must be at least 1, got {self.n}")
+        for flag, value in (("--n", self.n), ("--batch-size", self.batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1, got {value}")
         if not 0.0 < self.alpha < 1.0:
             raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         unknown = [a for a in self.analyses if a not in ANALYSES]

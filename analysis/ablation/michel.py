@@ -72,7 +72,7 @@ class MichelConfig:
             raise UserError(f"--prune-step must be in (0, 0.5], got {self.prune_step}")
         if self.random_seeds < 0:
             raise UserError(f"--random-seeds must be ≥ 0, got {self.random_seeds}")
-        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n)):
+        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1, got {value}")
         if self.importance_n is None:

@@ -90,6 +90,9 @@ class ClarkConfig:
         for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
+        for flag in ("seed", "min_count"):  # numpy's generators take no negative seed (a traceback in the probes)
+            if getattr(self, flag) < 0:
+                raise UserError(f"--{flag.replace('_', '-')} must be at least 0, got {getattr(self, flag)}")
         if not (math.isfinite(self.probe_learning_rate) and self.probe_learning_rate > 0):
             raise UserError(f"--probe-learning-rate must be a finite number > 0, got {self.probe_learning_rate}")
         if self.inputs != "wikitext":

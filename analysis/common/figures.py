@@ -86,7 +86,8 @@ def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) 
     unknown = [a for a in asked if a not in choices]
     if unknown or not asked:
         what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
-        raise UserError(f"{flag}: {what}; give {', '.join(words)} or a comma-separated list of {', '.join(choices)}")
+        give = f"{', '.join(words)} or a comma-separated list" if words else "a comma-separated list"
+        raise UserError(f"{flag}: {what}; give {give} of {', '.join(choices)}")
     return tuple(c for c in choices if c in asked)
 
 
