@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 from flax import nnx
 
+from analysis.common.figures import figure_formats, select_formats
 from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import runinfo
 from bertjax.errors import UserError
@@ -280,6 +281,48 @@ def drawn(draw, directory: Path | None) -> list[FigureFile]:
         return [FigureFile(p) for p in draw(directory)]
     with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
         return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
+
+
+class HeldTables(HeldResult):
+    """A result of tables and figures held in memory (clark, prune): `tables`, `settings` (the
+    run's config), `info` and `run`, whose `figures` name the figures it draws (`run.draw(stem,
+    folder)`); `writer` is its module's one writer, `write(run, directory)`."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: Any
+    info: dict
+    run: Any
+
+    @staticmethod
+    def writer(run, directory: Path) -> dict:
+        raise NotImplementedError
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            self.writer(run, tmp)
+
+    def figure_names(self) -> list[str]:
+        """The figures of the run, by file name without its format (`surface_by_layer`)."""
+        return list(self.run.figures)
+
+    def figure(self, name: str) -> list[FigureFile]:
+        """The files of the figure `name` (one per `figure_format`): the run's, or drawn on demand
+        and held in memory when the result was written nowhere."""
+        names = self.figure_names()
+        if name not in names:
+            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(names) or 'none'})")
+        if self.written is not None:
+            return [FigureFile(self.written / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
+
+        def draw(folder: Path) -> list[Path]:
+            with figure_formats(select_formats(self.settings.figure_format)):
+                return self.run.draw(name, folder)
+
+        return drawn(draw, None)
+
+    def _repr_html_(self) -> str:
+        return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
 @dataclasses.dataclass(eq=False)
