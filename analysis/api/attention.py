@@ -9,8 +9,8 @@ import pandas as pd
 
 from analysis.api.common import (
     Checkpoint,
-    HeldTables,
     Output,
+    TablesResult,
     check_given,
     collect_garbage,
     comma_list,
@@ -24,7 +24,7 @@ from analysis.attention.pipeline import ANALYSES, ClarkConfig
 
 
 @dataclasses.dataclass(eq=False)
-class ClarkResult(HeldTables):
+class ClarkResult(TablesResult):
     """`clark(...)`: `tables` holds the CSVs the analyses write (surface, head_js_divergence,
     head_mds, gradient_importance, dependency_heads, probes, coref_heads, coref_best_per_layer,
     coref_baselines), each as its rows would be read back; `settings` is the ClarkConfig, `info`
