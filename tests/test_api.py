@@ -387,8 +387,8 @@ def test_ablate_call_gives_the_clis_tables_with_the_model_passed(work, tiny_clas
     result = api.ablate(str(tiny_classifier), model=model, tokenizer=tokenizer, **settings)
     _same_tables(result, cli_out)
     assert {"mrpc_patterns", "mrpc_disable_heads", "mrpc_disable_layers", "pattern_shares"} <= set(result.tables)
-    flags = ["--ckpt", str(tiny_classifier), "--out", str(result.directory), *_flags(settings)]
-    assert result.settings == ablate_cli.parse_args(flags)
+    flags = ["--ckpt", str(tiny_classifier), "--out", str(cli_out), *_flags(settings)]
+    assert dataclasses.replace(result.settings, out=str(cli_out)) == ablate_cli.parse_args(flags)
     saved = result.save(work / "ablate-saved")
     assert sorted(p.name for p in saved.iterdir()) == sorted(p.name for p in cli_out.iterdir())
 

@@ -1,4 +1,4 @@
-"""A call of `roles`, `track`, `finetune_effect` and `clark` without `out` returns its result held in memory:
+"""A call of `roles`, `track`, `finetune_effect`, `clark`, `ablate` and `prune` without `out` returns its result held in memory:
 nothing is written into the system's temporary directory or the working directory (its figures
 and report page drawn on demand leave nothing either), and calling again compiles nothing new."""
 
@@ -30,13 +30,23 @@ def second_hf(tmp_path_factory, tiny_hf) -> Path:
     return directory
 
 
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, tiny_hf) -> Path:
+    """A random tiny BertForSequenceClassification (2 labels, as MRPC) with tiny_hf's tokenizer."""
+    directory = tmp_path_factory.mktemp("classifier")
+    config = bertjax.preset("tiny", max_position_embeddings=128)
+    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=3), directory)
+    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
+    return directory
+
+
 def _listing(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
-@pytest.mark.slow  # ~30 s: four tools twice, a figure and a report page
+@pytest.mark.slow  # ~45 s: six tools twice, a figure and a report page
 def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
-    tiny_hf, second_hf, shared_data, tmp_path, monkeypatch
+    tiny_hf, second_hf, classifier, shared_data, tmp_path, monkeypatch
 ):
     # Fresh, empty stand-ins for the system's temporary directory and the working directory (the
     # real ones are shared with other processes); the parse cache is where the settings say.
@@ -61,6 +71,10 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
             ewt_n=8,
             **{k: v for k, v in small.items() if k not in ("task", "cache_dir")},
         ),
+        "ablate": lambda: api.ablate(str(classifier), analyses="patterns,disable", **small),
+        "prune": lambda: api.prune(
+            str(classifier), prune_step=0.5, random_seeds=1, **{k: v for k, v in small.items() if k != "cache_dir"}
+        ),
     }
     for name, call in calls.items():
         result = call()
@@ -69,7 +83,7 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
         before = len(compiles)
         again = call()
         assert len(compiles) == before, f"{name}: the second call compiled {len(compiles) - before} programs"
-        tables = (lambda r: r.tables) if name in ("finetune_effect", "clark") else (lambda r: {"table": r.table})
+        tables = (lambda r: {"table": r.table}) if name in ("roles", "track") else (lambda r: r.tables)
         assert all(tables(again)[k].equals(table) for k, table in tables(result).items()), name
         assert _listing(temporary) == [] and _listing(here) == [], name
     # Drawn on demand, into a folder removed at once: a figure and the report page leave nothing.

@@ -9,28 +9,22 @@ import pandas as pd
 
 from analysis.api.common import (
     Checkpoint,
-    FigureFile,
-    HeldResult,
     Output,
+    TablesResult,
     check_given,
     collect_garbage,
     comma_list,
     config_from,
-    drawn,
     loaded,
-    tables_html,
     unwritten_info,
 )
 from analysis.attention import pipeline
 from analysis.attention.options import DEFAULT_OUT
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
-from analysis.common.figures import figure_formats, select_formats
-from bertjax import runinfo
-from bertjax.errors import UserError
 
 
 @dataclasses.dataclass(eq=False)
-class ClarkResult(HeldResult):
+class ClarkResult(TablesResult):
     """`clark(...)`: `tables` holds the CSVs the analyses write (surface, head_js_divergence,
     head_mds, gradient_importance, dependency_heads, probes, coref_heads, coref_best_per_layer,
     coref_baselines), each as its rows would be read back; `settings` is the ClarkConfig, `info`
@@ -45,42 +39,15 @@ class ClarkResult(HeldResult):
     written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
     kind = "clark"
+    writer = staticmethod(pipeline.write)
 
     @classmethod
     def of(cls, run: pipeline.ClarkRun, info: dict | None = None, directory: Path | None = None) -> ClarkResult:
         """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
         info = unwritten_info(run.info, run.timings) if info is None else info
         # An indexed table as its CSV reads back: the index (the heads' labels) a column.
-        tables = {n: t.reset_index() if n in pipeline.INDEXED_TABLES else t for n, t in run.tables.items()}
+        tables = {n: t.reset_index() if n in pipeline.INDEXED_TABLES else t for n, t in sorted(run.tables.items())}
         return cls(tables, run.config, info, run, directory)
-
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
-        with runinfo.atomic_out(str(out), overwrite) as tmp:
-            pipeline.write(
-                dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out))), tmp
-            )
-
-    def figure_names(self) -> list[str]:
-        """The figures of the run, by file name without its format (`surface_by_layer`)."""
-        return list(self.run.figures)
-
-    def figure(self, name: str) -> list[FigureFile]:
-        """The files of the figure `name` (one per `figure_format`): the run's, or drawn on demand
-        and held in memory when the result was written nowhere."""
-        names = self.figure_names()
-        if name not in names:
-            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(names) or 'none'})")
-        if self.written is not None:
-            return [FigureFile(self.written / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
-
-        def draw(folder: Path) -> list[Path]:
-            with figure_formats(select_formats(self.settings.figure_format)):
-                return self.run.draw(name, folder)
-
-        return drawn(draw, None)
-
-    def _repr_html_(self) -> str:
-        return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:

@@ -1,7 +1,7 @@
-"""What the API's results share: their output directory (the one asked for, or a temporary one),
-copying it as `--out` would be written, the tables read back from their CSVs, the figures, the
-inline views (the report's page in an iframe; for the analyses without a report, the figures and
-tables as plain HTML), and the checkpoints the last call loaded, kept for the next."""
+"""What the API's results share: held in memory, written only when asked (`save`, `directory`)
+through the writer the CLI uses, the figures drawn on demand, the inline views (the report's page
+in an iframe; for the analyses without a report, the figures and tables as plain HTML), and the
+checkpoints the last call loaded, kept for the next."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any
 import pandas as pd
 from flax import nnx
 
+from analysis.common.figures import figure_formats, select_formats
 from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import runinfo
 from bertjax.errors import UserError
@@ -162,38 +163,6 @@ def refuse_inside_temporary(out: str | Path, output: Output | None) -> None:
         )
 
 
-def save(directory: Path, out: str | Path, overwrite: bool, output: Output | None, info: dict | None = None) -> Path:
-    """Copies `directory` to `out` as the CLIs write: whole or not at all; `info`, if given, is
-    the copy's run.json. An `out` inside `directory` gets `directory` as it was, without the
-    copy's own lock and temporary; one inside the result's temporary folder (`output`'s, removed
-    with the result) is refused."""
-    if not isinstance(overwrite, bool):  # "no" would be taken for yes
-        raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
-    refuse_inside_temporary(out, output)
-    out_path = Path(out).expanduser().resolve()
-
-    def own(folder: str, names: list[str]) -> list[str]:
-        return [n for n in names if Path(folder, n).resolve().parent == out_path.parent
-                and (n == out_path.name or n.startswith(f".{out_path.name}."))]  # fmt: skip
-
-    with runinfo.atomic_out(str(out), overwrite) as tmp:
-        shutil.copytree(directory, tmp, dirs_exist_ok=True, ignore=own)
-        if info is not None:
-            with runinfo.atomic_file(tmp / "run.json", overwrite=True) as f:
-                f.write(json.dumps(info, indent=2, default=str) + "\n")
-    return Path(out).expanduser()
-
-
-def run_json(directory: Path) -> dict:
-    return json.loads((directory / "run.json").read_text())
-
-
-def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
-    """Every CSV of `directory` by its name without `.csv`, rows as written: `to_csv(index=False)`
-    gives the file's bytes back (pandas 3 parses floats to the bit; tests/test_api.py checks it)."""
-    return {path.stem: pd.read_csv(path) for path in sorted(directory.glob("*.csv"))}
-
-
 def frame(page: str, height: int) -> str:
     # An iframe keeps the page's script and style apart from the notebook's, in JupyterLab, the
     # classic notebook and a static HTML export alike; srcdoc keeps it offline.
@@ -282,43 +251,57 @@ def drawn(draw, directory: Path | None) -> list[FigureFile]:
         return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
 
 
-@dataclasses.dataclass(eq=False)
-class TablesResult:
-    """A run whose outputs are CSVs and figures: `tables[name]` is `<name>.csv` as a DataFrame,
-    `settings` the run's config, `info` its run.json, `directory` where they are."""
+class TablesResult(HeldResult):
+    """A result of tables and figures held in memory (clark, ablate, prune): `tables`, `settings`
+    (the run's config), `info` and `run`, whose `figures` are its drawing jobs (`run.draw(job,
+    folder)` draws one, a figure or several); `writer` is its module's one writer,
+    `write(run, directory)`."""
 
     tables: dict[str, pd.DataFrame]
-    settings: object
+    settings: Any
     info: dict
-    directory: Path
-    output: Output | None = dataclasses.field(default=None, repr=False)
+    run: Any
 
-    @classmethod
-    def of_run(cls, config):
-        """What a run of `config` wrote into `config.out`; `settings` is `config` with the
-        max_length the run used (fitted to the model's positions)."""
-        directory = Path(config.out).expanduser()
-        info = run_json(directory)
-        settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
-        return cls(read_tables(directory), settings, info, directory)
+    @staticmethod
+    def writer(run, directory: Path) -> dict:
+        raise NotImplementedError
 
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs (CSVs, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite, self.output)
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            self.writer(run, tmp)
+
+    def _figures(self) -> dict[str, list[FigureFile]]:
+        """The figures by file name without its format, in file-name order: the files written, or
+        (a result written nowhere) every figure drawn once into a folder removed at once and
+        held as bytes."""
+        if self.written is not None:
+            names = sorted(self.info["figures"])
+            return {stem: [FigureFile(self.written / n) for n in names if Path(n).stem == stem]
+                    for stem in dict.fromkeys(Path(n).stem for n in names)}  # fmt: skip
+        if not hasattr(self, "_held_figures"):
+            with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
+                with figure_formats(select_formats(self.settings.figure_format)):
+                    paths = [p for job in self.run.figures for p in self.run.draw(job, Path(folder))]
+                held: dict[str, list[FigureFile]] = {}
+                for path in sorted(paths, key=lambda p: p.name):
+                    held.setdefault(path.stem, []).append(FigureFile(Path(path.name), path.read_bytes()))
+            self._held_figures = held
+        return self._held_figures
 
     def figure_names(self) -> list[str]:
-        """The figures the run drew, by file name without its format (`surface_by_layer`)."""
-        return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
+        """The figures of the run, by file name without its format (`surface_by_layer`)."""
+        return list(self._figures())
 
     def figure(self, name: str) -> list[FigureFile]:
         """The files of the figure `name` (one per `figure_format`)."""
-        names = self.figure_names()
-        if name not in names:
-            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(names) or 'none'})")
-        return [FigureFile(self.directory / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
+        figures = self._figures()
+        if name not in figures:
+            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(figures) or 'none'})")
+        return figures[name]
 
     def _repr_html_(self) -> str:
-        return tables_html(self, str(self.directory))
+        return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
 def tables_html(result, where: str) -> str:
