@@ -98,6 +98,11 @@ def test_probe_roles_the_probe_set_cannot_hold_are_refused_before_data_work(micr
         (["train.log_every=0"], "train.log_every: must be an integer ≥ 1, got 0"),
         (["train.seed=-1"], "train.seed: must be an integer ≥ 0, got -1"),
         (["mesh.fsdp=0"], "mesh: data=-1 × fsdp=0 does not match 1 devices"),  # a ZeroDivisionError traceback
+        # Accepted and ignored:
+        (["checkpoint.log_spaced=-1"], "checkpoint.log_spaced: must be an integer ≥ 0, got -1"),
+        (["checkpoint.steps=[-5]"], "checkpoint.steps: steps are integers ≥ 0, got -5"),
+        # A numpy ValueError traceback at the second save, after the data was prepared:
+        (["checkpoint.keep=-1"], "checkpoint.keep: must be an integer ≥ 0 or null (all), got -1"),
     ],
 )
 def test_settings_are_refused_before_any_data_work(micro2, tmp_path, cli_error, overrides, expected):
