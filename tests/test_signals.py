@@ -126,6 +126,28 @@ def test_sigterm_at_random_moments_always_ends_pretraining_with_status_143(tmp_p
     assert all(_accepted(status, last) for _, status, last in results), results
 
 
+@pytest.mark.slow
+def test_ctrl_c_stops_pretraining_after_its_step_with_status_130(tmp_path):
+    """Ctrl-C, read by the trainer after each step as SIGTERM is: the run stops there with 130 and
+    no checkpoint of its own (SIGTERM's preemption saves one)."""
+    config = write_micro(tmp_path)
+    workdir = tmp_path / "w"
+    # A background process starts with Ctrl-C ignored, which Python keeps: restored first.
+    command = [sys.executable, "-c", "import runpy, signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+               "sys.argv[0] = 'pretrain'; runpy.run_module('train.pretrain', run_name='__main__')",
+               "--config", str(config), "--workdir", str(workdir), "train.steps=400", "checkpoint.every=2"]  # fmt: skip
+    process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (workdir / "checkpoints" / "2").is_dir():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 130 and err.strip().splitlines()[-1] == "error: interrupted", err[-2000:]
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] < 400 and all(step % 2 == 0 for step in saved)
+
+
 def test_metrics_that_cannot_be_written_stop_the_run_with_one_line(tmp_path):
     """Probe 4.23: on a full disk tensorboardX's writer thread died (`OSError: File too large`) and
     the trainer then waited on its queue forever. Here every file is capped at 20 kB, as a full disk

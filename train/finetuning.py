@@ -189,7 +189,6 @@ class Prepared:
 
 # The splits an evaluation can score: GLUE's test labels are hidden.
 EVAL_SPLITS = ("dev", "validation", "train")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def seed_runs(config: FinetuneConfig, workdir: Path) -> list[tuple[FinetuneConfig, Path]]:
@@ -212,8 +211,7 @@ def check_settings(config: FinetuneConfig, workdir: Path, mesh: jax.sharding.Mes
     best_metric(config, task_spec(config.task))
     if not config.init:
         raise UserError("init: no checkpoint to fine-tune (--ckpt CKPT)")
-    if config.dtype not in DTYPES:
-        raise UserError(f"dtype: {config.dtype!r} is not one of {', '.join(DTYPES)}")
+    compute_dtype(config.dtype, "dtype")
     positive = (
         ("train.epochs", config.train.epochs),
         ("seeds", config.seeds),
@@ -254,7 +252,9 @@ def prepare(config: FinetuneConfig) -> Prepared:
     spec = task_spec(config.task)
     metric = best_metric(config, spec)
     source = pretrained.resolve(config.init, config.init_step)
-    model_config = pretrained.load_config(source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype))
+    model_config = pretrained.load_config(
+        source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype, "dtype")
+    )
     tokenizer = pretrained.load_tokenizer(config.init, config.init_step)
     if len(tokenizer) != model_config.vocab_size:
         raise UserError(

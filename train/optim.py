@@ -43,6 +43,16 @@ class OptimizerConfig:
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
+        for name, low, high in (("b1", 0, 1), ("b2", 0, 1)):  # Adam's moment decays: in [0, 1)
+            value = getattr(self, name)
+            if not low <= value < high:
+                raise UserError(f"optimizer.{name}: must be in [0, 1), got {value}")
+        # Accepted before, and trained on: a negative eps or decay turned the update around, a NaN
+        # clipping norm turned every update into NaN.
+        for name in ("eps", "weight_decay", "max_grad_norm", "decay_power"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
         if self.warmup_fraction is not None:
             if not 0 <= self.warmup_fraction <= 1:
                 raise UserError(f"optimizer.warmup_fraction: must be in [0, 1], got {self.warmup_fraction}")
