@@ -91,6 +91,9 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
     (figure,) = roles.figure("role_grid")
     assert figure.path == Path("mrpc_role_grid.png") and figure._repr_png_()[:4] == b"\x89PNG"
     assert "report-data" in roles._repr_html_()
+    effect, ablation = calls["finetune_effect"](), calls["ablate"]()
+    assert effect._repr_html_().count("<img") == 2  # beta_change and attention_similarity
+    assert "<img" in ablation._repr_html_() and ablation.figure_names()
     assert _listing(temporary) == [] and _listing(here) == []
     # `directory` is asked for: then, and only then, the files are written (into the temporary folder).
     assert (roles.directory / "roles.csv").is_file() and roles.directory.is_relative_to(temporary)
