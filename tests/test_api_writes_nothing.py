@@ -13,6 +13,7 @@ import pytest
 
 import bertjax
 from analysis import api
+from bertjax.errors import UserError
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 compiles: list[str] = []
@@ -107,3 +108,8 @@ def test_the_tools_print_nothing_but_their_progress(tiny_hf, shared_data, tmp_pa
     assert capsys.readouterr().out == ""
     assert result.run.text().startswith("mrpc: N = 4 sequences")
     assert set(os.listdir(tmp_path)) <= {"parses"}
+
+
+def test_a_shard_without_a_scores_cache_is_one_line(tiny_hf, tmp_path):
+    with pytest.raises(UserError, match=r"^shard: a shard scores into the scores cache only; give it scores_cache$"):
+        api.track(ckpt=[f"{tiny_hf}@0", f"{tiny_hf}@1"], shard="0/2")
