@@ -50,7 +50,7 @@ def run(config: EffectConfig) -> None:
     if result is not None:  # None: a process other than the first, which writes nothing
         print(result.run.text())
         if config.data.html:
-            write_html(config.data.out)
+            print(write_html(config.data.out))
         cli.print_wrote(config.data.out)
 
 

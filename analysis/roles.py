@@ -50,7 +50,7 @@ def run(config: RolesConfig) -> None:
     if result is not None:  # None: a process other than the first, which writes nothing
         print(result.run.text())
         if config.html:
-            write_html(config.out)
+            print(write_html(config.out))
         cli.print_wrote(config.out)
 
 

@@ -118,7 +118,7 @@ def run(config: TrackConfig) -> None:
     if result is not None:  # None: a --shard job, or a process other than the first
         print(result.run.text())
         if config.roles.html:
-            write_html(config.roles.out)
+            print(write_html(config.roles.out))
         cli.print_wrote(config.roles.out)
 
 

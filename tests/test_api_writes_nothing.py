@@ -13,6 +13,7 @@ import pytest
 
 import bertjax
 from analysis import api
+from bertjax.errors import UserError
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 compiles: list[str] = []
@@ -91,6 +92,9 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
     (figure,) = roles.figure("role_grid")
     assert figure.path == Path("mrpc_role_grid.png") and figure._repr_png_()[:4] == b"\x89PNG"
     assert "report-data" in roles._repr_html_()
+    effect, ablation = calls["finetune_effect"](), calls["ablate"]()
+    assert effect._repr_html_().count("<img") == 2  # beta_change and attention_similarity
+    assert "<img" in ablation._repr_html_() and ablation.figure_names()
     assert _listing(temporary) == [] and _listing(here) == []
     # `directory` is asked for: then, and only then, the files are written (into the temporary folder).
     assert (roles.directory / "roles.csv").is_file() and roles.directory.is_relative_to(temporary)
@@ -104,3 +108,8 @@ def test_the_tools_print_nothing_but_their_progress(tiny_hf, shared_data, tmp_pa
     assert capsys.readouterr().out == ""
     assert result.run.text().startswith("mrpc: N = 4 sequences")
     assert set(os.listdir(tmp_path)) <= {"parses"}
+
+
+def test_a_shard_without_a_scores_cache_is_one_line(tiny_hf, tmp_path):
+    with pytest.raises(UserError, match=r"^shard: a shard scores into the scores cache only; give it scores_cache$"):
+        api.track(ckpt=[f"{tiny_hf}@0", f"{tiny_hf}@1"], shard="0/2")

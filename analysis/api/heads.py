@@ -24,7 +24,7 @@ from analysis.api.common import (
     tables_html,
     unwritten_info,
 )
-from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
+from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_figures, select_formats
 from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
@@ -341,7 +341,10 @@ class FinetuneEffectResult(HeldResult):
             pipeline.write_html(str(out))
 
     def figure_names(self) -> list[str]:
-        """The figures the run drew, by file name without its format."""
+        """The figures of the run, by file name without its format: those written, or (a result
+        written nowhere) those `figures=` asks for, drawn on demand."""
+        if self.written is None:
+            return list(select_figures(self.settings.data.figures, finetuning.FIGURES))
         return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
 
     def figure(self, name: str = "beta_change") -> list[FigureFile]:

@@ -22,7 +22,7 @@ from analysis.common.forward import Devices
 from analysis.heads import summary
 from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
 from analysis.heads.figures import about_line, figure_jobs
-from analysis.heads.report import ReportConfig, readable_checkpoint, write_report
+from analysis.heads.report import ReportConfig, readable_checkpoint, write_report, wrote_line
 from analysis.heads.scoring import TaskScores, entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
 from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -188,7 +188,9 @@ def write(result: RolesRun, directory: Path, pool: FigurePool | None = None) -> 
     return info
 
 
-def write_html(out: str) -> None:
-    """`--html`: the report of the output just written (by process 0, the one that wrote it)."""
+def write_html(out: str) -> str | None:
+    """`--html`: the report of the output just written (by process 0, the one that wrote it);
+    returns the line a CLI prints (None in the other processes)."""
     if jax.process_index() == 0:
-        write_report(ReportConfig(out))
+        return wrote_line(write_report(ReportConfig(out)))
+    return None

@@ -433,7 +433,6 @@ def compute_members(
     mine = steps if config.shard is None else [m.step for m in distributed.shard_members(members, *config.shard)]
     writes_outputs = config.shard is None and jax.process_index() == 0
     tester = StepTester(config, writes_outputs, timings)
-    held = None if cache is not None else {}
     sas_counts = read_cached_steps(config, mine, keys, cache, tester) if cache is not None else {}
     todo = [s for s in mine if s not in tester.tested]
     sas_todo = [s for s in mine if config.sas is not None and s not in sas_counts]
@@ -441,10 +440,10 @@ def compute_members(
     timings["load_data"] = time.perf_counter() - clock
     say(start_line(config, steps, mine, todo, sas_todo, cache))
 
-    devices = Devices.local(rc.devices)
+    work = Work(inputs, keys, cache, tester, None if cache is not None else {}, sas_counts, todo, sas_todo, sas_file,
+                sas_sentences, Devices.local(rc.devices), timings)  # fmt: skip
     if todo or sas_todo:
-        score_steps(config, {m.step: m for m in members}, inputs, sas_sentences, todo, sas_todo, keys, cache,
-                    devices, tester, held, sas_counts, timings)  # fmt: skip
+        score_steps(config, {m.step: m for m in members}, work)
     if config.shard is not None:
         say(f"track --shard {shard_text(config.shard)}: scored steps {todo} into {cache} in "
             f"{time.perf_counter() - started:.1f} s; wrote nothing into --out {rc.out}: once every shard has "
@@ -452,8 +451,7 @@ def compute_members(
         return None
     if not writes_outputs:  # not process 0 of a multi-process job
         return None
-    return tabulate(config, members, inputs, keys, cache, tester, held, sas_counts, todo, sas_file, sas_sentences,
-                    sas_todo, devices, timings, started)  # fmt: skip
+    return tabulate(config, members, work, started)
 
 
 def start_line(config: TrackConfig, steps: list[int], mine: list[int], todo: list[int], sas_todo: list[int],
@@ -497,6 +495,26 @@ class StepTester:
             self.timings["intervals"] = self.timings.get("intervals", 0.0) + time.perf_counter() - clock
 
 
+@dataclasses.dataclass
+class Work:
+    """What a track run works from and fills in: the examples, the cache keys and the cache (None:
+    the scores are `held` in memory), the tester, the steps to score (`todo`) and to count SAS
+    for (`sas_todo`), the SAS file, its sentences and counts, the mesh and the timings."""
+
+    inputs: Inputs
+    keys: CacheKeys
+    cache: Path | None
+    tester: StepTester
+    held: dict[int, dict[str, TaskScores]] | None
+    sas_counts: dict
+    todo: list[int]
+    sas_todo: list[int]
+    sas_file: dict | None
+    sas_sentences: list
+    devices: Devices
+    timings: dict[str, float]
+
+
 def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cache: Path, tester: StepTester) -> dict:
     """Tests the steps whose scores the cache holds; returns the SAS counts it holds."""
     for step in mine:
@@ -509,57 +527,55 @@ def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cac
     return sas_counts
 
 
-def score_steps(
-    config: TrackConfig, by_step: dict[int, Member], inputs: Inputs, sas_sentences: list, todo: list[int],
-    sas_todo: list[int], keys: CacheKeys, cache: Path | None, devices: Devices, tester: StepTester,
-    held: dict | None, sas_counts: dict, timings: dict[str, float],
-) -> None:  # fmt: skip
+def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> None:
     """Loads each step's checkpoint once and scores the steps not cached: their scores go into the
-    cache (or `held`, without one) and are tested; their SAS counts into the cache and `sas_counts`.
-    In a multi-process job each process scores its share of every step's sequences."""
+    cache (or `work.held`, without one) and are tested; their SAS counts into the cache and
+    `work.sas_counts`. In a multi-process job each process scores its share of every step's
+    sequences."""
     rc = config.roles
     # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
     first = next(iter(by_step.values())).source
     tokenizer = load_tokenizer(first.path, step=first.step)
-    sequences = inputs.encode(tokenizer, timings) if todo else None
+    sequences = work.inputs.encode(tokenizer, work.timings) if work.todo else None
     sas_sequences = None
-    if sas_todo:
-        sas_sequences = encode_batch(tokenizer, [(text,) for text, _ in sas_sentences],
-                                     [(words,) for _, words in sas_sentences], rc.max_length)  # fmt: skip
-    for step in tqdm(sorted({*todo, *sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
+    if work.sas_todo:
+        sas_sequences = encode_batch(tokenizer, [(text,) for text, _ in work.sas_sentences],
+                                     [(words,) for _, words in work.sas_sentences], rc.max_length)  # fmt: skip
+    for step in tqdm(
+        sorted({*work.todo, *work.sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0
+    ):
         clock = time.perf_counter()
         source = by_step[step].source
         downloaded = fetch_weights(source)
         model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
-        if step in todo:
+        if step in work.todo:
             with distributed.all_ok(f"scoring step {step}"):
-                results = score_sequences(make_scorer(model, devices=devices), sequences, rc, {})
-            results = gather_scores(results, inputs.n_sequences)
-            if held is not None:
-                held[step] = results
+                results = score_sequences(make_scorer(model, devices=work.devices), sequences, rc, {})
+            results = gather_scores(results, work.inputs.n_sequences)
+            if work.held is not None:
+                work.held[step] = results
             elif jax.process_index() == 0:
-                save_scores(keys.path(cache, step), results, keys.settings, keys.identities[step])
-            tester.test(step, results)
-        if step in sas_todo:
-            sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
-            if cache is not None:
-                save_sas(keys.sas_path(cache, step), sas_counts[step], keys.sas_settings, keys.identities[step])
+                save_scores(work.keys.path(work.cache, step), results, work.keys.settings, work.keys.identities[step])
+            work.tester.test(step, results)
+        if step in work.sas_todo:
+            work.sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
+            if work.cache is not None:
+                keys = work.keys
+                save_sas(
+                    keys.sas_path(work.cache, step), work.sas_counts[step], keys.sas_settings, keys.identities[step]
+                )
         if config.remove_downloads and downloaded:
             freed = remove_downloads(downloaded)
             log.info("step %d: removed its downloaded weights from the hub cache (%.1f MB)", step, freed / 1e6)
-        timings[f"step {step}"] = time.perf_counter() - clock
+        work.timings[f"step {step}"] = time.perf_counter() - clock
 
 
-def tabulate(
-    config: TrackConfig, members: list[Member], inputs: Inputs, keys: CacheKeys, cache: Path | None,
-    tester: StepTester, held: dict | None, sas_counts: dict, todo: list[int], sas_file: dict | None,
-    sas_sentences: list, sas_todo: list[int], devices: Devices, timings: dict[str, float], started: float,
-) -> TrackRun:  # fmt: skip
+def tabulate(config: TrackConfig, members: list[Member], work: Work, started: float) -> TrackRun:
     """The track table (corrected over the series if asked), the SAS table, the onsets with their
     intervals and the curves' changepoints, and the run's provenance."""
-    rc = config.roles
+    rc, timings, inputs = config.roles, work.timings, work.inputs
     steps = [m.step for m in members]
-    tested = tester.tested
+    tested = work.tester.tested
     clock = time.perf_counter()
     taus = {step: tested[step][1] for step in steps}
     tables = [tested[step][0].assign(step=step)[["step", *tested[step][0].columns]] for step in steps]
@@ -573,14 +589,14 @@ def tabulate(
     sas_table = None
     if config.sas is not None:
         sas_table = pd.concat(
-            [depattn.sas_table(sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
+            [depattn.sas_table(work.sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
         )[["step", *depattn.SAS_COLUMNS]]
     clock_intervals = time.perf_counter()
     interval_table, count_replicates = None, None
-    if tester.resampler is not None:
+    if work.tester.resampler is not None:
         rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
         held_p = intervals.decide(
-            [tester.replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha
+            [work.tester.replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha
         )
         interval_table = intervals.onset_interval_table(held_p, rows, steps, config.persistence)
         count_replicates = intervals.replicate_counts(held_p, rows)
@@ -597,8 +613,8 @@ def tabulate(
         "checkpoints": None if config.series else str(members[-1].source.path),
         "series": [m.describe() for m in members],
         "steps": steps,
-        "analysed_steps": todo,
-        "cached_steps": [s for s in steps if s not in todo],
+        "analysed_steps": work.todo,
+        "cached_steps": [s for s in steps if s not in work.todo],
         "scores_cache": None,  # the writer's: where the entries are once written
         "tau": {str(s): t for s, t in taus.items()},
         "tests": tests,
@@ -611,16 +627,21 @@ def tabulate(
             "replicate_test": "z" if rc.test == "z" else "t",
         },
         "parser": None if parser is None else {"name": parser.name, "version": parser.version},
-        "mesh": devices.record(),
+        "mesh": work.devices.record(),
         "processes": jax.process_count(),
         "data_files": inputs.data_files,
         "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
         "sas": None
         if config.sas is None
-        else {"conllu": sas_file, "sentences": len(sas_sentences), "computed_steps": sas_todo, "cache": None},
+        else {
+            "conllu": work.sas_file,
+            "sentences": len(work.sas_sentences),
+            "computed_steps": work.sas_todo,
+            "cache": None,
+        },
     }
-    return TrackRun(config, members, track, onsets, curves, sas_table, heldout, taus, inputs.n_sequences, keys, cache,
-                    held, sas_counts, info, timings, started)  # fmt: skip
+    return TrackRun(config, members, track, onsets, curves, sas_table, heldout, taus, inputs.n_sequences, work.keys,
+                    work.cache, work.held, work.sas_counts, info, timings, started)  # fmt: skip
 
 
 def write(result: TrackRun, directory: Path, cache: Path) -> dict:
