@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 from pathlib import Path
@@ -42,7 +43,27 @@ VOLATILE = ("timings_s", "versions", "host", "command", "cwd")
 VOLATILE_NESTED = ("compiled_executables",)
 DIGEST = re.compile(r"-[0-9a-f]{16}\.npz")
 
-pytestmark = pytest.mark.slow
+
+def _vector_code_as_recorded() -> bool:
+    """Whether XLA emits the vector code the fixtures were recorded with: 256-bit (AVX2) or wider,
+    which gave the same bits as AVX-512. 128-bit code (a CPU without AVX2, or XLA_FLAGS holding
+    --xla_cpu_max_isa=SSE4_2 or AVX) rounds some float32 sums otherwise, and all six comparisons
+    then differ in last digits (seen under SSE4_2): byte identity is a property of one code
+    generation, so it is checked where it can hold and skipped, not loosened, elsewhere."""
+    isa = re.search(r"--xla_cpu_max_isa=(\w+)", os.environ.get("XLA_FLAGS", ""))
+    if isa and not (isa.group(1).upper() == "AVX2" or isa.group(1).upper().startswith(("AVX512", "AVX10", "AMX"))):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return platform.machine() in ("x86_64", "AMD64") and " avx2" in flags
+
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _vector_code_as_recorded(), reason="the fixtures hold for AVX2-or-wider XLA code"),
+]
 
 
 @pytest.fixture(scope="module")
