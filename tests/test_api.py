@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pandas as pd
 import pytest
@@ -397,6 +398,9 @@ def test_prune_call_gives_the_clis_tables_with_the_model_passed(work, tiny_class
     settings = dict(task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8, max_length=32,
                     prune_step=0.5, random_seeds=1)  # fmt: skip
     cli_out = work / "prune-cli"
+    # run.json counts the run's compiles: none of an earlier test's in this process (another file's
+    # prune run of the same shapes, in the same pytest worker).
+    jax.clear_caches()
     prune_cli.main(["--ckpt", str(tiny_classifier), "--out", str(cli_out), *_flags(settings)])
     model = bertjax.from_pretrained(tiny_classifier, "BertForSequenceClassification")
     _refuse_loading(monkeypatch, michel, "from_pretrained")
