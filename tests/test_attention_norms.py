@@ -1,0 +1,242 @@
+"""The norms of what each head passes on (Kobayashi et al. 2020) against a float64 computation from
+transformers' PyTorch models: the hidden states that enter each layer's attention (taken by a hook,
+so the reference is transformers' own forward pass), the value and the output weights.
+
+Reference, head by head: f_h(x_j) = (x_j W_V^h + b_V^h) W_O^h with W_V^h the value projection's rows
+and W_O^h the output projection's columns of head h's slice; ‖f_h(x_j)‖ per key; the output bias is
+left out (not per head). The norm-weighted attention is α_ij ‖f_h(x_j)‖ with each row divided by its
+sum, from the float64 weights and norms.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from flax import nnx
+from test_model_families import MODERNBERT, _batch, _redraw
+
+import bertjax
+from bertjax import model as bertjax_model
+from bertjax.model import norm_weighted
+
+# Bounds, float32 (u = 2⁻²⁴ ≈ 6e-8) against float64.
+# A norm ‖f_h(x_j)‖ is three contractions of float32 values: the value projection (d terms), the
+# head's slice of the output projection (d_head terms) and the sum of squares (d terms); worst case
+# each errs by n·u of its terms' size, (384 + 32 + 384)·u ≈ 4.8e-5 on MiniLM. Its input, the hidden
+# state entering the layer, is itself off by ≤ L·√K·u ≈ 1.4e-5 of its size (tests/test_model.py's
+# HIDDEN_BOUND argument), and f is linear in it. So a norm is within ~6e-5 of its value, relatively,
+# while the terms do not cancel much: the smallest norms here (0.05 on MiniLM, the sink tokens')
+# are 1/250 of the largest, and a relative error there is what the measure is read for, so the
+# bound is relative, per key. Measured: 1.8e-6 (MiniLM), 2.6e-7 (random BERT), 6.1e-7 (random
+# ModernBERT); the same under XLA_FLAGS=--xla_cpu_max_isa=AVX2 (on an AVX-512 machine).
+NORM_BOUND = 1e-4
+# w_ij = α_ij n_j / Σ_k α_ik n_k moves, to first order, by w_ij (|δα_ij|/α_ij + |δn_j|/n_j + |δS_i|/S_i):
+# the weights are within ATTENTION_BOUND = 1e-5 (tests/test_model.py) and the norms within the bound
+# above, so a cell of size w is off by ≲ 1e-5·(n_j/S_i) + 2e-4·w, and n_j/S_i ≤ 1/(α's share of the row)
+# stays near 1 where w is large. Measured: 1.8e-6 (MiniLM), 2.3e-7 (random BERT), 7.2e-7 (random ModernBERT).
+WEIGHTED_BOUND = 2e-5
+
+
+def _inputs_of(modules) -> list[torch.Tensor]:
+    """The first input of each of `modules` on the next forward pass, recorded by pre-hooks."""
+    seen: list[torch.Tensor] = []
+
+    def record(module, args, kwargs):
+        seen.append(args[0] if args else kwargs["hidden_states"])
+
+    for module in modules:
+        module.register_forward_pre_hook(record, with_kwargs=True)
+    return seen
+
+
+def _reference_norms(x: torch.Tensor, value: torch.nn.Linear | None, qkv: torch.nn.Linear | None, output, heads):
+    """‖f_h(x_j)‖ [B, H, T] in float64, one head at a time: the obvious twin of `value_norms`.
+    A BERT layer has `value`; ModernBERT's fused `qkv` has the values in its last third."""
+    d = output.weight.shape[0]
+    d_head = d // heads
+    norms = []
+    for h in range(heads):
+        rows = slice(h * d_head, (h + 1) * d_head)
+        if value is not None:
+            v = x @ value.weight[rows].T + value.bias[rows]
+        else:
+            v = x @ qkv.weight[2 * d + h * d_head : 2 * d + (h + 1) * d_head].T
+            if qkv.bias is not None:
+                v = v + qkv.bias[2 * d + h * d_head : 2 * d + (h + 1) * d_head]
+        norms.append((v @ output.weight[:, rows].T).norm(dim=-1))
+    return torch.stack(norms, dim=1).numpy()
+
+
+def _bert_reference(torch_model, batch) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """(per layer the float64 norms [B, H, T], per layer the float64 weights [B, H, T, T])."""
+    layers = torch_model.encoder.layer
+    inputs = _inputs_of(layer.attention.self for layer in layers)
+    with torch.no_grad():
+        out = torch_model(**{k: torch.tensor(v) for k, v in batch.items()}, output_attentions=True)
+        heads = torch_model.config.num_attention_heads
+        norms = [
+            _reference_norms(x, layer.attention.self.value, None, layer.attention.output.dense, heads)
+            for x, layer in zip(inputs, layers, strict=True)
+        ]
+    return norms, [a.numpy() for a in out.attentions]
+
+
+def _forward(model, batch):
+    return jax.jit(lambda m, b: m(**b, attention_norms=True))(model, batch)
+
+
+def _norm_error(out, reference_norms, real) -> float:
+    """The largest |ours − reference| / reference over the real keys of every layer and head."""
+    return max(
+        float((np.abs(np.asarray(ours) - theirs) / theirs)[np.broadcast_to(real[:, None, :], theirs.shape)].max())
+        for ours, theirs in zip(out.value_norms, reference_norms, strict=True)
+    )
+
+
+def _weighted_error(out, reference_norms, reference_weights, real) -> float:
+    """The largest |ours − reference| of the norm-weighted attention over real-query × real-key cells."""
+    cells = real[:, None, :, None] & real[:, None, None, :]
+    errors = []
+    for alpha, n, ref_alpha, ref_n in zip(
+        out.attentions, out.value_norms, reference_weights, reference_norms, strict=True
+    ):
+        raw = ref_alpha * ref_n[:, :, None, :]
+        reference = raw / raw.sum(-1, keepdims=True)
+        ours = np.asarray(norm_weighted(alpha, n))
+        errors.append(np.abs(ours - reference)[np.broadcast_to(cells, ours.shape)].max())
+    return float(max(errors))
+
+
+# --- all-MiniLM-L6-v2 on real MRPC pairs ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def minilm_batch(minilm_path, shared_data):
+    """The first 8 MRPC dev pairs, padded."""
+    with open(shared_data / "glue/MRPC/dev.tsv", encoding="utf-8-sig") as f:
+        rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))[1:9]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(minilm_path))
+    batch = tokenizer([r[3] for r in rows], [r[4] for r in rows], padding=True, return_tensors="np")
+    assert batch["attention_mask"].min() == 0, "the batch must contain padding"
+    return {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids")}
+
+
+@pytest.fixture(scope="module")
+def minilm_reference(minilm_path, minilm_batch):
+    torch_model = transformers.BertModel.from_pretrained(str(minilm_path), attn_implementation="eager")
+    return _bert_reference(torch_model.eval().double(), minilm_batch)
+
+
+def test_minilm_norms_match_a_float64_reference(minilm, minilm_batch, minilm_reference):
+    out = _forward(minilm, minilm_batch)
+    real = minilm_batch["attention_mask"].astype(bool)
+    assert len(out.value_norms) == 6 and out.value_norms[0].shape == (8, 12, real.shape[1])
+    norms, weights = minilm_reference
+    assert _norm_error(out, norms, real) <= NORM_BOUND
+    assert _weighted_error(out, norms, weights, real) <= WEIGHTED_BOUND
+
+
+def _without_output_projection(v, output):
+    """Planted defect: ‖v_h‖, the head's values before W_O."""
+    return jnp.linalg.norm(v.astype(jnp.float32), axis=-1).transpose(0, 2, 1)
+
+
+@pytest.mark.parametrize("plant", ["output projection left out", "value bias dropped"])
+def test_planted_defects_fail_the_norm_bound(plant, monkeypatch, minilm, minilm_batch, minilm_reference):
+    """Measured relative errors: 0.72 (no W_O), 3.0 (no b_V): far past the bound, on the norms alone
+    (the model's forward pass is left as it is)."""
+    correct = bertjax_model.value_norms
+    if plant == "output projection left out":
+        monkeypatch.setattr(bertjax_model, "value_norms", _without_output_projection)
+    else:
+        biases = iter([layer.attention.self.value.bias[...] for layer in minilm.encoder.layer])
+
+        def without_bias(v, output):
+            bias = next(biases).reshape(v.shape[2], v.shape[3]).astype(v.dtype)
+            return correct(v - bias, output)
+
+        monkeypatch.setattr(bertjax_model, "value_norms", without_bias)
+    out = _forward(minilm, minilm_batch)
+    norms, _ = minilm_reference
+    assert _norm_error(out, norms, minilm_batch["attention_mask"].astype(bool)) > NORM_BOUND
+
+
+# --- random models, their weights redrawn away from HF's init (zero biases would hide a dropped b_V) ---
+
+BERT = dict(vocab_size=120, hidden_size=48, num_hidden_layers=3, num_attention_heads=3, intermediate_size=96,
+            max_position_embeddings=50, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def random_bert(tmp_path_factory):
+    """(our model, its batch, the float64 reference) of a random BertModel saved by transformers."""
+    torch_model = transformers.BertModel(transformers.BertConfig(**BERT, attn_implementation="eager"))
+    _redraw(torch_model, seed=3)
+    directory = tmp_path_factory.mktemp("bert")
+    torch_model.save_pretrained(directory)
+    ids, mask = _batch(np.random.default_rng(4), (40, 23, 7), 40, 120, specials=3, pad=0)
+    batch = {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)}
+    return bertjax.from_pretrained(directory), batch, _bert_reference(torch_model.eval().double(), batch)
+
+
+def test_random_bert_norms_match_a_float64_reference(random_bert):
+    model, batch, (norms, weights) = random_bert
+    out = _forward(model, batch)
+    real = batch["attention_mask"].astype(bool)
+    assert _norm_error(out, norms, real) <= NORM_BOUND
+    assert _weighted_error(out, norms, weights, real) <= WEIGHTED_BOUND
+
+
+def test_random_bert_without_the_value_bias_fails_the_bound(random_bert):
+    """The model itself without b_V: its norms (and all that follows) lose the bias; measured 0.18."""
+    model, batch, (norms, _) = random_bert
+    wrong = nnx.clone(model)
+    for layer in wrong.encoder.layer:
+        layer.attention.self.value.bias.set_value(jnp.zeros_like(layer.attention.self.value.bias[...]))
+    assert _norm_error(_forward(wrong, batch), norms, batch["attention_mask"].astype(bool)) > NORM_BOUND
+
+
+def test_random_modernbert_norms_match_a_float64_reference(tmp_path):
+    """ModernBERT's values are the last third of Wqkv and its output projection is Wo, with biases
+    here (attention_bias) so that a dropped one would show. One unpadded row: transformers' eager
+    attention on a padded batch is no reference (tests/test_model_families.py, `modern_reference`)."""
+    torch_model = transformers.ModernBertModel(
+        transformers.ModernBertConfig(**MODERNBERT, attention_bias=True, attn_implementation="eager")
+    )
+    _redraw(torch_model, seed=5)
+    torch_model.save_pretrained(tmp_path)
+    ids, mask = _batch(np.random.default_rng(6), (40,), 40, 120, specials=3, pad=0)
+    layers = torch_model.eval().double().layers
+    inputs = _inputs_of(layer.attn for layer in layers)
+    with torch.no_grad():
+        reference = torch_model(torch.tensor(ids), attention_mask=torch.tensor(mask), output_attentions=True)
+        norms = [_reference_norms(x, None, layer.attn.Wqkv, layer.attn.Wo, MODERNBERT["num_attention_heads"])
+                 for x, layer in zip(inputs, layers, strict=True)]  # fmt: skip
+    model = bertjax.from_pretrained(tmp_path)
+    out = _forward(model, {"input_ids": ids, "attention_mask": mask})
+    real = mask.astype(bool)
+    assert _norm_error(out, norms, real) <= NORM_BOUND
+    assert _weighted_error(out, norms, [a.numpy() for a in reference.attentions], real) <= WEIGHTED_BOUND
+
+
+def test_the_default_forward_pass_is_the_one_without_norms(minilm, minilm_batch):
+    """attention_norms left False returns no norms; asking for them adds to the program without
+    changing the weights or the hidden states."""
+    plain = jax.jit(lambda m, b: m(**b, output_attentions=True))(minilm, minilm_batch)
+    both = _forward(minilm, minilm_batch)
+    assert plain.value_norms is None
+    np.testing.assert_array_equal(np.asarray(both.last_hidden_state), np.asarray(plain.last_hidden_state))
+    for a, b in zip(plain.attentions, both.attentions, strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_row_of_zero_weights_stays_zero():
+    """A head masked to zero has rows summing to 0: the norm-weighted row is 0, not NaN."""
+    attention = jnp.zeros((1, 1, 2, 2))
+    assert np.all(np.asarray(norm_weighted(attention, jnp.ones((1, 1, 2)))) == 0)
