@@ -289,6 +289,14 @@ def norm_weighted(attention: Array, norms: Array) -> Array:
     return raw / jnp.where(total > 0, total, 1.0)
 
 
+def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
+    """L × [B, H, T, T]: the weights of `out` (`reading` "weights") or their norm-weighted attention
+    ("norms": `out` from a call with attention_norms=True)."""
+    if reading == "weights":
+        return out.attentions
+    return tuple(norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True))
+
+
 class BertSelfAttention(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config

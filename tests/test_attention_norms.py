@@ -11,10 +11,12 @@ sum, from the float64 weights and norms.
 from __future__ import annotations
 
 import csv
+import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import transformers
@@ -240,3 +242,105 @@ def test_a_row_of_zero_weights_stays_zero():
     """A head masked to zero has rows summing to 0: the norm-weighted row is 0, not NaN."""
     attention = jnp.zeros((1, 1, 2, 2))
     assert np.all(np.asarray(norm_weighted(attention, jnp.ones((1, 1, 2)))) == 0)
+
+
+# --- analysis.roles --attention -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def roles_runs(tiny_hf, shared_data, tmp_path_factory):
+    """analysis.roles on the tiny random BERT under each `--attention`, the same examples."""
+    from analysis import roles as roles_cli
+
+    root, cache = tmp_path_factory.mktemp("attention_runs"), tmp_path_factory.mktemp("cache")
+    runs = {}
+    for source in ("weights", "norms", "both"):
+        runs[source] = root / source
+        roles_cli.main(["--ckpt", str(tiny_hf), "--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "24",
+                        "--batch-size", "8", "--out", str(runs[source]), "--cache-dir", str(cache), "--attention", source,
+                        *(["--figures", "none"] if source != "weights" else [])])  # fmt: skip
+    return runs, cache
+
+
+# `both` scores the two readings in one compiled program, which XLA fuses and orders otherwise than
+# either alone: each per-sequence β is within the kernel's worst case (T² + T + 2)·u of its exact
+# value (tests/test_roles.py, `_kernel_rtol`), so two computations of it are within twice that, at
+# the longest padded length T = 128 of these runs. Measured: 1.2e-7 (weights), 2.4e-7 (norms) relative.
+BOTH_RTOL = 2 * (128**2 + 128 + 2) * 2.0**-24
+
+
+@pytest.mark.slow
+def test_both_writes_each_reading_as_its_own_run_would(roles_runs):
+    """`both` is one forward pass per batch; its main files hold the weights run's numbers, its
+    `_norms` files the norms run's; readings.csv puts the decisions side by side."""
+    runs, _ = roles_runs
+    both = runs["both"]
+    for mine, theirs in (("", "weights"), ("_norms", "norms")):
+        with np.load(both / f"scores{mine}.npz") as a, np.load(runs[theirs] / "scores.npz") as b:
+            assert sorted(a.files) == sorted(b.files)
+            for key in a.files:
+                np.testing.assert_allclose(a[key], b[key], rtol=BOTH_RTOL, atol=0)
+        table, alone = pd.read_csv(both / f"roles{mine}.csv"), pd.read_csv(runs[theirs] / "roles.csv")
+        assert table["assigned"].tolist() == alone["assigned"].tolist()
+        np.testing.assert_allclose(table["mean"], alone["mean"], rtol=BOTH_RTOL, atol=0)
+        assert (both / f"summary{mine}.csv").exists()
+    assert not (runs["weights"] / "readings.csv").exists() and not (runs["weights"] / "roles_norms.csv").exists()
+    comparison = pd.read_csv(both / "readings.csv")
+    assert list(comparison.columns) == ["task", "layer", "head", "role", "mean_weights", "mean_norms",
+                                        "assigned_weights", "assigned_norms"]  # fmt: skip
+    assert comparison["assigned_weights"].tolist() == pd.read_csv(both / "roles.csv")["assigned"].tolist()
+    assert comparison["mean_norms"].tolist() == pd.read_csv(both / "roles_norms.csv")["mean"].tolist()
+    info = json.loads((both / "run.json").read_text())
+    assert info["config"]["attention"] == "both" and info["readings"]["norms"]["roles"] == "roles_norms.csv"
+    assert json.loads((runs["norms"] / "run.json").read_text())["config"]["attention"] == "norms"
+
+
+@pytest.mark.slow
+def test_norms_run_scores_beta_on_the_norm_weighted_attention(roles_runs, tiny_hf, shared_data):
+    """The norms run's per-sequence β against β of DESIGN computed in float64 from the renormalised
+    α_ij‖f_h(x_j)‖ of one unsorted, unbucketed batch (the slow twin of tests/test_roles.py)."""
+    from test_roles import _kernel_rtol, _reference_sequence_scores
+
+    from analysis.common import examples
+    from analysis.heads import config as roles_config
+
+    runs, cache = roles_runs
+    config = roles_config.RolesConfig(
+        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
+    )
+    data = examples.load_tasks(config, ["mrpc"])
+    seqs = examples.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_hf)), examples.make_parser(config), {})
+    seqs = seqs["mrpc"]
+    length = max(s.length for s in seqs)
+    arrays = {k: np.zeros((len(seqs), length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
+    for b, seq in enumerate(seqs):
+        arrays["input_ids"][b, : seq.length] = seq.input_ids
+        arrays["attention_mask"][b, : seq.length] = 1
+        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    out = bertjax.from_pretrained(str(tiny_hf))(**arrays, attention_norms=True)
+    weighted = []
+    for alpha, n in zip(out.attentions, out.value_norms, strict=True):
+        raw = np.asarray(alpha, np.float64) * np.asarray(n, np.float64)[:, :, None, :]
+        weighted.append(raw / raw.sum(-1, keepdims=True))
+    weighted = np.stack(weighted, axis=1)  # [B, L, H, T, T]
+    saved = np.load(runs["norms"] / "scores.npz")
+    for role in ("local", "prev", "cls", "sep", "block", "nsubj"):
+        expected = {seq.index: _reference_sequence_scores(weighted[b], seq, role) for b, seq in enumerate(seqs)}
+        expected = {i: v for i, v in expected.items() if v is not None}
+        index = saved[f"mrpc/{role}/index"]
+        assert list(index) == sorted(expected), role
+        # The kernel's float32 bound (tests/test_roles.py); the atol covers the norm-weighted cells
+        # computed in another padding (WEIGHTED_BOUND above).
+        got, want = saved[f"mrpc/{role}"], np.stack([expected[i] for i in index])
+        np.testing.assert_allclose(got, want, rtol=_kernel_rtol(seqs), atol=WEIGHTED_BOUND)
+        # A planted defect: β on the weights instead differs from the norms' reference.
+        if role == "cls":
+            weights_scores = np.load(runs["weights"] / "scores.npz")[f"mrpc/{role}"]
+            assert np.abs(weights_scores - want).max() > 10 * WEIGHTED_BOUND
+
+
+def test_attention_takes_three_spellings(cli_error):
+    from analysis import roles as roles_cli
+
+    line = cli_error(roles_cli.main, ["--ckpt", "x", "--attention", "norm"])
+    assert "--attention: invalid choice: 'norm'" in line

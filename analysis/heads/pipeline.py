@@ -24,12 +24,14 @@ from analysis.common.examples import (
     process_shares,
 )
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
+from analysis.common.flags import attention_readings
 from analysis.common.forward import Devices
+from analysis.heads import readings as second_readings
 from analysis.heads import summary
 from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
 from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, readable_checkpoint, write_report
-from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
+from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_arrays, score_readings, test_roles
 from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import ROLES
@@ -82,7 +84,8 @@ def _run(
     if tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
     devices = Devices.local(config.devices)
-    scorer = make_scorer(model, entropy_roles(config), devices)
+    readings = attention_readings(config.attention)
+    scorer = make_scorer(model, entropy_roles(config), devices, readings)
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, model.config.max_sequence_length)
 
@@ -94,20 +97,21 @@ def _run(
         parser = make_parser(config)
     sequences = encode_tasks(config, process_shares(data), tokenizer, parser, timings)
     with distributed.all_ok("scoring"):
-        results = score_sequences(scorer, sequences, config, timings)
-    results = gather_scores(results, {task: len(d.indices) for task, d in data.items()})
+        by_reading = score_readings(scorer, sequences, config, timings, readings)
+    counts = {task: len(d.indices) for task, d in data.items()}
+    # The first reading makes the usual files; `--attention both` adds the second's beside them.
+    results, *others = (gather_scores(by_reading[reading], counts) for reading in readings)
 
     clock = time.perf_counter()
     table, tau = test_roles(results, config)
     if tmp is None:  # not process 0: its share is in process 0's output
         return table
+    extra = {
+        reading: second_readings.write(tmp, readings[0], table, reading, other, config)
+        for reading, other in zip(readings[1:], others, strict=True)
+    }
     table.to_csv(tmp / "roles.csv", index=False)
-    arrays = {}
-    for task, result in results.items():
-        for role, scores in result.scores.items():
-            arrays[f"{task}/{role}"] = scores
-            arrays[f"{task}/{role}/index"] = result.indices[role]
-    np.savez(tmp / "scores.npz", **arrays)
+    np.savez(tmp / "scores.npz", **score_arrays(results))
     timings["tests_and_tables"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -142,10 +146,13 @@ def _run(
         },
         "data_files": data_files,
         "figures": sorted(p.name for p in figures),
+        **({"readings": extra} if extra else {}),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     runinfo.write_run_json(tmp, run_info)
     print(summary.format_summary(digest, {t: r.n_sequences for t, r in results.items()}))
+    for written in extra.values():
+        print(second_readings.format_counts(pd.read_csv(tmp / written["comparison"])))
     for task, result in results.items():
         if result.absent:
             print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
