@@ -344,3 +344,19 @@ def test_attention_takes_three_spellings(cli_error):
 
     line = cli_error(roles_cli.main, ["--ckpt", "x", "--attention", "norm"])
     assert "--attention: invalid choice: 'norm'" in line
+
+
+def test_the_docs_table_is_the_committed_csv():
+    """docs/attention-norms.md shows what docs/attention_norms_minilm.py wrote."""
+    import importlib.util
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    spec = importlib.util.spec_from_file_location("attention_norms_minilm", docs / "attention_norms_minilm.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = pd.read_csv(script.CSV)
+    assert script.markdown(table) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    # The issue's MRPC numbers (weights / norms / both): [CLS] 68 / 12 / 12, [SEP] 2 / 0 / 0.
+    mrpc = table[table["task"] == "mrpc"].set_index("role")
+    assert mrpc.loc["cls"].tolist() == ["mrpc", 68, 12, 12] and mrpc.loc["sep"].tolist() == ["mrpc", 2, 0, 0]
