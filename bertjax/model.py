@@ -289,6 +289,10 @@ def norm_weighted(attention: Array, norms: Array) -> Array:
     return raw / jnp.where(total > 0, total, 1.0)
 
 
+# What an analysis can read as a head's attention: the weights α, or their norm-weighted attention.
+ATTENTION_READINGS = ("weights", "norms")
+
+
 def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
     """L × [B, H, T, T]: the weights of `out` (`reading` "weights") or their norm-weighted attention
     ("norms": `out` from a call with attention_norms=True)."""

@@ -22,6 +22,8 @@ import torch
 import transformers
 from flax import nnx
 from test_model_families import MODERNBERT, _batch, _redraw
+from test_probe import CONFIG as PRETRAIN_CONFIG
+from test_probe import language, overrides, trees  # noqa: F401 — `language` and `trees` are fixtures
 
 import bertjax
 from bertjax import model as bertjax_model
@@ -360,3 +362,205 @@ def test_the_docs_table_is_the_committed_csv():
     # The issue's MRPC numbers (weights / norms / both): [CLS] 68 / 12 / 12, [SEP] 2 / 0 / 0.
     mrpc = table[table["task"] == "mrpc"].set_index("role")
     assert mrpc.loc["cls"].tolist() == ["mrpc", 68, 12, 12] and mrpc.loc["sep"].tolist() == ["mrpc", 2, 0, 0]
+
+
+# --- analysis.track and analysis.finetune_effect --attention norms -----------------------------
+
+
+def _small_flags(shared_data, parses) -> list[str]:
+    return ["--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "12", "--batch-size", "8",
+            "--max-length", "32", "--cache-dir", str(parses)]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_track_keys_its_cache_by_the_reading_and_equals_roles(shared_data, tmp_path, monkeypatch):
+    """A cached weights run is not reused for norms (every step is scored again), and a norms step's
+    rows are what `analysis.roles --attention norms` writes for that checkpoint."""
+    from test_track import write_run
+
+    from analysis import roles as roles_cli
+    from analysis import track
+    from analysis.heads import tracking
+
+    run = write_run(tmp_path / "run", shared_data, (1, 3))
+    flags = _small_flags(shared_data, tmp_path / "parses")
+    loaded = []
+    real_load = tracking.from_pretrained
+    monkeypatch.setattr(tracking, "from_pretrained", lambda path, step=None, **o: loaded.append(step) or real_load(path, step=step, **o))  # fmt: skip
+    cache = tmp_path / "cache"
+    # weights: both steps scored; norms: scored again (the weights' entries do not serve); norms
+    # again: its own entries serve.
+    for source, scored in (("weights", [1, 3]), ("norms", [1, 3]), ("norms", [])):
+        loaded.clear()
+        track.main(["--run", str(run), "--out", str(tmp_path / source), "--scores-cache", str(cache), "--no-figures",
+                    "--attention", source, "--overwrite", *flags])  # fmt: skip
+        assert loaded == scored, source
+    assert len(list(cache.glob("step-*.npz"))) == 4  # two steps × two readings
+    assert '"attention": "norms"' in (tmp_path / "norms" / "run.json").read_text()
+    roles_cli.main(["--ckpt", str(run), "--step", "3", "--attention", "norms", "--out", str(tmp_path / "roles"),
+                    "--no-figures", *flags])  # fmt: skip
+    table = pd.read_csv(tmp_path / "norms" / tracking.TRACK_CSV)
+    rows = table[table["step"] == 3].drop(columns="step").reset_index(drop=True)
+    pd.testing.assert_frame_equal(rows, pd.read_csv(tmp_path / "roles" / "roles.csv"), check_exact=True)
+    weights = pd.read_csv(tmp_path / "weights" / tracking.TRACK_CSV)
+    assert not np.allclose(weights["mean"], table["mean"])
+
+
+@pytest.mark.slow
+def test_finetune_effect_on_the_norms_compares_the_roles_norms_tables(shared_data, tmp_path, tiny_hf):
+    """finetune_effect --attention norms: the pre side of each bar is the mean of `analysis.roles
+    --attention norms`' head means over the bar's roles and layer group (the post side is computed
+    alike); its attention cosine is between the norm-weighted maps."""
+    from test_track import write_checkpoint
+    from transformers import BertTokenizerFast
+
+    from analysis import finetune_effect as effect
+    from analysis import roles as roles_cli
+
+    post = tmp_path / "post" / "tiny-mrpc"
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    BertTokenizerFast(vocab=str(vocab), do_lower_case=True).save_pretrained(post / "tokenizer")
+    write_checkpoint(post, 40, seed=2, cls=bertjax.BertForSequenceClassification)
+    flags = _small_flags(shared_data, tmp_path / "parses")
+    effect.main(["--pre", str(tiny_hf), "--post", str(post), "--attention", "norms", "--out", str(tmp_path / "effect"),
+                 "--no-figures", *flags])  # fmt: skip
+    roles_cli.main(["--ckpt", str(tiny_hf), "--attention", "norms", "--out", str(tmp_path / "roles"), "--no-figures",
+                    *flags])  # fmt: skip
+    means = pd.read_csv(tmp_path / "roles" / "roles.csv")
+    changes = pd.read_csv(tmp_path / "effect" / "beta_change.csv")
+    for group, layer in (("initial", 0), ("final", 1)):
+        for bar, roles in (("cls", ["cls"]), ("local", ["local", "prev", "next"])):
+            expected = means[(means.layer == layer) & means.role.isin(roles)]["mean"].mean()
+            row = changes[(changes.group == group) & (changes.bar == bar)]
+            # As tests/test_finetune_effect.py: the same head means averaged in another order.
+            np.testing.assert_allclose(row["pre"].iloc[0], expected, rtol=1e-6)
+    assert '"attention": "norms"' in (tmp_path / "effect" / "run.json").read_text()
+
+
+@pytest.mark.parametrize("module", ["track", "finetune_effect"])
+def test_one_reading_commands_refuse_both(module, cli_error):
+    import importlib
+
+    line = cli_error(
+        importlib.import_module(f"analysis.{module}").main,
+        ["--run" if module == "track" else "--pre", "x", "--attention", "both"],
+    )
+    assert "--attention: invalid choice: 'both'" in line
+
+
+# --- analysis.clark's surface and cluster analyses --attention norms ---------------------------
+
+
+def test_surface_statistics_of_the_norms_are_those_of_the_norm_weighted_attention(tiny_hf, minilm_tokenizer):
+    """surface_statistics(reading="norms") = the (separately tested) surface sums of the
+    norm-weighted attention computed outside the analysis, per row of one sequence."""
+    from analysis.attention import surface
+    from sieves.align import encode_batch
+
+    model = bertjax.from_pretrained(tiny_hf)
+    (seq,) = encode_batch(minilm_tokenizer, [("The cat sat on the mat, happily.", "It was warm there.")], None, 32)
+    punct = minilm_tokenizer.convert_tokens_to_ids([".", ","])
+    ours = surface.surface_statistics(model, [seq], punct, 1, 32, reading="norms")
+    ids = lambda values: jnp.asarray(np.asarray(values)[None])
+    out = model(ids(seq.input_ids), ids(np.ones(seq.length, np.int32)), ids(seq.token_type_ids), attention_norms=True)
+    weighted = jnp.stack([norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True)])
+    is_punct = np.isin(seq.input_ids, punct) & ~seq.special
+    sums, counts = surface.surface_sums(
+        weighted, jnp.ones((1, seq.length)), ids(seq.is_cls), ids(seq.is_sep), ids(is_punct)
+    )
+    expected = np.asarray(sums, np.float64) / np.maximum(np.asarray(counts, np.float64), 1.0)
+    # Means over ≤ 32 float32 rows of one input, computed in two programs: ~32·u apart (as
+    # tests/test_fidelity_clark.py), plus the norm-weighted cells' own rounding in each (~4u).
+    np.testing.assert_allclose(ours, expected, rtol=0, atol=64 * 2.0**-24)
+    weights = surface.surface_statistics(model, [seq], punct, 1, 32)
+    assert np.abs(weights - ours).max() > 1e-3  # the reading is not ignored
+
+
+def test_clark_takes_the_flag_and_records_it():
+    from analysis import clark
+    from analysis.attention import pipeline as attention_pipeline
+
+    assert clark.parse_args(["--ckpt", "x", "--out", "o", "--attention", "norms"]).attention == "norms"
+    assert clark.parse_args(["--ckpt", "x", "--out", "o"]).attention == "weights"
+    with pytest.raises(bertjax.UserError, match="--attention"):
+        attention_pipeline.ClarkConfig(ckpt="x", out="o", attention="both")
+
+
+# --- the role probes inside pre-training: probe.attention ----------------------------------------
+
+
+@pytest.mark.slow  # pre-trains with probes: ~40 s of CPU
+def test_probe_on_the_norms_equals_analysis_track_on_the_norms(language, trees, tmp_path):  # noqa: F811
+    """probe.attention=norms logs what `analysis.track --attention norms` finds at each saved step
+    (as tests/test_probe.py checks for the weights): the heads holding each role and the largest β."""
+    from test_probe import ALPHA, BATCH, MAX_LENGTH, ROLES, TAU, N, checkpoint_steps, probe_records
+
+    from analysis import track
+    from train import pretrain
+
+    run = tmp_path / "run"
+    extra = ("probe.sas=false", "probe.sas_relations=[]", "probe.attention=norms")
+    pretrain.main(["--config", str(PRETRAIN_CONFIG), "--workdir", str(run), *overrides(language, trees, *extra)])
+    out = tmp_path / "track"
+    track.main(["--run", str(run), "--parser", "conllu", "--conllu", str(trees), "--n", str(N), "--max-length",
+                str(MAX_LENGTH), "--batch-size", str(BATCH), "--roles", ",".join(ROLES), "--tau", str(TAU),
+                "--alpha", str(ALPHA), "--attention", "norms", "--no-figures", "--out", str(out)])  # fmt: skip
+    table, records = pd.read_csv(out / "track.csv"), probe_records(run)
+    steps = sorted(table["step"].unique())
+    assert steps == checkpoint_steps(run) and len(steps) >= 3
+    # tests/test_probe.py's bound: two compiles of a β within 6·T·u.
+    bound = 6 * MAX_LENGTH * 2.0**-24
+    for step in steps:
+        for role in ROLES:
+            rows = table[(table["step"] == step) & (table["role"] == role)]
+            assert not np.any(np.abs(rows["p_value"] - ALPHA) < 1e-9)
+            assert records[step][f"probe/{role}/heads"] == int(rows["assigned"].sum()), (step, role)
+            assert records[step][f"probe/{role}/max_beta"] == pytest.approx(rows["mean"].max(), rel=bound, abs=0)
+
+
+def test_probe_attention_is_checked(language, trees, tmp_path):  # noqa: F811
+    from train import pretrain
+
+    workdir = tmp_path / "run"
+    with pytest.raises(bertjax.UserError, match=r"^probe.attention must be one of weights, norms, got 'both'$"):
+        pretrain.main(["--config", str(PRETRAIN_CONFIG), "--workdir", str(workdir),
+                       *overrides(language, trees, "probe.attention=both")])  # fmt: skip
+    assert not workdir.exists()
+
+
+def test_the_parsers_spell_the_readings_as_the_model_does():
+    from analysis.common import flags
+
+    assert flags.ONE_READING == bertjax_model.ATTENTION_READINGS
+    assert (*bertjax_model.ATTENTION_READINGS, "both") == flags.ATTENTION_SOURCES
+
+
+@pytest.mark.slow
+def test_the_report_of_a_norms_run_draws_and_scores_the_norm_weighted_attention(roles_runs, tmp_path):
+    """The examples' β recomputed from the attention the page draws equal the norms run's scores.npz,
+    and the page says which reading its β are on; a weights run's page names no reading."""
+    from test_report import _page_data
+
+    from analysis import report
+
+    runs, _ = roles_runs
+    pages = {}
+    for source in ("weights", "norms"):
+        pages[source] = tmp_path / f"{source}.html"
+        report.main([str(runs[source]), "--out", str(pages[source])])
+    assert "attention" not in _page_data(pages["weights"])["settings"]
+    data = _page_data(pages["norms"])
+    assert data["settings"]["attention"] == "norms"
+    # The kernel's float32 bound (tests/test_roles.py) at the longest padded length, 128.
+    rtol = (128**2 + 128 + 2) * 2.0**-24
+    with np.load(runs["norms"] / "scores.npz") as scores, np.load(runs["weights"] / "scores.npz") as weights:
+        for seq in data["examples"]["mrpc"]["sequences"]:
+            for role, beta in seq["beta"]["model"].items():
+                index = list(scores[f"mrpc/{role}/index"])
+                if beta is None:
+                    continue
+                row = index.index(seq["index"])
+                np.testing.assert_allclose(beta, scores[f"mrpc/{role}"][row].ravel(), rtol=rtol)
+                # The weights' β (scored on the same rows) are farther: the page does read the norms.
+                mine, theirs = scores[f"mrpc/{role}"][row].ravel(), weights[f"mrpc/{role}"][row].ravel()
+                assert np.abs(np.asarray(beta) - mine).max() < np.abs(np.asarray(beta) - theirs).max()

@@ -22,6 +22,7 @@ from analysis.attention.options import ANALYSES, SEGMENT_IDS, WORD_TEXTS
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
+from analysis.common.flags import ONE_READING
 from analysis.common.settings import check_types
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -75,6 +76,8 @@ class ClarkConfig:
     figure_format: str = "png"
     analyses_explicit: bool = False
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
+    # What the surface and cluster analyses read (`--attention`, docs/attention-norms.md).
+    attention: str = "weights"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -95,6 +98,7 @@ class ClarkConfig:
             glue.resolve_tasks(self.inputs)
         for flag, value, choices in (
             ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
+            ("attention", self.attention, ONE_READING),
             ("baseline-offsets", self.baseline_offsets, tuple(depattn.BASELINE_OFFSETS)),
             ("word-text", self.word_text, WORD_TEXTS),
             ("segment-ids", self.segment_ids, SEGMENT_IDS),
@@ -255,8 +259,9 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
         if "surface" in wanted:
             clock = time.perf_counter()
             means = surface.surface_statistics(
-                encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting
-            )
+                encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting,
+                config.attention,
+            )  # fmt: skip
             table = surface_table(means)
             table.to_csv(tmp / "surface.csv", index=False)
             figures += plot_surface(table, tmp, config.inputs)
@@ -266,7 +271,7 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
         if "cluster" in wanted:
             clock = time.perf_counter()
             chosen = seqs[: config.cluster_n]
-            js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length)
+            js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length, config.attention)
             labels = head_labels(layers, heads)
             pd.DataFrame(js, index=labels, columns=labels).rename_axis("head").to_csv(tmp / "head_js_divergence.csv")
             # MDS needs a metric; the square root of the JS divergence is one.

@@ -30,6 +30,10 @@ def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], defau
 # What an analysis reads as a head's attention (docs/attention-norms.md): the weights α, Kobayashi et
 # al.'s norm-weighted attention α_ij‖f_h(x_j)‖ with rows renormalised, or both from one forward pass.
 ATTENTION_SOURCES = ("weights", "norms", "both")
+# The sources of the analyses that read one of them per run (all but analysis.roles): the readings
+# of `bertjax.model.ATTENTION_READINGS`, spelled here too so that no parser imports JAX (a test
+# keeps the two equal).
+ONE_READING = ("weights", "norms")
 
 
 def add_attention_argument(p: argparse.ArgumentParser, sources: Sequence[str] = ATTENTION_SOURCES) -> None:

@@ -11,8 +11,9 @@ import logging
 import math
 from collections.abc import Sequence
 
-from analysis.common.flags import (
+from analysis.common.flags import (  # noqa: F401 — ONE_READING: the heads CLIs import it from here
     ATTENTION_SOURCES,
+    ONE_READING,
     add_device_arguments,
     add_figure_arguments,
     add_length_arguments,

@@ -320,7 +320,8 @@ function options(select, values, current) { select.innerHTML = ""; for (const [v
 function setup() {
   document.title = D.title; $("title").textContent = D.title;
   $("meta").textContent = `${D.run_dir} · checkpoint ${D.checkpoint} · ${D.layers} layers × ${D.heads} heads · ` +
-    (D.tasks.some(hasSplit) ? `split ${D.settings.split}, ` : "") + `n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}`;
+    (D.tasks.some(hasSplit) ? `split ${D.settings.split}, ` : "") + `n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}` +
+    (D.settings.attention ? `, β on the ${D.settings.attention === "norms" ? "norm-weighted attention (Kobayashi et al. 2020)" : "weights (on the norm-weighted attention: roles_norms.csv, readings.csv)"}` : "");
   options($("task"), D.tasks.map((t) => [t, t]), S.task);
   $("task").addEventListener("change", (e) => { S.task = e.target.value; refreshRoles(); paintGrid(); if (S.head) openCard(...S.head); });
   refreshRoles();

@@ -224,7 +224,7 @@ def gather_scores(results: dict[str, TaskScores], n_sequences: dict[str, int]) -
 def score_sequences(
     scorer, sequences: dict[str, list[EncodedSequence]], config: RolesConfig, timings: dict[str, float]
 ) -> dict[str, TaskScores]:
-    (results,) = score_readings(scorer, sequences, config, timings, ("weights",)).values()
+    (results,) = score_readings(scorer, sequences, config, timings, ("one",)).values()
     return results
 
 
