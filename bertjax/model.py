@@ -270,13 +270,21 @@ def value_norms(v: Array, output: nnx.Linear) -> Array:
     α_ij ‖f_h(x_j)‖ exactly, so one norm per (head, key) and a product with the weights give every
     (query, key) norm without a [B, H, T, T, d] tensor.
 
-    The per-head products v_h W_O^h are computed one by one, not through the Gram form
-    ‖f‖² = v_h (W_O^h W_O^hᵀ) v_hᵀ: that one loses the small norms (the sink tokens' f, the ones the
-    measure is about) to cancellation. Its transient [B, T, H, d] lives only inside the layer."""
+    W_O^h is [d_head, d]: its transpose factors as Q_h R_h (QR, Q_h [d, d_head] with orthonormal
+    columns, R_h [d_head, d_head]), so f_h(x) = v_h R_hᵀ Q_hᵀ and ‖f_h(x)‖ = ‖v_h R_hᵀ‖: a d_head ×
+    d_head product per head and key instead of d_head × d (12× fewer operations at BERT's shapes,
+    and no [B, T, H, d] transient). It is as exact as the product itself: Householder QR is backward
+    stable (R_h is the factor of W_O^h within a few d·u of its size) and Q_h preserves norms. The
+    Gram form ‖f‖² = v_h (W_O^h W_O^hᵀ) v_hᵀ, as cheap, is not: it squares, and loses the small norms
+    (the sink tokens' f, the ones the measure is about) to cancellation. The d_head × d_head factors
+    come from the weights in every call, a few MFLOP, so a model whose weights change (training,
+    the probes) needs nothing recomputed by hand."""
     heads, head_dim = v.shape[2], v.shape[3]
-    kernel = output.kernel[...].astype(v.dtype).reshape(heads, head_dim, -1)
-    transformed = jnp.einsum("bthd,hde->bhte", v, kernel, preferred_element_type=jnp.float32)
-    return jnp.sqrt(jnp.sum(jnp.square(transformed), axis=-1))
+    kernel = output.kernel[...].astype(jnp.float32).reshape(heads, head_dim, -1)
+    r = jnp.linalg.qr(jnp.swapaxes(kernel, 1, 2), mode="r")  # [H, d_head, d_head]
+    # HIGHEST: a float32 product must not be rounded to TF32 or bf16 passes on an accelerator.
+    reduced = jnp.einsum("bthd,hed->bhte", v.astype(jnp.float32), r, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.sum(jnp.square(reduced), axis=-1))
 
 
 def norm_weighted(attention: Array, norms: Array) -> Array:

@@ -280,6 +280,22 @@ def stats_data(run: Run, layers: int, heads: int) -> dict:
     return data
 
 
+def other_readings(run: Run, layers: int, heads: int) -> dict:
+    """A `--attention both` roles run's other readings (`analysis.heads.readings`): reading → the
+    statistics of its roles table, as `stats_data` gives the main one's; {} for any other run."""
+    if run.kind != "roles":
+        return {}
+    out = {}
+    for reading, files in run.info.get("readings", {}).items():
+        path = run.directory / files["roles"]
+        if not path.is_file():
+            raise UserError(f"{path}: not found (run.json names it the {reading} reading's roles table)")
+        table = pd.read_csv(path)
+        check_table(run.kind, table, path, run.settings, run.info)
+        out[reading] = stats_data(dataclasses.replace(run, table=table), layers, heads)
+    return out
+
+
 @dataclasses.dataclass
 class Model:
     """A model whose attention the report shows, under the name the page gives it."""
@@ -575,6 +591,7 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         # A GLUE task's examples come from --split; a text: file's or CoNLL-U's have no split.
         "split_tasks": [t for t in tasks if t != CONLLU_TASK and not t.startswith(TEXT_LABEL)],
         "stats": stats,
+        **({"readings": readings} if (readings := other_readings(run, layers, heads)) else {}),
         "examples": examples,
         "examples_missing": missing,
         "coref": coref_data(run, config, layers, heads),
