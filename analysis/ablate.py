@@ -72,7 +72,9 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
 def run(config: KovalevaConfig) -> None:
     from analysis.api.ablation import run_ablate  # after parsing: --help and flag errors need no JAX
 
-    run_ablate(config)
+    result = run_ablate(config)  # computed and written
+    if result.run.lines:
+        print(result.run.text())
     cli.print_wrote(config.out)
 
 

@@ -21,6 +21,7 @@ from analysis.attention.options import (
     ANALYSES,
     COREF_MENTIONS,
     COREF_TARGETS,
+    DEFAULT_OUT,
     SEGMENT_IDS,
     SURFACE_WEIGHTINGS,
     WORD_TEXTS,
@@ -106,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="token type ids the model reads: pairs (0 for A, 1 for B) or zeros (the authors' extract_attention.py)",
     )
     add_attention_argument(p, ONE_READING)
-    add_out_arguments(p, "clark_out")
+    add_out_arguments(p, DEFAULT_OUT)
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_nonfinite_argument(p)
     return p
@@ -135,7 +136,9 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
 def run(config: ClarkConfig) -> ClarkResult:
     from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
 
-    result = run_clark(config)
+    result = run_clark(config)  # computed and written
+    if result.run.lines:
+        print(result.run.text())
     cli.print_wrote(config.out)
     return result
 

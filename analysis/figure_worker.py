@@ -20,6 +20,9 @@ def die_with(parent: int) -> None:
 
 
 if __name__ == "__main__":
+    # Ctrl-C in a terminal reaches the whole process group: the caller decides, and ends this worker
+    # (`FigurePool.close`) or takes it with it, without a traceback from each worker.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with(int(sys.argv[1]))
     from analysis.common.figures import serve
 

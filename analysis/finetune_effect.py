@@ -52,8 +52,13 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
 
 def run(config: EffectConfig) -> None:
     from analysis.api.heads import run_finetune_effect  # after parsing: --help and flag errors need no JAX
+    from analysis.heads.pipeline import write_html
 
-    if run_finetune_effect(config) is not None:  # None: a process other than the first, which writes nothing
+    result = run_finetune_effect(config)  # computed and written
+    if result is not None:  # None: a process other than the first, which writes nothing
+        print(result.run.text())
+        if config.data.html:
+            print(write_html(config.data.out))
         cli.print_wrote(config.data.out)
 
 

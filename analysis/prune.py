@@ -68,7 +68,8 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
 def run(config: MichelConfig) -> None:
     from analysis.api.ablation import run_prune  # after parsing: --help and flag errors need no JAX
 
-    run_prune(config)
+    result = run_prune(config)  # computed and written
+    print(result.run.text())
     cli.print_wrote(config.out)
 
 

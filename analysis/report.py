@@ -53,8 +53,9 @@ def parse_args(argv: list[str] | None) -> ReportConfig:
 
 def run(config: ReportConfig) -> None:
     from analysis.api.heads import run_report  # after parsing: --help and flag errors need no JAX
+    from analysis.heads.report import wrote_line
 
-    run_report(config)
+    print(wrote_line(run_report(config).path))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,8 +46,13 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 
 def run(config: RolesConfig) -> None:
     from analysis.api.heads import run_roles  # after parsing: --help and flag errors need no JAX
+    from analysis.heads.pipeline import write_html
 
-    if run_roles(config) is not None:  # None: a process other than the first, which writes nothing
+    result = run_roles(config)  # computed and written
+    if result is not None:  # None: a process other than the first, which writes nothing
+        print(result.run.text())
+        if config.html:
+            print(write_html(config.out))
         cli.print_wrote(config.out)
 
 

@@ -115,8 +115,13 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
 
 def run(config: TrackConfig) -> None:
     from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
+    from analysis.heads.pipeline import write_html
 
-    if run_track(config) is not None:  # None: a --shard job, or a process other than the first
+    result = run_track(config)  # computed and written
+    if result is not None:  # None: a --shard job, or a process other than the first
+        print(result.run.text())
+        if config.roles.html:
+            print(write_html(config.roles.out))
         cli.print_wrote(config.roles.out)
 
 

@@ -9,6 +9,9 @@
 #
 #   bash benchmarks/emergence_seeds.sh prepare   # here: shards, parses, wheels into .gpu-seeds/
 #   bash benchmarks/emergence_seeds.sh run OUT   # there: the device machine, with .gpu-seeds carried
+#   BERTJAX_SEEDS_SET=pre-ln bash benchmarks/emergence_seeds.sh run OUT
+#       # the same, 3 MLM-only seeds of pre-LN with sinusoidal position initialisation (preln-s0..2):
+#       # the post-LN / pre-LN comparison across seeds (docs/emergence.md), in a call of its own
 #
 # The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
@@ -37,6 +40,13 @@ else
     "checkpoint.steps=[1000,1250,1500,1750,2000,2250,2500,2750,3000,3250,3500,3750,4000,4250,4500,4750,5000]")
   track_args=(--n 1000 --sas-n 1000 --bootstrap 1000 --batch-size 128)
   mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=280 budget_track=190
+fi
+if [[ ${BERTJAX_SEEDS_SET:-} == pre-ln ]]; then
+  train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
+elif [[ -n ${BERTJAX_SEEDS_SET:-} ]]; then
+  echo "error: BERTJAX_SEEDS_SET must be pre-ln or unset, got ${BERTJAX_SEEDS_SET}" >&2; exit 2
+else
+  mlm_name=mlm
 fi
 nsp_args=(data.pair_task=nsp data.train_vocab=false "data.vocab_file=$prepared/mlm/data-T64/vocab.txt")
 parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
@@ -107,8 +117,10 @@ env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) 
 open(sys.argv[1], "w").write(json.dumps(env) + "\n")
 EOF
   local pids=() names=()
-  for seed in "${mlm_seeds[@]}"; do one_run "mlm-s$seed" mlm "$seed" & pids+=($!) names+=("mlm-s$seed"); done
-  for seed in "${nsp_seeds[@]}"; do one_run "nsp-s$seed" nsp "$seed" & pids+=($!) names+=("nsp-s$seed"); done
+  for seed in "${mlm_seeds[@]}"; do
+    one_run "$mlm_name-s$seed" mlm "$seed" & pids+=($!) names+=("$mlm_name-s$seed")
+  done
+  for seed in "${nsp_seeds[@]+"${nsp_seeds[@]}"}"; do one_run "nsp-s$seed" nsp "$seed" & pids+=($!) names+=("nsp-s$seed"); done
   for pid in "${pids[@]}"; do wait "$pid" || true; done
   for name in "${names[@]}"; do
     tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \

@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -109,26 +108,49 @@ class Terminated(KeyboardInterrupt):
     does for Ctrl-C."""
 
 
-_TERMINATED = threading.Event()
+# SIGINT (Ctrl-C) and SIGTERM as they came since `cli.run` started; the first decides. No lock:
+# handlers run on the main thread between its bytecodes, and would wait forever on a lock the main
+# thread held.
+_SIGNALS: list[int] = []
 
 
-def on_sigterm(signum: int, frame: object) -> None:
-    """SIGTERM's handler: a flag that the loops read (`stop_if_terminated`). Never an exception
-    raised here: Python raises it wherever the main thread is, and where that is a garbage-collection
-    callback (JAX's `_xla_gc_callback`) or a finaliser, it is printed as "Exception ignored" and
-    dropped; an analysis then finished and exited 0."""
-    _TERMINATED.set()
+def _first_signal() -> int | None:
+    return _SIGNALS[0] if _SIGNALS else None
+
+
+def on_signal(signum: int, frame: object) -> None:
+    """SIGINT's and SIGTERM's handler: a flag that the loops read (`stop_if_terminated`). Not an
+    exception raised here: Python raises it wherever the main thread is, and where that is a
+    garbage-collection callback (JAX's `_xla_gc_callback`) or a finaliser, it is printed as
+    "Exception ignored" and dropped; an analysis then finished and exited 0.
+
+    A second Ctrl-C while the first is pending raises `KeyboardInterrupt` at once, wherever the run
+    is: the way out of a wait no loop checks (a download, a lock). Should Python drop it, the flag
+    set by the first still stops the run at its next check."""
+    _SIGNALS.append(signum)
+    if len(_SIGNALS) > 1 and signum == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def terminated() -> bool:
-    return _TERMINATED.is_set()
+    """Whether SIGTERM came first (the trainer then saves a checkpoint before it stops)."""
+    return _first_signal() == signal.SIGTERM
+
+
+def interrupted() -> bool:
+    """Whether Ctrl-C came first."""
+    return _first_signal() == signal.SIGINT
 
 
 def stop_if_terminated() -> None:
-    """Raises `Terminated` if SIGTERM has come: called by the loops that take a run's time (the
-    batches of a forward pass, encoding, parsing, preparing data, training)."""
-    if _TERMINATED.is_set():
+    """Raises `Terminated` if SIGTERM came, `KeyboardInterrupt` if Ctrl-C did: called by the loops
+    that take a run's time (the batches of a forward pass, encoding, parsing, preparing data,
+    drawing figures, training) and by `cli.run` when the command returns."""
+    first = _first_signal()
+    if first == signal.SIGTERM:
         raise Terminated
+    if first == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 class _StderrHandler(logging.StreamHandler):
@@ -159,15 +181,20 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
     )
     set_verbose(False)
     use_compilation_cache()
-    _TERMINATED.clear()
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    _SIGNALS.clear()
+    # Ctrl-C stays ignored where the process started with it ignored (a shell's background job),
+    # as Python itself leaves it.
+    handled = [signal.SIGTERM] + [signal.SIGINT] * (signal.getsignal(signal.SIGINT) is not signal.SIG_IGN)
+    previous = {signum: signal.signal(signum, on_signal) for signum in handled}
     try:
         try:
             main(argv)
         finally:
-            # Restored first: a SIGTERM from now on ends the process by the default action, and
-            # one before it is in the flag, read next.
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            # Restored first: a signal from now on takes its usual course (SIGTERM's default action
+            # ends the process, Ctrl-C raises inside this `try`), and one before it is in the flag,
+            # read next.
+            for signum in handled:
+                signal.signal(signum, signal.SIG_DFL if previous[signum] is None else previous[signum])
         stop_if_terminated()  # came after the last loop's check
     except UserError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
@@ -179,7 +206,7 @@ def run(main: Callable[[list[str] | None], object], argv: list[str] | None = Non
         print("error: interrupted", file=sys.stderr)
         sys.exit(130)
     finally:
-        _TERMINATED.clear()  # this run's: a later one in the same process (a test, a notebook) starts afresh
+        _SIGNALS.clear()  # this run's: a later one in the same process (a test, a notebook) starts afresh
 
 
 def use_compilation_cache() -> None:

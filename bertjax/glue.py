@@ -7,6 +7,7 @@ hold unbalanced quotes) and `utf-8-sig` (MRPC starts with a BOM).
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
@@ -17,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import runinfo
 from bertjax.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -186,8 +188,13 @@ def load_glue(
 
 
 def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(1-based line number, text) pairs, split on LF only: texts may hold other line breaks."""
-    with path.open("rb") as f:
+    """(1-based line number, text) pairs, split on LF only: texts may hold other line breaks. The
+    file is read whole first, so that run.json's sha256 is of the bytes parsed (`runinfo.read_input`)."""
+    try:
+        data = runinfo.read_input(path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    with io.BytesIO(data) as f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 text = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")

@@ -38,6 +38,26 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+# The sha256 of the bytes that an input reader last parsed from each file (`read_input`), by
+# resolved path. A file replaced while a run read it was recorded under the other version's sha256
+# when run.json hashed the file again at the end (probe 2.10).
+_PARSED: dict[Path, str] = {}
+
+
+def read_input(path: Path) -> bytes:
+    """The bytes of the input file `path`, read once: the reader parses these, and run.json names
+    their sha256 (`input_sha256`), whatever is at `path` by then."""
+    data = Path(path).read_bytes()
+    _PARSED[Path(path).resolve()] = hashlib.sha256(data).hexdigest()
+    return data
+
+
+def input_sha256(path: Path) -> str:
+    """The sha256 of the bytes last parsed from `path` (`read_input`); of the file as it is now
+    where no reader took it through `read_input`."""
+    return _PARSED.get(Path(path).resolve()) or sha256(path)
+
+
 def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(

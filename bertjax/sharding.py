@@ -33,7 +33,7 @@ class MeshConfig:
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
     devices = jax.devices() if devices is None else devices
     fsdp = config.fsdp
-    data = len(devices) // fsdp if config.data == -1 else config.data
+    data = len(devices) // max(fsdp, 1) if config.data == -1 else config.data
     if fsdp < 1 or data < 1 or data * fsdp != len(devices):
         raise UserError(f"mesh: data={config.data} × fsdp={config.fsdp} does not match {len(devices)} devices")
     return Mesh(np.asarray(devices).reshape(data, fsdp), BATCH_AXES)

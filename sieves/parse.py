@@ -266,7 +266,7 @@ def read_conllu(path: Path, limit: int | None = None) -> list[tuple[str, Parse]]
     """
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = runinfo.read_input(path).decode("utf-8").splitlines()  # run.json's sha256 is of these bytes
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read CoNLL-U file ({error})") from error
     sentences = []

@@ -323,7 +323,7 @@ def test_a_bertjax_pretraining_checkpoint_finetunes_on_sst2(shared_data, tmp_pat
         ("vocab_size", "the tokenizer has 30522 tokens but the model's vocab_size is 1000"),
         ("bad_metric", "best_metric: 'f1' is not a metric of sst2 (accuracy)"),
         ("too_long", "data.max_seq_length 256 is not in [3, 128]"),
-        ("eval_batch", "data.eval_batch_size 0 must be a positive multiple"),
+        ("eval_batch", "data.eval_batch_size must be at least 1, got 0"),
         ("optimizer", "optimizer.name: 'sgd' is not lamb or adamw"),
         ("warmup_ratio", "train.warmup_ratio must be in [0, 1], got -0.5"),
     ],

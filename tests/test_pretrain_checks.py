@@ -84,6 +84,25 @@ def test_probe_roles_the_probe_set_cannot_hold_are_refused_before_data_work(micr
         ),
         (["phase2.learning_rate=nan"], "phase2.learning_rate: must be a finite number ≥ 0, got nan"),
         (["data.max_seq_length=64"], "data.max_seq_length 64 exceeds model.max_position_embeddings 32"),
+        # Found while re-checking issue 42. A JAX traceback once the data was prepared:
+        (["model.dtype=float8"], "model.dtype: 'float8' is not one of auto, float32, bfloat16, float16"),
+        # Trained on without a word (b1 = 2 diverges; a negative eps or decay turns the update
+        # around; a NaN clipping norm makes every update NaN):
+        (["optimizer.b1=2"], "optimizer.b1: must be in [0, 1), got 2"),
+        (["optimizer.eps=-1"], "optimizer.eps: must be a finite number ≥ 0, got -1"),
+        (["optimizer.weight_decay=-1"], "optimizer.weight_decay: must be a finite number ≥ 0, got -1"),
+        (["optimizer.max_grad_norm=nan"], "optimizer.max_grad_norm: must be a finite number ≥ 0, got nan"),
+        (["optimizer.decay_power=-1"], "optimizer.decay_power: must be a finite number ≥ 0, got -1"),
+        (["heldout.batch_size=0"], "heldout.batch_size: must be an integer ≥ 1, got 0"),
+        (["heldout.sequences=0"], "heldout.sequences: must be an integer ≥ 1, got 0"),
+        (["train.log_every=0"], "train.log_every: must be an integer ≥ 1, got 0"),
+        (["train.seed=-1"], "train.seed: must be an integer ≥ 0, got -1"),
+        (["mesh.fsdp=0"], "mesh: data=-1 × fsdp=0 does not match 1 devices"),  # a ZeroDivisionError traceback
+        # Accepted and ignored:
+        (["checkpoint.log_spaced=-1"], "checkpoint.log_spaced: must be an integer ≥ 0, got -1"),
+        (["checkpoint.steps=[-5]"], "checkpoint.steps: steps are integers ≥ 0, got -5"),
+        # A numpy ValueError traceback at the second save, after the data was prepared:
+        (["checkpoint.keep=-1"], "checkpoint.keep: must be an integer ≥ 0 or null (all), got -1"),
     ],
 )
 def test_settings_are_refused_before_any_data_work(micro2, tmp_path, cli_error, overrides, expected):

@@ -240,6 +240,8 @@ def fragile_arcs(run: Path, step: int, trees: Path, bound: float) -> collections
         (["probe.task=nosuch"], "probe.task: 'nosuch' is none of"),
         (["probe.task=text:/no/such/file.txt"], "probe.task text:/no/such/file.txt: /no/such/file.txt is not a file"),
         (["probe.every=0"], "probe.every must be at least 1, got 0"),
+        # Accepted before: every head held every role (β is never negative).
+        (["probe.tau=-1"], "probe.tau must be a finite number ≥ 0, got -1"),
         (["probe.roles=[prev,nosuch]"], "probe.roles: unknown role 'nosuch'"),
         ([f"probe.max_length={MAX_LENGTH + 1}"], f"probe.max_length {MAX_LENGTH + 1} exceeds the model's"),
         (["probe.task=mrpc", "probe.sas=true"], "probe.sas needs gold trees: probe.task must be conllu:FILE, got mrpc"),

@@ -201,12 +201,26 @@ def test_head_view_compiles_nothing_new_for_texts_of_similar_length(tiny_hf):  #
         (["--ewt-n", "0"], "error: --ewt-n must be at least 1, got 0"),
         (["--probe-learning-rate", "nan"], "error: --probe-learning-rate must be a finite number > 0, got nan"),  # 1.39
         (["--probe-learning-rate", "0"], "error: --probe-learning-rate must be a finite number > 0, got 0.0"),
+        # numpy's `ValueError: expected non-negative integer` traceback once the probes' data was read.
+        (["--seed", "-1"], "error: --seed must be at least 0, got -1"),
+        (["--min-count", "-1"], "error: --min-count must be at least 0, got -1"),
     ],
 )  # fmt: skip
 def test_clark_flags_that_would_run_nothing_or_nonsense_are_refused(flags, message, tmp_path, cli_error):
     line = cli_error(clark_cli.main, ["--ckpt", str(tmp_path / "c"), "--out", str(tmp_path / "o"), *flags])
     assert line == message
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["ablate", "prune"])
+def test_ablate_and_prune_refuse_a_batch_size_of_0_before_loading(command, tmp_path, cli_error):
+    """Not checked at all before: the run went on to load the checkpoint and read the data."""
+    import importlib
+
+    main = importlib.import_module(f"analysis.{command}").main
+    argv = ["--ckpt", str(tmp_path / "c"), "--task", "mrpc", "--out", str(tmp_path / "o"), "--batch-size", "0"]
+    assert cli_error(main, argv) == "error: --batch-size must be at least 1, got 0"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_report_takes_coref_and_overwrite_as_named(monkeypatch, tmp_path):
@@ -216,3 +230,16 @@ def test_report_takes_coref_and_overwrite_as_named(monkeypatch, tmp_path):
     monkeypatch.setattr(api.heads, "write_report", lambda config: written.append(config) or tmp_path / "r.html")
     api.report(tmp_path, coref=tmp_path / "coref")
     assert written[0].coref == str(tmp_path / "coref") and written[0].overwrite is False
+
+
+def test_roles_takes_the_parser_flags_value(tiny_hf, shared_data, tmp_path):
+    """`parser="conllu"`, the flag's value as the docstring lists it, was taken for a parser
+    object and ignored: the run analysed the default tasks (offline: the hub's error) instead of
+    the CoNLL-U sentences."""
+    gold = tmp_path / "gold.conllu"
+    sentences = (shared_data / "ud_english_ewt" / "en_ewt-ud-dev.conllu").read_text().split("\n\n")[:4]
+    gold.write_text("\n\n".join(sentences) + "\n\n")
+    result = api.roles(str(tiny_hf), parser="conllu", conllu=str(gold), n=4, max_length=32, roles="local,nsubj",
+                       figures="none", cache_dir=str(tmp_path / "cache"))  # fmt: skip
+    assert result.info["config"]["parser"] == "conllu"
+    assert list(result.info["data_files"]) == ["ud"]

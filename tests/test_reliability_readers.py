@@ -14,7 +14,7 @@ import pytest
 
 from analysis import api
 from analysis.attention import coref
-from analysis.heads import pipeline
+from analysis.common import examples
 from analysis.heads import report as report_lib
 from bertjax.errors import UserError
 from sieves.parse import read_conllu, read_text_examples
@@ -67,7 +67,7 @@ def test_a_text_file_replaced_after_it_was_read_is_recorded_as_read(
 ):  # 2.10
     text = tmp_path / "f.txt"
     text.write_text(SINGLES)
-    read = pipeline.load_tasks
+    read = examples.load_tasks
 
     def read_then_replaced(config, tasks):
         data = read(config, tasks)
@@ -75,7 +75,7 @@ def test_a_text_file_replaced_after_it_was_read_is_recorded_as_read(
         os.replace(tmp_path / "other.txt", text)  # another process swaps the file in
         return data
 
-    monkeypatch.setattr(pipeline, "load_tasks", read_then_replaced)
+    monkeypatch.setattr(examples, "load_tasks", read_then_replaced)
     result = api.roles(str(tiny_hf), task=f"text:{text}", **_settings(shared_data, tmp_path / "parses"))
     (files,) = result.info["data_files"].values()
     # The singles were analysed (no pair role), so run.json names the singles' bytes.
@@ -202,3 +202,61 @@ def test_conllu_heads_must_form_a_tree(heads, message, tmp_path):
 
 def test_the_staged_ewt_trees_pass(ud_english_ewt):
     assert len(read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu")) > 2000
+
+
+def _replaced_after_reading(monkeypatch, path: Path, other: bytes) -> None:
+    """Swaps `other` in at `path` once the run's tasks are read, as another process might."""
+    read = examples.load_tasks
+
+    def read_then_replaced(config, tasks):
+        data = read(config, tasks)
+        swap = path.with_name("swap")
+        swap.write_bytes(other)
+        os.replace(swap, path)
+        return data
+
+    monkeypatch.setattr(examples, "load_tasks", read_then_replaced)
+
+
+def test_a_glue_file_replaced_after_it_was_read_is_recorded_as_read(tiny_hf, shared_data, tmp_path, monkeypatch):
+    """2.10 for a GLUE TSV: run.json hashed the file again at the end, so it named the version
+    there then. Now the reader reads the bytes once and run.json names their sha256."""
+    dev = tmp_path / "glue" / "MRPC" / "dev.tsv"
+    dev.parent.mkdir(parents=True)
+    lines = (shared_data / "glue" / "MRPC" / "dev.tsv").read_bytes().splitlines(keepends=True)
+    read, other = b"".join(lines[:9]), b"".join(lines[:1] + lines[2:9])
+    dev.write_bytes(read)
+    _replaced_after_reading(monkeypatch, dev, other)
+    settings = {**_settings(shared_data, tmp_path / "parses"), "roles": "local,cls"}
+    result = api.roles(str(tiny_hf), task="mrpc", glue_dir=str(tmp_path / "glue"), **settings)
+    assert result.info["data_files"]["mrpc"] == [{"path": str(dev), "sha256": hashlib.sha256(read).hexdigest()}]
+
+
+def test_a_conllu_file_replaced_while_it_is_read_is_one_line(tiny_hf, shared_data, tmp_path, monkeypatch, cli_error):
+    """2.10 for a CoNLL-U file, which the analysis reads twice (the sentences, then their trees):
+    trees of another version were paired with the first version's sentences, and run.json named
+    the version there at the end."""
+    from analysis import roles
+
+    gold = tmp_path / "gold.conllu"
+    sentences = (shared_data / "ud_english_ewt" / "en_ewt-ud-dev.conllu").read_text().split("\n\n")[:3]
+    gold.write_text("\n\n".join(sentences) + "\n\n")
+    _replaced_after_reading(monkeypatch, gold, ("# another version\n" + gold.read_text()).encode())
+    argv = ["--ckpt", str(tiny_hf), "--parser", "conllu", "--conllu", str(gold), "--n", "8", "--max-length", "32",
+            "--roles", "local,cls", "--no-figures", "--out", str(tmp_path / "out")]  # fmt: skip
+    assert cli_error(roles.main, argv) == f"error: {gold} changed while it was read; run again once it stays put"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_gap_file_is_recorded_as_the_bytes_read(tmp_path):
+    """2.10 for GAP: the coreference analysis' run.json names the sha256 of what `read_gap` parsed."""
+    from bertjax import runinfo
+
+    path = tmp_path / "gap.tsv"
+    header = "\t".join(coref.GAP_COLUMNS) + "\n"
+    row = "1\tHe said Ann met Bo.\tHe\t0\tAnn\t8\tTRUE\tBo\t16\tFALSE\turl\n"
+    path.write_text(header + row)
+    read = path.read_bytes()
+    coref.read_gap(path)
+    path.write_text(header + row.replace("Bo", "Al"))
+    assert runinfo.input_sha256(path) == hashlib.sha256(read).hexdigest()

@@ -389,6 +389,8 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("duplicate_role", "error: --roles names a role twice: local,cls,local"),
         ("max_length_tiny", "error: --max-length must be at least 5"),
         ("tau_nan", "error: --tau must be a finite number or 'auto', got 'nan'"),
+        # Accepted before: every head held every role at τ < 0 (β is never negative).
+        ("tau_negative", "error: --tau must be ≥ 0 (β, n times the attention, is never negative), got -1"),
         ("unwritable_out", "cannot write there"),
         ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
     ],
@@ -423,6 +425,8 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_hf, shared_
         argv += ["--max-length", "2"]
     elif case == "tau_nan":
         argv += ["--tau", "nan"]
+    elif case == "tau_negative":
+        argv += ["--tau", "-1"]
     elif case == "unwritable_out":
         blocker = tmp_path / "a_file"  # a file where a directory should be: fails even for root
         blocker.write_text("")

@@ -64,24 +64,25 @@ def test_save_pretrained_replaces_a_saved_model_only_when_asked(tmp_path):
     assert bertjax.from_pretrained(tmp_path).config.num_hidden_layers == model.config.num_hidden_layers
 
 
-def test_a_result_saved_inside_its_own_directory_holds_no_lock_or_temporary(tmp_path):
+def test_a_result_saved_inside_its_own_directory_holds_no_lock_or_temporary(tiny_hf, shared_data, tmp_path):
     """Probe 1.20: `r.save(r.directory / "sub")` copied its own `.sub.lock` and `.sub.tmp-…` in;
     where `r.directory` is the temporary folder of a result given no `out`, the copy would go with
-    it."""
-    from analysis.api.common import Output, save
+    it. A save writes the result afresh through the writer, so it holds the result's files only."""
+    from analysis import api
 
-    directory = tmp_path / "run"
-    directory.mkdir()
-    (directory / "run.json").write_text("{}\n")
-    (directory / "roles.csv").write_text("a\n1\n")
-    save(directory, directory / "sub", overwrite=False, output=None)
-    assert sorted(os.listdir(directory / "sub")) == [runinfo.OUTPUT_MARKER, "roles.csv", "run.json"]
-    save(directory, directory / "sub", overwrite=True, output=None)  # the earlier copy is in `directory` now
-    assert sorted(os.listdir(directory / "sub")) == [runinfo.OUTPUT_MARKER, "roles.csv", "run.json"]
-    output = Output(None, "roles")
+    settings = dict(task="mrpc", glue_dir=str(shared_data / "glue"), n=4, batch_size=4, max_length=32,
+                    roles="local,cls", figures="none", cache_dir=str(tmp_path / "parses"))  # fmt: skip
+    result = api.roles(str(tiny_hf), out=tmp_path / "run", **settings)
+    written = sorted(os.listdir(tmp_path / "run"))
+    assert runinfo.OUTPUT_MARKER in written and "roles.csv" in written
+    result.save(result.directory / "sub")
+    assert sorted(os.listdir(tmp_path / "run" / "sub")) == written
+    result.save(result.directory / "sub", overwrite=True)  # the earlier copy is in `directory` now
+    assert sorted(os.listdir(tmp_path / "run" / "sub")) == written
+    held = api.roles(str(tiny_hf), **settings)
     with pytest.raises(UserError, match=r"inside this result's temporary folder .* removed with the result"):
-        save(output.path, output.path / "sub", overwrite=False, output=output)
-    assert not (output.path / "sub").exists()
+        held.save(held.directory / "sub")
+    assert not (held.directory / "sub").exists()
 
 
 @pytest.mark.slow

@@ -105,3 +105,41 @@ def test_mostly_unknown_text_and_a_small_n_warn(tmp_path: Path, shared_data, cap
         "text-greek: 38% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above 5%): "
         "the roles describe attention over [UNK], not over this text",
     ]
+
+
+def test_text_that_a_tiny_vocabulary_spells_out_warns(tmp_path: Path, shared_data, caplog):
+    """A model with a 160-piece vocabulary reported `local 100%` on MRPC without a word: it splits
+    English words into characters rather than [UNK], which the [UNK] warning does not see. The
+    same text through the full vocabulary, and the tiny vocabulary's own kind of text, do not warn."""
+    from transformers import BertTokenizerFast
+
+    english = "The company said its profit rose sharply in the third quarter.\n" * (examples.SMALL_N + 1)
+    own = "ab ba ab ab ba ba ab.\n" * (examples.SMALL_N + 1)
+    (tmp_path / "english.txt").write_text(english)
+    (tmp_path / "own.txt").write_text(own)
+    # Letters and specials only: every English word is spelled out in single characters.
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    tiny_vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", ".", "ab", "ba", *letters, *(f"##{c}" for c in letters)]
+    (tmp_path / "tiny.txt").write_text("\n".join(tiny_vocab) + "\n")
+    tiny = BertTokenizerFast(vocab=str(tmp_path / "tiny.txt"), do_lower_case=True)
+    full = BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True)
+
+    def warnings(tokenizer, name: str) -> list[str]:
+        spec = f"text:{tmp_path / name}"
+        config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local",),
+                                 max_length=64, parser="none")  # fmt: skip
+        caplog.clear()
+        with caplog.at_level("WARNING", logger=examples.log.name):
+            examples.encode_tasks(
+                config, examples.load_tasks(config, examples.resolve_tasks(spec)), tokenizer, None, {}
+            )
+        return [r.getMessage() for r in caplog.records]
+
+    # 11 words of 51 letters, and the full stop: 52 pieces.
+    assert warnings(tiny, "english.txt") == [
+        "text-english: 4.7 text pieces per word (warned above 3.0; a vocabulary of the text's language gives "
+        "1.2-1.5): the model's vocabulary spells this text out in fragments, and the roles describe attention "
+        "inside its words"
+    ]
+    assert warnings(full, "english.txt") == []
+    assert warnings(tiny, "own.txt") == []

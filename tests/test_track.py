@@ -20,6 +20,7 @@ from transformers import BertTokenizerFast
 import bertjax
 from analysis import roles as roles_cli
 from analysis import track
+from analysis.common import examples
 from analysis.heads import figures as heads_figures
 from analysis.heads import onset, summary, tracking, tracking_figures
 from bertjax import checkpoint as ckpt
@@ -143,7 +144,7 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
 
     loaded.clear()
     encoded = []
-    monkeypatch.setattr(tracking, "encode_tasks", lambda *a: encoded.append(a) or {})
+    monkeypatch.setattr(examples, "encode_tasks", lambda *a: encoded.append(a) or {})
     # the same --out, replaced without --overwrite as it holds a track output; figures this time
     track.main([*argv[:-1], "--figure-format", "png,svg"])
     assert loaded == [] and encoded == []

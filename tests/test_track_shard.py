@@ -16,6 +16,7 @@ import pytest
 from test_track import write_run
 
 from analysis import track
+from analysis.common import examples
 from analysis.heads import tracking
 from bertjax import cli
 
@@ -108,7 +109,7 @@ def test_a_shard_whose_members_are_cached_scores_nothing(sharded, flags, monkeyp
     before = {p.name: p.stat().st_mtime_ns for p in cache.iterdir()}
     loaded, encoded = [], []
     monkeypatch.setattr(tracking, "from_pretrained", lambda *a, **k: loaded.append(a))
-    monkeypatch.setattr(tracking, "encode_tasks", lambda *a: encoded.append(a) or {})
+    monkeypatch.setattr(examples, "encode_tasks", lambda *a: encoded.append(a) or {})
     track.main([*flags, "--out", str(out), "--scores-cache", str(cache), "--shard", "0/2"])
     printed = capsys.readouterr().out
     assert "2 from the cache" in printed and "0 to analyse" in printed

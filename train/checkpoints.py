@@ -52,6 +52,15 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if self.every < 0:  # 0 turns periodic saves off; a negative period would do so silently
             raise UserError(f"checkpoint.every: must be an integer ≥ 0 (0: no periodic saves), got {self.every}")
+        # Accepted before: ignored (no log-spaced step, no save at a negative step), or a numpy
+        # traceback at the second save (a negative keep).
+        if self.log_spaced < 0:
+            raise UserError(f"checkpoint.log_spaced: must be an integer ≥ 0, got {self.log_spaced}")
+        if self.keep is not None and self.keep < 0:
+            raise UserError(f"checkpoint.keep: must be an integer ≥ 0 or null (all), got {self.keep}")
+        negative = [step for step in self.steps if step < 0]
+        if negative:
+            raise UserError(f"checkpoint.steps: steps are integers ≥ 0, got {negative[0]}")
 
 
 def log_spaced_steps(count: int, total: int) -> list[int]:

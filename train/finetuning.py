@@ -39,7 +39,7 @@ from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.optim import OptimizerConfig
 from train.pretraining import TOKENIZER_DIR, compute_dtype, write_tokenizer
-from train.trainer import LoopConfig, Trainer
+from train.trainer import LoopConfig, Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
@@ -187,31 +187,74 @@ class Prepared:
     seconds: float
 
 
-def prepare(config: FinetuneConfig) -> Prepared:
-    """Checks the settings and the checkpoint, then reads and tokenizes the data."""
-    started = time.perf_counter()
-    spec = task_spec(config.task)
-    metric = best_metric(config, spec)
+# The splits an evaluation can score: GLUE's test labels are hidden.
+EVAL_SPLITS = ("dev", "validation", "train")
+
+
+def seed_runs(config: FinetuneConfig, workdir: Path) -> list[tuple[FinetuneConfig, Path]]:
+    """Each seed's config and workdir: the run's own for one seed, `seed-<s>/` for several."""
+    if config.seeds == 1:
+        return [(config, workdir)]
+    seeds = [config.train.seed + i for i in range(config.seeds)]
+    return [
+        (dataclasses.replace(config, seeds=1, train=dataclasses.replace(config.train, seed=s)), workdir / f"seed-{s}")
+        for s in seeds
+    ]
+
+
+def check_settings(config: FinetuneConfig, workdir: Path, mesh: jax.sharding.Mesh) -> None:
+    """Every setting that can be checked without the checkpoint or the data, and each seed's earlier
+    run's settings, so that none is refused after the data is read and tokenized (the settings
+    that need the model's config, `data.max_seq_length`'s bound and the vocabulary, come in
+    `prepare`, before the data). The training steps depend on the data size, so the warm-up's
+    length does too; its settings are checked here."""
+    best_metric(config, task_spec(config.task))
     if not config.init:
         raise UserError("init: no checkpoint to fine-tune (--ckpt CKPT)")
+    compute_dtype(config.dtype, "dtype")
     positive = (
         ("train.epochs", config.train.epochs),
         ("seeds", config.seeds),
         ("data.pad_multiple", config.data.pad_multiple),
+        ("data.eval_batch_size", config.data.eval_batch_size),
+        ("data.max_train_examples", 1 if config.data.max_train_examples is None else config.data.max_train_examples),
     )
-    if config.checkpoint.log_spaced < 0:
-        raise UserError(f"checkpoint.log_spaced must be at least 0, got {config.checkpoint.log_spaced}")
     for name, value in positive:
         if value < 1:
             raise UserError(f"{name} must be at least 1, got {value}")
-    if config.train.warmup_ratio is not None and not 0 <= config.train.warmup_ratio <= 1:
-        raise UserError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
-    if config.train.warmup_ratio is not None and config.optimizer.warmup_steps:
+    if config.checkpoint.log_spaced < 0:
+        raise UserError(f"checkpoint.log_spaced must be at least 0, got {config.checkpoint.log_spaced}")
+    if config.data.eval_split not in EVAL_SPLITS:
         raise UserError(
-            "train.warmup_ratio and optimizer.warmup_steps are both set; set train.warmup_ratio=null to use steps"
+            f"data.eval_split: {config.data.eval_split!r} is not one of {', '.join(EVAL_SPLITS)} (test has no labels)"
         )
+    if config.train.warmup_ratio is not None:
+        if not 0 <= config.train.warmup_ratio <= 1:
+            raise UserError(f"train.warmup_ratio must be in [0, 1], got {config.train.warmup_ratio}")
+        if config.optimizer.warmup_steps or config.optimizer.warmup_fraction is not None:
+            which = "warmup_steps" if config.optimizer.warmup_steps else "warmup_fraction"
+            raise UserError(
+                f"train.warmup_ratio and optimizer.{which} are both set; set train.warmup_ratio=null to use {which}"
+            )
+    loop = config.train
+    # The trainer's own checks of its loop (batch, micro-batches, log interval, seed) and the mesh.
+    check_batch(LoopConfig(steps=1, global_batch_size=loop.global_batch_size, grad_accum_steps=loop.grad_accum_steps,
+                           seed=loop.seed, log_every=loop.log_every), mesh)  # fmt: skip
+    sharding.check_batch_size("data.eval_batch_size", config.data.eval_batch_size, mesh)
+    for one, directory in seed_runs(config, workdir):
+        check_resumable(directory, dataclasses.asdict(one))
+
+
+def prepare(config: FinetuneConfig) -> Prepared:
+    """Reads the checkpoint's config and tokenizer, checks the settings that need them, then reads
+    and tokenizes the data (`check_settings` has checked the others)."""
+    started = time.perf_counter()
+    spec = task_spec(config.task)
+    metric = best_metric(config, spec)
     source = pretrained.resolve(config.init, config.init_step)
-    model_config = pretrained.load_config(source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype))
+    model_config = pretrained.load_config(
+        source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype, "dtype")
+    )
     tokenizer = pretrained.load_tokenizer(config.init, config.init_step)
     if len(tokenizer) != model_config.vocab_size:
         raise UserError(
@@ -245,7 +288,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
         tokenizer=tokenizer,
         train_set=encode(train, tokenizer, length, f"{spec.name} train ({where})"),
         eval_set=encode(dev, tokenizer, length, f"{spec.name} {split} ({where})"),
-        data_files=[{"path": str(p), "sha256": runinfo.sha256(p)} for p in files],
+        data_files=[{"path": str(p), "sha256": runinfo.input_sha256(p)} for p in files],
         seconds=time.perf_counter() - started,
     )
 
@@ -255,11 +298,10 @@ def finetune(
 ) -> dict[str, Any] | None:
     """One seed: trains `train.epochs` epochs in `workdir`; returns eval.json's content, or None
     when preempted (SIGTERM) before the end."""
-    # Every setting is checked (batches, optimizer, mesh, an earlier run's settings) before anything
-    # is written: a bad one must leave no half-made workdir, nor rewrite a run's config.yaml.
-    sharding.check_batch_size("data.eval_batch_size", config.data.eval_batch_size, mesh)
+    # `check_settings` has checked every setting (batches, optimizer, mesh, an earlier run's
+    # settings) before the data was read: a bad one leaves no half-made workdir, nor rewrites a
+    # run's config.yaml.
     run_config = dataclasses.asdict(config)
-    check_resumable(workdir, run_config)
     loop = config.train
     data = ClassificationData(prepared.train_set, loop.global_batch_size, process_count=jax.process_count())
     steps = loop.epochs * data.batches_per_epoch
@@ -363,22 +405,22 @@ def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
 
 
 def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
-    prepared = prepare(config)
     mesh = sharding.make_mesh(config.mesh)
+    check_settings(config, workdir, mesh)
+    prepared = prepare(config)
     if config.seeds == 1:
         return finetune(config, workdir, prepared, mesh)
     workdir.mkdir(parents=True, exist_ok=True)
     if jax.process_index() == 0:
         config_lib.save_resolved(config, workdir / "config.yaml")
-    seeds = [config.train.seed + i for i in range(config.seeds)]
+    runs = seed_runs(config, workdir)
     summaries = []
-    for seed in seeds:
-        one = dataclasses.replace(config, seeds=1, train=dataclasses.replace(config.train, seed=seed))
-        summary = finetune(one, workdir / f"seed-{seed}", prepared, mesh)
+    for one, directory in runs:
+        summary = finetune(one, directory, prepared, mesh)
         if summary is None:
             return None
         summaries.append(summary)
-    result = summarise_seeds(prepared.spec.name, seeds, summaries)
+    result = summarise_seeds(prepared.spec.name, [one.train.seed for one, _ in runs], summaries)
     if jax.process_index() == 0:
         _write_json(workdir / SEEDS_SUMMARY, result)
     return result

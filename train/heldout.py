@@ -36,6 +36,9 @@ class HeldOutConfig:
     def __post_init__(self) -> None:
         if self.every < 0:
             raise UserError(f"heldout.every: must be an integer ≥ 0 (0: at checkpoints only), got {self.every}")
+        for key in ("sequences", "batch_size"):
+            if getattr(self, key) < 1:
+                raise UserError(f"heldout.{key}: must be an integer ≥ 1, got {getattr(self, key)}")
 
 
 def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) -> None:

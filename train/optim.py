@@ -13,6 +13,8 @@ import optax
 from bertjax.checkpoint import SEP
 from bertjax.errors import UserError
 
+OPTIMIZERS = ("lamb", "adamw")
+
 
 @dataclasses.dataclass
 class OptimizerConfig:
@@ -35,7 +37,19 @@ class OptimizerConfig:
     def __post_init__(self) -> None:
         # Checked with the other settings, before a run writes anything: a NaN rate would only
         # show as a non-finite update at step 1. Every config names this section `optimizer`.
+        if self.name not in OPTIMIZERS:
+            raise UserError(f"optimizer.name: {self.name!r} is not {' or '.join(OPTIMIZERS)}")
         for name in ("learning_rate", "end_learning_rate"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
+        for name, low, high in (("b1", 0, 1), ("b2", 0, 1)):  # Adam's moment decays: in [0, 1)
+            value = getattr(self, name)
+            if not low <= value < high:
+                raise UserError(f"optimizer.{name}: must be in [0, 1), got {value}")
+        # Accepted before, and trained on: a negative eps or decay turned the update around, a NaN
+        # clipping norm turned every update into NaN.
+        for name in ("eps", "weight_decay", "max_grad_norm", "decay_power"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
                 raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
@@ -89,9 +103,7 @@ def make_optimizer(config: OptimizerConfig, total_steps: int) -> optax.GradientT
     lr = schedule(config, total_steps)
     if config.name == "lamb":
         core = lamb(config, lr)
-    elif config.name == "adamw":
-        core = optax.adamw(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
     else:
-        raise UserError(f"optimizer.name: {config.name!r} is not lamb or adamw")
+        core = optax.adamw(lr, config.b1, config.b2, config.eps, weight_decay=config.weight_decay, mask=decay_mask)
     clip = optax.clip_by_global_norm(config.max_grad_norm) if config.max_grad_norm > 0 else optax.identity()
     return optax.chain(clip, core)

@@ -80,7 +80,14 @@ class PretrainConfig:
     probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)  # role probes (off: task unset)
 
 
-def compute_dtype(setting: str) -> str:
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def compute_dtype(setting: str, name: str = "model.dtype") -> str:
+    """The compute dtype `setting` (the config key `name`) asks for; "auto": bfloat16 on GPU/TPU,
+    float32 on CPU. Anything else was a JAX traceback once the data was prepared."""
+    if setting not in DTYPES:
+        raise UserError(f"{name}: {setting!r} is not one of {', '.join(DTYPES)}")
     if setting != "auto":
         return setting
     return "float32" if jax.devices()[0].platform == "cpu" else "bfloat16"

@@ -115,8 +115,8 @@ def check_config(config: ProbeConfig, positions: int) -> None:
             raise UserError(f"probe.roles: {e}") from None
     if len(set(config.roles)) < len(config.roles):
         raise UserError(f"probe.roles names a role twice: {','.join(config.roles)}")
-    if not math.isfinite(config.tau):
-        raise UserError(f"probe.tau must be a finite number, got {config.tau}")
+    if not math.isfinite(config.tau) or config.tau < 0:  # below 0 every head passes: β is never negative
+        raise UserError(f"probe.tau must be a finite number ≥ 0, got {config.tau}")
     if not 0.0 < config.alpha < 1.0:
         raise UserError(f"probe.alpha must be in (0, 1), got {config.alpha}")
     if config.attention not in ATTENTION_READINGS:

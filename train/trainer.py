@@ -55,6 +55,10 @@ class LoopConfig:
         # section `train`.
         if self.global_batch_size < 1:
             raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
+        if self.log_every < 1:
+            raise UserError(f"train.log_every: must be an integer ≥ 1, got {self.log_every}")
+        if self.seed < 0:  # numpy's generators (the batches' shuffling) take no negative seed
+            raise UserError(f"train.seed: must be an integer ≥ 0, got {self.seed}")
 
 
 def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
@@ -288,7 +292,7 @@ class Trainer:
         start = int(jax.device_get(state["step"]))
         # The flag `cli.run` also sets (in place here for callers other than the CLIs): read after
         # each step, which then saves a checkpoint and ends the loop.
-        previous = signal.signal(signal.SIGTERM, cli.on_sigterm)
+        previous = signal.signal(signal.SIGTERM, cli.on_signal)
         writer = MetricsWriter(self.workdir, self.is_main)
         peak = peak_flops(jax.devices()[0])
         timings = {"setup_s": time.perf_counter() - started}
@@ -327,6 +331,8 @@ class Trainer:
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
                 evaluated = None
+                if cli.interrupted():
+                    raise KeyboardInterrupt  # Ctrl-C: no checkpoint, the steps since the last are dropped
                 if cli.terminated() and not self._preempted:
                     log.warning("SIGTERM: saving a checkpoint after step %d, then exiting", step)
                     self._preempted = True

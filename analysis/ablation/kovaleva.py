@@ -1,13 +1,15 @@
-"""The analyses of `python -m analysis.ablate` end to end (Kovaleva et al. 2019; Michel et al. §3):
-attention patterns and features streamed batch by batch, then the classifier under disabled and
-masked heads; tables, figures and run.json written atomically into `--out`.
+"""The analyses of `python -m analysis.ablate` (Kovaleva et al. 2019; Michel et al. §3) as compute →
+result → writer: attention patterns and features streamed batch by batch, then the classifier
+under disabled and masked heads, held in memory (`compute`); `write` turns the run into the
+tables, figures and run.json of `--out`; `run` is the CLI's path, atomically into `--out`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import jax
@@ -84,8 +86,9 @@ class KovalevaConfig:
         check_types(self)
         check_device_count(self.devices)
         check_split("--split", self.split)
-        if self.n is not None and self.n < 1:
-            raise UserError(f"--n must be at least 1, got {self.n}")
+        for flag, value in (("--n", self.n), ("--batch-size", self.batch_size)):
+            if value is not None and value < 1:
+                raise UserError(f"{flag} must be at least 1, got {value}")
         if not 0.0 < self.alpha < 1.0:
             raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         unknown = [a for a in self.analyses if a not in ANALYSES]
@@ -164,15 +167,72 @@ def summarise_sequences(
     return AttentionSummary(counts, sums, present)
 
 
-def run(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> dict[str, dict]:
-    """The whole analysis; returns per task what run.json records about it. `model` and
+@dataclasses.dataclass(eq=False)
+class KovalevaRun:
+    """An ablate run held in memory: `tables` by CSV name without `.csv` (per task patterns,
+    features, disable_heads, disable_layers, mask_one_head, best_head_only; pattern_shares),
+    `figures` (drawing jobs: each a function drawing one or more figures into a folder),
+    `results` (run.json's `tasks`), the lines the CLI prints, `info` (run.json's provenance and
+    settings, without the figures and the environment, which the writer adds), the timings so far
+    and the clock the run started at."""
+
+    config: KovalevaConfig
+    tables: dict[str, pd.DataFrame]
+    figures: dict[str, Callable[[Path], list[Path]]]
+    results: dict[str, dict]
+    lines: list[str]
+    info: dict
+    timings: dict[str, float]
+    started: float
+
+    def text(self) -> str:
+        """What the CLI prints: each task's changes, then the pattern shares."""
+        return "\n".join(self.lines)
+
+    def draw(self, job: str, out_dir: Path) -> list[Path]:
+        """The figures of drawing job `job` into `out_dir`, in the `figure_formats` in force."""
+        return self.figures[job](out_dir)
+
+
+def run(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> tuple[KovalevaRun, dict]:
+    """The CLI's path: the whole analysis (`compute`), written under config.out (to a temporary
+    sibling first) by `write`; returns the run and the run.json written."""
+    started = time.perf_counter()
+    tasks = resolve_tasks(config.task)
+    select_formats(config.figure_format)
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+        result = _compute(config, tasks, started, model, tokenizer, compare)
+        info = write(result, tmp)
+    return result, info
+
+
+def compute(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> KovalevaRun:
+    """The whole analysis in memory; writes nothing (the parse cache aside). `model` and
     `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
     loading it again; `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
-    formats = select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, tasks, tmp, started, model, tokenizer, compare)
+    select_formats(config.figure_format)
+    return _compute(config, tasks, started, model, tokenizer, compare)
+
+
+def write(result: KovalevaRun, directory: Path) -> dict:
+    """The one writer of an ablate run (the CLI's and the API's): the tables, every figure (in the
+    formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
+    for name, table in result.tables.items():
+        table.to_csv(directory / f"{name}.csv", index=False)
+    figures = []
+    with figure_formats(select_formats(result.config.figure_format)):
+        for job in result.figures:
+            figures += result.draw(job, directory)
+    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
+    info = result.info | {
+        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(directory, info)
+    return info
 
 
 def trained_heads(config: KovalevaConfig) -> bool:
@@ -205,8 +265,19 @@ def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[i
     return parses, word_texts
 
 
-def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints: dict, parser, tmp: Path) -> dict:
-    """Patterns of the first checkpoint and features of every checkpoint; writes their tables."""
+@dataclasses.dataclass
+class _Collected:
+    """What the analyses of one run add up: tables, drawing jobs and printed lines."""
+
+    tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
+    figures: dict[str, Callable[[Path], list[Path]]] = dataclasses.field(default_factory=dict)
+    lines: list[str] = dataclasses.field(default_factory=list)
+
+
+def _attention_analyses(
+    config: KovalevaConfig, task: str, examples, checkpoints: dict, parser, got: _Collected
+) -> dict:
+    """Patterns of the first checkpoint and features of every checkpoint, with their tables."""
     segments = [e.segments for e in examples]
     indices = [e.index for e in examples]
     parses, word_texts = _parse(parser, segments, indices) if parser else (None, None)
@@ -223,14 +294,14 @@ def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints
             shape,
             desc=f"{task} attention ({label})",
         )
-    result: dict = {"figures": []}
+    result: dict = {}
     if "patterns" in config.analyses:
         counts = next(iter(summaries.values())).pattern_counts
         layers, heads = np.indices(counts.shape[:2])
         table = pd.DataFrame({"layer": layers.ravel(), "head": heads.ravel()})
         for k, pattern in enumerate(PATTERNS):
             table[pattern] = counts[..., k].ravel()
-        table.to_csv(tmp / f"{task}_patterns.csv", index=False)
+        got.tables[f"{task}_patterns"] = table
         result["pattern_counts"] = counts
     if "features" in config.analyses:
         means = {label: summary.feature_means() for label, summary in summaries.items()}
@@ -240,14 +311,14 @@ def _attention_analyses(config: KovalevaConfig, task: str, examples, checkpoints
             for label, by_feature in means.items() for feature, values in by_feature.items()
             for layer, head in np.ndindex(values.shape)
         ]  # fmt: skip
-        pd.DataFrame(rows).to_csv(tmp / f"{task}_features.csv", index=False)
-        result["figures"] += plot_features(means, task, tmp)
+        got.tables[f"{task}_features"] = pd.DataFrame(rows)
+        got.figures[f"{task}_features"] = functools.partial(plot_features, means, task)
         result["feature_sequences"] = {label: summary.feature_sequences for label, summary in summaries.items()}
     return result
 
 
-def _print_counts(task: str, what: str, counts: dict[str, int], alpha: float) -> None:
-    print(
+def _counts_line(task: str, what: str, counts: dict[str, int], alpha: float) -> str:
+    return (
         f"{task}: {what}: {counts['raise_accuracy']} raise accuracy ({counts['raise_accuracy_significant']} "
         f"significant), {counts['lower_accuracy_by_one_point']} lower it by ≥ 1 point "
         f"({counts['lower_accuracy_by_one_point_significant']} significant; McNemar, Holm p < {alpha:g})"
@@ -255,39 +326,43 @@ def _print_counts(task: str, what: str, counts: dict[str, int], alpha: float) ->
 
 
 def _classifier_analyses(
-    config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, devices: Devices, tmp: Path
+    config: KovalevaConfig, task: str, model, tokenizer, glue_dir: Path | None, devices: Devices, got: _Collected
 ) -> dict:
     """`disable` and `mask` on one evaluator: one baseline pass, one compile per batch shape."""
     eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
     evaluator = MaskedEvaluator(model, eval_set, devices)
     baseline = evaluator.score()
     split, alpha, names = config.split, config.alpha, eval_set.metric_names
-    result: dict = {"baseline": baseline.metrics, "figures": []}
+    result: dict = {"baseline": baseline.metrics}
     if "disable" in config.analyses:
         _, heads, layers = disable_sweep(evaluator, f"{task} disable", alpha, baseline)
-        heads.to_csv(tmp / f"{task}_disable_heads.csv", index=False)
-        layers.to_csv(tmp / f"{task}_disable_layers.csv", index=False)
+        got.tables[f"{task}_disable_heads"] = heads
+        got.tables[f"{task}_disable_layers"] = layers
         for metric in names:
             worst = heads.loc[heads[f"{metric}_change"].idxmin()]
-            print(
+            got.lines.append(
                 f"{task}: baseline {metric} {baseline.metrics[metric]:.4f}; one head disabled: {heads[metric].min():.4f} … "
                 f"{heads[metric].max():.4f} (worst L{int(worst['layer'])} H{int(worst['head'])}); "
                 f"one layer disabled: {layers[metric].min():.4f} … {layers[metric].max():.4f}"
             )
         result["disable"] = {"heads": change_counts(heads), "layers": change_counts(layers)}
-        _print_counts(task, "one head disabled", result["disable"]["heads"], alpha)
-        result["figures"] += plot_disabling(baseline.metrics, heads, layers, names, task, split, tmp, alpha)
+        got.lines.append(_counts_line(task, "one head disabled", result["disable"]["heads"], alpha))
+        got.figures[f"{task}_disable"] = functools.partial(
+            plot_disabling, baseline.metrics, heads, layers, names, task, split, alpha=alpha
+        )
     if "mask" in config.analyses:
         heads = mask_one_head(evaluator, baseline, alpha, desc=f"{task} mask one head")
-        heads.to_csv(tmp / f"{task}_mask_one_head.csv", index=False)
+        got.tables[f"{task}_mask_one_head"] = heads
         best = best_head_only(evaluator, baseline, names[0], alpha, desc=f"{task} keep one head")
-        best.to_csv(tmp / f"{task}_best_head_only.csv", index=False)
+        got.tables[f"{task}_best_head_only"] = best
         result["mask"] = {"one_head_masked": change_counts(heads), "best_head_only": change_counts(best)}
-        _print_counts(task, "one head masked", result["mask"]["one_head_masked"], alpha)
-        print(f"{task}: best head only, {names[0]} per layer: " + ", ".join(
+        got.lines.append(_counts_line(task, "one head masked", result["mask"]["one_head_masked"], alpha))
+        got.lines.append(f"{task}: best head only, {names[0]} per layer: " + ", ".join(
             f"L{r.layer} H{r.head} {getattr(r, names[0]):.4f}" for r in best.itertuples()
         ))  # fmt: skip
-        result["figures"] += plot_mask_one_head(baseline.metrics, heads, names, task, split, tmp, alpha)
+        got.figures[f"{task}_mask_one_head"] = functools.partial(
+            plot_mask_one_head, baseline.metrics, heads, names, task, split, alpha=alpha
+        )
     result.update(
         forward_passes=evaluator.forward_passes,
         compiled_executables=evaluator.compiled_shapes(),
@@ -296,9 +371,7 @@ def _classifier_analyses(
     return result
 
 
-def _run(
-    config: KovalevaConfig, tasks: list[str], tmp: Path, started: float, model, tokenizer, compare
-) -> dict[str, dict]:
+def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, tokenizer, compare) -> KovalevaRun:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
@@ -326,7 +399,7 @@ def _run(
     if "features" in config.analyses:
         parser = SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
     results: dict[str, dict] = {}
-    figures: list[Path] = []
+    got = _Collected()
     pattern_counts: dict[str, np.ndarray] = {}
     for task in tasks:
         examples = glue.load_glue(task, config.split, glue_dir, config.n)
@@ -334,45 +407,39 @@ def _run(
         result: dict = {
             "split": config.split,
             "examples": len(examples),
-            "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in files],
+            "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in files],
         }
         if {"patterns", "features"} & set(config.analyses):
             clock = time.perf_counter()
-            attention = _attention_analyses(config, task, examples, checkpoints, parser, tmp)
+            attention = _attention_analyses(config, task, examples, checkpoints, parser, got)
             timings[f"{task}/attention"] = time.perf_counter() - clock
-            figures += attention.pop("figures")
             if "pattern_counts" in attention:
                 pattern_counts[task] = attention.pop("pattern_counts")
             result.update(attention)
         if classifier:
             clock = time.perf_counter()
-            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, devices, tmp)
+            result["masked_evaluation"] = _classifier_analyses(config, task, model, tokenizer, glue_dir, devices, got)
             timings[f"{task}/{'+'.join(classifier)}"] = time.perf_counter() - clock
-            figures += result["masked_evaluation"].pop("figures")
         results[task] = result
     if pattern_counts:
         shares = pattern_shares(pattern_counts)
-        shares.to_csv(tmp / "pattern_shares.csv", index=False)
-        figures += plot_pattern_shares(shares, tmp)
+        got.tables["pattern_shares"] = shares
+        got.figures["pattern_shares"] = functools.partial(plot_pattern_shares, shares)
         for task, rows in shares.groupby("task", sort=False):
-            print(f"{task}: " + ", ".join(
+            got.lines.append(f"{task}: " + ", ".join(
                 f"{r.pattern} {'not defined' if np.isnan(r.share) else f'{100 * r.share:.1f}%'}" for r in rows.itertuples()
             ))  # fmt: skip
     timings["total"] = time.perf_counter() - started
-    runinfo.write_run_json(
-        tmp,
-        {
-            "config": dataclasses.asdict(config),
-            "checkpoint": resolve(config.ckpt, config.step).describe(),
-            "compare_checkpoint": (
-                resolve(config.compare_ckpt, config.compare_step).describe() if "pre-trained" in checkpoints else None
-            ),
-            "model_config": model.config.to_hf_dict(),
-            "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
-            "tasks": results,
-            "figures": sorted(p.name for p in figures),
-            "mesh": devices.record(),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        },
-    )
-    return results
+    info = {
+        "config": dataclasses.asdict(config),
+        "checkpoint": resolve(config.ckpt, config.step).describe(),
+        "compare_checkpoint": (
+            resolve(config.compare_ckpt, config.compare_step).describe() if "pre-trained" in checkpoints else None
+        ),
+        "model_config": model.config.to_hf_dict(),
+        "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
+        "tasks": results,
+        "figures": [],  # the writer's
+        "mesh": devices.record(),
+    }
+    return KovalevaRun(config, got.tables, got.figures, results, got.lines, info, timings, started)

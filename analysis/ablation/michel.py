@@ -5,6 +5,7 @@ pruning by importance against random orders, and how many heads go before a one-
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -72,7 +73,7 @@ class MichelConfig:
             raise UserError(f"--prune-step must be in (0, 0.5], got {self.prune_step}")
         if self.random_seeds < 0:
             raise UserError(f"--random-seeds must be ≥ 0, got {self.random_seeds}")
-        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n)):
+        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n), ("--batch-size", self.batch_size)):
             if value is not None and value < 1:
                 raise UserError(f"{flag} must be at least 1, got {value}")
         if self.importance_n is None:
@@ -173,17 +174,70 @@ def heads_within_per_seed(random_runs: pd.DataFrame, tolerance: float = ONE_POIN
     return {"median": float(np.median(per_seed)), "min": min(per_seed), "max": max(per_seed), "per_seed": per_seed}
 
 
-def run(config: MichelConfig, model=None, tokenizer=None) -> dict:
-    """The whole analysis; returns what run.json records about the task. `model` and
-    `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
-    loading it again."""
+@dataclasses.dataclass(eq=False)
+class MichelRun:
+    """A prune run held in memory: `tables` by CSV name without `.csv` (pruning, and per task
+    importance, pruning_order, pruning_random_seeds), `figures` (stem → a function drawing it into
+    a folder), `result` (run.json's: the heads prunable within one point, the passes), the line
+    the CLI prints, `info` (run.json's provenance and settings, without the figures and the
+    environment, which the writer adds), the timings so far and the clock the run started at."""
+
+    config: MichelConfig
+    tables: dict[str, pd.DataFrame]
+    figures: dict[str, Callable[[Path], list[Path]]]
+    result: dict
+    line: str
+    info: dict
+    timings: dict[str, float]
+    started: float
+
+    def text(self) -> str:
+        return self.line
+
+    def draw(self, stem: str, out_dir: Path) -> list[Path]:
+        """The figure `stem` into `out_dir`, in the `figure_formats` in force."""
+        return self.figures[stem](out_dir)
+
+
+def run(config: MichelConfig, model=None, tokenizer=None) -> tuple[MichelRun, dict]:
+    """The CLI's path: the whole analysis (`compute`), written under config.out (to a temporary
+    sibling first) by `write`; returns the run and the run.json written."""
     started = time.perf_counter()
-    formats = select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, tmp, started, model, tokenizer)
+    select_formats(config.figure_format)
+    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+        result = _compute(config, started, model, tokenizer)
+        info = write(result, tmp)
+    return result, info
 
 
-def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> dict:
+def compute(config: MichelConfig, model=None, tokenizer=None) -> MichelRun:
+    """The whole analysis in memory; writes nothing. `model` and `tokenizer`: `config.ckpt`
+    already loaded (a BertForSequenceClassification), used instead of loading it again."""
+    started = time.perf_counter()
+    select_formats(config.figure_format)
+    return _compute(config, started, model, tokenizer)
+
+
+def write(result: MichelRun, directory: Path) -> dict:
+    """The one writer of a prune run (the CLI's and the API's): the tables, every figure (in the
+    formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
+    for name, table in result.tables.items():
+        table.to_csv(directory / f"{name}.csv", index=False)
+    figures = []
+    with figure_formats(select_formats(result.config.figure_format)):
+        for stem in result.figures:
+            figures += result.draw(stem, directory)
+    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
+    info = result.info | {
+        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(directory, info)
+    return info
+
+
+def _compute(config: MichelConfig, started: float, model, tokenizer) -> MichelRun:
     timings: dict[str, float] = {}
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
@@ -198,63 +252,110 @@ def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> d
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, model.config.max_sequence_length)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
-    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     devices = Devices.local(config.devices)
-    metric_set, files = load_eval_set(
-        tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size
-    )  # fmt: skip
-    evaluator = MaskedEvaluator(model, metric_set, devices)
-    if config.importance_split == config.split and config.importance_n == config.n:
-        importance_evaluator = evaluator
-    else:
-        importance_set, more = load_eval_set(
-            tokenizer, task, config.importance_split, glue_dir, config.importance_n,
-            config.max_length, config.batch_size,
-        )  # fmt: skip
-        files += more
-        importance_evaluator = MaskedEvaluator(model, importance_set, devices)
-    evaluators = list({id(e): e for e in (evaluator, importance_evaluator)}.values())
+    evaluator, importance_evaluator, files = evaluators_of(config, model, tokenizer, devices)
     timings["load"] = time.perf_counter() - clock
 
-    counts = pruning_counts(shape[0] * shape[1], config.prune_step)
-
-    def metric_fn(mask: np.ndarray) -> float:
-        return evaluator.metrics(head_mask=mask)[metric]
-
-    def importance_fn(mask: np.ndarray) -> np.ndarray:
-        return normalise_per_layer(importance_evaluator.mask_gradients(head_mask=mask))
-
+    tables: dict[str, pd.DataFrame] = {}
     clock = time.perf_counter()
     raw = importance_evaluator.mask_gradients()
     importance = normalise_per_layer(raw)
     timings["importance"] = time.perf_counter() - clock
     layers, heads = np.indices(shape)
     columns = {"layer": layers, "head": heads, "importance": importance, "importance_raw": raw}
-    pd.DataFrame({k: v.ravel() for k, v in columns.items()}).to_csv(tmp / f"{task}_importance.csv", index=False)
+    tables[f"{task}_importance"] = pd.DataFrame({k: v.ravel() for k, v in columns.items()})
     importance_examples = importance_evaluator.eval_set.size
-    figures = head_heatmap(
-        importance,
-        f"{task}: head importance E|∂L/∂ξ| on {config.importance_split} ({importance_examples} examples), "
-        "unit L2 norm per layer",
-        "normalised importance", tmp, f"{task}_importance",
-    )  # fmt: skip
+    title = (f"{task}: head importance E|∂L/∂ξ| on {config.importance_split} ({importance_examples} examples), "
+             "unit L2 norm per layer")  # fmt: skip
+    figures = {f"{task}_importance": functools.partial(head_heatmap, importance, title, "normalised importance",
+                                                       stem=f"{task}_importance")}  # fmt: skip
 
     clock = time.perf_counter()
-    with tqdm(total=len(counts) * (1 + config.random_seeds), desc=f"{task} prune", unit="step") as progress:
+    steps, estimates, random_steps = prune_orders(config, importance, shape, evaluator, importance_evaluator)
+    timings["pruning"] = time.perf_counter() - clock
+    curve, random_runs = pruning_tables(steps, random_steps, shape[0] * shape[1])
+    if len(random_runs):
+        tables[f"{task}_pruning_random_seeds"] = random_runs
+    tables["pruning"] = curve
+    tables[f"{task}_pruning_order"] = pruning_order(steps, shape)
+    figures[f"{task}_pruning"] = functools.partial(plot_pruning, curve, random_runs, metric, task, config.split)
+
+    within: dict = {"importance": heads_within(curve[curve["order"] == "importance"])}
+    if len(random_runs):
+        within["random"] = heads_within_per_seed(random_runs)
+    result = {
+        "task": task,
+        "metric": metric,
+        "split": config.split,
+        "examples": evaluator.eval_set.size,
+        "importance_set": {"split": config.importance_split, "examples": importance_examples},
+        "baseline": evaluator.metrics(),
+        "heads_prunable_within_one_point": within,
+        "importance_estimates": len(estimates),
+        "forward_passes": evaluator.forward_passes,
+        "importance_passes": importance_evaluator.gradient_passes,
+        "compiled_executables": sum(
+            e.compiled_shapes() for e in {id(e): e for e in (evaluator, importance_evaluator)}.values()
+        ),
+        "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in dict.fromkeys(files)],
+    }
+    timings["total"] = time.perf_counter() - started
+    info = {
+        "config": dataclasses.asdict(config),
+        "checkpoint": source.describe(),
+        "model_config": model.config.to_hf_dict(),
+        "result": result,
+        "figures": [],  # the writer's
+        "mesh": devices.record(),
+    }
+    line = summary_line(task, metric, steps[0].metric, within, shape[0] * shape[1])
+    return MichelRun(config, tables, figures, result, line, info, timings, started)
+
+
+def evaluators_of(config: MichelConfig, model, tokenizer, devices: Devices):
+    """The evaluator of the metric set and the one importance is estimated on (the same one when
+    the two sets are), and the data files read."""
+    glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
+    metric_set, files = load_eval_set(
+        tokenizer, config.task, config.split, glue_dir, config.n, config.max_length, config.batch_size
+    )  # fmt: skip
+    evaluator = MaskedEvaluator(model, metric_set, devices)
+    if config.importance_split == config.split and config.importance_n == config.n:
+        return evaluator, evaluator, files
+    importance_set, more = load_eval_set(
+        tokenizer, config.task, config.importance_split, glue_dir, config.importance_n,
+        config.max_length, config.batch_size,
+    )  # fmt: skip
+    return evaluator, MaskedEvaluator(model, importance_set, devices), files + more
+
+
+def prune_orders(config: MichelConfig, importance: np.ndarray, shape: tuple[int, int], evaluator,
+                 importance_evaluator) -> tuple[list[PruneStep], list, dict[int, list[PruneStep]]]:  # fmt: skip
+    """The pruning by importance (re-estimated after each step with --reestimate) and in
+    `config.random_seeds` random orders, with one progress bar over every step measured."""
+    counts = pruning_counts(shape[0] * shape[1], config.prune_step)
+    with tqdm(total=len(counts) * (1 + config.random_seeds), desc=f"{config.task} prune", unit="step") as progress:
 
         def measured(mask: np.ndarray) -> float:
             progress.update()
-            return metric_fn(mask)
+            return evaluator.metrics(head_mask=mask)[config.metric_name]
 
-        reestimate_fn = importance_fn if config.reestimate else None
-        steps, estimates = prune_by_importance(importance, counts, measured, reestimate_fn)
+        def importance_fn(mask: np.ndarray) -> np.ndarray:
+            return normalise_per_layer(importance_evaluator.mask_gradients(head_mask=mask))
+
+        steps, estimates = prune_by_importance(
+            importance, counts, measured, importance_fn if config.reestimate else None
+        )
         random_steps = {
             seed: prune_in_order(np.random.default_rng(seed).permutation(shape[0] * shape[1]), counts, measured, shape)
             for seed in range(config.random_seeds)
         }
-    timings["pruning"] = time.perf_counter() - clock
+    return steps, estimates, random_steps
 
-    n_total = shape[0] * shape[1]
+
+def pruning_tables(steps: Sequence[PruneStep], random_steps: dict[int, list[PruneStep]],
+                   n_total: int) -> tuple[pd.DataFrame, pd.DataFrame]:  # fmt: skip
+    """pruning.csv (the importance curve, then the random orders' mean) and the random orders' runs."""
     rows = [
         {"fraction_pruned": s.heads_pruned / n_total, "heads_pruned": s.heads_pruned, "metric": s.metric,
          "order": "importance"}
@@ -267,47 +368,15 @@ def _run(config: MichelConfig, tmp: Path, started: float, model, tokenizer) -> d
     if len(random_runs):
         mean = random_runs.groupby(["fraction_pruned", "heads_pruned"], as_index=False)["metric"].mean()
         rows += [{**r, "order": "random"} for r in mean.to_dict("records")]
-        random_runs.to_csv(tmp / f"{task}_pruning_random_seeds.csv", index=False)
-    curve = pd.DataFrame(rows, columns=["fraction_pruned", "heads_pruned", "metric", "order"])
-    curve.to_csv(tmp / "pruning.csv", index=False)
-    pruning_order(steps, shape).to_csv(tmp / f"{task}_pruning_order.csv", index=False)
-    figures += plot_pruning(curve, random_runs, metric, task, config.split, tmp)
+    return pd.DataFrame(rows, columns=["fraction_pruned", "heads_pruned", "metric", "order"]), random_runs
 
-    within: dict = {"importance": heads_within(curve[curve["order"] == "importance"])}
-    if len(random_runs):
-        within["random"] = heads_within_per_seed(random_runs)
-    result = {
-        "task": task,
-        "metric": metric,
-        "split": config.split,
-        "examples": metric_set.size,
-        "importance_set": {"split": config.importance_split, "examples": importance_examples},
-        "baseline": evaluator.metrics(),
-        "heads_prunable_within_one_point": within,
-        "importance_estimates": len(estimates),
-        "forward_passes": evaluator.forward_passes,
-        "importance_passes": importance_evaluator.gradient_passes,
-        "compiled_executables": sum(e.compiled_shapes() for e in evaluators),
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(files)],
-    }
-    timings["total"] = time.perf_counter() - started
-    runinfo.write_run_json(
-        tmp,
-        {
-            "config": dataclasses.asdict(config),
-            "checkpoint": source.describe(),
-            "model_config": model.config.to_hf_dict(),
-            "result": result,
-            "figures": sorted(p.name for p in figures),
-            "mesh": devices.record(),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        },
-    )
+
+def summary_line(task: str, metric: str, unpruned: float, within: dict, n_total: int) -> str:
+    """What the CLI prints: the unpruned metric and the heads prunable before a one-point drop."""
     summary = f"importance {within['importance']}/{n_total}"
     if "random" in within:
         r = within["random"]
         summary += (
             f", random median {r['median']:g}/{n_total} (range {r['min']}–{r['max']} over {len(r['per_seed'])} seeds)"
         )
-    print(f"{task}: unpruned {metric} {steps[0].metric:.4f}; heads prunable before a one-point drop: {summary}")
-    return result
+    return f"{task}: unpruned {metric} {unpruned:.4f}; heads prunable before a one-point drop: {summary}"

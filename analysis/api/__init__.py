@@ -11,9 +11,10 @@ role grid and head cards, the others their figures and tables. `head_view` shows
 attention on a sentence or pair of one's own.
 
 The entry points parse their flags into the same config and call the `run_*` function here, so a
-CLI run and a call are one code path. The one difference is `out`: a call without `out=` writes
-into a temporary directory that lives as long as its result (`save(path)` copies it), so that
-repeated calls in a kernel need no fresh directory each.
+CLI run and a call are one code path: compute, then the one writer of the tool. The one difference
+is `out`: a call without `out=` computes and writes nothing; its result is held in memory
+(`save(path)` writes it as `--out` would), so that repeated calls in a kernel need no fresh
+directory each.
 
 The heads analyses are in `analysis.api.heads`, Clark et al.'s in `analysis.api.attention`,
 Kovaleva et al.'s and Michel et al.'s in `analysis.api.ablation`; the results' shared parts in

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.ablation import kovaleva, michel
 from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig
 from analysis.ablation.michel import MichelConfig
@@ -18,6 +20,7 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
+    unwritten_info,
 )
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
@@ -26,17 +29,50 @@ CLASSIFIER = "BertForSequenceClassification"
 
 @dataclasses.dataclass(eq=False)
 class AblateResult(TablesResult):
-    """`ablate(...)`: `tables` holds the CSVs the analyses wrote (per task `<task>_patterns`,
+    """`ablate(...)`: `tables` holds the CSVs the analyses write (per task `<task>_patterns`,
     `_features`, `_disable_heads`, `_disable_layers`, `_mask_one_head`, `_best_head_only`, and
-    `pattern_shares`); `settings` is the KovalevaConfig, `info` run.json (`info["tasks"]`: the
-    baselines, the counts of significant changes, the forward passes)."""
+    `pattern_shares`); `settings` is the KovalevaConfig, `info` run.json (as written, or as it
+    would be: its `figures` are those written; `info["tasks"]`: the baselines, the counts of
+    significant changes, the forward passes), `run` the computed run the writer writes."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: KovalevaConfig
+    info: dict
+    run: kovaleva.KovalevaRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "ablate"
+    writer = staticmethod(kovaleva.write)
+
+    @classmethod
+    def of(cls, run: kovaleva.KovalevaRun, info: dict | None = None, directory: Path | None = None) -> AblateResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(dict(sorted(run.tables.items())), run.config, info, run, directory)
 
 
 @dataclasses.dataclass(eq=False)
 class PruneResult(TablesResult):
     """`prune(...)`: `tables` holds pruning.csv (the curves), `<task>_importance`,
     `<task>_pruning_order` and `<task>_pruning_random_seeds`; `settings` is the MichelConfig,
-    `info` run.json (`info["result"]`: the heads prunable within one point, the passes)."""
+    `info` run.json (as written, or as it would be: its `figures` are those written;
+    `info["result"]`: the heads prunable within one point, the passes), `run` the computed run
+    the writer writes."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: MichelConfig
+    info: dict
+    run: michel.MichelRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "prune"
+    writer = staticmethod(michel.write)
+
+    @classmethod
+    def of(cls, run: michel.MichelRun, info: dict | None = None, directory: Path | None = None) -> PruneResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(dict(sorted(run.tables.items())), run.config, info, run, directory)
 
     @property
     def curve(self):
@@ -66,8 +102,7 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
     overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT already
     loaded (a BertForSequenceClassification)."""
     collect_garbage()
-    output = Output(out, "ablate")
-    config = ablate_config(ckpt, settings | {"out": str(output.path)})
+    config = ablate_config(ckpt, settings if out is None else settings | {"out": str(out)})
     compare = None
     if model is None:
         checkpoints = [
@@ -81,16 +116,16 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
         compare = others[0] if others else None
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
-    result = run_ablate(config, model, tokenizer, compare)
-    result.output = output
-    return result
+    if out is None:  # held in memory: nothing is written
+        return AblateResult.of(kovaleva.compute(config, model, tokenizer, compare))
+    return run_ablate(config, model, tokenizer, compare)
 
 
 def run_ablate(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> AblateResult:
-    """The ablate run of `config` (what `python -m analysis.ablate` calls); `compare`: (model,
-    tokenizer) of `--compare-ckpt` already loaded."""
-    kovaleva.run(config, model, tokenizer, compare)
-    return AblateResult.of_run(config)
+    """The ablate run of `config` written into its --out (what `python -m analysis.ablate` calls);
+    `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
+    run, info = kovaleva.run(config, model, tokenizer, compare)
+    return AblateResult.of(run, info, Path(config.out).expanduser())
 
 
 def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> PruneResult:
@@ -102,8 +137,7 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     random_seeds, overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT
     already loaded (a BertForSequenceClassification)."""
     collect_garbage()
-    output = Output(out, "prune")
-    config = prune_config(ckpt, settings | {"out": str(output.path)})
+    config = prune_config(ckpt, settings if out is None else settings | {"out": str(out)})
     if model is None:
         ((model, kept_tokenizer),) = loaded(
             [Checkpoint(config.ckpt, config.step, CLASSIFIER, True, config.allow_nonfinite)]
@@ -111,12 +145,12 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
-    result = run_prune(config, model, tokenizer)
-    result.output = output
-    return result
+    if out is None:  # held in memory: nothing is written
+        return PruneResult.of(michel.compute(config, model, tokenizer))
+    return run_prune(config, model, tokenizer)
 
 
 def run_prune(config: MichelConfig, model=None, tokenizer=None) -> PruneResult:
-    """The prune run of `config` (what `python -m analysis.prune` calls)."""
-    michel.run(config, model, tokenizer)
-    return PruneResult.of_run(config)
+    """The prune run of `config` written into its --out (what `python -m analysis.prune` calls)."""
+    run, info = michel.run(config, model, tokenizer)
+    return PruneResult.of(run, info, Path(config.out).expanduser())

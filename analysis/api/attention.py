@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pandas as pd
+
 from analysis.api.common import (
     Checkpoint,
     Output,
@@ -14,17 +16,38 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
+    unwritten_info,
 )
 from analysis.attention import pipeline
+from analysis.attention.options import DEFAULT_OUT
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
 
 
 @dataclasses.dataclass(eq=False)
 class ClarkResult(TablesResult):
-    """`clark(...)`: `tables` holds the CSVs the analyses wrote (surface, head_js_divergence,
+    """`clark(...)`: `tables` holds the CSVs the analyses write (surface, head_js_divergence,
     head_mds, gradient_importance, dependency_heads, probes, coref_heads, coref_best_per_layer,
-    coref_baselines); `settings` is the ClarkConfig, `info` run.json (`info["results"]`: what was
-    skipped and why, the relations beating their baseline, the best coreference head)."""
+    coref_baselines), each as its rows would be read back; `settings` is the ClarkConfig, `info`
+    run.json (as written, or as it would be: its `figures` are those written; `info["results"]`:
+    what was skipped and why, the relations beating their baseline, the best coreference head),
+    `run` the computed run the writer writes."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: ClarkConfig
+    info: dict
+    run: pipeline.ClarkRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "clark"
+    writer = staticmethod(pipeline.write)
+
+    @classmethod
+    def of(cls, run: pipeline.ClarkRun, info: dict | None = None, directory: Path | None = None) -> ClarkResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        # An indexed table as its CSV reads back: the index (the heads' labels) a column.
+        tables = {n: t.reset_index() if n in pipeline.INDEXED_TABLES else t for n, t in sorted(run.tables.items())}
+        return cls(tables, run.config, info, run, directory)
 
 
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
@@ -50,8 +73,7 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     overwrite, figure_format, allow_nonfinite). `model`/`tokenizer`: CKPT already loaded (a
     `BertForPreTraining` when the gradients run, else a `BertModel`)."""
     collect_garbage()
-    output = Output(out, "clark")
-    config = clark_config(ckpt, settings | {"out": str(output.path)})
+    config = clark_config(ckpt, settings | {"out": DEFAULT_OUT if out is None else str(out)})
     if model is None:
         checkpoint = Checkpoint(
             config.ckpt, config.step, pipeline.model_class(config), allow_nonfinite=config.allow_nonfinite
@@ -60,12 +82,12 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
-    result = run_clark(config, model, tokenizer)
-    result.output = output
-    return result
+    if out is None:  # held in memory: nothing is written
+        return ClarkResult.of(pipeline.compute(config, model, tokenizer))
+    return run_clark(config, model, tokenizer)
 
 
 def run_clark(config: ClarkConfig, model=None, tokenizer=None) -> ClarkResult:
-    """The clark run of `config` (what `python -m analysis.clark` calls)."""
-    pipeline.run(config, model, tokenizer)
-    return ClarkResult.of_run(config)
+    """The clark run of `config` written into its --out (what `python -m analysis.clark` calls)."""
+    run, info = pipeline.run(config, model, tokenizer)
+    return ClarkResult.of(run, info, Path(config.out).expanduser())

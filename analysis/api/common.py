@@ -1,11 +1,12 @@
-"""What the API's results share: their output directory (the one asked for, or a temporary one),
-copying it as `--out` would be written, the tables read back from their CSVs, the figures, the
-inline views (the report's page in an iframe; for the analyses without a report, the figures and
-tables as plain HTML), and the checkpoints the last call loaded, kept for the next."""
+"""What the API's results share: held in memory, written only when asked (`save`, `directory`)
+through the writer the CLI uses, the figures drawn on demand, the inline views (the report's page
+in an iframe; for the analyses without a report, the figures and tables as plain HTML), and the
+checkpoints the last call loaded, kept for the next."""
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import gc
 import html
@@ -13,13 +14,14 @@ import json
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 from flax import nnx
 
+from analysis.common.figures import figure_formats, select_formats
 from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import runinfo
 from bertjax.errors import UserError
@@ -161,38 +163,6 @@ def refuse_inside_temporary(out: str | Path, output: Output | None) -> None:
         )
 
 
-def save(directory: Path, out: str | Path, overwrite: bool, output: Output | None, info: dict | None = None) -> Path:
-    """Copies `directory` to `out` as the CLIs write: whole or not at all; `info`, if given, is
-    the copy's run.json. An `out` inside `directory` gets `directory` as it was, without the
-    copy's own lock and temporary; one inside the result's temporary folder (`output`'s, removed
-    with the result) is refused."""
-    if not isinstance(overwrite, bool):  # "no" would be taken for yes
-        raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
-    refuse_inside_temporary(out, output)
-    out_path = Path(out).expanduser().resolve()
-
-    def own(folder: str, names: list[str]) -> list[str]:
-        return [n for n in names if Path(folder, n).resolve().parent == out_path.parent
-                and (n == out_path.name or n.startswith(f".{out_path.name}."))]  # fmt: skip
-
-    with runinfo.atomic_out(str(out), overwrite) as tmp:
-        shutil.copytree(directory, tmp, dirs_exist_ok=True, ignore=own)
-        if info is not None:
-            with runinfo.atomic_file(tmp / "run.json", overwrite=True) as f:
-                f.write(json.dumps(info, indent=2, default=str) + "\n")
-    return Path(out).expanduser()
-
-
-def run_json(directory: Path) -> dict:
-    return json.loads((directory / "run.json").read_text())
-
-
-def read_tables(directory: Path) -> dict[str, pd.DataFrame]:
-    """Every CSV of `directory` by its name without `.csv`, rows as written: `to_csv(index=False)`
-    gives the file's bytes back (pandas 3 parses floats to the bit; tests/test_api.py checks it)."""
-    return {path.stem: pd.read_csv(path) for path in sorted(directory.glob("*.csv"))}
-
-
 def frame(page: str, height: int) -> str:
     # An iframe keeps the page's script and style apart from the notebook's, in JupyterLab, the
     # classic notebook and a static HTML export alike; srcdoc keeps it offline.
@@ -203,65 +173,148 @@ def frame(page: str, height: int) -> str:
 
 
 class FigureFile:
-    """A figure the analysis wrote; Jupyter shows it (PNG) inline."""
+    """A figure the analysis wrote; Jupyter shows it (PNG) inline. `data`: its bytes, for a figure
+    of a result not written anywhere (drawn into a folder removed at once; `path` is its name)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, data: bytes | None = None):
         self.path = path
+        self.data = data
 
     def _repr_png_(self) -> bytes | None:
-        return self.path.read_bytes() if self.path.suffix == ".png" else None
+        if self.path.suffix != ".png":
+            return None
+        return self.path.read_bytes() if self.data is None else self.data
 
     def __repr__(self) -> str:
         return f"FigureFile({str(self.path)!r})"
 
 
-@dataclasses.dataclass(eq=False)
-class TablesResult:
-    """A run whose outputs are CSVs and figures: `tables[name]` is `<name>.csv` as a DataFrame,
-    `settings` the run's config, `info` its run.json, `directory` where they are."""
+class HeldResult:
+    """What the results held in memory share (roles, track, finetune_effect, clark). A result is held in memory: the call that made it wrote
+    nothing unless given `out`. `save(out)` writes its files through the CLI's writer;
+    `directory` is where its files are (`out`, or on first use a temporary folder they are
+    written into, removed with the result); the figures are drawn on demand."""
 
-    tables: dict[str, pd.DataFrame]
-    settings: object
-    info: dict
-    directory: Path
-    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind: str
+    written: Path | None
+    output: Output | None
 
-    @classmethod
-    def of_run(cls, config):
-        """What a run of `config` wrote into `config.out`; `settings` is `config` with the
-        max_length the run used (fitted to the model's positions)."""
-        directory = Path(config.out).expanduser()
-        info = run_json(directory)
-        settings = dataclasses.replace(config, max_length=info["config"]["max_length"])
-        return cls(read_tables(directory), settings, info, directory)
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
+        `--html` page too where the settings ask for it and `page`."""
+        raise NotImplementedError
+
+    @property
+    def directory(self) -> Path:
+        """Where the result's files are: the call's `out`; without one, on first use, a temporary
+        folder they are written into, removed with the result."""
+        if self.written is None:
+            self.output = Output(None, self.kind)
+            self._write(self.output.path, overwrite=False)
+            self.written = self.output.path
+        return self.written
 
     def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs (CSVs, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite, self.output)
+        """Writes the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
+        if not isinstance(overwrite, bool):  # "no" would be taken for yes
+            raise UserError(f"overwrite: expected True or False, got {overwrite!r}"[:300])
+        refuse_inside_temporary(out, self.output)
+        self._write(Path(out), overwrite)
+        return Path(out).expanduser()
+
+    @contextlib.contextmanager
+    def _files(self) -> Iterator[Path]:
+        """A directory holding the result's tables and run.json for the block: its own, or a
+        temporary one removed at the end of the block (no figures drawn into it)."""
+        if self.written is not None:
+            yield self.written
+            return
+        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
+            path = Path(folder) / self.kind
+            self._write(path, overwrite=False, page=False)
+            yield path
+
+
+def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
+    """run.json as it would be written, without the figures (none drawn) and the environment: the
+    values as JSON gives them back (lists for tuples, text for paths)."""
+    info = info | {"figures": [], "timings_s": {k: round(v, 3) for k, v in timings.items()}}
+    return json.loads(json.dumps(info, default=str))
+
+
+def drawn(draw, directory: Path | None) -> list[FigureFile]:
+    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
+    temporary folder, removed at once, the figures then held as bytes."""
+    if directory is not None:
+        return [FigureFile(p) for p in draw(directory)]
+    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
+        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
+
+
+class TablesResult(HeldResult):
+    """A result of tables and figures held in memory (clark, ablate, prune): `tables`, `settings`
+    (the run's config), `info` and `run`, whose `figures` are its drawing jobs (`run.draw(job,
+    folder)` draws one, a figure or several); `writer` is its module's one writer,
+    `write(run, directory)`."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: Any
+    info: dict
+    run: Any
+
+    @staticmethod
+    def writer(run, directory: Path) -> dict:
+        raise NotImplementedError
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            self.writer(run, tmp)
+
+    def _figures(self) -> dict[str, list[FigureFile]]:
+        """The figures by file name without its format, in file-name order: the files written, or
+        (a result written nowhere) every figure drawn once into a folder removed at once and
+        held as bytes."""
+        if self.written is not None:
+            names = sorted(self.info["figures"])
+            return {stem: [FigureFile(self.written / n) for n in names if Path(n).stem == stem]
+                    for stem in dict.fromkeys(Path(n).stem for n in names)}  # fmt: skip
+        if not hasattr(self, "_held_figures"):
+            with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
+                with figure_formats(select_formats(self.settings.figure_format)):
+                    paths = [p for job in self.run.figures for p in self.run.draw(job, Path(folder))]
+                held: dict[str, list[FigureFile]] = {}
+                for path in sorted(paths, key=lambda p: p.name):
+                    held.setdefault(path.stem, []).append(FigureFile(Path(path.name), path.read_bytes()))
+            self._held_figures = held
+        return self._held_figures
 
     def figure_names(self) -> list[str]:
-        """The figures the run drew, by file name without its format (`surface_by_layer`)."""
-        return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
+        """The figures of the run, by file name without its format (`surface_by_layer`)."""
+        return list(self._figures())
 
     def figure(self, name: str) -> list[FigureFile]:
         """The files of the figure `name` (one per `figure_format`)."""
-        names = self.figure_names()
-        if name not in names:
-            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(names) or 'none'})")
-        return [FigureFile(self.directory / f) for f in sorted(self.info["figures"]) if Path(f).stem == name]
+        figures = self._figures()
+        if name not in figures:
+            raise UserError(f"no figure {name!r} in this run (it drew {', '.join(figures) or 'none'})")
+        return figures[name]
 
     def _repr_html_(self) -> str:
-        # The figures as PNG data (offline, and kept by a static export), then each table's rows.
-        parts = [
-            f"<div class='bertjax-result'><b>{html.escape(type(self).__name__)}</b>: {html.escape(str(self.directory))}"
-        ]
-        for name in self.figure_names():
-            for figure in self.figure(name):
-                if figure.path.suffix == ".png":
-                    data = base64.b64encode(figure.path.read_bytes()).decode()
-                    parts.append(f"<figure><img alt='{html.escape(name)}' style='max-width: 100%' "
-                                 f"src='data:image/png;base64,{data}'><figcaption>{html.escape(name)}</figcaption></figure>")  # fmt: skip
-        for name, table in self.tables.items():
-            parts.append(f"<details><summary>{html.escape(name)}.csv: {len(table)} rows</summary>"
-                         f"{table.to_html(max_rows=VIEW_ROWS, index=False)}</details>")  # fmt: skip
-        return "\n".join([*parts, "</div>"])
+        return tables_html(self, "not saved" if self.written is None else str(self.written))
+
+
+def tables_html(result, where: str) -> str:
+    """The inline view of a result of tables and figures (`figure_names`, `figure`, `tables`): the
+    figures as PNG data (offline, and kept by a static export), then each table's rows."""
+    parts = [f"<div class='bertjax-result'><b>{html.escape(type(result).__name__)}</b>: {html.escape(where)}"]
+    for name in result.figure_names():
+        for figure in result.figure(name):
+            if (png := figure._repr_png_()) is not None:
+                data = base64.b64encode(png).decode()
+                parts.append(f"<figure><img alt='{html.escape(name)}' style='max-width: 100%' "
+                             f"src='data:image/png;base64,{data}'><figcaption>{html.escape(name)}</figcaption></figure>")  # fmt: skip
+    for name, table in result.tables.items():
+        parts.append(f"<details><summary>{html.escape(name)}.csv: {len(table)} rows</summary>"
+                     f"{table.to_html(max_rows=VIEW_ROWS, index=False)}</details>")  # fmt: skip
+    return "\n".join([*parts, "</div>"])

@@ -7,26 +7,24 @@ import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 
-import jax
 import numpy as np
 import pandas as pd
 
 from analysis.api.common import (
     Checkpoint,
     FigureFile,
+    HeldResult,
     Output,
-    TablesResult,
     check_given,
     check_model,
     collect_garbage,
+    drawn,
     frame,
     loaded,
-    read_tables,
-    refuse_inside_temporary,
-    run_json,
-    save,
+    tables_html,
+    unwritten_info,
 )
-from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_formats
+from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_figures, select_formats
 from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
@@ -36,7 +34,7 @@ from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, r
 from analysis.heads.report_page import render
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
-from sieves.builders import DEFAULT_ROLES, ROLES
+from sieves.builders import DEFAULT_ROLES
 
 # The flags of `analysis.roles` that `track` does not have (it scores with the published definitions).
 ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
@@ -66,21 +64,16 @@ def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None
     return RolesConfig(ckpt=str(ckpt), **settings)
 
 
-class _Result:
-    """What the roles and track results share: the directory, its report and its figures."""
+class _Result(HeldResult):
+    """A roles or track result: shown inline as the report's page."""
 
-    directory: Path
-    output: Output | None
     examples: int = 4
-
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs (CSVs, scores, figures, run.json) to `out`, as `--out` would have."""
-        return save(self.directory, out, overwrite, self.output)
 
     def report_html(self, examples: int | None = None) -> str:
         """The page `python -m analysis.report` writes for these outputs."""
-        config = ReportConfig(str(self.directory), self.examples if examples is None else examples)
-        return render(report_data(read_run(self.directory), config))
+        with self._files() as directory:
+            config = ReportConfig(str(directory), self.examples if examples is None else examples)
+            return render(report_data(read_run(directory), config))
 
     def _repr_html_(self) -> str:
         if not hasattr(self, "_page"):
@@ -92,7 +85,8 @@ class _Result:
 class RolesResult(_Result):
     """`roles(...)`: `table` is roles.csv, `summary` summary.csv, `scores[task][role]` the
     per-sequence β [n, layers, heads] of scores.npz (`indices[task][role]`: their example
-    indices), `settings` the RolesConfig, `info` run.json, `directory` where they are."""
+    indices), `settings` the RolesConfig, `info` run.json (as written, or as it would be: its
+    `figures` are those written), `run` the computed run the writer writes."""
 
     table: pd.DataFrame
     summary: pd.DataFrame
@@ -100,70 +94,96 @@ class RolesResult(_Result):
     indices: dict[str, dict[str, np.ndarray]]
     settings: RolesConfig
     info: dict
-    directory: Path
+    run: pipeline.RolesRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "roles"
+
+    @classmethod
+    def of(cls, run: pipeline.RolesRun, info: dict | None = None, directory: Path | None = None) -> RolesResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        if info is None:
+            info = unwritten_info(run.info, run.timings)
+        return cls(run.table, run.summary, {t: r.scores for t, r in run.results.items()},
+                   {t: r.indices for t, r in run.results.items()}, run.config, info, run, directory)  # fmt: skip
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        config = dataclasses.replace(self.run.config, out=str(out))
+        if not page:
+            config = dataclasses.replace(config, figures="none", html=False)
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            pipeline.write(dataclasses.replace(self.run, config=config), tmp)
+        if config.html:
+            pipeline.write_html(str(out))
 
     def figure(self, kind: str = "role_grid", task: str | None = None) -> list[FigureFile]:
         """The figures of `kind` (one of ROLES_FIGURES) for `task` (default: the first), drawn into
-        the directory if the run did not draw them (`figures=`)."""
+        the directory if the run did not draw them there (`figures=`), or held in memory when the
+        result was written nowhere."""
         if kind not in ROLES_FIGURES:
             raise UserError(f"--figures: unknown figure {kind!r} (choose from {', '.join(ROLES_FIGURES)})")
         task = task or str(self.table["task"].iloc[0])
         if task not in set(self.table["task"]):
             raise UserError(f"--task: {task!r} is not a task of this run ({', '.join(pd.unique(self.table['task']))})")
-        paths = sorted(self.directory.glob(f"{task}_{kind}*"))
-        if not paths:
+        if self.written is not None and (paths := sorted(self.written.glob(f"{task}_{kind}*"))):
+            return [FigureFile(p) for p in paths]
+
+        def draw(folder: Path) -> list[Path]:
             scores = {(task, r): s for r, s in self.scores[task].items()}
-            coarse = {name: role.coarse for name, role in ROLES.items()}
             about = about_line(
-                readable_checkpoint(self.settings.ckpt), self.info["tasks"][task]["sequences"], self.info["tau"]
+                readable_checkpoint(self.settings.ckpt), self.run.results[task].n_sequences, self.run.tau
             )
-            ((draw, args),) = figure_jobs(self.table[self.table["task"] == task], scores, self.directory,
-                                          tau=self.info["tau"], alpha=self.settings.alpha, coarse=coarse, kinds=(kind,),
-                                          about={task: about})  # fmt: skip
-            paths = draw(*args)
-        return [FigureFile(p) for p in paths]
+            ((draw_one, args),) = figure_jobs(self.table[self.table["task"] == task], scores, folder, tau=self.run.tau,
+                                              alpha=self.settings.alpha, coarse=pipeline.COARSE, kinds=(kind,),
+                                              about={task: about})  # fmt: skip
+            return draw_one(*args)
+
+        return drawn(draw, self.written)
 
 
 @dataclasses.dataclass(eq=False)
 class TrackResult(_Result):
     """`track(...)`: `table` is track.csv, `onset` onset.csv, `scores[step][task][role]` the
-    per-sequence β of each checkpoint (from the scores cache), `settings` the TrackConfig, `info`
-    run.json."""
+    per-sequence β of each checkpoint (held in memory, or read from the scores cache), `settings`
+    the TrackConfig, `info` run.json (as written, or as it would be: its `figures` are those
+    written, its `scores_cache` names the entries once they are written), `run` the computed run
+    the writer writes."""
 
     table: pd.DataFrame
     onset: pd.DataFrame
     settings: tracking.TrackConfig
     info: dict
-    directory: Path
+    run: tracking.TrackRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
     output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "track"
 
-    def save(self, out: str | Path, overwrite: bool = False) -> Path:
-        """Copies the outputs to `out`, as `--out` would have; scores-cache entries that live in
-        this result's temporary directory (removed with it) are copied to `<out>.cache`, the
-        cache `--out` would have had, and the copy's run.json names them there."""
-        refuse_inside_temporary(out, self.output)
-        temporary = None if self.output is None else self.output.temporary
-        entries = {step: Path(path) for step, path in self.info["scores_cache"].items()}
-        if temporary is None or not any(p.is_relative_to(temporary) for p in entries.values()):
-            return save(self.directory, out, overwrite, self.output)
+    @classmethod
+    def of(cls, run: tracking.TrackRun, info: dict | None = None, directory: Path | None = None) -> TrackResult:
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(run.track, run.onsets, run.config, info, run, directory)
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        """As `--out` would have it; scores held in memory go into the scores cache `--out` would
+        have had (`<out>.cache`), and run.json names them there."""
         target = Path(out).expanduser().resolve()
-        cache = target.parent / f"{target.name}.cache"
-        tracking.prepare_cache(cache, target)
-        for step, path in entries.items():
-            if path.is_relative_to(temporary):
-                with runinfo.atomic_file(cache / path.name, binary=True, overwrite=True) as f:
-                    f.write(path.read_bytes())
-                entries[step] = cache / path.name
-        info = self.info | {"scores_cache": {step: str(path) for step, path in entries.items()}}
-        return save(self.directory, out, overwrite, self.output, info)
+        cache = self.run.cache
+        if self.run.held is not None:
+            cache = target.parent / f"{target.name}.cache"
+            tracking.prepare_cache(cache, target)
+        roles = dataclasses.replace(self.run.config.roles, out=str(out))
+        if not page:
+            roles = dataclasses.replace(roles, figures="none", html=False)
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            tracking.write(run, tmp, cache)
+        if roles.html:
+            pipeline.write_html(str(out))
 
     @property
     def scores(self) -> dict[int, dict[str, dict[str, np.ndarray]]]:
-        return {
-            int(step): {task: r.scores for task, r in tracking.load_scores(Path(path)).items()}
-            for step, path in self.info["scores_cache"].items()
-        }
+        return {step: {task: r.scores for task, r in self.run.scores(step).items()} for step in self.run.taus}
 
 
 @dataclasses.dataclass(eq=False)
@@ -188,10 +208,12 @@ def roles(
     batch_size, roles, window, special_rows, tau, alpha, test, correction, parser, spacy_model,
     conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
     syntactic_average, devices, distributed, attention, step). `model`/`tokenizer`: CKPT already loaded.
-    `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes)."""
+    `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes), or the flag's
+    value (`"conllu"`, `"spacy"`)."""
+    if isinstance(parser, str):  # the flag's value; taken for a parser object, it was ignored
+        settings["parser"], parser = parser, None
     collect_garbage()
-    output = Output(out, "roles")
-    config = roles_config(ckpt, settings | {"out": str(output.path)})
+    config = roles_config(ckpt, settings if out is None else settings | {"out": str(out)})
     if model is None:
         ((model, kept_tokenizer),) = loaded(
             [Checkpoint(config.ckpt, config.step, allow_nonfinite=config.allow_nonfinite)]
@@ -199,30 +221,23 @@ def roles(
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+    if out is None:  # held in memory: nothing is written
+        return RolesResult.of(pipeline.compute(config, parser, model, tokenizer))
     result = run_roles(config, model, tokenizer, parser)
-    if result is not None:
-        result.output = output
+    if result is not None and config.html:
+        pipeline.write_html(config.out)
     return result
 
 
 def run_roles(config: RolesConfig, model=None, tokenizer=None, parser=None) -> RolesResult | None:
-    """The roles run of `config` (what `python -m analysis.roles` calls); None in a process of a
-    multi-process job other than the first, which writes nothing."""
-    table = pipeline.run(config, parser=parser, model=model, tokenizer=tokenizer)
-    if jax.process_index() != 0:
+    """The roles run of `config` written into `config.out` (what `python -m analysis.roles` calls;
+    the `--html` page is the caller's); None in a process of a multi-process job other than the
+    first, which writes nothing."""
+    done = pipeline.run(config, parser=parser, model=model, tokenizer=tokenizer)
+    if done is None:
         return None
-    if config.html:
-        pipeline.write_html(config.out)
-    directory = Path(config.out).expanduser()
-    scores: dict[str, dict[str, np.ndarray]] = {}
-    indices: dict[str, dict[str, np.ndarray]] = {}
-    with np.load(directory / "scores.npz") as stored:
-        for key in stored.files:
-            task, role, *index = key.split("/")
-            (indices if index else scores).setdefault(task, {})[role] = stored[key]
-    info = run_json(directory)
-    return RolesResult(table, pd.read_csv(directory / "summary.csv"), scores, indices,
-                       dataclasses.replace(config, max_length=info["config"]["max_length"]), info, directory)  # fmt: skip
+    run, info = done
+    return RolesResult.of(run, info, Path(config.out).expanduser())
 
 
 def track(
@@ -254,10 +269,9 @@ def track(
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
-    output = Output(out, "track")
     fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
     config = tracking.TrackConfig(
-        roles=roles_config(run or "", settings | {"out": str(output.path)}, fields),
+        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, fields),
         steps=None if steps is None else tuple(steps),
         scores_cache=None if scores_cache is None else str(scores_cache),
         series=series,
@@ -266,24 +280,27 @@ def track(
         sas=None if sas is None else str(sas),
         sas_n=sas_n,
     )
+    if out is None and config.shard is None:  # held in memory; written only into a scores cache given
+        return TrackResult.of(tracking.compute(config, None if scores_cache is None else config.cache_dir))
+    if out is None and scores_cache is None:
+        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
     result = run_track(config)
-    if result is not None:
-        result.output = output
+    if result is not None and config.roles.html:
+        pipeline.write_html(config.roles.out)
     return result
 
 
-def run_track(config: tracking.TrackConfig) -> TrackResult | None:
-    """The track run of `config` (what `python -m analysis.track` calls); None for a `--shard` job
-    and in a process other than the first, which write nothing into --out."""
+def run_track(config: tracking.TrackConfig, say=print) -> TrackResult | None:
+    """The track run of `config` written into its --out (what `python -m analysis.track` calls;
+    the `--html` page is the caller's); None for a `--shard` job and in a process other than the
+    first, which write nothing into --out. `say` gets the progress lines."""
     if config.shard is not None and config.roles.html:
         raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
-    table = tracking.run(config)
-    if table is None or jax.process_index() != 0:
+    done = tracking.run(config, say)
+    if done is None:
         return None
-    if config.roles.html:
-        pipeline.write_html(config.roles.out)
-    directory = Path(config.roles.out).expanduser()
-    return TrackResult(table, pd.read_csv(directory / "onset.csv"), config, run_json(directory), directory)
+    run, info = done
+    return TrackResult.of(run, info, Path(config.roles.out).expanduser())
 
 
 # The flags of `analysis.finetune_effect` besides --pre and --post: the data and output flags.
@@ -295,21 +312,60 @@ EFFECT_FLAGS = (
 
 
 @dataclasses.dataclass(eq=False)
-class FinetuneEffectResult(TablesResult):
+class FinetuneEffectResult(HeldResult):
     """`finetune_effect(...)`: `tables` holds beta_change.csv, head_means.csv and
-    attention_similarity.csv; `settings` is the EffectConfig, `info` run.json."""
+    attention_similarity.csv; `settings` is the EffectConfig, `info` run.json (as written, or as it
+    would be: its `figures` are those written), `run` the computed run the writer writes."""
+
+    tables: dict[str, pd.DataFrame]
+    settings: finetuning.EffectConfig
+    info: dict
+    run: finetuning.EffectRun = dataclasses.field(repr=False)
+    written: Path | None = dataclasses.field(default=None, repr=False)
+    output: Output | None = dataclasses.field(default=None, repr=False)
+    kind = "finetune_effect"
+
+    @classmethod
+    def of(cls, run: finetuning.EffectRun, info: dict | None = None, directory: Path | None = None):
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(run.tables, run.config, info, run, directory)
+
+    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+        data = dataclasses.replace(self.run.config.data, out=str(out))
+        if not page:
+            data = dataclasses.replace(data, figures="none", html=False)
+        with runinfo.atomic_out(str(out), overwrite) as tmp:
+            finetuning.write(dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data)), tmp)
+        if data.html:
+            pipeline.write_html(str(out))
+
+    def figure_names(self) -> list[str]:
+        """The figures of the run, by file name without its format: those written, or (a result
+        written nowhere) those `figures=` asks for, drawn on demand."""
+        if self.written is None:
+            return list(select_figures(self.settings.data.figures, finetuning.FIGURES))
+        return list(dict.fromkeys(Path(name).stem for name in self.info["figures"]))
 
     def figure(self, name: str = "beta_change") -> list[FigureFile]:
         """The figure `name` (one of FIGURES), drawn into the directory if the run did not draw it
-        (`figures=`)."""
+        there (`figures=`), or held in memory when the result was written nowhere."""
         if name not in finetuning.FIGURES:
             raise UserError(f"--figures: unknown figure {name!r} (choose from {', '.join(finetuning.FIGURES)})")
-        paths = [p for p in sorted(self.directory.glob(f"{name}.*")) if p.suffix[1:] in FIGURE_FORMATS]
-        if not paths:
-            draw = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
+        if self.written is not None:
+            paths = [p for p in sorted(self.written.glob(f"{name}.*")) if p.suffix[1:] in FIGURE_FORMATS]
+            if paths:
+                return [FigureFile(p) for p in paths]
+
+        def draw(folder: Path) -> list[Path]:
+            plot = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
             with figure_formats(select_formats(self.settings.data.figure_format)):
-                paths = draw[name](self.tables[name], self.directory, name)
-        return [FigureFile(p) for p in paths]
+                return plot[name](self.tables[name], folder, name)
+
+        return drawn(draw, self.written)
+
+    def _repr_html_(self) -> str:
+        return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
 def finetune_effect(
@@ -331,8 +387,7 @@ def finetune_effect(
     `post_models`: each post checkpoint already loaded, in the order of `post`."""
     specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
     collect_garbage()
-    output = Output(out, "finetune_effect")
-    data = roles_config(str(pre), settings | {"out": str(output.path)}, EFFECT_FLAGS)
+    data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_FLAGS)
     config = finetuning.effect_config(specs, data)
     if model is not None:
         check_given(model, data.ckpt, None, data.allow_nonfinite)
@@ -345,26 +400,25 @@ def finetune_effect(
         (model, kept_tokenizer), *posts = loaded(checkpoints)
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         post_models = [post_model for post_model, _ in posts]
+    if out is None:  # held in memory: nothing is written
+        return FinetuneEffectResult.of(finetuning.compute(config, model, tokenizer, post_models))
     result = run_finetune_effect(config, model, tokenizer, post_models)
-    if result is not None:
-        result.output = output
+    if result is not None and data.html:
+        pipeline.write_html(data.out)
     return result
 
 
 def run_finetune_effect(
     config: finetuning.EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
 ) -> FinetuneEffectResult | None:
-    """The comparison of `config` (what `python -m analysis.finetune_effect` calls); None in a
-    process of a multi-process job other than the first, which writes nothing."""
-    finetuning.run(config, model, tokenizer, post_models)
-    if jax.process_index() != 0:
+    """The comparison of `config` written into its --out (what `python -m analysis.finetune_effect`
+    calls; the `--html` page is the caller's); None in a process of a multi-process job other than
+    the first, which writes nothing."""
+    done = finetuning.run(config, model, tokenizer, post_models)
+    if done is None:
         return None
-    if config.data.html:
-        pipeline.write_html(config.data.out)
-    directory = Path(config.data.out).expanduser()
-    info = run_json(directory)
-    data = dataclasses.replace(config.data, max_length=info["config"]["data"]["max_length"])
-    return FinetuneEffectResult(read_tables(directory), dataclasses.replace(config, data=data), info, directory)
+    run, info = done
+    return FinetuneEffectResult.of(run, info, Path(config.data.out).expanduser())
 
 
 def report(

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import itertools
 import re
 from collections.abc import Sequence
@@ -51,6 +52,7 @@ from flax import nnx
 from analysis.attention.options import COREF_MENTIONS as MENTIONS
 from analysis.attention.options import COREF_TARGETS as TARGETS
 from analysis.common.forward import compiled, padded_batches
+from bertjax import runinfo
 from bertjax.errors import UserError
 from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
@@ -119,7 +121,8 @@ def mention_span(path: Path, line: int, text: str, mention: str, field: dict[str
 def read_gap(path: Path, limit: int | None = None) -> list[GapExample]:
     """The first `limit` rows of a GAP TSV (all by default); a malformed row is a UserError naming it."""
     try:
-        with path.open(encoding="utf-8", newline="") as f:
+        # Read once: run.json's sha256 is of the bytes parsed (`runinfo.read_input`).
+        with io.StringIO(runinfo.read_input(path).decode("utf-8"), newline="") as f:
             rows = list(csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read ({error})") from None

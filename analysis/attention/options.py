@@ -3,6 +3,9 @@
 
 ANALYSES = ("surface", "cluster", "gradients", "depheads", "probes", "coref")
 
+# `--out`'s default; a call given no `out` writes nothing, and this names its settings' `out`.
+DEFAULT_OUT = "clark_out"
+
 WORD_TEXTS = ("original", "joined")
 
 # pairs: token type 0 for [CLS], segment A and its [SEP], 1 for segment B and the last [SEP];

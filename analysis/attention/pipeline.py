@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -92,6 +93,9 @@ class ClarkConfig:
         for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
+        for flag in ("seed", "min_count"):  # numpy's generators take no negative seed (a traceback in the probes)
+            if getattr(self, flag) < 0:
+                raise UserError(f"--{flag.replace('_', '-')} must be at least 0, got {getattr(self, flag)}")
         if not (math.isfinite(self.probe_learning_rate) and self.probe_learning_rate > 0):
             raise UserError(f"--probe-learning-rate must be a finite number > 0, got {self.probe_learning_rate}")
         if self.inputs != "wikitext":
@@ -138,7 +142,7 @@ def wikitext_segment_pairs(text: str, n: int) -> list[tuple[str, str]]:
 
 def _read(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return runinfo.read_input(path).decode("utf-8")  # run.json's sha256 is of these bytes
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read ({error})") from None
 
@@ -202,38 +206,121 @@ def model_class(config: ClarkConfig) -> str:
     return "BertForPreTraining" if with_head else "BertModel"
 
 
-def run(config: ClarkConfig, model=None, tokenizer=None) -> dict:
-    """The selected analyses; outputs under config.out (written to a temporary sibling first).
-    `model` and `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading
-    it again."""
-    out = Path(config.out).expanduser().resolve()
-    formats = select_formats(config.figure_format)
+# The tables written with their index (the heads' labels), the others without.
+INDEXED_TABLES = ("head_js_divergence",)
+
+
+@dataclasses.dataclass(eq=False)
+class ClarkRun:
+    """A clark run held in memory: `tables` by CSV name without `.csv` (head_js_divergence indexed
+    by its heads' labels), `figures` (stem → the plotting function, the table it draws and the
+    function's other arguments), `results` (run.json's: what was skipped and why, the relations
+    beating their baseline, the best coreference head), the lines the CLI prints, `info` (run.json's
+    provenance and settings, without the figures and the environment, which the writer adds), the
+    timings so far and the clock the run started at."""
+
+    config: ClarkConfig
+    tables: dict[str, pd.DataFrame]
+    figures: dict[str, tuple[Callable, str, tuple]]
+    results: dict
+    lines: list[str]
+    info: dict
+    timings: dict[str, float]
+    started: float
+
+    def text(self) -> str:
+        """What the CLI prints: the skipped analyses and each analysis's summary, in run order."""
+        return "\n".join(self.lines)
+
+    def draw(self, stem: str, out_dir: Path) -> list[Path]:
+        """The figure `stem` into `out_dir`, in the `figure_formats` in force."""
+        plot, table, args = self.figures[stem]
+        return plot(self.tables[table], out_dir, *args)
+
+
+def prepare(config: ClarkConfig):
+    """The checks made before anything is loaded or written; returns the checkpoint's source and
+    whether it has a trained MLM head (the gradients need one)."""
+    select_formats(config.figure_format)
     source = resolve(config.ckpt, config.step)
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    with runinfo.atomic_out(out, config.overwrite) as tmp, figure_formats(formats):
-        return _run(config, source, gradients_ok, tmp, model, tokenizer)
+    return source, gradients_ok
 
 
-def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, tokenizer) -> dict:
+def run(config: ClarkConfig, model=None, tokenizer=None) -> tuple[ClarkRun, dict]:
+    """The CLI's path: the selected analyses (`compute`), written under config.out (to a temporary
+    sibling first) by `write`; returns the run and the run.json written."""
     started = time.perf_counter()
-    timings: dict[str, float] = {}
-    results: dict = {"skipped": {}}
-    figures: list[Path] = []
+    source, gradients_ok = prepare(config)
+    with runinfo.atomic_out(Path(config.out).expanduser().resolve(), config.overwrite) as tmp:
+        result = _compute(config, source, gradients_ok, model, tokenizer, started)
+        info = write(result, tmp)
+    return result, info
+
+
+def compute(config: ClarkConfig, model=None, tokenizer=None) -> ClarkRun:
+    """The selected analyses in memory; writes nothing. `model` and `tokenizer`: `config.ckpt`
+    already loaded (a notebook's), used instead of loading it again."""
+    started = time.perf_counter()
+    source, gradients_ok = prepare(config)
+    return _compute(config, source, gradients_ok, model, tokenizer, started)
+
+
+def write(result: ClarkRun, directory: Path) -> dict:
+    """The one writer of a clark run (the CLI's and the API's): the tables, every figure (in the
+    formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
+    for name, table in result.tables.items():
+        table.to_csv(directory / f"{name}.csv", index=name in INDEXED_TABLES)
+    figures = []
+    with figure_formats(select_formats(result.config.figure_format)):
+        for stem in result.figures:
+            figures += result.draw(stem, directory)
+    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
+    info = result.info | {
+        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(directory, info)
+    return info
+
+
+def wanted_analyses(config: ClarkConfig, source, gradients_ok: bool, results: dict, lines: list[str]) -> set[str]:
+    """The analyses to run: those asked for, less the gradients without a trained MLM head and
+    coreference without GAP (when not asked for by name), each skip recorded and said."""
     wanted = set(config.analyses)
     if "gradients" in wanted and not gradients_ok:
         wanted.discard("gradients")
         results["skipped"]["gradients"] = "the checkpoint has no trained MLM head"
-        print(f"gradients: skipped, {source.path} has no trained MLM head ({gradients.MLM_TENSOR})")
+        lines.append(f"gradients: skipped, {source.path} has no trained MLM head ({gradients.MLM_TENSOR})")
     gap_missing = [config.gap_dir / name for name in GAP_FILES.values() if not (config.gap_dir / name).is_file()]
     if "coref" in wanted and gap_missing:
         if config.analyses_explicit:
             raise UserError(f"{gap_missing[0]}: no such file (GAP is expected under --data-dir)")
         wanted.discard("coref")
         results["skipped"]["coref"] = f"{gap_missing[0]} is missing"
-        print(f"coref: skipped, {gap_missing[0]} is missing")
+        lines.append(f"coref: skipped, {gap_missing[0]} is missing")
+    return wanted
 
+
+@dataclasses.dataclass
+class _Collected:
+    """What the analyses of one run add up: tables, figures, results, printed lines, data files
+    read and timings."""
+
+    tables: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
+    figures: dict[str, tuple[Callable, str, tuple]] = dataclasses.field(default_factory=dict)
+    results: dict = dataclasses.field(default_factory=lambda: {"skipped": {}})
+    lines: list[str] = dataclasses.field(default_factory=list)
+    data_files: list[Path] = dataclasses.field(default_factory=list)
+    timings: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def _compute(config: ClarkConfig, source, gradients_ok: bool, model, tokenizer, started: float) -> ClarkRun:
+    got = _Collected()
+    wanted = wanted_analyses(config, source, gradients_ok, got.results, got.lines)
     clock = time.perf_counter()
     if model is None:
         model = from_pretrained(
@@ -248,145 +335,152 @@ def _run(config: ClarkConfig, source, gradients_ok: bool, tmp: Path, model, toke
     if tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
     config = fit_max_length(config, encoder.config.max_sequence_length)
-    layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
-    punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))
-    timings["load_model"] = time.perf_counter() - clock
-    data_files: list[Path] = []
+    got.timings["load_model"] = time.perf_counter() - clock
 
     if wanted & {"surface", "cluster", "gradients"}:
-        seqs, files = input_sequences(config, tokenizer)
-        data_files += files
-        if "surface" in wanted:
-            clock = time.perf_counter()
-            means = surface.surface_statistics(
-                encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting,
-                config.attention,
-            )  # fmt: skip
-            table = surface_table(means)
-            table.to_csv(tmp / "surface.csv", index=False)
-            figures += plot_surface(table, tmp, config.inputs)
-            figures += plot_entropy(table, tmp, config.inputs)
-            results["surface_sequences"] = len(seqs)
-            timings["surface"] = time.perf_counter() - clock
-        if "cluster" in wanted:
-            clock = time.perf_counter()
-            chosen = seqs[: config.cluster_n]
-            js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length, config.attention)
-            labels = head_labels(layers, heads)
-            pd.DataFrame(js, index=labels, columns=labels).rename_axis("head").to_csv(tmp / "head_js_divergence.csv")
-            # MDS needs a metric; the square root of the JS divergence is one.
-            coords = surface.classical_mds(np.sqrt(np.clip(js, 0.0, None)))
-            mds = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers),
-                                "x": coords[:, 0], "y": coords[:, 1]})  # fmt: skip
-            mds.to_csv(tmp / "head_mds.csv", index=False)
-            figures += plot_mds(mds, tmp, len(chosen))
-            results["cluster_sequences"] = len(chosen)
-            timings["cluster"] = time.perf_counter() - clock
-        if "gradients" in wanted:
-            clock = time.perf_counter()
-            chosen = seqs[: config.gradient_n]
-            importance = gradients.gradient_importance(
-                model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed
-            )
-            table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
-            table.to_csv(tmp / "gradient_importance.csv", index=False)
-            figures += plot_gradients(table, tmp, len(chosen))
-            results["gradient_sequences"] = len(chosen)
-            timings["gradients"] = time.perf_counter() - clock
-
+        _sequence_analyses(config, wanted, model, encoder, tokenizer, got)
     if wanted & {"depheads", "probes"}:
-        clock = time.perf_counter()
-        run_words = make_word_attention_fn(encoder)
-        words = lambda seqs, desc: iter_word_attention(
-            run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc
-        )
-        data_files += [config.ewt_dir / EWT_FILES[s] for s in ("dev", "test")]
-        counts = {}
-        test_probe: list[probes.ProbeSentence] = []
-        for split in ("dev", "test"):
-            counts[split] = depattn.DependencyCounts(
-                layers, heads, config.baseline_offsets, config.all_relations_include_root
-            )
-            for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):
-                counts[split].update(word)
-                if split == "test" and "probes" in wanted:
-                    test_probe.append(probes.probe_sentence(word))
-        timings["ewt_dev_test"] = time.perf_counter() - clock
-        if "depheads" in wanted:
-            table = depheads.dependency_table(counts["dev"], counts["test"])
-            table.to_csv(tmp / "dependency_heads.csv", index=False)
-            best = depheads.best_per_relation(table)
-            beating = (best["test_accuracy"] > best["baseline_accuracy"]) & (best["count"] >= config.min_count)
-            results["relations_beating_baseline"] = sorted(best.loc[beating, "relation"])
-            print(depheads.format_summary(table, config.min_count))
-        if "probes" in wanted:
-            clock = time.perf_counter()
-            data_files.append(config.ewt_dir / EWT_FILES["train"])
-            train_seqs = ewt_sequences(config, tokenizer, "train", config.probe_train_n)
-            train_probe = [probes.probe_sentence(w) for w in words(train_seqs, "EWT train")]
-            rows = []
-            for name, kind, with_embeddings in (
-                ("attention-only", "attention", False),
-                ("attention + embeddings", "attention", True),
-                ("distance + embeddings", "distance", True),
-            ):
-                params = probes.train_probe(
-                    train_probe, kind, with_embeddings, epochs=config.probe_epochs, batch_size=config.batch_size,
-                    learning_rate=config.probe_learning_rate, seed=config.seed, desc=name,
-                )  # fmt: skip
-                score, counted = probes.uas(params, test_probe, kind, config.batch_size)
-                rows.append(
-                    {"probe": name, "test_uas": score, "test_words": counted, "train_sentences": len(train_probe)}
-                )
-            table = pd.DataFrame(rows)
-            table.to_csv(tmp / "probes.csv", index=False)
-            print(table.to_string(index=False, float_format=lambda x: f"{100 * x:.1f}%"))
-            timings["probes"] = time.perf_counter() - clock
-
+        _dependency_analyses(config, wanted, encoder, tokenizer, got)
     if "coref" in wanted:
-        clock = time.perf_counter()
-        run_coref = coref.make_candidate_attention_fn(encoder)
-        heads_correct, baselines = {}, {}
-        for split, name in GAP_FILES.items():
-            path = config.gap_dir / name
-            data_files.append(path)
-            inputs, counts = coref.encode_gap(
-                tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target,
-                config.coref_mentions,
-            )  # fmt: skip
-            if not inputs:
-                raise UserError(f"{path}: no example left to score ({counts})")
-            scores = coref.candidate_scores(
-                run_coref, inputs, config.batch_size, config.max_length, config.first_piece, f"GAP {split}"
-            )
-            heads_correct[split] = coref.correct_choices(scores, np.array([item.label for item in inputs]))
-            baselines[split] = coref.baseline_correct(inputs)
-            results[f"coref_{split}"] = counts
-            print(f"GAP {split}: {', '.join(f'{k} {v}' for k, v in counts.items())}")
-        table = coref.head_table(heads_correct["dev"], heads_correct["test"])
-        table.to_csv(tmp / "coref_heads.csv", index=False)
-        coref.best_per_layer(table).to_csv(tmp / "coref_best_per_layer.csv", index=False)
-        baseline_table = coref.baseline_table(baselines["dev"], baselines["test"])
-        baseline_table.to_csv(tmp / "coref_baselines.csv", index=False)
-        best = coref.best_head(table)
-        results["coref_best_head"] = {k: (int(v) if k in ("layer", "head", "dev_n", "test_n") else float(v))
-                                      for k, v in best.items()}  # fmt: skip
-        figures += plot_coref(table, tmp, config.coref_target, config.coref_mentions)
-        print(coref.format_summary(table, baseline_table))
-        timings["coref"] = time.perf_counter() - clock
-
-    timings["total"] = time.perf_counter() - started
-    run_info = {
+        _coref_analysis(config, encoder, tokenizer, got)
+    got.timings["total"] = time.perf_counter() - started
+    info = {
         "config": dataclasses.asdict(config),
         "checkpoint": source.describe(),
         "model_config": encoder.config.to_hf_dict(),
-        "results": results,
-        "data_files": [{"path": str(f), "sha256": runinfo.sha256(f)} for f in dict.fromkeys(data_files)],
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "results": got.results,
+        "data_files": [{"path": str(f), "sha256": runinfo.input_sha256(f)} for f in dict.fromkeys(got.data_files)],
     }
-    runinfo.write_run_json(tmp, run_info)
-    return results
+    return ClarkRun(config, got.tables, got.figures, got.results, got.lines, info, got.timings, started)
+
+
+def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, tokenizer, got: _Collected) -> None:
+    """Attention to special tokens and neighbours (surface), the heads' clusters and the gradients,
+    on the input sequences."""
+    layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
+    punct_ids = tokenizer.convert_tokens_to_ids(list(PUNCT_TOKENS))
+    seqs, files = input_sequences(config, tokenizer)
+    got.data_files += files
+    if "surface" in wanted:
+        clock = time.perf_counter()
+        means = surface.surface_statistics(
+            encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting,
+            config.attention,
+        )  # fmt: skip
+        got.tables["surface"] = surface_table(means)
+        got.figures["surface_by_layer"] = (plot_surface, "surface", (config.inputs,))
+        got.figures["entropy_by_layer"] = (plot_entropy, "surface", (config.inputs,))
+        got.results["surface_sequences"] = len(seqs)
+        got.timings["surface"] = time.perf_counter() - clock
+    if "cluster" in wanted:
+        clock = time.perf_counter()
+        chosen = seqs[: config.cluster_n]
+        js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length, config.attention)
+        labels = head_labels(layers, heads)
+        got.tables["head_js_divergence"] = pd.DataFrame(js, index=labels, columns=labels).rename_axis("head")
+        # MDS needs a metric; the square root of the JS divergence is one.
+        coords = surface.classical_mds(np.sqrt(np.clip(js, 0.0, None)))
+        got.tables["head_mds"] = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads),
+                                               "head": np.tile(np.arange(heads), layers),
+                                               "x": coords[:, 0], "y": coords[:, 1]})  # fmt: skip
+        got.figures["head_mds"] = (plot_mds, "head_mds", (len(chosen),))
+        got.results["cluster_sequences"] = len(chosen)
+        got.timings["cluster"] = time.perf_counter() - clock
+    if "gradients" in wanted:
+        clock = time.perf_counter()
+        chosen = seqs[: config.gradient_n]
+        importance = gradients.gradient_importance(
+            model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed
+        )
+        table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
+        got.tables["gradient_importance"] = table
+        got.figures["gradient_importance"] = (plot_gradients, "gradient_importance", (len(chosen),))
+        got.results["gradient_sequences"] = len(chosen)
+        got.timings["gradients"] = time.perf_counter() - clock
+
+
+def _dependency_analyses(config: ClarkConfig, wanted: set[str], encoder, tokenizer, got: _Collected) -> None:
+    """Dependency heads and the attention-based probes, on EWT's dev, test (and train) trees."""
+    layers, heads = encoder.config.num_hidden_layers, encoder.config.num_attention_heads
+    clock = time.perf_counter()
+    run_words = make_word_attention_fn(encoder)
+    words = lambda seqs, desc: iter_word_attention(
+        run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc
+    )
+    got.data_files += [config.ewt_dir / EWT_FILES[s] for s in ("dev", "test")]
+    counts = {}
+    test_probe: list[probes.ProbeSentence] = []
+    for split in ("dev", "test"):
+        counts[split] = depattn.DependencyCounts(
+            layers, heads, config.baseline_offsets, config.all_relations_include_root
+        )
+        for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):
+            counts[split].update(word)
+            if split == "test" and "probes" in wanted:
+                test_probe.append(probes.probe_sentence(word))
+    got.timings["ewt_dev_test"] = time.perf_counter() - clock
+    if "depheads" in wanted:
+        table = depheads.dependency_table(counts["dev"], counts["test"])
+        got.tables["dependency_heads"] = table
+        best = depheads.best_per_relation(table)
+        beating = (best["test_accuracy"] > best["baseline_accuracy"]) & (best["count"] >= config.min_count)
+        got.results["relations_beating_baseline"] = sorted(best.loc[beating, "relation"])
+        got.lines.append(depheads.format_summary(table, config.min_count))
+    if "probes" in wanted:
+        clock = time.perf_counter()
+        got.data_files.append(config.ewt_dir / EWT_FILES["train"])
+        train_seqs = ewt_sequences(config, tokenizer, "train", config.probe_train_n)
+        train_probe = [probes.probe_sentence(w) for w in words(train_seqs, "EWT train")]
+        rows = []
+        for name, kind, with_embeddings in (
+            ("attention-only", "attention", False),
+            ("attention + embeddings", "attention", True),
+            ("distance + embeddings", "distance", True),
+        ):
+            params = probes.train_probe(
+                train_probe, kind, with_embeddings, epochs=config.probe_epochs, batch_size=config.batch_size,
+                learning_rate=config.probe_learning_rate, seed=config.seed, desc=name,
+            )  # fmt: skip
+            score, counted = probes.uas(params, test_probe, kind, config.batch_size)
+            rows.append({"probe": name, "test_uas": score, "test_words": counted, "train_sentences": len(train_probe)})
+        table = pd.DataFrame(rows)
+        got.tables["probes"] = table
+        got.lines.append(table.to_string(index=False, float_format=lambda x: f"{100 * x:.1f}%"))
+        got.timings["probes"] = time.perf_counter() - clock
+
+
+def _coref_analysis(config: ClarkConfig, encoder, tokenizer, got: _Collected) -> None:
+    """Coreference heads on GAP's dev and test examples, against the rule baselines."""
+    clock = time.perf_counter()
+    run_coref = coref.make_candidate_attention_fn(encoder)
+    heads_correct, baselines = {}, {}
+    for split, name in GAP_FILES.items():
+        path = config.gap_dir / name
+        got.data_files.append(path)
+        inputs, counts = coref.encode_gap(
+            tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target,
+            config.coref_mentions,
+        )  # fmt: skip
+        if not inputs:
+            raise UserError(f"{path}: no example left to score ({counts})")
+        scores = coref.candidate_scores(
+            run_coref, inputs, config.batch_size, config.max_length, config.first_piece, f"GAP {split}"
+        )
+        heads_correct[split] = coref.correct_choices(scores, np.array([item.label for item in inputs]))
+        baselines[split] = coref.baseline_correct(inputs)
+        got.results[f"coref_{split}"] = counts
+        got.lines.append(f"GAP {split}: {', '.join(f'{k} {v}' for k, v in counts.items())}")
+    table = coref.head_table(heads_correct["dev"], heads_correct["test"])
+    got.tables["coref_heads"] = table
+    got.tables["coref_best_per_layer"] = coref.best_per_layer(table)
+    baseline_table = coref.baseline_table(baselines["dev"], baselines["test"])
+    got.tables["coref_baselines"] = baseline_table
+    best = coref.best_head(table)
+    got.results["coref_best_head"] = {k: (int(v) if k in ("layer", "head", "dev_n", "test_n") else float(v))
+                                      for k, v in best.items()}  # fmt: skip
+    got.figures["coref_accuracy"] = (plot_coref, "coref_heads", (config.coref_target, config.coref_mentions))
+    got.lines.append(coref.format_summary(table, baseline_table))
+    got.timings["coref"] = time.perf_counter() - clock
 
 
 def surface_table(means: np.ndarray) -> pd.DataFrame:

@@ -38,6 +38,14 @@ SMALL_N = 30
 # Above this share of [UNK] among a task's text pieces the model reads mostly unknown text (a model
 # with a 160-piece vocabulary on English): its roles say little about the text, and the run warns.
 UNKNOWN_SHARE = 0.05
+# Above this many text pieces per whitespace-separated word the model's vocabulary spells the text
+# out in fragments instead of mapping it to [UNK] (a 160-piece vocabulary trained on English gives
+# 3.3-3.8 on GLUE and EWT text, 0% [UNK]), and roles such as `local` describe attention inside
+# words: the run warns. Real vocabularies give 1.2-1.5 on the same text, 500- to 4,000-piece ones
+# trained on MRPC 1.6-2.8; docs/pieces_per_word.py measures them (docs/roles.md).
+PIECES_PER_WORD = 3.0
+# Examples whose text pieces per word are counted (`pieces_per_word`): enough for a stable mean.
+PIECES_SAMPLE = 1000
 
 
 class ExampleSettings(Protocol):
@@ -89,12 +97,13 @@ def text_task_files(spec: str) -> dict[str, Path]:
     return files
 
 
-def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str | None]]:
+def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str]]:
     """(segments per example, example indices, files read) in file order; each file with the
-    sha256 of the bytes read where the reader took it (a text:FILE), else None (hashed after)."""
+    sha256 of the bytes parsed (a task from the hub's copy has no file)."""
     if task == CONLLU_TASK:
         sentences = read_conllu(Path(config.conllu), limit=config.n)
-        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): None}
+        digest = runinfo.input_sha256(Path(config.conllu))
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): digest}
     if task.startswith(TEXT_LABEL):
         files = text_task_files(getattr(config, "task", ""))
         if task not in files:
@@ -105,7 +114,7 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
     segments = [e.segments for e in examples]
-    return segments, [e.index for e in examples], dict.fromkeys(files)
+    return segments, [e.index for e in examples], {f: runinfo.input_sha256(f) for f in files}
 
 
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
@@ -117,11 +126,11 @@ def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[
 @dataclasses.dataclass
 class TaskData:
     """One task's examples as read: segments per example, example indices, files read (each with
-    the sha256 of what was read, or None: `examples_for`)."""
+    the sha256 of the bytes parsed: `examples_for`)."""
 
     segments: list[tuple[str, ...]]
     indices: list[int]
-    files: dict[Path, str | None]
+    files: dict[Path, str]
 
 
 def check_sources(config: ExampleSettings, tasks: Sequence[str]) -> None:
@@ -163,6 +172,17 @@ def unknown_share(tokenizer, sequences: Sequence[EncodedSequence]) -> float:
     return unknown / total if total else 0.0
 
 
+def pieces_per_word(tokenizer, segments: Sequence[tuple[str, ...]]) -> float:
+    """The mean number of text pieces per whitespace-separated word over the first
+    `PIECES_SAMPLE` examples' segments, untruncated (special tokens not counted)."""
+    texts = [text for example in segments[:PIECES_SAMPLE] for text in example]
+    words = sum(len(text.split()) for text in texts)
+    if not words:
+        return 0.0
+    pieces = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+    return sum(map(len, pieces)) / words
+
+
 def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
     """Each task's examples that this process encodes and scores: a contiguous share
     (`bertjax.distributed.process_share`), so the gathered scores come back in file order. With one
@@ -180,10 +200,7 @@ def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
 
 
 def data_file_hashes(data: dict[str, TaskData]) -> dict[str, list[dict[str, str]]]:
-    return {
-        t: [{"path": str(f), "sha256": digest or runinfo.sha256(f)} for f, digest in d.files.items()]
-        for t, d in data.items()
-    }
+    return {t: [{"path": str(f), "sha256": digest} for f, digest in d.files.items()] for t, d in data.items()}
 
 
 def make_parser(config: ExampleSettings) -> SpacyParser | None:
@@ -191,6 +208,36 @@ def make_parser(config: ExampleSettings) -> SpacyParser | None:
     if config.parser == "spacy" and any(get_role(r).needs_parse for r in config.roles):
         return SpacyParser(config.spacy_model, cache_dir=Path(config.cache_dir).expanduser())
     return None
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The tasks' examples as read (`data`), their files' hashes and the parser: the preparation the
+    heads analyses share, made once and encoded with the tokenizer of whichever model scores them."""
+
+    config: ExampleSettings
+    data: dict[str, TaskData]
+    data_files: dict[str, list[dict[str, str]]]
+    parser: SpacyParser | None
+
+    @property
+    def n_sequences(self) -> dict[str, int]:
+        """Each task's number of examples (every process's share together)."""
+        return {task: len(d.indices) for task, d in self.data.items()}
+
+    def encode(self, tokenizer, timings: dict[str, float]) -> dict[str, list[EncodedSequence]]:
+        """This process's share of every task, parsed and encoded (`encode_tasks`)."""
+        return encode_tasks(self.config, process_shares(self.data), tokenizer, self.parser, timings)
+
+
+def prepare_inputs(config: ExampleSettings, tasks: Sequence[str], parser=None) -> Inputs:
+    """Reads the tasks' examples (`load_tasks`) and hashes their files. `parser`: one made elsewhere
+    (anything with `parse`, `name` and `version`), used when `config` asks for spaCy's parses;
+    otherwise the one `config` names (`make_parser`)."""
+    data = load_tasks(config, tasks)
+    if parser is None or config.parser != "spacy":
+        parser = make_parser(config)
+    return Inputs(config, data, data_file_hashes(data), parser)
 
 
 # Examples parsed and encoded at a time: what a chunk needs on the way (its parses, the tokenizer's
@@ -208,7 +255,11 @@ def encode_tasks(
     sequences = {}
     for task, d in data.items():
         clock = time.perf_counter()
-        trees = parse_segments(config, task, d.segments, None) if task == CONLLU_TASK else None
+        trees = None
+        if task == CONLLU_TASK:
+            trees = parse_segments(config, task, d.segments, None)  # the file read again, for its trees
+            if runinfo.input_sha256(Path(config.conllu)) != d.files[Path(config.conllu)]:
+                raise UserError(f"{config.conllu} changed while it was read; run again once it stays put")
         encoded: list[EncodedSequence] = []
         with tqdm(total=len(d.segments), desc=f"{task} encode", unit="example",
                   disable=len(d.segments) <= ENCODE_CHUNK or jax.process_index() != 0) as progress:  # fmt: skip
@@ -230,6 +281,14 @@ def encode_tasks(
                 "%s: %.0f%% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above %.0f%%): "
                 "the roles describe attention over [UNK], not over this text",
                 task, 100 * share, 100 * UNKNOWN_SHARE,
+            )  # fmt: skip
+        ratio = pieces_per_word(tokenizer, d.segments)
+        if ratio > PIECES_PER_WORD:
+            log.warning(
+                "%s: %.1f text pieces per word (warned above %.1f; a vocabulary of the text's language gives "
+                "1.2-1.5): the model's vocabulary spells this text out in fragments, and the roles describe "
+                "attention inside its words",
+                task, ratio, PIECES_PER_WORD,
             )  # fmt: skip
         timings[f"{task}/prepare"] = time.perf_counter() - clock
     return sequences

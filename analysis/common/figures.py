@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from analysis.common.flags import DEFAULT_FORMATS, FIGURE_FORMATS
-from bertjax import runinfo
+from bertjax import cli, runinfo
 from bertjax.errors import UserError
 
 PNG_DPI = 150
@@ -86,7 +86,8 @@ def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) 
     unknown = [a for a in asked if a not in choices]
     if unknown or not asked:
         what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
-        raise UserError(f"{flag}: {what}; give {', '.join(words)} or a comma-separated list of {', '.join(choices)}")
+        give = f"{', '.join(words)} or a comma-separated list" if words else "a comma-separated list"
+        raise UserError(f"{flag}: {what}; give {give} of {', '.join(choices)}")
     return tuple(c for c in choices if c in asked)
 
 
@@ -260,11 +261,17 @@ class FigurePool:
         """The paths of every job submitted, in submission order, once all are drawn."""
         if not self._processes:
             while not self._jobs.empty():
+                cli.stop_if_terminated()
                 i, fn, args, formats = self._jobs.get()
                 with figure_formats(formats):
                     self._drawn.append((i, fn(*args)))
         else:
-            self._jobs.join()
+            # Queue.join() without its unbounded wait: Ctrl-C and SIGTERM only set a flag, read here
+            # while the workers draw.
+            with self._jobs.all_tasks_done:
+                while self._jobs.unfinished_tasks:
+                    cli.stop_if_terminated()
+                    self._jobs.all_tasks_done.wait(timeout=0.1)
         if self._failures:
             raise RuntimeError(f"a figure process failed:\n{self._failures[0]}")
         return [path for _, paths in sorted(self._drawn, key=lambda item: item[0]) for path in paths]

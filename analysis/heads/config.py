@@ -142,6 +142,8 @@ class RolesConfig:
                 finite = False
             if not finite:
                 raise UserError(f"--tau must be a finite number or 'auto', got {self.tau!r}")
+            if float(self.tau) < 0:  # every head would pass: β = n·α is never negative
+                raise UserError(f"--tau must be ≥ 0 (β, n times the attention, is never negative), got {self.tau}")
         if not self.roles:
             raise UserError("--roles: name at least one role (leave roles out for all of them)")
         for role in self.roles:

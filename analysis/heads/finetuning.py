@@ -20,15 +20,7 @@ from flax import nnx
 from matplotlib import colormaps
 from matplotlib.figure import Figure
 
-from analysis.common.examples import (
-    data_file_hashes,
-    encode_tasks,
-    fit_max_length,
-    load_tasks,
-    make_parser,
-    process_shares,
-    resolve_tasks,
-)
+from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tasks
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, compiled
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
@@ -220,43 +212,73 @@ def check_same_vocabulary(pre_tokenizer, post: str) -> None:
         raise UserError(f"--post {post}: its tokenizer's vocabulary differs from the pre-trained checkpoint's")
 
 
-def run(
-    config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
-) -> dict[str, pd.DataFrame]:
-    """Both comparisons for every post checkpoint; returns the tables (also written under --out).
-    `model`, `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each post
-    checkpoint already loaded, in the order of `config.posts`."""
+@dataclasses.dataclass(eq=False)
+class EffectRun:
+    """A finetune_effect run held in memory: `tables` by file name without `.csv` (beta_change,
+    head_means, attention_similarity), `info` (run.json's provenance and settings, without the
+    figures and the environment, which the writer adds), the timings so far and the clock the run
+    started at."""
+
+    config: EffectConfig
+    tables: dict[str, pd.DataFrame]
+    info: dict
+    timings: dict[str, float]
+    started: float
+
+    def text(self) -> str:
+        """What the CLI prints at the end of a run."""
+        return format_changes(self.tables["beta_change"], self.tables["attention_similarity"])
+
+
+def prepare(config: EffectConfig, post_models: Sequence | None = None) -> EffectConfig:
+    """The checks made before anything is read or written, and `config` with its max length cut to
+    the pre-trained model's positions (the sequences are encoded once, before any model loads)."""
     if post_models is not None and len(post_models) != len(config.posts):
         raise UserError(f"post_models: {len(post_models)} models for {len(config.posts)} --post checkpoints")
-    started = time.perf_counter()
     select_figures(config.data.figures, FIGURES)
     select_formats(config.data.figure_format)
     for post in config.posts:
         check_same_shape(config.data.ckpt, post.ckpt)
-    # Cut before encoding: the sequences are encoded once, before any model is loaded.
     positions = load_config(resolve(config.data.ckpt)).max_sequence_length
     config = dataclasses.replace(config, data=fit_max_length(config.data, positions))
-    rc = config.data
-    distributed.initialize(rc.distributed)
-    # Process 0 alone writes --out; the others score their shares (as analysis.roles does).
+    distributed.initialize(config.data.distributed)
+    return config
+
+
+def run(
+    config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
+) -> tuple[EffectRun, dict] | None:
+    """The CLI's path: `compute`, then `write` into --out (atomically; its checks come before any
+    work). Returns the run and the run.json written, or None in a process of a multi-process job
+    other than the first (process 0 alone writes; the others score their shares)."""
+    started = time.perf_counter()
+    config = prepare(config, post_models)
     writes = jax.process_index() == 0
-    with runinfo.atomic_out(rc.out, rc.overwrite) if writes else contextlib.nullcontext() as tmp:
-        return _run(config, tmp, started, model, tokenizer, post_models)
+    with runinfo.atomic_out(config.data.out, config.data.overwrite) if writes else contextlib.nullcontext() as tmp:
+        result = _compute(config, started, model, tokenizer, post_models)
+        if tmp is None:  # not process 0: its shares are in process 0's output
+            return None
+        info = write(result, tmp)
+    return result, info
 
 
-def _run(
-    config: EffectConfig, tmp: Path | None, started: float, pre, tokenizer, post_models: Sequence | None
-) -> dict[str, pd.DataFrame]:
+def compute(config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None) -> EffectRun:
+    """Both comparisons for every post checkpoint, in memory; writes nothing (the parse cache
+    aside). `model`, `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each
+    post checkpoint already loaded, in the order of `config.posts`."""
+    started = time.perf_counter()
+    return _compute(prepare(config, post_models), started, model, tokenizer, post_models)
+
+
+def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: Sequence | None) -> EffectRun:
     rc = config.data
     timings: dict[str, float] = {}
     if tokenizer is None:
         tokenizer = load_tokenizer(rc.ckpt)
     for post in config.posts:
         check_same_vocabulary(tokenizer, post.ckpt)
-    tasks = list(dict.fromkeys(t for post in config.posts for t in post.tasks))
-    data = load_tasks(rc, tasks)
-    sequences = encode_tasks(rc, process_shares(data), tokenizer, make_parser(rc), timings)
-    n_sequences = {task: len(d.indices) for task, d in data.items()}
+    inputs = prepare_inputs(rc, list(dict.fromkeys(t for post in config.posts for t in post.tasks)))
+    sequences = inputs.encode(tokenizer, timings)
     devices = Devices.local(rc.devices)
 
     clock = time.perf_counter()
@@ -265,7 +287,7 @@ def _run(
     timings["load_pre"] = time.perf_counter() - clock
     n_layers = pre.config.num_hidden_layers
 
-    changes, means, similarity = [], [], []
+    parts: dict[str, list[pd.DataFrame]] = {"beta_change": [], "head_means": [], "attention_similarity": []}
     for i, post in enumerate(config.posts):
         clock = time.perf_counter()
         loaded = None if post_models is None else post_models[i]
@@ -275,66 +297,82 @@ def _run(
         for task in post.tasks:
             with distributed.all_ok("scoring"):
                 before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
-            before, after = (gather_scores({task: r}, n_sequences)[task] for r in (before, after))
-            cosine = distributed.gather_rows(cosine[None]).sum(axis=0) / n_sequences[task]
-            head_before = {r: mean_per_head(s) for r, s in before.scores.items()}
-            head_after = {r: mean_per_head(s) for r, s in after.scores.items()}
-            bars = (
-                group_means(head_before, n_layers)
-                .merge(group_means(head_after, n_layers), on=["group", "layers", "bar"], suffixes=("_pre", "_post"))
-                .rename(columns={"mean_pre": "pre", "mean_post": "post"})
-            )
-            bars["change"] = bars["post"] - bars["pre"]
-            changes.append(bars.assign(post_ckpt=post.label, task=task))
-            for role in before.scores:
-                layers, heads = np.meshgrid(np.arange(n_layers), np.arange(head_before[role].shape[1]), indexing="ij")
-                means.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
-                                           "role": role, "n": len(before.scores[role]), "pre": head_before[role].ravel(),
-                                           "post": head_after[role].ravel()}))  # fmt: skip
-            layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
-            similarity.append(pd.DataFrame({"post_ckpt": post.label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
-                                            "n": n_sequences[task], "cosine": cosine.ravel()}))  # fmt: skip
+            before, after = (gather_scores({task: r}, inputs.n_sequences)[task] for r in (before, after))
+            cosine = distributed.gather_rows(cosine[None]).sum(axis=0) / inputs.n_sequences[task]
+            tables = task_tables(before, after, cosine, post.label, task, inputs.n_sequences[task], n_layers)
+            for name, table in tables.items():
+                parts[name].append(table)
         timings[post.label] = time.perf_counter() - clock
 
     keys = ["post_ckpt", "task"]
     tables = {
-        "beta_change": pd.concat(changes, ignore_index=True)[
+        "beta_change": pd.concat(parts["beta_change"], ignore_index=True)[
             [*keys, "group", "layers", "bar", "pre", "post", "change"]
         ],
-        "head_means": pd.concat(means, ignore_index=True),
-        "attention_similarity": pd.concat(similarity, ignore_index=True),
+        "head_means": pd.concat(parts["head_means"], ignore_index=True),
+        "attention_similarity": pd.concat(parts["attention_similarity"], ignore_index=True),
     }
     tables["head_means"]["change"] = tables["head_means"]["post"] - tables["head_means"]["pre"]
-    if tmp is None:  # not process 0: its shares are in process 0's output
-        return tables
-    for name, table in tables.items():
-        table.to_csv(tmp / f"{name}.csv", index=False)
+    info = {
+        "config": dataclasses.asdict(config),
+        "pre": resolve(rc.ckpt).describe(),
+        "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
+        "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
+        "data_files": inputs.data_files,
+        "sequences": inputs.n_sequences,
+        "mesh": devices.record(),
+        "processes": jax.process_count(),
+    }
+    return EffectRun(config, tables, info, timings, started)
 
+
+def task_tables(
+    before: TaskScores, after: TaskScores, cosine: np.ndarray, label: str, task: str, n_sequences: int, n_layers: int
+) -> dict[str, pd.DataFrame]:
+    """One (post, task)'s rows of the three tables, from the pre and post scores of every sequence
+    and the [L, H] mean cosine."""
+    head_before = {r: mean_per_head(s) for r, s in before.scores.items()}
+    head_after = {r: mean_per_head(s) for r, s in after.scores.items()}
+    bars = (
+        group_means(head_before, n_layers)
+        .merge(group_means(head_after, n_layers), on=["group", "layers", "bar"], suffixes=("_pre", "_post"))
+        .rename(columns={"mean_pre": "pre", "mean_post": "post"})
+    )
+    bars["change"] = bars["post"] - bars["pre"]
+    means = []
+    for role in before.scores:
+        layers, heads = np.meshgrid(np.arange(n_layers), np.arange(head_before[role].shape[1]), indexing="ij")
+        means.append(pd.DataFrame({"post_ckpt": label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
+                                   "role": role, "n": len(before.scores[role]), "pre": head_before[role].ravel(),
+                                   "post": head_after[role].ravel()}))  # fmt: skip
+    layers, heads = np.meshgrid(np.arange(cosine.shape[0]), np.arange(cosine.shape[1]), indexing="ij")
+    similarity = pd.DataFrame({"post_ckpt": label, "task": task, "layer": layers.ravel(), "head": heads.ravel(),
+                               "n": n_sequences, "cosine": cosine.ravel()})  # fmt: skip
+    return {"beta_change": bars.assign(post_ckpt=label, task=task), "head_means": pd.concat(means, ignore_index=True),
+            "attention_similarity": similarity}  # fmt: skip
+
+
+def write(result: EffectRun, directory: Path) -> dict:
+    """The one writer of a finetune_effect run (the CLI's and the API's): the tables, the figures
+    `result.config` asks for and run.json, into `directory`; returns the run.json written."""
+    rc = result.config.data
+    for name, table in result.tables.items():
+        table.to_csv(directory / f"{name}.csv", index=False)
     clock = time.perf_counter()
     figures = []
     draw = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}
     with figure_formats(select_formats(rc.figure_format)):
         for kind in select_figures(rc.figures, FIGURES):
-            figures += draw[kind](tables[kind], tmp, kind)
-    timings["figures"] = time.perf_counter() - clock
-    timings["total"] = time.perf_counter() - started
-    runinfo.write_run_json(
-        tmp,
-        {
-            "config": dataclasses.asdict(config),
-            "pre": resolve(rc.ckpt).describe(),
-            "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
-            "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
-            "data_files": data_file_hashes(data),
-            "sequences": n_sequences,
-            "mesh": devices.record(),
-            "processes": jax.process_count(),
-            "figures": sorted(p.name for p in figures),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        },
-    )
-    print(format_changes(tables["beta_change"], tables["attention_similarity"]))
-    return tables
+            figures += draw[kind](result.tables[kind], directory, kind)
+    timings = result.timings | {"figures": time.perf_counter() - clock}
+    timings["total"] = time.perf_counter() - result.started
+    info = result.info | {
+        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(directory, info)
+    return info
 
 
 def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:

@@ -1,6 +1,7 @@
-"""The roles analysis end to end (`python -m analysis.roles`): load the checkpoint and the examples,
-score, test, write `roles.csv`, `scores.npz`, `summary.csv`, the figures and `run.json` into a
-temporary sibling of `--out` renamed when complete.
+"""The roles analysis (`python -m analysis.roles`) as compute → result → writer: `compute` loads
+the checkpoint and the examples, scores and tests, and returns a `RolesRun` held in memory;
+`write` turns one into the files of `--out` (`roles.csv`, `scores.npz`, `summary.csv`, the figures,
+`run.json`); `run` is the CLI's path, both into a temporary sibling of `--out` renamed when complete.
 """
 
 from __future__ import annotations
@@ -15,14 +16,7 @@ import jax
 import numpy as np
 import pandas as pd
 
-from analysis.common.examples import (
-    data_file_hashes,
-    encode_tasks,
-    fit_max_length,
-    load_tasks,
-    make_parser,
-    process_shares,
-)
+from analysis.common.examples import Inputs, fit_max_length, prepare_inputs
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
 from analysis.common.flags import attention_readings
 from analysis.common.forward import Devices
@@ -30,53 +24,88 @@ from analysis.heads import readings as second_readings
 from analysis.heads import summary
 from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
 from analysis.heads.figures import about_line, figure_jobs
-from analysis.heads.report import ReportConfig, readable_checkpoint, write_report
-from analysis.heads.scoring import entropy_roles, gather_scores, make_scorer, score_arrays, score_readings, test_roles
+from analysis.heads.report import ReportConfig, readable_checkpoint, write_report, wrote_line
+from analysis.heads.scoring import (
+    TaskScores,
+    entropy_roles,
+    gather_scores,
+    make_scorer,
+    score_arrays,
+    score_readings,
+    test_roles,
+)
 from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import ROLES
 
 log = logging.getLogger(__name__)
 
+COARSE = {name: role.coarse for name, role in ROLES.items()}
 
-def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> pd.DataFrame:
-    """The whole analysis; returns the roles table (also written under config.out).
+
+@dataclasses.dataclass(eq=False)
+class RolesRun:
+    """A roles run held in memory: `table` (roles.csv), `summary` (summary.csv), each task's
+    per-sequence scores (`results`, scores.npz), τ, `info` (run.json's provenance and settings,
+    without the figures and the environment, which the writer adds), the timings so far and the
+    clock the run started at (run.json's total runs from it to the end of the writing). A run
+    of `--attention both` holds its second reading in `readings`."""
+
+    config: RolesConfig
+    table: pd.DataFrame
+    summary: pd.DataFrame
+    results: dict[str, TaskScores]
+    tau: float
+    info: dict
+    timings: dict[str, float]
+    started: float
+    readings: list[second_readings.Reading] = dataclasses.field(default_factory=list)
+
+    def text(self) -> str:
+        """What the CLI prints at the end of a run: the summary, and the roles no input defines."""
+        lines = [summary.format_summary(self.summary, {t: r.n_sequences for t, r in self.results.items()})]
+        for task, result in self.results.items():
+            if result.absent:
+                lines.append(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
+        lines[1:1] = [second_readings.format_counts(r.comparison) for r in self.readings]
+        return "\n".join(lines)
+
+
+def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[RolesRun, dict] | None:
+    """The CLI's path: `compute`, then `write` into `config.out` (atomically; its checks come before
+    any work). Returns the run and the run.json written, or None in a process of a multi-process
+    job other than the first, which writes nothing. `parser`, `model`, `tokenizer`: as `compute`
+    takes them."""
+    distributed.initialize(config.distributed)
+    started = time.perf_counter()
+    kinds = select_figures(config.figures, ROLES_FIGURES)
+    select_formats(config.figure_format)
+    writes = jax.process_index() == 0
+    with (
+        runinfo.atomic_out(config.out, config.overwrite) if writes else contextlib.nullcontext() as tmp,
+        # Started before the model loads, so that the workers' imports overlap the loading.
+        FigurePool(pool_size(len(config_tasks(config)) * len(kinds)) if writes else 0) as pool,
+    ):
+        result = compute(config, parser, model, tokenizer, started)
+        if tmp is None:  # not process 0: its share is in process 0's output
+            return None
+        info = write(result, tmp, pool)
+    return result, info
+
+
+def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, started: float | None = None) -> RolesRun:
+    """The whole analysis in memory; writes nothing (the parse cache aside).
 
     `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
     as `config` says), e.g. parses made elsewhere and shipped with the job. `model` and
     `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading it again.
 
     In a job of several processes (`--distributed`, or any caller that initialised
-    `jax.distributed`) each process encodes and scores its share of every task's sequences, the
-    scores are gathered, and process 0 alone tests them and writes `--out`."""
+    `jax.distributed`) each process encodes and scores its share of every task's sequences, and
+    the scores are gathered: every process returns the whole run."""
     distributed.initialize(config.distributed)
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     timings: dict[str, float] = {}
-    tasks = config_tasks(config)
-    kinds = select_figures(config.figures, ROLES_FIGURES)
-    formats = select_formats(config.figure_format)
-    writes = jax.process_index() == 0
-    with (
-        runinfo.atomic_out(config.out, config.overwrite) if writes else contextlib.nullcontext() as tmp,
-        # Started before the model loads, so that the workers' imports overlap the loading.
-        FigurePool(pool_size(len(tasks) * len(kinds)) if writes else 0) as pool,
-        figure_formats(formats),
-    ):
-        return _run(config, tasks, tmp, timings, started, parser, pool, kinds, model, tokenizer)
-
-
-def _run(
-    config: RolesConfig,
-    tasks: list[str],
-    tmp: Path | None,
-    timings: dict[str, float],
-    started: float,
-    parser,
-    pool: FigurePool,
-    kinds: tuple[str, ...],
-    model,
-    tokenizer,
-) -> pd.DataFrame:
     clock = time.perf_counter()
     source = resolve(config.ckpt, config.step)
     if model is None:
@@ -90,45 +119,31 @@ def _run(
     config = fit_max_length(config, model.config.max_sequence_length)
 
     clock = time.perf_counter()
-    data = load_tasks(config, tasks)
-    data_files = data_file_hashes(data)
+    inputs = prepare_inputs(config, config_tasks(config), parser)
     timings["load_data"] = time.perf_counter() - clock
-    if parser is None or config.parser != "spacy":
-        parser = make_parser(config)
-    sequences = encode_tasks(config, process_shares(data), tokenizer, parser, timings)
+    sequences = inputs.encode(tokenizer, timings)
     with distributed.all_ok("scoring"):
         by_reading = score_readings(scorer, sequences, config, timings, readings)
-    counts = {task: len(d.indices) for task, d in data.items()}
     # The first reading makes the usual files; `--attention both` adds the second's beside them.
-    results, *others = (gather_scores(by_reading[reading], counts) for reading in readings)
+    results, *others = (gather_scores(by_reading[reading], inputs.n_sequences) for reading in readings)
 
     clock = time.perf_counter()
     table, tau = test_roles(results, config)
-    if tmp is None:  # not process 0: its share is in process 0's output
-        return table
-    extra = {
-        reading: second_readings.write(tmp, readings[0], table, reading, other, config)
+    digest = summary.summarize(table, coarse=COARSE)
+    second = [
+        second_readings.compute(readings[0], table, reading, other, config)
         for reading, other in zip(readings[1:], others, strict=True)
-    }
-    table.to_csv(tmp / "roles.csv", index=False)
-    np.savez(tmp / "scores.npz", **score_arrays(results))
+    ]
     timings["tests_and_tables"] = time.perf_counter() - clock
+    info = provenance(config, tau, source, model, devices, inputs, results)
+    return RolesRun(config, table, digest, results, tau, info, timings, started, second)
 
-    clock = time.perf_counter()
-    coarse = {name: role.coarse for name, role in ROLES.items()}
-    scores_by_key = {(t, r): s for t, res in results.items() for r, s in res.scores.items()}
-    name = readable_checkpoint(config.ckpt)
-    about = {t: about_line(name, r.n_sequences, tau) for t, r in results.items()}
-    pool.submit(
-        figure_jobs(table, scores_by_key, tmp, tau=tau, alpha=config.alpha, coarse=coarse, kinds=kinds, about=about)
-    )
-    figures = pool.results()
-    timings["figures"] = time.perf_counter() - clock
-    digest = summary.summarize(table, coarse=coarse)
-    digest.to_csv(tmp / "summary.csv", index=False)
-    timings["total"] = time.perf_counter() - started
 
-    run_info = {
+def provenance(config: RolesConfig, tau: float, source, model, devices: Devices, inputs: Inputs, results) -> dict:
+    """run.json's record of the run before its figures: settings, checkpoint, model, mesh, parser,
+    what each task scored, the data files read."""
+    parser = inputs.parser
+    return {
         "config": dataclasses.asdict(config),
         "tau": tau,
         "checkpoint": source.describe(),
@@ -144,22 +159,49 @@ def _run(
             }
             for t, r in results.items()
         },
-        "data_files": data_files,
+        "data_files": inputs.data_files,
+    }
+
+
+def write(result: RolesRun, directory: Path, pool: FigurePool | None = None) -> dict:
+    """The one writer of a roles run (the CLI's and the API's): the tables, the scores, the figures
+    `result.config` asks for (drawn by `pool`'s workers, or here without one) and run.json, into
+    `directory`; returns the run.json written."""
+    config = result.config
+    extra = {r.name: second_readings.write(directory, r) for r in result.readings}
+    result.table.to_csv(directory / "roles.csv", index=False)
+    np.savez(directory / "scores.npz", **score_arrays(result.results))
+
+    clock = time.perf_counter()
+    scores_by_key = {(t, r): s for t, res in result.results.items() for r, s in res.scores.items()}
+    name = readable_checkpoint(config.ckpt)
+    about = {t: about_line(name, r.n_sequences, result.tau) for t, r in result.results.items()}
+    kinds = select_figures(config.figures, ROLES_FIGURES)
+    jobs = figure_jobs(result.table, scores_by_key, directory, tau=result.tau, alpha=config.alpha, coarse=COARSE,
+                       kinds=kinds, about=about)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if pool is None:
+            pool = stack.enter_context(FigurePool(0))
+        with figure_formats(select_formats(config.figure_format)):
+            pool.submit(jobs)
+        figures = pool.results()
+    timings = result.timings | {"figures": time.perf_counter() - clock}
+    result.summary.to_csv(directory / "summary.csv", index=False)
+    timings["total"] = time.perf_counter() - result.started
+
+    info = result.info | {
+        "config": dataclasses.asdict(config),  # its place kept: the run's, or a saved copy's `out`
         "figures": sorted(p.name for p in figures),
         **({"readings": extra} if extra else {}),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
-    runinfo.write_run_json(tmp, run_info)
-    print(summary.format_summary(digest, {t: r.n_sequences for t, r in results.items()}))
-    for written in extra.values():
-        print(second_readings.format_counts(pd.read_csv(tmp / written["comparison"])))
-    for task, result in results.items():
-        if result.absent:
-            print(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
-    return table
+    runinfo.write_run_json(directory, info)
+    return info
 
 
-def write_html(out: str) -> None:
-    """`--html`: the report of the output just written (by process 0, the one that wrote it)."""
+def write_html(out: str) -> str | None:
+    """`--html`: the report of the output just written (by process 0, the one that wrote it);
+    returns the line a CLI prints (None in the other processes)."""
     if jax.process_index() == 0:
-        write_report(ReportConfig(out))
+        return wrote_line(write_report(ReportConfig(out)))
+    return None

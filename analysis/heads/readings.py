@@ -10,6 +10,7 @@ head and role, the mean β and the decision under each reading.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -24,19 +25,34 @@ COMPARISON = "readings.csv"
 KEYS = ["task", "layer", "head", "role"]
 
 
-def write(
-    tmp: Path, first: str, first_table: pd.DataFrame, reading: str, results: dict[str, TaskScores], config: RolesConfig
-) -> dict:
-    """Writes `reading`'s tables into `tmp` and the comparison with `first`'s; returns run.json's
-    record of them."""
+@dataclasses.dataclass(eq=False)
+class Reading:
+    """The second reading of a `both` run, held in memory: its roles table and τ (tested on its
+    own), its per-sequence scores and the decisions side by side with the first reading's."""
+
+    name: str
+    table: pd.DataFrame
+    tau: float
+    results: dict[str, TaskScores]
+    comparison: pd.DataFrame
+
+
+def compute(first: str, first_table: pd.DataFrame, reading: str, results: dict[str, TaskScores],
+            config: RolesConfig) -> Reading:  # fmt: skip
     table, tau = test_roles(results, config)
-    files = {"roles": f"roles_{reading}.csv", "scores": f"scores_{reading}.npz", "summary": f"summary_{reading}.csv"}
-    table.to_csv(tmp / files["roles"], index=False)
-    np.savez(tmp / files["scores"], **score_arrays(results))
-    coarse = {name: role.coarse for name, role in ROLES.items()}
-    summary.summarize(table, coarse=coarse).to_csv(tmp / files["summary"], index=False)
-    side_by_side(first_table, first, table, reading).to_csv(tmp / COMPARISON, index=False)
-    return {"tau": tau, **files, "comparison": COMPARISON}
+    return Reading(reading, table, tau, results, side_by_side(first_table, first, table, reading))
+
+
+def write(directory: Path, reading: Reading) -> dict:
+    """Writes `reading`'s tables and the comparison into `directory`; returns run.json's record."""
+    name = reading.name
+    files = {"roles": f"roles_{name}.csv", "scores": f"scores_{name}.npz", "summary": f"summary_{name}.csv"}
+    reading.table.to_csv(directory / files["roles"], index=False)
+    np.savez(directory / files["scores"], **score_arrays(reading.results))
+    coarse = {role_name: role.coarse for role_name, role in ROLES.items()}
+    summary.summarize(reading.table, coarse=coarse).to_csv(directory / files["summary"], index=False)
+    reading.comparison.to_csv(directory / COMPARISON, index=False)
+    return {"tau": reading.tau, **files, "comparison": COMPARISON}
 
 
 def side_by_side(first: pd.DataFrame, first_name: str, second: pd.DataFrame, second_name: str) -> pd.DataFrame:

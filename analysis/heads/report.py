@@ -481,7 +481,7 @@ def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str 
 
 
 def _missing(reason: str) -> tuple[dict, str]:
-    print(f"report: no example attention maps: {reason}")
+    log.warning("report: no example attention maps: %s", reason)
     return {}, f"The example attention maps are missing: {reason}."
 
 
@@ -633,5 +633,9 @@ def write_report(config: ReportConfig) -> Path:
             f.write(render(data))
     except OSError as e:
         raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
-    print(f"report: wrote {path} ({path.stat().st_size / 1e6:.2f} MB)")
     return path
+
+
+def wrote_line(path: Path) -> str:
+    """What a CLI prints once it wrote the page."""
+    return f"report: wrote {path} ({path.stat().st_size / 1e6:.2f} MB)"

@@ -17,6 +17,7 @@ import os
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -26,15 +27,7 @@ import pandas as pd
 from analysis.attention import sas as sas_lib
 from analysis.common import changepoint
 from analysis.common import figures as common_figures
-from analysis.common.examples import (
-    check_sources,
-    data_file_hashes,
-    encode_tasks,
-    fit_max_length,
-    load_tasks,
-    make_parser,
-    process_shares,
-)
+from analysis.common.examples import Inputs, check_sources, fit_max_length, prepare_inputs
 from analysis.common.figures import (
     FigureCache,
     figure_formats,
@@ -269,13 +262,104 @@ def read_cached(path: Path, load=load_scores, expected: dict | None = None):
         return None
 
 
-def run(config: TrackConfig) -> pd.DataFrame | None:
-    """Analyses the series' checkpoints (cached ones from the cache); returns the track table. A
-    shard (`config.shard`) scores its uncached members into the cache, writes nothing into --out
-    and returns None. In a job of several processes each scores its share of every uncached step,
-    and process 0 alone fills the cache and writes --out (the others return None)."""
+Say = Callable[[str], None]
+
+
+def _quiet(line: str) -> None:
+    """The `say` of a caller that wants no progress lines (the API: its result shows itself)."""
+
+
+@dataclasses.dataclass(eq=False)
+class TrackRun:
+    """A track run held in memory: the tables (`track` is track.csv; `onsets`, `curves`, `sas`:
+    onset.csv, curve_onsets.csv, sas.csv), what the figures read beside them (held-out metrics,
+    τ per step, each task's N), `info` (run.json's provenance and settings, without the cache's
+    files, the figures and the environment, which the writer adds), the timings so far and the
+    clock the run started at.
+
+    The per-sequence scores live in the scores cache (`cache`: where each step's entry was read or
+    written) or, for a run given no cache (an API call without `out`), in memory (`held`), as the
+    SAS counts do (`sas_counts`); the writer then stores them in the cache beside the output it
+    writes, as the CLI's run would have."""
+
+    config: TrackConfig
+    members: list[Member]
+    track: pd.DataFrame
+    onsets: pd.DataFrame
+    curves: pd.DataFrame
+    sas: pd.DataFrame | None
+    heldout: pd.DataFrame | None
+    taus: dict[int, float]
+    n_examples: dict[str, int]
+    keys: CacheKeys
+    cache: Path | None
+    held: dict[int, dict[str, TaskScores]] | None
+    sas_counts: dict
+    info: dict
+    timings: dict[str, float]
+    started: float
+
+    def scores(self, step: int) -> dict[str, TaskScores]:
+        """The per-sequence scores of `step`, from memory or from the cache."""
+        if self.held is not None:
+            return self.held[step]
+        return load_scores(self.keys.path(self.cache, step))
+
+    def text(self) -> str:
+        """What the CLI prints at the end of a run: the shares of heads, the tests made, the onsets,
+        the SAS by step and the curves' changepoints."""
+        lines = [
+            format_fractions(self.track),
+            tests_line(self.info["tests"]),
+            onset.format_onsets(self.track, self.onsets),
+        ]
+        if self.sas is not None:
+            lines.append(
+                "SAS (best head's UAS, all words) by step: "
+                + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve(self.sas).items())
+            )
+        found = self.curves[self.curves["changepoint_step"].notna()]
+        steps = len(self.taus)
+        if found.empty:  # a table of <NA> says less than this line (a short or flat series)
+            lines.append(
+                f"curve changepoints: none of the {len(self.curves)} curves has one in this series ({steps} checkpoints)"
+            )
+        else:
+            lines.append(f"curve changepoints (steps, 90% intervals; the {len(self.curves) - len(found)} curves without one are in "
+                         f"{onset.CURVE_ONSETS_CSV}):")  # fmt: skip
+            lines.append(found.drop(columns="fit").to_string(index=False))
+        return "\n".join(lines)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheKeys:
+    """What names a step's cache entries: the settings that change its scores (and its SAS
+    counts, with --sas) and each step's checkpoint identity."""
+
+    settings: dict
+    identities: dict[int, dict]
+    sas_settings: dict | None = None
+
+    def path(self, cache_dir: Path, step: int) -> Path:
+        return cache_path(cache_dir, self.settings, self.identities[step])
+
+    def sas_path(self, cache_dir: Path, step: int) -> Path:
+        return cache_path(cache_dir, self.sas_settings, self.identities[step], "sas")
+
+    def expected(self, step: int, sas: bool = False) -> dict:
+        return {"settings": self.sas_settings if sas else self.settings, "checkpoint": self.identities[step]}
+
+
+def sas_curve(sas: pd.DataFrame) -> pd.Series:
+    """The best head's UAS over all words, by step: the SAS curve the onsets relate to."""
+    return sas[sas["relation"] == "all"].set_index("step")["uas"]
+
+
+def prepare(config: TrackConfig) -> tuple[TrackConfig, list[Member]]:
+    """The checks made before anything is encoded, scored or written, the series' members, and
+    `config` with its max length cut to the smallest model's positions (the sequences are encoded
+    once, before any model is loaded)."""
     distributed.initialize(config.roles.distributed)
-    started = time.perf_counter()
     select_figures(config.roles.figures, FIGURES)
     select_formats(config.roles.figure_format)
     if config.series:
@@ -284,145 +368,221 @@ def run(config: TrackConfig) -> pd.DataFrame | None:
         members = series_members(config.series, config.steps)
     else:
         members = run_members(config.roles.ckpt, config.steps, config.with_init)
-    # Before anything is encoded or scored; the cut too: the sequences are encoded once, before
-    # any model is loaded.
     positions = min(c.max_sequence_length for c in check_series(members))
     config = dataclasses.replace(config, roles=fit_max_length(config.roles, positions))
-    rc = config.roles
-    tasks = config_tasks(rc)
-    out = Path(rc.out).expanduser().resolve()
     if config.sas is not None and not Path(config.sas).expanduser().is_file():
         raise UserError(f"--sas {config.sas}: no such CoNLL-U file")
     # Before the cache folder is made: GLUE from a hub switched off fails here at once.
-    check_sources(rc, tasks)
-    prepare_cache(config.cache_dir, out)
+    check_sources(config.roles, config_tasks(config.roles))
     if config.sas is not None and jax.process_count() > 1:
         raise UserError(
             "--sas: not with --distributed (the SAS counts are not gathered across processes); run it alone"
         )
+    return config, members
+
+
+def run(config: TrackConfig, say: Say = print) -> tuple[TrackRun, dict] | None:
+    """The CLI's path: analyses the series' checkpoints (cached ones from the cache) and writes
+    --out (atomically); returns the run and the run.json written. A shard (`config.shard`) scores
+    its uncached members into the cache, writes nothing into --out and returns None. In a job of
+    several processes each scores its share of every uncached step, and process 0 alone fills the
+    cache and writes --out (the others return None). `say` gets the progress lines."""
+    started = time.perf_counter()
+    config, members = prepare(config)
+    out = Path(config.roles.out).expanduser().resolve()
+    prepare_cache(config.cache_dir, out)
     if config.shard is not None or jax.process_index() != 0:
         # A shard writes only into the cache; in a multi-process job process 0 writes --out.
-        return _run(config, members, tasks, None, started)
+        compute_members(config, members, config.cache_dir, started, say)
+        return None
     # Re-running into the same --out is the point of the cache: a previous track output may go.
-    with runinfo.atomic_out(out, rc.overwrite or (out / TRACK_CSV).is_file()) as tmp:
-        return _run(config, members, tasks, tmp, started)
+    with runinfo.atomic_out(out, config.roles.overwrite or (out / TRACK_CSV).is_file()) as tmp:
+        result = compute_members(config, members, config.cache_dir, started, say)
+        info = write(result, tmp, config.cache_dir)
+    return result, info
 
 
-def _run(
-    config: TrackConfig, members: list[Member], tasks: list[str], tmp: Path | None, started: float
-) -> pd.DataFrame | None:
+def compute(config: TrackConfig, cache: Path | None = None, say: Say = _quiet) -> TrackRun:
+    """The series analysed in memory: with a scores cache (`cache`), cached steps are read from it
+    and new ones stored in it; without, nothing is written (the parse cache aside)."""
+    if config.shard is not None:
+        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache and out")
+    started = time.perf_counter()
+    config, members = prepare(config)
+    if cache is not None:
+        prepare_cache(cache, Path(config.roles.out).expanduser().resolve())
+    return compute_members(config, members, cache, started, say)
+
+
+def compute_members(
+    config: TrackConfig, members: list[Member], cache: Path | None, started: float, say: Say
+) -> TrackRun | None:
+    """The stages of a track run: the inputs and cache keys, the cached steps, the new steps
+    scored, the tables. None for a shard and in a process of a multi-process job other than the
+    first (they score into the cache)."""
     rc = config.roles
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     steps = [m.step for m in members]
-    by_step = {m.step: m for m in members}
-    data = load_tasks(rc, tasks)
-    data_files = data_file_hashes(data)
-    parser = make_parser(rc)
+    inputs = prepare_inputs(rc, config_tasks(rc))
+    sas_sentences, sas_file = [], None
     tokenizer_id = tokenizer_digest(members[0].source)
-    settings = settings_key(rc, data_files, tokenizer_id, parser)
-    identities = {m.step: member_identity(m) for m in members}
-    paths = {s: cache_path(config.cache_dir, settings, identities[s]) for s in steps}
-    sas_sentences, sas_file, sas_paths = [], None, {}
+    sas_settings = None
     if config.sas is not None:
         sas_file = {"path": str(Path(config.sas).expanduser().resolve())}
         sas_sentences = read_conllu(Path(sas_file["path"]), limit=config.sas_n)
-        sas_file["sha256"] = runinfo.sha256(Path(sas_file["path"]))
+        sas_file["sha256"] = runinfo.input_sha256(Path(sas_file["path"]))
         sas_settings = sas_settings_key(config, sas_file, tokenizer_id)
-        sas_paths = {s: cache_path(config.cache_dir, sas_settings, identities[s], "sas") for s in steps}
+    keys = CacheKeys(settings_key(rc, inputs.data_files, tokenizer_id, inputs.parser),
+                     {m.step: member_identity(m) for m in members}, sas_settings)  # fmt: skip
     # A shard's members are every N-th of the series from its I-th, round-robin in step order.
     mine = steps if config.shard is None else [m.step for m in distributed.shard_members(members, *config.shard)]
-    # Each step is tested as soon as its scores are read or computed (the tests are cheap), so its
-    # scores are read once and only one step's are held at a time.
-    tested: dict[int, tuple[pd.DataFrame, float]] = {}
-    # The onset intervals' replicates, tested as each step is (docs/tracking.md): only where the
-    # outputs are written.
     writes_outputs = config.shard is None and jax.process_index() == 0
-    resampler = intervals.PairedResampler(rc.bootstrap, rc.bootstrap_seed) if writes_outputs and rc.bootstrap else None
-    replicate_p: dict[int, np.ndarray] = {}
-    # With the series as the family, each step is tested uncorrected and corrected once all are in.
-    step_config = dataclasses.replace(rc, correction="none") if config.correction_scope == "series" else rc
-
-    def test_step(step: int, scores: dict[str, TaskScores]) -> None:
-        tested[step] = test_roles(scores, step_config)
-        if resampler is not None:
-            clock = time.perf_counter()
-            alpha = rc.alpha if rc.correction == "none" else None
-            replicate_p[step] = resampler.pvalues(scores, tested[step][1], rc.test, alpha)
-            timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock
-
-    for step in mine:
-        if (
-            cached_scores := read_cached(paths[step], expected={"settings": settings, "checkpoint": identities[step]})
-        ) is not None:
-            test_step(step, cached_scores)
-    todo = [s for s in mine if s not in tested]
-    sas_counts = {}
-    for step in mine if config.sas is not None else []:
-        expected = {"settings": sas_settings, "checkpoint": identities[step]}
-        if (cached_counts := read_cached(sas_paths[step], load_sas, expected)) is not None:
-            sas_counts[step] = cached_counts
+    tester = StepTester(config, writes_outputs, timings)
+    sas_counts = read_cached_steps(config, mine, keys, cache, tester) if cache is not None else {}
+    todo = [s for s in mine if s not in tester.tested]
     sas_todo = [s for s in mine if config.sas is not None and s not in sas_counts]
-    check_same_work(todo, config.cache_dir)
+    check_same_work(todo, cache)
     timings["load_data"] = time.perf_counter() - clock
+    say(start_line(config, steps, mine, todo, sas_todo, cache))
+
+    work = Work(inputs, keys, cache, tester, None if cache is not None else {}, sas_counts, todo, sas_todo, sas_file,
+                sas_sentences, Devices.local(rc.devices), timings)  # fmt: skip
+    if todo or sas_todo:
+        score_steps(config, {m.step: m for m in members}, work)
+    if config.shard is not None:
+        say(f"track --shard {shard_text(config.shard)}: scored steps {todo} into {cache} in "
+            f"{time.perf_counter() - started:.1f} s; wrote nothing into --out {rc.out}: once every shard has "
+            "ended, the same command without --shard writes the outputs from the cache")  # fmt: skip
+        return None
+    if not writes_outputs:  # not process 0 of a multi-process job
+        return None
+    return tabulate(config, members, work, started)
+
+
+def start_line(config: TrackConfig, steps: list[int], mine: list[int], todo: list[int], sas_todo: list[int],
+               cache: Path | None) -> str:  # fmt: skip
+    """The line a run says before it scores: how many checkpoints, how many from the cache."""
     if config.shard is None:
-        print(
-            f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
+        return (
+            f"track: {len(steps)} checkpoints, {len(steps) - len(todo)} from the cache {cache}, {len(todo)} to analyse"
             + (f"; SAS of {len(sas_todo)} to compute" if config.sas is not None else "")
         )
-    else:
-        print(
-            f"track --shard {shard_text(config.shard)}: {len(mine)} of {len(steps)} checkpoints are this shard's "
-            f"(steps {mine}), {len(mine) - len(todo)} from the cache {config.cache_dir}, {len(todo)} to analyse"
-        )
+    return (
+        f"track --shard {shard_text(config.shard)}: {len(mine)} of {len(steps)} checkpoints are this shard's "
+        f"(steps {mine}), {len(mine) - len(todo)} from the cache {cache}, {len(todo)} to analyse"
+    )
 
-    devices = Devices.local(rc.devices)
-    if todo or sas_todo:
-        # In a multi-process job each process scores its share of every step's sequences.
-        # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
-        tokenizer = load_tokenizer(members[0].source.path, step=members[0].source.step)
-        if todo:
-            sequences = encode_tasks(rc, process_shares(data), tokenizer, parser, timings)
-        n_sequences = {task: len(d.indices) for task, d in data.items()}
-        if sas_todo:
-            sas_sequences = encode_batch(
-                tokenizer,
-                [(text,) for text, _ in sas_sentences],
-                [(words,) for _, words in sas_sentences],
-                rc.max_length,
-            )
-        for step in tqdm(sorted({*todo, *sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0):
+
+class StepTester:
+    """Tests each step as soon as its scores are read or computed (the tests are cheap), so its
+    scores are read once and only one step's are held at a time; and, where the outputs are
+    written, the onset intervals' replicates of each step (docs/tracking.md)."""
+
+    def __init__(self, config: TrackConfig, writes_outputs: bool, timings: dict[str, float]):
+        rc = config.roles
+        self.config = config
+        self.timings = timings
+        self.tested: dict[int, tuple[pd.DataFrame, float]] = {}
+        self.resampler = (
+            intervals.PairedResampler(rc.bootstrap, rc.bootstrap_seed) if writes_outputs and rc.bootstrap else None
+        )
+        self.replicate_p: dict[int, np.ndarray] = {}
+        # With the series as the family, each step is tested uncorrected and corrected once all are in.
+        self.step_config = dataclasses.replace(rc, correction="none") if config.correction_scope == "series" else rc
+
+    def test(self, step: int, scores: dict[str, TaskScores]) -> None:
+        rc = self.config.roles
+        self.tested[step] = test_roles(scores, self.step_config)
+        if self.resampler is not None:
             clock = time.perf_counter()
-            source = by_step[step].source
-            downloaded = fetch_weights(source)
-            model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
-            if step in todo:
-                step_timings: dict[str, float] = {}
-                with distributed.all_ok(f"scoring step {step}"):
-                    scorer = make_scorer(model, devices=devices, readings=(rc.attention,))
-                    results = score_sequences(scorer, sequences, rc, step_timings)
-                results = gather_scores(results, n_sequences)
-                if jax.process_index() == 0:
-                    save_scores(paths[step], results, settings, identities[step])
-                test_step(step, results)
-            if step in sas_todo:
-                sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
-                save_sas(sas_paths[step], sas_counts[step], sas_settings, identities[step])
-            if config.remove_downloads and downloaded:
-                freed = remove_downloads(downloaded)
-                log.info("step %d: removed its downloaded weights from the hub cache (%.1f MB)", step, freed / 1e6)
-            timings[f"step {step}"] = time.perf_counter() - clock
+            alpha = rc.alpha if rc.correction == "none" else None
+            self.replicate_p[step] = self.resampler.pvalues(scores, self.tested[step][1], rc.test, alpha)
+            self.timings["intervals"] = self.timings.get("intervals", 0.0) + time.perf_counter() - clock
 
-    if tmp is None and config.shard is None:  # not process 0 of a multi-process job
-        return None
-    if config.shard is not None:
-        print(
-            f"track --shard {shard_text(config.shard)}: scored steps {todo} into {config.cache_dir} in "
-            f"{time.perf_counter() - started:.1f} s; wrote nothing into --out {rc.out}: once every shard has "
-            "ended, the same command without --shard writes the outputs from the cache"
-        )
-        return None
 
+@dataclasses.dataclass
+class Work:
+    """What a track run works from and fills in: the examples, the cache keys and the cache (None:
+    the scores are `held` in memory), the tester, the steps to score (`todo`) and to count SAS
+    for (`sas_todo`), the SAS file, its sentences and counts, the mesh and the timings."""
+
+    inputs: Inputs
+    keys: CacheKeys
+    cache: Path | None
+    tester: StepTester
+    held: dict[int, dict[str, TaskScores]] | None
+    sas_counts: dict
+    todo: list[int]
+    sas_todo: list[int]
+    sas_file: dict | None
+    sas_sentences: list
+    devices: Devices
+    timings: dict[str, float]
+
+
+def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cache: Path, tester: StepTester) -> dict:
+    """Tests the steps whose scores the cache holds; returns the SAS counts it holds."""
+    for step in mine:
+        if (cached := read_cached(keys.path(cache, step), expected=keys.expected(step))) is not None:
+            tester.test(step, cached)
+    sas_counts = {}
+    for step in mine if config.sas is not None else []:
+        if (counts := read_cached(keys.sas_path(cache, step), load_sas, keys.expected(step, sas=True))) is not None:
+            sas_counts[step] = counts
+    return sas_counts
+
+
+def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> None:
+    """Loads each step's checkpoint once and scores the steps not cached: their scores go into the
+    cache (or `work.held`, without one) and are tested; their SAS counts into the cache and
+    `work.sas_counts`. In a multi-process job each process scores its share of every step's
+    sequences."""
+    rc = config.roles
+    # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
+    first = next(iter(by_step.values())).source
+    tokenizer = load_tokenizer(first.path, step=first.step)
+    sequences = work.inputs.encode(tokenizer, work.timings) if work.todo else None
+    sas_sequences = None
+    if work.sas_todo:
+        sas_sequences = encode_batch(tokenizer, [(text,) for text, _ in work.sas_sentences],
+                                     [(words,) for _, words in work.sas_sentences], rc.max_length)  # fmt: skip
+    for step in tqdm(
+        sorted({*work.todo, *work.sas_todo}), desc="checkpoints", unit="ckpt", disable=jax.process_index() != 0
+    ):
+        clock = time.perf_counter()
+        source = by_step[step].source
+        downloaded = fetch_weights(source)
+        model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
+        if step in work.todo:
+            with distributed.all_ok(f"scoring step {step}"):
+                scorer = make_scorer(model, devices=work.devices, readings=(rc.attention,))
+                results = score_sequences(scorer, sequences, rc, {})
+            results = gather_scores(results, work.inputs.n_sequences)
+            if work.held is not None:
+                work.held[step] = results
+            elif jax.process_index() == 0:
+                save_scores(work.keys.path(work.cache, step), results, work.keys.settings, work.keys.identities[step])
+            work.tester.test(step, results)
+        if step in work.sas_todo:
+            work.sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
+            if work.cache is not None:
+                keys = work.keys
+                save_sas(
+                    keys.sas_path(work.cache, step), work.sas_counts[step], keys.sas_settings, keys.identities[step]
+                )
+        if config.remove_downloads and downloaded:
+            freed = remove_downloads(downloaded)
+            log.info("step %d: removed its downloaded weights from the hub cache (%.1f MB)", step, freed / 1e6)
+        work.timings[f"step {step}"] = time.perf_counter() - clock
+
+
+def tabulate(config: TrackConfig, members: list[Member], work: Work, started: float) -> TrackRun:
+    """The track table (corrected over the series if asked), the SAS table, the onsets with their
+    intervals and the curves' changepoints, and the run's provenance."""
+    rc, timings, inputs = config.roles, work.timings, work.inputs
+    steps = [m.step for m in members]
+    tested = work.tester.tested
     clock = time.perf_counter()
     taus = {step: tested[step][1] for step in steps}
     tables = [tested[step][0].assign(step=step)[["step", *tested[step][0].columns]] for step in steps]
@@ -430,38 +590,115 @@ def _run(
     if config.correction_scope == "series":
         track["p_adjusted"] = stats.adjust_pvalues(track["p_value"].to_numpy(), rc.correction)
         track["assigned"] = stats.assign(track["p_adjusted"].to_numpy(), rc.alpha)
-    track.to_csv(tmp / TRACK_CSV, index=False)
     tests = test_count(track, rc, config.correction_scope)
     # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
     heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
-    sas_table, sas_curve = None, None
+    sas_table = None
     if config.sas is not None:
         sas_table = pd.concat(
-            [depattn.sas_table(sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
+            [depattn.sas_table(work.sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
         )[["step", *depattn.SAS_COLUMNS]]
-        sas_table.to_csv(tmp / SAS_CSV, index=False)
-        sas_curve = sas_table[sas_table["relation"] == "all"].set_index("step")["uas"]
     clock_intervals = time.perf_counter()
     interval_table, count_replicates = None, None
-    if resampler is not None:
+    if work.tester.resampler is not None:
         rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
-        held = intervals.decide([replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha)
-        interval_table = intervals.onset_interval_table(held, rows, steps, config.persistence)
-        count_replicates = intervals.replicate_counts(held, rows)
-    curves = onset.curve_onsets(track, heldout, sas_curve, rc.bootstrap, rc.bootstrap_seed, count_replicates)
+        held_p = intervals.decide(
+            [work.tester.replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha
+        )
+        interval_table = intervals.onset_interval_table(held_p, rows, steps, config.persistence)
+        count_replicates = intervals.replicate_counts(held_p, rows)
+    curve = None if sas_table is None else sas_curve(sas_table)
+    curves = onset.curve_onsets(track, heldout, curve, rc.bootstrap, rc.bootstrap_seed, count_replicates)
     onsets = onset.relate_onsets(onset.role_onsets(track, config.persistence, interval_table), curves, steps)
     timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock_intervals
-    onsets.to_csv(tmp / onset.ONSET_CSV, index=False)
-    curves.to_csv(tmp / onset.CURVE_ONSETS_CSV, index=False)
     timings["tests"] = time.perf_counter() - clock
 
+    parser = inputs.parser
+    info = {
+        "config": dataclasses.asdict(config),
+        # --run's checkpoints directory, as before the series (null for a --ckpt series).
+        "checkpoints": None if config.series else str(members[-1].source.path),
+        "series": [m.describe() for m in members],
+        "steps": steps,
+        "analysed_steps": work.todo,
+        "cached_steps": [s for s in steps if s not in work.todo],
+        "scores_cache": None,  # the writer's: where the entries are once written
+        "tau": {str(s): t for s, t in taus.items()},
+        "tests": tests,
+        "onsets": {
+            "persistence": config.persistence,
+            "replicates": rc.bootstrap,
+            "seed": rc.bootstrap_seed,
+            "interval": list(changepoint.INTERVAL),
+            "reference_curve": onset.REFERENCE_CURVE,
+            "replicate_test": "z" if rc.test == "z" else "t",
+        },
+        "parser": None if parser is None else {"name": parser.name, "version": parser.version},
+        "mesh": work.devices.record(),
+        "processes": jax.process_count(),
+        "data_files": inputs.data_files,
+        "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
+        "sas": None
+        if config.sas is None
+        else {
+            "conllu": work.sas_file,
+            "sentences": len(work.sas_sentences),
+            "computed_steps": work.sas_todo,
+            "cache": None,
+        },
+    }
+    return TrackRun(config, members, track, onsets, curves, sas_table, heldout, taus, inputs.n_sequences, work.keys,
+                    work.cache, work.held, work.sas_counts, info, timings, started)  # fmt: skip
+
+
+def write(result: TrackRun, directory: Path, cache: Path) -> dict:
+    """The one writer of a track run (the CLI's and the API's): the tables, the figures
+    `result.config` asks for (kept in `cache`'s figure cache) and run.json, into `directory`;
+    scores held in memory are stored in the scores cache `cache` first, as a CLI run stores them,
+    and run.json names the entries there. Returns the run.json written."""
+    config = result.config
+    steps = list(result.taus)
+    if result.held is not None:
+        for step in steps:
+            save_scores(result.keys.path(cache, step), result.held[step], result.keys.settings,
+                        result.keys.identities[step])  # fmt: skip
+        for step in steps if config.sas is not None else []:
+            save_sas(result.keys.sas_path(cache, step), result.sas_counts[step], result.keys.sas_settings,
+                     result.keys.identities[step])  # fmt: skip
+    result.track.to_csv(directory / TRACK_CSV, index=False)
+    if result.sas is not None:
+        result.sas.to_csv(directory / SAS_CSV, index=False)
+    result.onsets.to_csv(directory / onset.ONSET_CSV, index=False)
+    result.curves.to_csv(directory / onset.CURVE_ONSETS_CSV, index=False)
+
     clock = time.perf_counter()
-    figures = []
+    figures = draw_figures(result, directory, cache / "figures")
+    timings = result.timings | {"figures": time.perf_counter() - clock}
+    timings["total"] = time.perf_counter() - result.started
+    info = result.info | {
+        "config": dataclasses.asdict(config),  # its place kept: the run's, or a saved copy's `out`
+        "scores_cache": {str(s): str(result.keys.path(cache, s)) for s in steps},
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    if config.sas is not None:
+        info["sas"] = info["sas"] | {"cache": {str(s): str(result.keys.sas_path(cache, s)) for s in steps}}
+    runinfo.write_run_json(directory, info)
+    return info
+
+
+def draw_figures(result: TrackRun, directory: Path, figure_cache: Path) -> list[Path]:
+    """The figures `result.config` asks for, per task, into `directory`; a figure whose table, τ
+    and held-out metrics are those of an earlier run's is copied from `figure_cache`."""
+    config, rc, track = result.config, result.config.roles, result.track
+    members = result.members
     draw = {
         "role_fractions": plot_role_fractions,
         "emergence": plot_emergence,
-        "mean_beta": functools.partial(plot_mean_beta, taus=taus),
-        "onset": functools.partial(onset.plot_onset, heldout=heldout, sas=sas_table, curves=curves, onsets=onsets),
+        "mean_beta": functools.partial(plot_mean_beta, taus=result.taus),
+        "onset": functools.partial(
+            onset.plot_onset, heldout=result.heldout, sas=result.sas, curves=result.curves, onsets=result.onsets
+        ),
     }
     # The line under the titles: the series, each task's N and τ (one value, or one per step).
     series_name = (
@@ -469,14 +706,15 @@ def _run(
         if config.series
         else readable_checkpoint(rc.ckpt)
     )
-    tau_values = set(taus.values())
+    tau_values = set(result.taus.values())
     tau = next(iter(tau_values)) if len(tau_values) == 1 else "per step (run.json)"
-    about = {task: about_line(series_name, len(data[task].indices), tau) for task in pd.unique(track["task"])}
-    # A re-run whose table, τ and held-out metrics are those of the last run copies its figures.
-    cache = FigureCache(config.cache_dir / "figures", [tracking_figures, onset, heads_figures, common_figures])
-    shared = json.dumps({str(s): t for s, t in taus.items()}).encode() + b"".join(
-        b"" if table is None else table.to_csv().encode() for table in (heldout, sas_table, curves, onsets)
+    about = {task: about_line(series_name, result.n_examples[task], tau) for task in pd.unique(track["task"])}
+    cache = FigureCache(figure_cache, [tracking_figures, onset, heads_figures, common_figures])
+    shared = json.dumps({str(s): t for s, t in result.taus.items()}).encode() + b"".join(
+        b"" if table is None else table.to_csv().encode()
+        for table in (result.heldout, result.sas, result.curves, result.onsets)
     )
+    figures = []
     with figure_formats(select_formats(rc.figure_format)):
         for kind in select_figures(rc.figures, FIGURES):
             for task in pd.unique(track["task"]):
@@ -484,65 +722,10 @@ def _run(
                 line = about[task] if kind != "onset" else ""
                 content = track[track["task"] == task].to_csv(index=False).encode() + shared + line.encode()
                 draw_one = functools.partial(
-                    draw[kind], track, task, out_dir=tmp, stem=stem, **({"about": line} if line else {})
+                    draw[kind], track, task, out_dir=directory, stem=stem, **({"about": line} if line else {})
                 )
-                figures += cache.figure(stem, content, draw_one, tmp)
-    timings["figures"] = time.perf_counter() - clock
-    timings["total"] = time.perf_counter() - started
-
-    runinfo.write_run_json(
-        tmp,
-        {
-            "config": dataclasses.asdict(config),
-            # --run's checkpoints directory, as before the series (null for a --ckpt series).
-            "checkpoints": None if config.series else str(members[-1].source.path),
-            "series": [m.describe() for m in members],
-            "steps": steps,
-            "analysed_steps": todo,
-            "cached_steps": [s for s in steps if s not in todo],
-            "scores_cache": {str(s): str(p) for s, p in paths.items()},
-            "tau": {str(s): t for s, t in taus.items()},
-            "tests": tests,
-            "onsets": {
-                "persistence": config.persistence,
-                "replicates": rc.bootstrap,
-                "seed": rc.bootstrap_seed,
-                "interval": list(changepoint.INTERVAL),
-                "reference_curve": onset.REFERENCE_CURVE,
-                "replicate_test": "z" if rc.test == "z" else "t",
-            },
-            "parser": None if parser is None else {"name": parser.name, "version": parser.version},
-            "mesh": devices.record(),
-            "processes": jax.process_count(),
-            "data_files": data_files,
-            "heldout_metrics": None if heldout is None else heldout.reset_index().to_dict("records"),
-            "sas": None
-            if config.sas is None
-            else {
-                "conllu": sas_file,
-                "sentences": len(sas_sentences),
-                "computed_steps": sas_todo,
-                "cache": {str(s): str(p) for s, p in sas_paths.items()},
-            },
-            "figures": sorted(p.name for p in figures),
-            "timings_s": {k: round(v, 3) for k, v in timings.items()},
-        },
-    )
-    print(format_fractions(track))
-    print(tests_line(tests))
-    print(onset.format_onsets(track, onsets))
-    if sas_curve is not None:
-        print("SAS (best head's UAS, all words) by step: " + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve.items()))
-    found = curves[curves["changepoint_step"].notna()]
-    if found.empty:  # a table of <NA> says less than this line (a short or flat series)
-        print(f"curve changepoints: none of the {len(curves)} curves has one in this series ({len(steps)} checkpoints)")
-    else:
-        print(
-            f"curve changepoints (steps, 90% intervals; the {len(curves) - len(found)} curves without one are in "
-            f"{onset.CURVE_ONSETS_CSV}):"
-        )
-        print(found.drop(columns="fit").to_string(index=False))
-    return track
+                figures += cache.figure(stem, content, draw_one, directory)
+    return figures
 
 
 def test_count(track: pd.DataFrame, config: RolesConfig, scope: str) -> dict:
@@ -586,9 +769,10 @@ def shard_text(shard: tuple[int, int]) -> str:
     return f"{shard[0]}/{shard[1]}"
 
 
-def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
+def run_seeds(config: TrackConfig, workdirs: list[str], say: Say = print) -> pd.DataFrame:
     """Several runs of one recipe (`--run` repeated): each tracked into `<out>/<its name>/` with the
-    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`."""
+    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`.
+    `say` gets each run's lines and the summary's."""
     out = Path(config.roles.out).expanduser().resolve()
     names = [Path(w).expanduser().resolve().name for w in workdirs]
     if len(set(names)) < len(names):
@@ -597,9 +781,11 @@ def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
     for name, workdir in zip(names, workdirs, strict=True):
         member_out = out / name
         cache = None if config.scores_cache is None else str(Path(config.scores_cache).expanduser() / name)
-        print(f"track: run {workdir} → {member_out}")
-        run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
-                                scores_cache=cache))  # fmt: skip
+        say(f"track: run {workdir} → {member_out}")
+        done = run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
+                                       scores_cache=cache), say)  # fmt: skip
+        if done is not None:
+            say(done[0].text())
         directories[name] = member_out
     if config.shard is not None or jax.process_index() != 0:
         return pd.DataFrame()
@@ -610,16 +796,19 @@ def run_seeds(config: TrackConfig, workdirs: list[str]) -> pd.DataFrame:
         with figure_formats(select_formats(config.roles.figure_format)):
             for task in pd.unique(next(iter(tracks.values()))["task"]):
                 seeds.plot_seeds(tracks, task, out, f"{task}_seeds")
-    across = table[table["seed"] == "all"]
-    print(
-        f"across {len(workdirs)} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):"
-    )
-    for row in across.itertuples():
-        print(f"  {row.task} {row.role}: onset {_median_range(row.earliest_onset_median, row.earliest_onset_min, row.earliest_onset_max)} "
-              f"in {row.seeds_with_onset} of {row.seeds} seeds; heads at last step {row.heads_at_last_step_median:g} "
-              f"[{row.heads_at_last_step_min:g}, {row.heads_at_last_step_max:g}]")  # fmt: skip
-    print(f"wrote {out / seeds.SEEDS_CSV}")
+    say(seeds_text(table, len(workdirs)))
+    say(f"wrote {out / seeds.SEEDS_CSV}")
     return table
+
+
+def seeds_text(table: pd.DataFrame, runs: int) -> str:
+    """The across-seed lines: per task and role, the earliest onset and the heads at the last step."""
+    lines = [f"across {runs} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):"]
+    for row in table[table["seed"] == "all"].itertuples():
+        lines.append(f"  {row.task} {row.role}: onset {_median_range(row.earliest_onset_median, row.earliest_onset_min, row.earliest_onset_max)} "
+                     f"in {row.seeds_with_onset} of {row.seeds} seeds; heads at last step {row.heads_at_last_step_median:g} "
+                     f"[{row.heads_at_last_step_min:g}, {row.heads_at_last_step_max:g}]")  # fmt: skip
+    return "\n".join(lines)
 
 
 def _median_range(median, low, high) -> str:

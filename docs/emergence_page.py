@@ -1,0 +1,355 @@
+"""Every number of docs/emergence.md, from committed files: the page's generated blocks.
+
+    python docs/emergence_page.py            # rewrites the blocks of docs/emergence.md
+    python docs/emergence_page.py --check    # exits 1 naming the blocks where the page differs
+
+A block is the text between `<!-- NAME -->` and `<!-- /NAME -->`; each is made by one function below
+from the files committed under docs/emergence/ (the lengths also read the staged GLUE dev sets:
+`$BERTJAX_DATA/glue`). The prose outside the blocks states no measured number: it says what the
+blocks show. tests/test_docs_emergence.py runs the check on every block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import emergence_family
+import emergence_lengths
+import emergence_seeds
+
+from analysis.heads import onset, seeds
+from sieves import stats
+
+DOCS = Path(__file__).resolve().parent
+PAGE = DOCS / "emergence.md"
+RUNS = DOCS / "emergence"
+POSITIONAL = ["local", "prev", "next"]
+SYNTACTIC = ["nsubj", "dobj", "syntactic"]
+# The single-seed CPU runs of 2026-11 (before the seeds): what each one changed.
+HISTORY = {"real": "MLM only, post-LN", "real-pre-ln": "MLM only, pre-LN, sinusoidal", "real-nsp": "MLM + NSP, post-LN"}
+HISTORY_STEPS = [1, 121, 400, 728, 1326, 2414, 4394, 8000]
+HISTORY_ROLES = ["local", "prev", "next", "cls", "delimiter"]
+
+
+def _range(values) -> str:
+    values = [int(v) for v in values]
+    low, high = min(values), max(values)
+    return f"{low}" if low == high else f"{low}–{high}"
+
+
+def _seed_rows(tables: dict[str, pd.DataFrame], recipe: str) -> pd.DataFrame:
+    table = tables[recipe]
+    return table[table["seed"] != "all"]
+
+
+def earliest_of(tables: dict[str, pd.DataFrame], recipe: str, tasks: list[str], roles: list[str]) -> pd.DataFrame:
+    """Per seed: the earliest onset over `tasks` × `roles`, and where it lies against the loss."""
+    rows = _seed_rows(tables, recipe)
+    rows = rows[rows["task"].isin(tasks) & rows["role"].isin(roles) & rows["earliest_onset"].notna()]
+    return rows.sort_values("earliest_onset").groupby("seed", sort=True).head(1).set_index("seed")
+
+
+def _bao(frame: pd.DataFrame) -> str:
+    counts = frame["vs_loss"].value_counts()
+    return " / ".join(str(int(counts.get(k, 0))) for k in ("before", "overlapping", "after"))
+
+
+def _curves(recipe: str) -> pd.DataFrame:
+    rows = []
+    for name in emergence_seeds.RECIPES[recipe]:
+        curves = pd.read_csv(emergence_seeds.SEEDS / name / "track" / onset.CURVE_ONSETS_CSV).set_index("curve")
+        rows.append(curves.assign(run=name))
+    return pd.concat(rows)
+
+
+def headline() -> str:
+    """The result, stated first: across seeds, per recipe."""
+    tables = emergence_seeds.summaries()
+    parts = []
+    for recipe, names in emergence_seeds.RECIPES.items():
+        curves = _curves(recipe)
+        loss, sas = curves.loc[onset.LOSS_CURVE], curves.loc[onset.SAS_CURVE]
+        mrpc = earliest_of(tables, recipe, ["mrpc"], POSITIONAL + SYNTACTIC)
+        pairs = earliest_of(tables, recipe, ["mrpc", "qnli"], POSITIONAL + SYNTACTIC)
+        sst2 = earliest_of(tables, recipe, ["sst2"], POSITIONAL + SYNTACTIC)
+        cls = _seed_rows(tables, recipe)
+        cls = cls[(cls["task"] == "mrpc") & (cls["role"] == "cls")]
+        parts.append(
+            f"- **{recipe}** ({len(names)} seeds): loss changepoint {_range(loss['changepoint_step'])} (90% intervals "
+            f"within {_range([loss['changepoint_low'].min(), loss['changepoint_high'].max()])}); SAS changepoint "
+            f"{_range(sas['changepoint_step'])}, overlapping the loss's in {int((sas['vs_loss'] == 'overlapping').sum())} "
+            f"of {len(names)}; the earliest positional or syntactic head on MRPC at "
+            f"{_range(mrpc['earliest_onset'])} (b / o / a {_bao(mrpc)}), on MRPC or QNLI at "
+            f"{_range(pairs['earliest_onset'])} (b / o / a {_bao(pairs)}), on SST-2 at "
+            f"{_range(sst2['earliest_onset'])} (b / o / a {_bao(sst2)}); an MRPC [CLS] head in "
+            f"{int(cls['earliest_onset'].notna().sum())} of {len(names)} seeds"
+            + (f" (onsets {_range(cls['earliest_onset'].dropna())})" if cls["earliest_onset"].notna().any() else "")
+            + "."
+        )
+    sas_margin = []
+    for names in emergence_seeds.RECIPES.values():
+        for name in names:
+            table = pd.read_csv(emergence_seeds.SEEDS / name / "track" / "sas.csv")
+            last = table[(table["relation"] == "all") & (table["step"] == table["step"].max())].iloc[0]
+            sas_margin.append(last["uas"] - last["baseline_uas"])
+    parts.append(
+        f"- The SAS at the last step is {min(sas_margin):.3f}–{max(sas_margin):.3f} above the best fixed-offset "
+        "baseline at this size."
+    )
+    return "\n".join(parts)
+
+
+def seeds_data() -> str:
+    """What the seeds read and how long they trained (the prepared data's meta.json, each run.json)."""
+    counts = {
+        k: json.loads((emergence_seeds.SEEDS / f"data-{k}-meta.json").read_text())["counts"] for k in ("mlm", "nsp")
+    }
+    runs = [json.loads((emergence_seeds.SEEDS / n / "run.json").read_text()) for ns in emergence_seeds.RECIPES.values()
+            for n in ns]  # fmt: skip
+    steps = {r["config"]["train"]["steps"] for r in runs}
+    batch = {r["config"]["train"]["global_batch_size"] for r in runs}
+    assert len(steps) == len(batch) == 1, "the seeds share one schedule"
+    (steps,), (batch,) = steps, batch
+    passes = {k: steps * batch / c["instances"] for k, c in counts.items()}
+    total = [r["timings_s"]["total_s"] for r in runs]
+    return (
+        f"Each run read the recipe's first {counts['mlm']['documents']:,} documents "
+        f"({counts['mlm']['tokens'] / 1e6:.1f} M tokens; {counts['mlm']['instances']:,} instances MLM only and "
+        f"{counts['nsp']['instances']:,} with NSP: {passes['mlm']:.1f} and {passes['nsp']:.1f} passes in {steps} steps "
+        f"of {batch}; `seeds/data-mlm-meta.json`, `seeds/data-nsp-meta.json`). The trainings took "
+        f"{min(total):.0f}–{max(total):.0f} s each (`timings_s.total_s` of each run's `run.json`)."
+    )
+
+
+def convention_change() -> str:
+    """How many rows of the onsets table the window convention moved: an onset's window compared as
+    [its interval's low end, high end] (the first reading) against (the step before it, high end]."""
+    changed = []
+    for task in emergence_seeds.TASKS:
+        for role in emergence_seeds.ROLES:
+            for names in emergence_seeds.RECIPES.values():
+                counts = {"first": [], "now": []}
+                for name in names:
+                    track, onsets, curves = seeds.read_track(emergence_seeds.SEEDS / name / "track")
+                    steps = sorted(pd.unique(track["step"]))
+                    ref = curves[curves["curve"] == onset.REFERENCE_CURVE].iloc[0]
+                    held = onsets[(onsets["task"] == task) & (onsets["role"] == role) & (onsets["status"] == "onset")]
+                    if held.empty:
+                        continue
+                    first = held.sort_values(["onset_step", "onset_low"]).iloc[0]
+                    bounds = (ref["changepoint_low"], ref["changepoint_high"])
+                    counts["first"].append(onset.relation(first["onset_low"], first["onset_high"], *bounds))
+                    counts["now"].append(
+                        onset.relation(onset.step_before(first["onset_low"], steps), first["onset_high"], *bounds)
+                    )
+                if sorted(counts["first"]) != sorted(counts["now"]):
+                    changed.append(f"{task} {role}")
+                    break
+    rows = len(emergence_seeds.TASKS) * len(emergence_seeds.ROLES)
+    return (
+        f"This convention was aligned with the changepoint's after the seeds were first read; it moves "
+        f'{len(changed)} of the {rows} rows below ({", ".join(changed)}) toward "overlapping".'
+    )
+
+
+def series_corrected(method: str = "holm") -> str:
+    """Point onsets when every test of a run is one family (`--correction holm --correction-scope
+    series`), from each seed's committed p-values; the intervals would need the paired replicates,
+    which only the scores cache holds, so an onset's window here is (the step before it, it]."""
+    lines = ["| task | role | " + " | ".join(f"{r}: uncorrected | {r}: Holm over the series" for r in emergence_seeds.RECIPES)
+             + " |", "| --- | --- |" + " --- | --- |" * len(emergence_seeds.RECIPES)]  # fmt: skip
+    cells: dict[tuple[str, str], list[str]] = {}
+    for names in emergence_seeds.RECIPES.values():
+        tables = {"none": [], method: []}
+        for name in names:
+            directory = emergence_seeds.SEEDS / name / "track"
+            track, _, curves = seeds.read_track(directory)
+            alpha = json.loads((directory / "run.json").read_text())["tests"]["alpha"]
+            for correction in tables:
+                adjusted = stats.adjust_pvalues(track["p_value"].to_numpy(), correction)
+                decided = track.assign(assigned=stats.assign(adjusted, alpha))
+                onsets = onset.role_onsets(decided)
+                onsets = onsets.assign(onset_low=onsets["onset_step"], onset_high=onsets["onset_step"])
+                tables[correction].append(seeds.per_seed(name, decided, onsets, curves))
+        for per_seed in tables.values():
+            table = pd.concat(per_seed)
+            for (task, role), part in table.groupby(["task", "role"], sort=False):
+                found = part["earliest_onset"].dropna()
+                text = "none" if found.empty else f"{_range(found)} ({_bao(part)})"
+                cells.setdefault((task, role), []).append(text)
+    for task in emergence_seeds.TASKS:
+        for role in emergence_seeds.ROLES:
+            lines.append(f"| {task} | {role} | " + " | ".join(cells[(task, role)]) + " |")
+    return "\n".join(lines)
+
+
+def family() -> str:
+    return emergence_family.table(pd.read_csv(emergence_family.COMMITTED / "summary.csv"))
+
+
+def family_verdict() -> str:
+    """How many members held, which did not and why, and what the planted twin did."""
+    summary = pd.read_csv(emergence_family.COMMITTED / "summary.csv").fillna({"known_answer_failures": ""})
+    members, twins = summary[~summary["planted"]], summary[summary["planted"]]
+    held = members[members["holds"]]
+    text = f"**{len(held)} of {len(members)} members hold.**"
+    failed = []
+    for r in members[~members["holds"]].to_dict("records"):
+        why = r["known_answer_failures"] or (
+            f"its earliest positional onset is {r['vs_loss']} the loss changepoint" if isinstance(r["vs_loss"], str)
+            else "no positional onset")  # fmt: skip
+        failed.append(f"{r['member']} ({why})")
+    if failed:
+        text += " Not holding: " + "; ".join(failed) + "."
+    for r in twins.to_dict("records"):
+        text += (f" The planted twin {r['member']} " + ("holds: the check is not evidence." if r["holds"] else
+                 f"does not hold ({r['known_answer_failures'] or 'no overlapping onset'}), as it must."))  # fmt: skip
+    return text
+
+
+def history_heldout() -> str:
+    """Held-out MLM loss / accuracy of the single-seed CPU runs at their common checkpoints."""
+    heldout = {name: onset.read_heldout(RUNS / name) for name in HISTORY}
+    lines = ["| step | " + " | ".join(HISTORY.values()) + " |", "| --- |" + " --- |" * len(HISTORY)]
+    for step in HISTORY_STEPS:
+        cells = []
+        for name in HISTORY:
+            frame = heldout[name]
+            if step in frame.index:
+                cells.append(f"{frame.loc[step, onset.LOSS_CURVE]:.3f} / {frame.loc[step, onset.ACCURACY_CURVE]:.3f}")
+            else:
+                cells.append("–")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def roles_by_step(track: pd.DataFrame) -> pd.DataFrame:
+    """Per step, task and role: the head with the largest mean β and how many heads hold the role
+    (the `roles_by_step.csv` of the single-seed runs, from a track.csv)."""
+    rows = []
+    for (step, task, role), part in track.groupby(["step", "task", "role"], sort=True):
+        best = part.sort_values(["mean", "layer", "head"], ascending=[False, True, True]).iloc[0]
+        rows.append({"step": step, "task": task, "role": role, "best_layer": int(best["layer"]),
+                     "best_head": int(best["head"]), "max_mean_beta": round(float(best["mean"]), 4),
+                     "heads_held": int(part["assigned"].sum())})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def history_roles() -> str:
+    """Heads holding each role on MRPC / SST-2 at τ = 3 (each run's roles_by_step.csv)."""
+    names = {"cls": "[CLS]"}
+    lines = ["| step | run | " + " | ".join(names.get(r, r) for r in HISTORY_ROLES) + " |",
+             "| --- | --- |" + " --- |" * len(HISTORY_ROLES)]  # fmt: skip
+    tables = {name: pd.read_csv(RUNS / name / "roles_by_step.csv") for name in HISTORY}
+    for step in HISTORY_STEPS[1:]:
+        for name, label in HISTORY.items():
+            table = tables[name]
+            at = table[table["step"] == step].set_index(["task", "role"])["heads_held"]
+            if at.empty:
+                continue
+            cells = [f"{int(at[('mrpc', r)])} / {int(at[('sst2', r)])}" for r in HISTORY_ROLES]
+            lines.append(f"| {step} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def history_changepoints() -> str:
+    """The rule's changepoints on the single-seed runs' 31 evaluations (1000 wild-bootstrap replicates, seed 0)."""
+    lines = ["| run | curve | evaluations | changepoint | 90% interval | segments (first step: slope per e-fold) |",
+             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    for name, label in HISTORY.items():
+        heldout = onset.read_heldout(RUNS / name)
+        for curve, falling in ((onset.LOSS_CURVE, True), (onset.ACCURACY_CURVE, False)):
+            values = heldout[curve].dropna()
+            row = onset.curve_row(curve, "", values.index.to_numpy(), values.to_numpy(), falling, 1000, 0)
+            lines.append(f"| {label} | {curve} | {row['points']} | {row['changepoint_step']} | "
+                         f"{row['changepoint_low']}–{row['changepoint_high']} | {row['fit']} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def plateau() -> str:
+    """The earlier attempt's end: held-out MLM and NSP at its last evaluation, heads holding a role."""
+    heldout = onset.read_heldout(RUNS / "plateau")
+    last = heldout.index.max()
+    row = heldout.loc[last]
+    return (
+        f"At its last step ({last}) the held-out MLM loss was {row[onset.LOSS_CURVE]:.3f} and accuracy "
+        f"{row[onset.ACCURACY_CURVE]:.3f}, held-out NSP accuracy {row['heldout_nsp_accuracy']:.3f} "
+        f"(`plateau/metrics.jsonl`)."
+    )
+
+
+def synthetic() -> str:
+    """The recipe's run, step by step (section 1; the family's member w64-2x2-s0 is this run again)."""
+    member = RUNS / "synthetic"
+    track = pd.read_csv(member / "track.csv")
+    heldout = onset.read_heldout(member)
+    roles = ["local", "prev", "next", "cls", "sep"]
+    lines = ["| step | held-out MLM loss | MLM accuracy | heads (of 4) holding " + " / ".join(roles) + " |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    for step in sorted(track["step"].unique()):
+        held = track[(track["step"] == step) & track["assigned"]]["role"].value_counts()
+        counts = " / ".join(str(int(held.get(r, 0))) for r in roles)
+        lines.append(f"| {step} | {heldout.loc[step, onset.LOSS_CURVE]:.3f} | "
+                     f"{heldout.loc[step, onset.ACCURACY_CURVE]:.3f} | {counts} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def glue_dir() -> Path:
+    return Path(os.environ.get("BERTJAX_DATA", DOCS.parent.parent / "shared" / "data")) / "glue"
+
+
+BLOCKS: dict[str, Callable[[], str]] = {
+    "headline": headline,
+    "seeds-data": seeds_data,
+    "seeds-runs": emergence_seeds.runs_table,
+    "seeds-onsets": lambda: emergence_seeds.onsets_table(emergence_seeds.summaries()),
+    "seeds-convention": convention_change,
+    "seeds-corrected": series_corrected,
+    "seeds-lengths": lambda: emergence_lengths.lengths(glue_dir()),
+    "family": family,
+    "family-verdict": family_verdict,
+    "synthetic": synthetic,
+    "history-heldout": history_heldout,
+    "history-roles": history_roles,
+    "history-changepoints": history_changepoints,
+    "plateau": plateau,
+}
+
+
+def block_span(page: str, name: str) -> tuple[int, int]:
+    start_mark, end_mark = f"<!-- {name} -->\n", f"\n<!-- /{name} -->"
+    start = page.find(start_mark)
+    end = page.find(end_mark, start)
+    if start < 0 or end < 0:
+        raise SystemExit(f"docs/emergence.md has no {name} block")
+    return start + len(start_mark), end
+
+
+def render(page: str, generated: dict[str, str]) -> str:
+    for name, text in generated.items():
+        start, end = block_span(page, name)
+        page = page[:start] + text + page[end:]
+    return page
+
+
+def main(argv: list[str]) -> None:
+    page = PAGE.read_text()
+    generated = {name: make() for name, make in BLOCKS.items()}
+    if "--check" in argv:
+        stale = [name for name, text in generated.items() if page[slice(*block_span(page, name))] != text]
+        if stale:
+            raise SystemExit(f"docs/emergence.md differs from its files in: {', '.join(stale)}")
+        return
+    PAGE.write_text(render(page, generated))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
