@@ -26,7 +26,13 @@ from analysis.attention.options import (
     SURFACE_WEIGHTINGS,
     WORD_TEXTS,
 )
-from analysis.common.flags import add_length_arguments, add_nonfinite_argument, add_out_arguments
+from analysis.common.flags import (
+    ONE_READING,
+    add_attention_argument,
+    add_length_arguments,
+    add_nonfinite_argument,
+    add_out_arguments,
+)
 from bertjax import cli
 from sieves import depattn
 
@@ -100,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="pairs",
         help="token type ids the model reads: pairs (0 for A, 1 for B) or zeros (the authors' extract_attention.py)",
     )
+    add_attention_argument(p, ONE_READING)
     add_out_arguments(p, DEFAULT_OUT)
     p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
     add_nonfinite_argument(p)
@@ -122,7 +129,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
         word_text=a.word_text, segment_ids=a.segment_ids, gap_n=a.gap_n, coref_target=a.coref_target,
         coref_mentions=a.coref_mentions,
         overwrite=a.overwrite, analyses_explicit=explicit, figure_format=a.figure_format,
-        allow_nonfinite=a.allow_nonfinite,
+        allow_nonfinite=a.allow_nonfinite, attention=a.attention,
     )  # fmt: skip
 
 

@@ -18,7 +18,14 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from analysis.heads.config import EFFECT_FIGURES, add_data_arguments, add_output_arguments, config_from_args
+from analysis.common.flags import add_attention_argument
+from analysis.heads.config import (
+    EFFECT_FIGURES,
+    ONE_READING,
+    add_data_arguments,
+    add_output_arguments,
+    config_from_args,
+)
 from bertjax import cli
 
 if TYPE_CHECKING:
@@ -31,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
     add_data_arguments(p)
+    add_attention_argument(p, ONE_READING)
     add_output_arguments(p, "finetune_effect_out", EFFECT_FIGURES)
     return p
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from analysis.common.flags import add_attention_argument
 from analysis.heads.config import (
     DEFAULT_ROLES_FIGURES,
     ROLES_FIGURES,
@@ -33,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_arguments(p)
     add_test_arguments(p)
     add_variant_arguments(p)
+    add_attention_argument(p)
     add_output_arguments(p, "roles_out", ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
     return p
 

@@ -36,8 +36,10 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from analysis.common.flags import add_attention_argument
 from analysis.heads.config import (
     CORRECTION_SCOPES,
+    ONE_READING,
     PERSISTENCE,
     TRACK_FIGURES,
     add_data_arguments,
@@ -81,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--correction-scope", choices=CORRECTION_SCOPES, default=CORRECTION_SCOPES[0],
                    help="the family of --correction: the tests of each step, or of the whole series")  # fmt: skip
     add_data_arguments(p)
+    add_attention_argument(p, ONE_READING)
     add_test_arguments(p)
     add_output_arguments(p, "track_out", TRACK_FIGURES)
     return p

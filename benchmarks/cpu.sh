@@ -15,6 +15,7 @@ bench roles_overhead --glue-dir "$data/glue" --repeat 3
 bench roles_overhead --glue-dir "$data/glue" --repeat 3 --no-figures
 bench track_cache --glue-dir "$data/glue" --vocab "$data/vocab/bert-base-uncased-vocab.txt" --repeat 3
 bench cli_start --repeat 5
+bench attention_norms --glue-dir "$data/glue" --repeat 3
 bench scale --glue-dir "$data/glue" --repeat 5
 bench train_step --repeat 5
 bench train_step --repeat 5 --reuse-freed-memory

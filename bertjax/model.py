@@ -17,6 +17,10 @@ uniform disabling) the softmax is explicit; otherwise `jax.nn.dot_product_attent
 implementation: JAX picks no fused kernel by itself), which never hands the probabilities back. A
 head mask ξ multiplies the probabilities; on that path it multiplies the head's output instead,
 which is the same product (ξ·P)V = ξ·(PV).
+
+`attention_norms=True` also returns, per layer, the norms ‖f_h(x_j)‖ of what each head passes on
+from each key (Kobayashi et al. 2020, `value_norms`); `norm_weighted` turns them and the weights
+into their norm-weighted attention. Left False, the forward pass is exactly the one without them.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ class BertOutput:
     last_hidden_state: Array  # [B, T, d]
     pooler_output: Array | None  # [B, d]
     attentions: tuple[Array, ...] | None  # L × [B, H, T, T], fp32
+    value_norms: tuple[Array, ...] | None = None  # L × [B, H, T], fp32: ‖f_h(x_j)‖ (`attention_norms`)
 
 
 @struct.dataclass
@@ -47,12 +52,14 @@ class PreTrainingOutput:
     prediction_logits: Array  # [B, P, V] at masked_positions, or [B, T, V]
     seq_relationship_logits: Array  # [B, 2]
     attentions: tuple[Array, ...] | None
+    value_norms: tuple[Array, ...] | None = None
 
 
 @struct.dataclass
 class ClassificationOutput:
     logits: Array  # [B, num_labels]
     attentions: tuple[Array, ...] | None
+    value_norms: tuple[Array, ...] | None = None
 
 
 def _activation(name: str):
@@ -251,6 +258,57 @@ def attend(cfg: BertConfig, q, k, v, allowed, head_mask, disable, output_attenti
     return context.reshape(batch, length, -1), probs if output_attentions else None
 
 
+def value_norms(v: Array, output: nnx.Linear) -> Array:
+    """‖f_h(x_j)‖ [B, H, T] in float32 (Kobayashi et al. 2020, "Attention is Not Only a Weight"):
+    f_h(x) = (x W_V^h + b_V^h) W_O^h is what head h passes on from key j to the residual stream,
+    from its values v [B, T, H, d_head] (bias included) and W_O^h, the d_head rows of the output
+    projection `output`'s kernel [H·d_head, d] that head h's slice of the context feeds.
+
+    The output bias b_O is left out, as in the paper: it is added once to the sum over heads, not
+    per head or per key, so it belongs to no head's transfer. What head h adds at query i is
+    Σ_j α_ij f_h(x_j), so ‖α_ij f_h(x_j)‖ is key j's share; since α_ij ≥ 0, ‖α_ij f_h(x_j)‖ =
+    α_ij ‖f_h(x_j)‖ exactly, so one norm per (head, key) and a product with the weights give every
+    (query, key) norm without a [B, H, T, T, d] tensor.
+
+    W_O^h is [d_head, d]: its transpose factors as Q_h R_h (QR, Q_h [d, d_head] with orthonormal
+    columns, R_h [d_head, d_head]), so f_h(x) = v_h R_hᵀ Q_hᵀ and ‖f_h(x)‖ = ‖v_h R_hᵀ‖: a d_head ×
+    d_head product per head and key instead of d_head × d (12× fewer operations at BERT's shapes,
+    and no [B, T, H, d] transient). It is as exact as the product itself: Householder QR is backward
+    stable (R_h is the factor of W_O^h within a few d·u of its size) and Q_h preserves norms. The
+    Gram form ‖f‖² = v_h (W_O^h W_O^hᵀ) v_hᵀ, as cheap, is not: it squares, and loses the small norms
+    (the sink tokens' f, the ones the measure is about) to cancellation. The d_head × d_head factors
+    come from the weights in every call, a few MFLOP, so a model whose weights change (training,
+    the probes) needs nothing recomputed by hand."""
+    heads, head_dim = v.shape[2], v.shape[3]
+    kernel = output.kernel[...].astype(jnp.float32).reshape(heads, head_dim, -1)
+    r = jnp.linalg.qr(jnp.swapaxes(kernel, 1, 2), mode="r")  # [H, d_head, d_head]
+    # HIGHEST: a float32 product must not be rounded to TF32 or bf16 passes on an accelerator.
+    reduced = jnp.einsum("bthd,hed->bhte", v.astype(jnp.float32), r, precision=jax.lax.Precision.HIGHEST)
+    return jnp.sqrt(jnp.sum(jnp.square(reduced), axis=-1))
+
+
+def norm_weighted(attention: Array, norms: Array) -> Array:
+    """Kobayashi et al.'s norm-weighted attention: α_ij ‖f_h(x_j)‖ [..., H, T, T] from the weights
+    α [..., H, T, T] and `value_norms` [..., H, T], each query row divided by its sum so that it is a
+    distribution over the keys as the weights are (what β and every other weight statistic read).
+    A row whose sum is 0 (a head masked to zero) stays 0 rather than 0/0."""
+    raw = attention * norms[..., None, :]
+    total = jnp.sum(raw, axis=-1, keepdims=True)
+    return raw / jnp.where(total > 0, total, 1.0)
+
+
+# What an analysis can read as a head's attention: the weights α, or their norm-weighted attention.
+ATTENTION_READINGS = ("weights", "norms")
+
+
+def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
+    """L × [B, H, T, T]: the weights of `out` (`reading` "weights") or their norm-weighted attention
+    ("norms": `out` from a call with attention_norms=True)."""
+    if reading == "weights":
+        return out.attentions
+    return tuple(norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True))
+
+
 class BertSelfAttention(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
@@ -271,12 +329,17 @@ class BertSelfAttention(nnx.Module):
     ) -> tuple[Array, Array | None]:
         """x [B, T, d]; real [B, T] bool (non-padding keys); head_mask [H]; disable [H] bool;
         offsets [B, H, T, T] added to the attention probabilities (its gradient is ∂loss/∂α)."""
+        q, k, v = self.project(x)
+        return attend(
+            self.config, q, k, v, real[:, None, None, :], head_mask, disable, output_attentions, rngs, offsets
+        )
+
+    def project(self, x: Array) -> tuple[Array, Array, Array]:
+        """The queries, keys and values [B, T, H, d_head] of x [B, T, d]."""
         cfg = self.config
         batch, length, _ = x.shape
         split = lambda y: y.reshape(batch, length, cfg.num_attention_heads, cfg.head_dim)
-        q, k, v = split(self.query(x)), split(self.key(x)), split(self.value(x))
-        allowed = real[:, None, None, :]
-        return attend(cfg, q, k, v, allowed, head_mask, disable, output_attentions, rngs, offsets)
+        return split(self.query(x)), split(self.key(x)), split(self.value(x))
 
 
 class BertSelfOutput(nnx.Module):
@@ -309,10 +372,16 @@ class BertAttention(nnx.Module):
         self.self = BertSelfAttention(config, rngs=rngs)
         self.output = BertSelfOutput(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
+        """→ (output, probabilities or None, `value_norms` [B, H, T] when `norms` else None)."""
         attended = _sublayer_input(self.output, x)
-        context, probs = self.self(attended, real, head_mask, disable, output_attentions, rngs, offsets)
-        return self.output(context, x, rngs), probs
+        if not norms:
+            context, probs = self.self(attended, real, head_mask, disable, output_attentions, rngs, offsets)
+            return self.output(context, x, rngs), probs, None
+        q, k, v = self.self.project(attended)
+        allowed = real[:, None, None, :]
+        context, probs = attend(self.self.config, q, k, v, allowed, head_mask, disable, True, rngs, offsets)
+        return self.output(context, x, rngs), probs, value_norms(v, self.output.dense)
 
 
 class BertIntermediate(nnx.Module):
@@ -340,9 +409,11 @@ class BertLayer(nnx.Module):
         self.intermediate = BertIntermediate(config, rngs=rngs)
         self.output = BertOutputBlock(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None):
-        attended, probs = self.attention(x, real, head_mask, disable, output_attentions, rngs, offsets)
-        return self.output(self.intermediate(_sublayer_input(self.output, attended)), attended, rngs), probs
+    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
+        attended, probs, value_norm = self.attention(
+            x, real, head_mask, disable, output_attentions, rngs, offsets, norms
+        )
+        return self.output(self.intermediate(_sublayer_input(self.output, attended)), attended, rngs), probs, value_norm
 
 
 class BertEncoder(nnx.Module):
@@ -351,10 +422,13 @@ class BertEncoder(nnx.Module):
         # Pre-LN leaves the residual stream un-normalised: the heads read it through one last norm.
         self.LayerNorm = _layer_norm(config, rngs) if config.layer_norm_position == "pre" else None
 
-    def __call__(self, x, real, head_mask, disable_heads, output_attentions, rngs=None, attention_offsets=None):
-        attentions = []
+    def __call__(
+        self, x, real, head_mask, disable_heads, output_attentions, rngs=None, attention_offsets=None, norms=False
+    ):
+        """→ (hidden states, L attentions or None, L `value_norms` or None)."""
+        attentions, norm_list = [], []
         for i, layer in enumerate(self.layer):
-            x, probs = layer(
+            x, probs, value_norm = layer(
                 x,
                 real,
                 None if head_mask is None else head_mask[i],
@@ -362,11 +436,13 @@ class BertEncoder(nnx.Module):
                 output_attentions,
                 rngs,
                 None if attention_offsets is None else attention_offsets[i],
+                norms,
             )
             attentions.append(probs)
+            norm_list.append(value_norm)
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
-        return x, tuple(attentions) if output_attentions else None
+        return x, tuple(attentions) if output_attentions or norms else None, tuple(norm_list) if norms else None
 
 
 class BertPooler(nnx.Module):
@@ -405,12 +481,14 @@ class BertModel(nnx.Module):
         output_attentions: bool = False,
         dropout_rng: Array | None = None,
         attention_offsets: Array | None = None,
+        attention_norms: bool = False,
     ) -> BertOutput:
         """input_ids [B, T]; attention_mask [B, T] (1 = real token); head_mask [L, H] floats that
         multiply each head's attention; disable_heads [L, H] bool, heads replaced by uniform
         attention over the real tokens; dropout_rng enables dropout (training); attention_offsets
         [L, B, H, T, T] are added to the attention probabilities — at zeros the outputs are unchanged
-        and the gradient with respect to them is the gradient with respect to the probabilities."""
+        and the gradient with respect to them is the gradient with respect to the probabilities.
+        attention_norms (static): also return `value_norms`, and the attentions with them."""
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
@@ -422,9 +500,11 @@ class BertModel(nnx.Module):
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
-        x, attentions = self.encoder(x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets)
+        x, attentions, norms = self.encoder(
+            x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets, attention_norms
+        )
         pooled = None if self.pooler is None else self.pooler(x)
-        return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions)
+        return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions, value_norms=norms)
 
 
 class BertPredictionHeadTransform(nnx.Module):
@@ -481,7 +561,7 @@ class BertForPreTraining(nnx.Module):
             hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         prediction_logits = self.cls.predictions(hidden, self.bert.embeddings.word_embeddings)
         nsp_logits = self.cls.seq_relationship(out.pooler_output).astype(jnp.float32)
-        return PreTrainingOutput(prediction_logits, nsp_logits, out.attentions)
+        return PreTrainingOutput(prediction_logits, nsp_logits, out.attentions, out.value_norms)
 
 
 class BertForSequenceClassification(nnx.Module):
@@ -497,7 +577,7 @@ class BertForSequenceClassification(nnx.Module):
         dropout_rng = kwargs.get("dropout_rng")
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=jax.random.fold_in(dropout_rng, 1))
         pooled = _dropout(out.pooler_output, self.config.classifier_dropout_prob, rngs)
-        return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions)
+        return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions, out.value_norms)
 
 
 MODEL_CLASSES: dict[str, type[nnx.Module]] = {

@@ -22,7 +22,18 @@ import numpy as np
 from flax import nnx
 
 from bertjax.config import BertConfig
-from bertjax.model import BertOutput, _activation, _dense, _dropout, _embed, _layer_norm, attend, check_length, lookup
+from bertjax.model import (
+    BertOutput,
+    _activation,
+    _dense,
+    _dropout,
+    _embed,
+    _layer_norm,
+    attend,
+    check_length,
+    lookup,
+    value_norms,
+)
 
 Array = jax.Array
 
@@ -64,15 +75,16 @@ class ModernBertAttention(nnx.Module):
         self.Wqkv = _dense(config, d, 3 * d, rngs, use_bias=config.attention_bias)
         self.Wo = _dense(config, d, d, rngs, use_bias=config.attention_bias)
 
-    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None):
+    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
+        """→ (output, probabilities or None, `value_norms` [B, H, T] through Wo when `norms` else None)."""
         cfg = self.config
         batch, length, _ = x.shape
         # HF's Wqkv output is [q | k | v], each [H, d_head].
         qkv = self.Wqkv(x).reshape(batch, length, 3, cfg.num_attention_heads, cfg.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = rotate(q, *rotary), rotate(k, *rotary)
-        context, probs = attend(cfg, q, k, v, allowed, head_mask, disable, output_attentions, rngs, offsets)
-        return self.Wo(context), probs
+        context, probs = attend(cfg, q, k, v, allowed, head_mask, disable, output_attentions or norms, rngs, offsets)
+        return self.Wo(context), probs, value_norms(v, self.Wo) if norms else None
 
 
 class ModernBertMLP(nnx.Module):
@@ -98,11 +110,13 @@ class ModernBertEncoderLayer(nnx.Module):
         self.mlp_norm = _layer_norm(config, rngs, use_bias=config.norm_bias)
         self.mlp = ModernBertMLP(config, rngs=rngs)
 
-    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None):
+    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
         attended = x if self.attn_norm is None else self.attn_norm(x)
-        out, probs = self.attn(attended, allowed, rotary, head_mask, disable, output_attentions, rngs, offsets)
+        out, probs, value_norm = self.attn(
+            attended, allowed, rotary, head_mask, disable, output_attentions, rngs, offsets, norms
+        )
         x = x + out
-        return x + self.mlp(self.mlp_norm(x), rngs), probs
+        return x + self.mlp(self.mlp_norm(x), rngs), probs, value_norm
 
 
 class ModernBertModel(nnx.Module):
@@ -127,6 +141,7 @@ class ModernBertModel(nnx.Module):
         output_attentions: bool = False,
         dropout_rng: Array | None = None,
         attention_offsets: Array | None = None,
+        attention_norms: bool = False,
     ) -> BertOutput:
         """As `BertModel.__call__`; position_ids (default 0 … T-1 in every row, padding or not,
         as in HF) are RoPE's positions."""
@@ -146,11 +161,11 @@ class ModernBertModel(nnx.Module):
         theta = {"full_attention": cfg.global_rope_theta, "sliding_attention": cfg.local_rope_theta}
         rotary = {kind: rotary_tables(position_ids, theta[kind], cfg.head_dim) for kind in set(cfg.layer_types)}
         x = self.embeddings(input_ids, rngs)
-        attentions = []
+        attentions, norms = [], []
         for i, layer in enumerate(self.layers):
             kind = cfg.layer_types[i]
             allowed = real if cfg.is_global(i) else real & band
-            x, probs = layer(
+            x, probs, value_norm = layer(
                 x,
                 allowed,
                 rotary[kind],
@@ -159,9 +174,14 @@ class ModernBertModel(nnx.Module):
                 output_attentions,
                 rngs,
                 None if attention_offsets is None else attention_offsets[i],
+                attention_norms,
             )
             attentions.append(probs)
+            norms.append(value_norm)
         x = self.final_norm(x)
         return BertOutput(
-            last_hidden_state=x, pooler_output=None, attentions=tuple(attentions) if output_attentions else None
+            last_hidden_state=x,
+            pooler_output=None,
+            attentions=tuple(attentions) if output_attentions or attention_norms else None,
+            value_norms=tuple(norms) if attention_norms else None,
         )

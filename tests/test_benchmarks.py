@@ -92,6 +92,17 @@ def test_roles_overhead_runs_on_exported_parses(shared_data, random_tiny, tmp_pa
     assert ratio["overhead"] == pytest.approx(end_to_end["median_s"] / forward["median_s"] - 1)
 
 
+def test_attention_norms_runs_on_a_tiny_shape(shared_data, random_tiny, tmp_path, capsys):
+    from benchmarks import attention_norms
+
+    ckpt, _ = random_tiny
+    attention_norms.main(["--ckpt", ckpt, "--glue-dir", str(shared_data / "glue"), "--task", "mrpc", "--n", "6",
+                          "--repeat", "1", "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    *sides, added = json_lines(capsys.readouterr().out)
+    assert [line["side"] for line in sides] == ["weights", "norms", "both"] and sides[0]["n_sequences"] == 6
+    assert added["added"]["norms"] == pytest.approx(sides[1]["median_s"] / sides[0]["median_s"] - 1)
+
+
 def test_series_throughput_runs_on_a_tiny_series(shared_data, random_tiny, tmp_path, capsys):
     from benchmarks import series_throughput
 

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import checkpoint as ckpt
 from bertjax import cli, glue
 from bertjax.errors import UserError
-from bertjax.model import BertModel
+from bertjax.model import ATTENTION_READINGS, BertModel, attention_reading
 from bertjax.pretrained import abstract_model
 from sieves import depattn, stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
@@ -73,6 +73,9 @@ class ProbeConfig:
     # SAS (Chen et al. 2023) needs gold trees: None is on for conllu:FILE, off otherwise.
     sas: bool | None = None
     sas_relations: list[str] = dataclasses.field(default_factory=list)  # logged beside the overall SAS
+    # What β reads, as the analyses' --attention: the weights, or the norm-weighted attention of
+    # Kobayashi et al. 2020 (docs/attention-norms.md). SAS reads the weights.
+    attention: str = "weights"
 
 
 def sas_enabled(config: ProbeConfig) -> bool:
@@ -116,6 +119,8 @@ def check_config(config: ProbeConfig, positions: int) -> None:
         raise UserError(f"probe.tau must be a finite number ≥ 0, got {config.tau}")
     if not 0.0 < config.alpha < 1.0:
         raise UserError(f"probe.alpha must be in (0, 1), got {config.alpha}")
+    if config.attention not in ATTENTION_READINGS:
+        raise UserError(f"probe.attention must be one of {', '.join(ATTENTION_READINGS)}, got {config.attention!r}")
     if config.sas and not task.startswith(CONLLU_PREFIX):
         raise UserError(f"probe.sas needs gold trees: probe.task must be conllu:FILE, got {task}")
     if config.sas_relations and not sas_enabled(config):
@@ -223,11 +228,16 @@ class RoleProbe:
         head in both directions [2, B, L, H, W] (`sieves.depattn.predicted_heads`)."""
         input_ids, attention_mask, token_type_ids, rows, sieves = inputs
         state = ckpt.unflatten_params(self.abstract, {name: params[key] for name, key in self.names.items()})
-        out = nnx.merge(self.graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
-        scores = sieve_scores(jnp.stack(out.attentions), attention_mask.astype(bool), rows, sieves)
+        reading = self.config.attention
+        out = nnx.merge(self.graphdef, state)(
+            input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms=reading == "norms"
+        )
+        attentions = attention_reading(out, reading)
+        scores = sieve_scores(jnp.stack(attentions), attention_mask.astype(bool), rows, sieves)
         if pooling is None:
             return scores, None
         from_words, to_words, present = pooling
+        # SAS reads the weights whatever `attention` says, as analysis.track --sas does.
         maps = word_maps(jnp.stack(out.attentions, axis=1), from_words, to_words)  # [B, L, H, W, W]
         # Only the argmax leaves the device, not the maps; padded word slots own no piece.
         heads = depattn.predicted_heads(maps, present[:, None, None, :], jnp)

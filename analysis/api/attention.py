@@ -69,7 +69,7 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     Keyword arguments are the flags (see `ClarkConfig`: step, analyses, data_dir, inputs,
     glue_dir, split, n, max_length, batch_size, cluster_n, gradient_n, ewt_n, gap_n, first_piece,
     coref_target, coref_mentions, min_count, probe_train_n, probe_epochs, probe_learning_rate, seed,
-    surface_weighting, baseline_offsets, all_relations_include_root, word_text, segment_ids,
+    surface_weighting, attention, baseline_offsets, all_relations_include_root, word_text, segment_ids,
     overwrite, figure_format, allow_nonfinite). `model`/`tokenizer`: CKPT already loaded (a
     `BertForPreTraining` when the gradients run, else a `BertModel`)."""
     collect_garbage()

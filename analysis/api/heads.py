@@ -207,7 +207,7 @@ def roles(
     Keyword arguments are the flags (see `RolesConfig`: task, glue_dir, split, n, max_length,
     batch_size, roles, window, special_rows, tau, alpha, test, correction, parser, spacy_model,
     conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
-    syntactic_average, devices, distributed, step). `model`/`tokenizer`: CKPT already loaded.
+    syntactic_average, devices, distributed, attention, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes), or the flag's
     value (`"conllu"`, `"spacy"`)."""
     if isinstance(parser, str):  # the flag's value; taken for a parser object, it was ignored

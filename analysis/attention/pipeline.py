@@ -23,6 +23,7 @@ from analysis.attention.options import ANALYSES, SEGMENT_IDS, WORD_TEXTS
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import figure_formats, save_figure, select_formats
+from analysis.common.flags import ONE_READING
 from analysis.common.settings import check_types
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -76,6 +77,8 @@ class ClarkConfig:
     figure_format: str = "png"
     analyses_explicit: bool = False
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
+    # What the surface and cluster analyses read (`--attention`, docs/attention-norms.md).
+    attention: str = "weights"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -99,6 +102,7 @@ class ClarkConfig:
             glue.resolve_tasks(self.inputs)
         for flag, value, choices in (
             ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
+            ("attention", self.attention, ONE_READING),
             ("baseline-offsets", self.baseline_offsets, tuple(depattn.BASELINE_OFFSETS)),
             ("word-text", self.word_text, WORD_TEXTS),
             ("segment-ids", self.segment_ids, SEGMENT_IDS),
@@ -360,8 +364,9 @@ def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, to
     if "surface" in wanted:
         clock = time.perf_counter()
         means = surface.surface_statistics(
-            encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting
-        )
+            encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting,
+            config.attention,
+        )  # fmt: skip
         got.tables["surface"] = surface_table(means)
         got.figures["surface_by_layer"] = (plot_surface, "surface", (config.inputs,))
         got.figures["entropy_by_layer"] = (plot_entropy, "surface", (config.inputs,))
@@ -370,7 +375,7 @@ def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, to
     if "cluster" in wanted:
         clock = time.perf_counter()
         chosen = seqs[: config.cluster_n]
-        js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length)
+        js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length, config.attention)
         labels = head_labels(layers, heads)
         got.tables["head_js_divergence"] = pd.DataFrame(js, index=labels, columns=labels).rename_axis("head")
         # MDS needs a metric; the square root of the JS divergence is one.

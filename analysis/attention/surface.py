@@ -24,6 +24,7 @@ from flax import nnx
 
 from analysis.attention.options import SURFACE_WEIGHTINGS as WEIGHTINGS
 from analysis.common.forward import compiled, padded_batches
+from bertjax.model import attention_reading
 from sieves.align import EncodedSequence
 
 STATISTICS = (
@@ -125,21 +126,23 @@ def key_flag_batches(
         yield arrays
 
 
-def _attention_fn(model: nnx.Module, reduce, *options):
-    """Jitted forward whose stacked attention [L, B, H, T, T] goes straight into
-    `reduce(attention, arrays, *options)` (`reduce` a module-level function: part of the key
-    of the compiled function, as `options` are)."""
-    run, (state,) = compiled(_jit_attention_fn, model, static=(reduce, *options))
+def _attention_fn(model: nnx.Module, reduce, reading: str, *options):
+    """Jitted forward whose stacked attention [L, B, H, T, T] of `reading` (`--attention`: the
+    weights or the norm-weighted attention) goes straight into `reduce(attention, arrays,
+    *options)` (`reduce` a module-level function: part of the key of the compiled function, as
+    `reading` and `options` are)."""
+    run, (state,) = compiled(_jit_attention_fn, model, static=(reduce, reading, *options))
     return lambda arrays: run(state, arrays)
 
 
-def _jit_attention_fn(graphdef, reduce, *options):
+def _jit_attention_fn(graphdef, reduce, reading, *options):
     @jax.jit
     def run(state, arrays):
         out = nnx.merge(graphdef, state)(
-            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True
-        )
-        return reduce(jnp.stack(out.attentions), arrays, *options)
+            arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True,
+            attention_norms=reading == "norms",
+        )  # fmt: skip
+        return reduce(jnp.stack(attention_reading(out, reading)), arrays, *options)
 
     return run
 
@@ -159,12 +162,13 @@ def surface_statistics(
     batch_size: int,
     max_length: int,
     weighting: str = "tokens",
+    reading: str = "weights",
 ) -> np.ndarray:
     """Means [L, H, S] of the STATISTICS over every real row of every sequence (`weighting`, see
-    the module docstring), streamed by batch."""
+    the module docstring) of `reading`'s attention, streamed by batch."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
-    run = _attention_fn(model, _surface_reduce, weighting)
+    run = _attention_fn(model, _surface_reduce, reading, weighting)
     total_sums, total_counts = 0.0, 0.0
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):
         sums, counts = run(arrays)
@@ -174,10 +178,11 @@ def surface_statistics(
 
 
 def head_js_divergence(
-    model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int, max_length: int
+    model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, reading: str = "weights"
 ) -> np.ndarray:
-    """[L·H, L·H] JS divergence between heads (nats), averaged over every real row of `seqs`."""
-    run = _attention_fn(model, _js_reduce)
+    """[L·H, L·H] JS divergence between heads' `reading` rows (nats), averaged over every real row
+    of `seqs`."""
+    run = _attention_fn(model, _js_reduce, reading)
     total, rows = 0.0, 0.0
     for arrays in key_flag_batches(seqs, batch_size, max_length, (), "head distances"):
         total = total + np.asarray(run(arrays), np.float64)

@@ -27,6 +27,30 @@ def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], defau
                    help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
 
 
+# What an analysis reads as a head's attention (docs/attention-norms.md): the weights α, Kobayashi et
+# al.'s norm-weighted attention α_ij‖f_h(x_j)‖ with rows renormalised, or both from one forward pass.
+ATTENTION_SOURCES = ("weights", "norms", "both")
+# The sources of the analyses that read one of them per run (all but analysis.roles): the readings
+# of `bertjax.model.ATTENTION_READINGS`, spelled here too so that no parser imports JAX (a test
+# keeps the two equal).
+ONE_READING = ("weights", "norms")
+
+
+def add_attention_argument(p: argparse.ArgumentParser, sources: Sequence[str] = ATTENTION_SOURCES) -> None:
+    """`--attention`, spelled the same by every CLI that reads attention."""
+    p.add_argument("--attention", choices=sources, default="weights",
+                   help="weights: the attention weights α; norms: α_ij·‖f_h(x_j)‖ with rows renormalised "
+                        "(Kobayashi et al. 2020, docs/attention-norms.md)"
+                        + ("; both: each reading from one forward pass" if "both" in sources else ""))  # fmt: skip
+
+
+def attention_readings(source: str) -> tuple[str, ...]:
+    """The readings `--attention source` scores, the one of the main outputs first."""
+    if source not in ATTENTION_SOURCES:
+        raise UserError(f"--attention must be one of {', '.join(ATTENTION_SOURCES)}, got {source!r}")
+    return ("weights", "norms") if source == "both" else (source,)
+
+
 def check_device_count(devices: int | None) -> None:
     """`--devices` as a config gives it: None (all local devices) or at least 1; whether this
     process has that many is checked when the mesh is built."""

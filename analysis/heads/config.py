@@ -11,7 +11,9 @@ import logging
 import math
 from collections.abc import Sequence
 
-from analysis.common.flags import (
+from analysis.common.flags import (  # noqa: F401 — ONE_READING: the heads CLIs import it from here
+    ATTENTION_SOURCES,
+    ONE_READING,
     add_device_arguments,
     add_figure_arguments,
     add_length_arguments,
@@ -36,6 +38,7 @@ CHOICES = {
     "test": ("t", "z", "bootstrap"),
     "correction": ("none", "holm", "bh"),
     "parser": ("spacy", "conllu"),
+    "attention": ATTENTION_SOURCES,
 }
 
 # The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
@@ -100,6 +103,9 @@ class RolesConfig:
     devices: int | None = None
     distributed: bool = False
     allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
+    # What β reads (`--attention`, docs/attention-norms.md): the weights, the norm-weighted
+    # attention (Kobayashi et al. 2020), or both from one forward pass.
+    attention: str = "weights"
 
     def __post_init__(self) -> None:
         check_types(self)
@@ -222,7 +228,7 @@ def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
     same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
             "correction", "bootstrap", "bootstrap_seed", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
             "figure_format", "html", "block_score", "block_first_sep", "syntactic_average", "devices",
-            "distributed", "allow_nonfinite")  # fmt: skip
+            "distributed", "allow_nonfinite", "attention")  # fmt: skip
     settings = {name: given[name] for name in same if name in given}
     if "roles" in given:
         settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES

@@ -24,11 +24,12 @@ from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tas
 from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, compiled
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
-from analysis.heads.config import RolesConfig
+from analysis.heads.config import ONE_READING, RolesConfig
 from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
 from analysis.heads.summary import layer_groups
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
+from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES, present_roles
@@ -95,6 +96,10 @@ def effect_config(post: Sequence[str], data: RolesConfig) -> EffectConfig:
                         "run analysis.roles --parser conllu on each checkpoint instead")  # fmt: skip
     if not post:
         raise UserError("--post: give at least one fine-tuned checkpoint")
+    if data.attention not in ONE_READING:
+        raise UserError(
+            f"--attention must be one of {', '.join(ONE_READING)} in analysis.finetune_effect, got {data.attention!r}"
+        )
     specs = [parse_post(spec, data.task) for spec in post]
     labels = post_labels([path for path, _ in specs])
     posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))
@@ -146,21 +151,28 @@ def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Ar
     return dot / jnp.sqrt((a * a).sum((-2, -1)) * (b * b).sum((-2, -1)))
 
 
-def make_comparer(pre: nnx.Module, post: nnx.Module, devices: Devices | None = None) -> DataParallel:
+def make_comparer(
+    pre: nnx.Module, post: nnx.Module, devices: Devices | None = None, reading: str = "weights"
+) -> DataParallel:
     """One jitted function, one forward pass of each model: β of every role, layer and head for
-    both, the rows' counts, and the per-example cosine of every head's attention maps; data
-    parallel over `devices`."""
-    compare, states = compiled(_jit_comparer, pre, post)
+    both, the rows' counts, and the per-example cosine of every head's attention maps, all on
+    `reading` (`--attention`: the weights or the norm-weighted attention); data parallel over
+    `devices`."""
+    compare, states = compiled(_jit_comparer, pre, post, static=(reading,))
     return DataParallel(lambda states, *arrays: compare(*states, *arrays), states, devices, SCORER_BATCH_AXES)
 
 
-def _jit_comparer(pre_graph, post_graph):
+def _jit_comparer(pre_graph, post_graph, reading):
     @jax.jit
     def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
         real = attention_mask.astype(bool)
-        attend = lambda graph, state: jnp.stack(
-            nnx.merge(graph, state)(input_ids, attention_mask, token_type_ids, output_attentions=True).attentions
-        )
+
+        def attend(graph, state):
+            out = nnx.merge(graph, state)(
+                input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms=reading == "norms"
+            )
+            return jnp.stack(attention_reading(out, reading))
+
         a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
         pre_scores, counts = sieve_scores(a, real, rows, sieves)
         post_scores, _ = sieve_scores(b, real, rows, sieves)
@@ -281,7 +293,7 @@ def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: 
         loaded = None if post_models is None else post_models[i]
         if loaded is None:
             loaded = from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite)
-        comparer = make_comparer(pre, loaded, devices)
+        comparer = make_comparer(pre, loaded, devices, rc.attention)
         for task in post.tasks:
             with distributed.all_ok("scoring"):
                 before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")

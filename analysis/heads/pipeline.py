@@ -18,12 +18,22 @@ import pandas as pd
 
 from analysis.common.examples import Inputs, fit_max_length, prepare_inputs
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
+from analysis.common.flags import attention_readings
 from analysis.common.forward import Devices
+from analysis.heads import readings as second_readings
 from analysis.heads import summary
 from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
 from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, readable_checkpoint, write_report, wrote_line
-from analysis.heads.scoring import TaskScores, entropy_roles, gather_scores, make_scorer, score_sequences, test_roles
+from analysis.heads.scoring import (
+    TaskScores,
+    entropy_roles,
+    gather_scores,
+    make_scorer,
+    score_arrays,
+    score_readings,
+    test_roles,
+)
 from bertjax import distributed, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.builders import ROLES
@@ -38,7 +48,8 @@ class RolesRun:
     """A roles run held in memory: `table` (roles.csv), `summary` (summary.csv), each task's
     per-sequence scores (`results`, scores.npz), τ, `info` (run.json's provenance and settings,
     without the figures and the environment, which the writer adds), the timings so far and the
-    clock the run started at (run.json's total runs from it to the end of the writing)."""
+    clock the run started at (run.json's total runs from it to the end of the writing). A run
+    of `--attention both` holds its second reading in `readings`."""
 
     config: RolesConfig
     table: pd.DataFrame
@@ -48,6 +59,7 @@ class RolesRun:
     info: dict
     timings: dict[str, float]
     started: float
+    readings: list[second_readings.Reading] = dataclasses.field(default_factory=list)
 
     def text(self) -> str:
         """What the CLI prints at the end of a run: the summary, and the roles no input defines."""
@@ -55,6 +67,7 @@ class RolesRun:
         for task, result in self.results.items():
             if result.absent:
                 lines.append(f"{task}: roles not defined for these inputs (absent): {', '.join(result.absent)}")
+        lines[1:1] = [second_readings.format_counts(r.comparison) for r in self.readings]
         return "\n".join(lines)
 
 
@@ -100,7 +113,8 @@ def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, starte
     if tokenizer is None:
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
     devices = Devices.local(config.devices)
-    scorer = make_scorer(model, entropy_roles(config), devices)
+    readings = attention_readings(config.attention)
+    scorer = make_scorer(model, entropy_roles(config), devices, readings)
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, model.config.max_sequence_length)
 
@@ -109,15 +123,20 @@ def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, starte
     timings["load_data"] = time.perf_counter() - clock
     sequences = inputs.encode(tokenizer, timings)
     with distributed.all_ok("scoring"):
-        results = score_sequences(scorer, sequences, config, timings)
-    results = gather_scores(results, inputs.n_sequences)
+        by_reading = score_readings(scorer, sequences, config, timings, readings)
+    # The first reading makes the usual files; `--attention both` adds the second's beside them.
+    results, *others = (gather_scores(by_reading[reading], inputs.n_sequences) for reading in readings)
 
     clock = time.perf_counter()
     table, tau = test_roles(results, config)
     digest = summary.summarize(table, coarse=COARSE)
+    second = [
+        second_readings.compute(readings[0], table, reading, other, config)
+        for reading, other in zip(readings[1:], others, strict=True)
+    ]
     timings["tests_and_tables"] = time.perf_counter() - clock
     info = provenance(config, tau, source, model, devices, inputs, results)
-    return RolesRun(config, table, digest, results, tau, info, timings, started)
+    return RolesRun(config, table, digest, results, tau, info, timings, started, second)
 
 
 def provenance(config: RolesConfig, tau: float, source, model, devices: Devices, inputs: Inputs, results) -> dict:
@@ -144,21 +163,12 @@ def provenance(config: RolesConfig, tau: float, source, model, devices: Devices,
     }
 
 
-def score_arrays(results: dict[str, TaskScores]) -> dict[str, np.ndarray]:
-    """scores.npz's arrays: `<task>/<role>` [n_f, L, H] and `<task>/<role>/index` [n_f]."""
-    arrays = {}
-    for task, result in results.items():
-        for role, scores in result.scores.items():
-            arrays[f"{task}/{role}"] = scores
-            arrays[f"{task}/{role}/index"] = result.indices[role]
-    return arrays
-
-
 def write(result: RolesRun, directory: Path, pool: FigurePool | None = None) -> dict:
     """The one writer of a roles run (the CLI's and the API's): the tables, the scores, the figures
     `result.config` asks for (drawn by `pool`'s workers, or here without one) and run.json, into
     `directory`; returns the run.json written."""
     config = result.config
+    extra = {r.name: second_readings.write(directory, r) for r in result.readings}
     result.table.to_csv(directory / "roles.csv", index=False)
     np.savez(directory / "scores.npz", **score_arrays(result.results))
 
@@ -182,6 +192,7 @@ def write(result: RolesRun, directory: Path, pool: FigurePool | None = None) -> 
     info = result.info | {
         "config": dataclasses.asdict(config),  # its place kept: the run's, or a saved copy's `out`
         "figures": sorted(p.name for p in figures),
+        **({"readings": extra} if extra else {}),
         "timings_s": {k: round(v, 3) for k, v in timings.items()},
     }
     runinfo.write_run_json(directory, info)

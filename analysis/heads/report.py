@@ -17,11 +17,13 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
+from analysis.common.flags import attention_readings
 from analysis.common.settings import check_types, fits
 from analysis.heads.config import REPORT, RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
+from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_tokenizer
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
@@ -278,6 +280,22 @@ def stats_data(run: Run, layers: int, heads: int) -> dict:
     return data
 
 
+def other_readings(run: Run, layers: int, heads: int) -> dict:
+    """A `--attention both` roles run's other readings (`analysis.heads.readings`): reading → the
+    statistics of its roles table, as `stats_data` gives the main one's; {} for any other run."""
+    if run.kind != "roles":
+        return {}
+    out = {}
+    for reading, files in run.info.get("readings", {}).items():
+        path = run.directory / files["roles"]
+        if not path.is_file():
+            raise UserError(f"{path}: not found (run.json names it the {reading} reading's roles table)")
+        table = pd.read_csv(path)
+        check_table(run.kind, table, path, run.settings, run.info)
+        out[reading] = stats_data(dataclasses.replace(run, table=table), layers, heads)
+    return out
+
+
 @dataclasses.dataclass
 class Model:
     """A model whose attention the report shows, under the name the page gives it."""
@@ -322,7 +340,7 @@ def _quantised(attention: np.ndarray) -> str:
 
 def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: RolesConfig, present: Sequence[str]):
     """(attention [L, B, H, T, T], β [R, B, L, H], scored-row counts [R, B], rows, sieves) of `seqs`
-    padded to one length, for the roles `present`, as the run computed them.
+    padded to one length, for the roles `present`, as the run computed them (on its main reading).
 
     The length is rounded up to a power of two (within the model's positions): the model runs op by
     op here, each op compiled for its shapes, so every new length compiled ~40 programs anew and a
@@ -331,8 +349,11 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     longest = max(s.length for s in seqs)
     length = max(longest, min(1 << (longest - 1).bit_length(), model.config.max_position_embeddings))
     arrays = pad_batch(seqs, len(seqs), length)
-    out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True)
-    attention = jnp.stack(out.attentions)
+    # The reading the run's roles.csv holds: the norm-weighted attention of a norms run, else the weights.
+    reading = attention_readings(settings.attention)[0]
+    out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True,
+                attention_norms=reading == "norms")  # fmt: skip
+    attention = jnp.stack(attention_reading(out, reading))
     rows, sieves = build_batch(
         seqs, present, SieveOptions(settings.window, settings.special_rows, settings.block_first_sep == "b"), length
     )
@@ -564,10 +585,13 @@ def report_data(run: Run, config: ReportConfig) -> dict:
         "tau": tau,
         "settings": {
             k: getattr(run.settings, k) for k in ("split", "n", "max_length", "window", "test", "correction", "parser")
-        },
+        }
+        # Named only off its default, so that a weights run's page is the page it always was.
+        | ({"attention": run.settings.attention} if run.settings.attention != "weights" else {}),
         # A GLUE task's examples come from --split; a text: file's or CoNLL-U's have no split.
         "split_tasks": [t for t in tasks if t != CONLLU_TASK and not t.startswith(TEXT_LABEL)],
         "stats": stats,
+        **({"readings": readings} if (readings := other_readings(run, layers, heads)) else {}),
         "examples": examples,
         "examples_missing": missing,
         "coref": coref_data(run, config, layers, heads),

@@ -320,7 +320,8 @@ function options(select, values, current) { select.innerHTML = ""; for (const [v
 function setup() {
   document.title = D.title; $("title").textContent = D.title;
   $("meta").textContent = `${D.run_dir} · checkpoint ${D.checkpoint} · ${D.layers} layers × ${D.heads} heads · ` +
-    (D.tasks.some(hasSplit) ? `split ${D.settings.split}, ` : "") + `n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}`;
+    (D.tasks.some(hasSplit) ? `split ${D.settings.split}, ` : "") + `n ${D.settings.n}, max length ${D.settings.max_length}, window ${D.settings.window}, ${D.settings.test}-test, correction ${D.settings.correction}, parser ${D.settings.parser}` +
+    (D.settings.attention === "norms" ? ", β on the norm-weighted attention (Kobayashi et al. 2020)" : "");
   options($("task"), D.tasks.map((t) => [t, t]), S.task);
   $("task").addEventListener("change", (e) => { S.task = e.target.value; refreshRoles(); paintGrid(); if (S.head) openCard(...S.head); });
   refreshRoles();
@@ -374,6 +375,22 @@ function refreshRoles() {
   options($("card-role"), rs.map((r) => [r, `${r} (${D.coarse[r] || ""})`]), S.role);
 }
 setup();
+readingSwitch();
+
+// A `--attention both` run: the grid and the cards switch between the weights' tables and the
+// norm-weighted attention's (Kobayashi et al. 2020); the examples draw the weights under either.
+function readingSwitch() {
+  if (!D.readings) return;
+  const tables = { weights: D.stats, ...D.readings };
+  const names = { weights: "the attention weights", norms: "the norm-weighted attention (examples: the weights)" };
+  const select = el("select", { id: "reading" });
+  options(select, Object.keys(tables).map((r) => [r, names[r] || r]), "weights");
+  const label = el("label", {}, "β on "); label.appendChild(select);
+  document.querySelector(".controls").appendChild(label);
+  select.addEventListener("change", (e) => {
+    D.stats = tables[e.target.value]; refreshRoles(); paintGrid(); if (S.head) openCard(...S.head);
+  });
+}
 """
 
 BODY = """

@@ -22,6 +22,7 @@ from flax import nnx
 from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
+from bertjax.model import attention_reading
 from sieves import stats
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch, present_roles
@@ -49,20 +50,36 @@ def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
     return tuple(role == "block" and config.block_score == "entropy" for role in config.roles)
 
 
-def make_scorer(model: nnx.Module, entropy: tuple[bool, ...] = (), devices: Devices | None = None) -> DataParallel:
+def make_scorer(
+    model: nnx.Module,
+    entropy: tuple[bool, ...] = (),
+    devices: Devices | None = None,
+    readings: tuple[str, ...] = ("weights",),
+) -> DataParallel:
     """One jitted function: forward pass with attentions, then β for every role/layer/head
-    (times the row entropy for the roles `entropy` marks); data parallel over `devices`."""
+    (times the row entropy for the roles `entropy` marks); data parallel over `devices`.
+    `readings` (`analysis.common.flags.attention_readings`): β of each from the same forward
+    pass; with more than one, the scores gain a leading reading axis."""
     # One compiled function per architecture: tracking a run compiles once.
-    score, (state,) = compiled(_jit_scorer, model)
+    score, (state,) = compiled(_jit_scorer, model, static=(readings,))
     return DataParallel(partial(score, entropy_roles=entropy), state, devices, SCORER_BATCH_AXES)
 
 
-def _jit_scorer(graphdef):
+def _jit_scorer(graphdef, readings):
     @partial(jax.jit, static_argnames="entropy_roles")
     def score(state, input_ids, attention_mask, token_type_ids, rows, sieves, row_weights=None, entropy_roles=()):
-        out = nnx.merge(graphdef, state)(input_ids, attention_mask, token_type_ids, output_attentions=True)
+        out = nnx.merge(graphdef, state)(
+            input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms="norms" in readings
+        )
         real = attention_mask.astype(bool)
-        return sieve_scores(jnp.stack(out.attentions), real, rows, sieves, row_weights, entropy_roles)
+        scored = [
+            sieve_scores(jnp.stack(attention_reading(out, r)), real, rows, sieves, row_weights, entropy_roles)
+            for r in readings
+        ]
+        if len(scored) == 1:
+            return scored[0]
+        # The counts are the masks', the same for every reading.
+        return jnp.stack([scores for scores, _ in scored]), scored[0][1]
 
     return score
 
@@ -124,11 +141,20 @@ class ScoreCollector:
 
 
 def score_task(scorer: DataParallel, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str) -> TaskScores:
+    (result,) = score_task_readings(scorer, seqs, config, desc, 1)
+    return result
+
+
+def score_task_readings(
+    scorer: DataParallel, seqs: Sequence[EncodedSequence], config: RolesConfig, desc: str, readings: int
+) -> list[TaskScores]:
+    """One `TaskScores` per reading of a scorer made with `readings` of them."""
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
-    collector = ScoreCollector(config.roles, present)
+    collectors = [ScoreCollector(config.roles, present) for _ in range(readings)]
     for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
-        collector.add(chunk, scores, counts)
-    return collector.result(absent, len(seqs))
+        for collector, reading_scores in zip(collectors, scores if readings > 1 else [scores], strict=True):
+            collector.add(chunk, reading_scores, counts)
+    return [collector.result(absent, len(seqs)) for collector in collectors]
 
 
 def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.DataFrame, float]:
@@ -169,6 +195,17 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     return table, tau
 
 
+def score_arrays(results: dict[str, TaskScores]) -> dict[str, np.ndarray]:
+    """scores.npz's arrays: `task/role` the per-sequence scores [n, L, H], `task/role/index` their
+    example indices."""
+    arrays = {}
+    for task, result in results.items():
+        for role, scores in result.scores.items():
+            arrays[f"{task}/{role}"] = scores
+            arrays[f"{task}/{role}/index"] = result.indices[role]
+    return arrays
+
+
 def gather_scores(results: dict[str, TaskScores], n_sequences: dict[str, int]) -> dict[str, TaskScores]:
     """Every process's `results` (each from its contiguous share of each task's sequences) as one,
     in file order, with each task's whole sequence count; unchanged in a one-process run."""
@@ -187,9 +224,23 @@ def gather_scores(results: dict[str, TaskScores], n_sequences: dict[str, int]) -
 def score_sequences(
     scorer, sequences: dict[str, list[EncodedSequence]], config: RolesConfig, timings: dict[str, float]
 ) -> dict[str, TaskScores]:
-    results = {}
+    (results,) = score_readings(scorer, sequences, config, timings, ("one",)).values()
+    return results
+
+
+def score_readings(
+    scorer,
+    sequences: dict[str, list[EncodedSequence]],
+    config: RolesConfig,
+    timings: dict[str, float],
+    readings: tuple[str, ...],
+) -> dict[str, dict[str, TaskScores]]:
+    """{reading: {task: TaskScores}} from a scorer made with `readings`."""
+    results: dict[str, dict[str, TaskScores]] = {reading: {} for reading in readings}
     for task, seqs in sequences.items():
         clock = time.perf_counter()
-        results[task] = score_task(scorer, seqs, config, desc=f"{task} β")
+        scored = score_task_readings(scorer, seqs, config, f"{task} β", len(readings))
+        for reading, result in zip(readings, scored, strict=True):
+            results[reading][task] = result
         timings[f"{task}/score"] = time.perf_counter() - clock
     return results

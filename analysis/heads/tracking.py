@@ -38,7 +38,7 @@ from analysis.common.forward import Devices
 from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import intervals, onset, seeds, tracking_figures
-from analysis.heads.config import CORRECTION_SCOPES, PERSISTENCE, RolesConfig, config_tasks
+from analysis.heads.config import CORRECTION_SCOPES, ONE_READING, PERSISTENCE, RolesConfig, config_tasks
 from analysis.heads.config import TRACK_FIGURES as FIGURES
 from analysis.heads.figures import about_line
 from analysis.heads.report import readable_checkpoint
@@ -95,6 +95,10 @@ class TrackConfig:
             raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
         if self.persistence < 1:
             raise UserError(f"--persistence must be an integer ≥ 1, got {self.persistence}")
+        if self.roles.attention not in ONE_READING:
+            raise UserError(
+                f"--attention must be one of {', '.join(ONE_READING)} in analysis.track, got {self.roles.attention!r}"
+            )
         if self.correction_scope not in CORRECTION_SCOPES:
             raise UserError(
                 f"--correction-scope must be one of {', '.join(CORRECTION_SCOPES)}, got {self.correction_scope!r}"
@@ -136,6 +140,8 @@ def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) 
         "special_rows": config.special_rows,
         "parser": config.parser if parser is None else [parser.name, parser.version],
         "tokenizer": tokenizer,  # `tokenizer_digest`: its files' hash
+        # Keyed only off its default, so that the weights' entries cached before the flag still serve.
+        **({"attention": config.attention} if config.attention != "weights" else {}),
     }
 
 
@@ -550,7 +556,8 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
         model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
         if step in work.todo:
             with distributed.all_ok(f"scoring step {step}"):
-                results = score_sequences(make_scorer(model, devices=work.devices), sequences, rc, {})
+                scorer = make_scorer(model, devices=work.devices, readings=(rc.attention,))
+                results = score_sequences(scorer, sequences, rc, {})
             results = gather_scores(results, work.inputs.n_sequences)
             if work.held is not None:
                 work.held[step] = results
