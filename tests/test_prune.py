@@ -46,7 +46,7 @@ def _loss_through_head_outputs(model, ids, token_types, label, layer):
     real = jnp.ones((1, length), bool)
     x = bert.embeddings(ids, token_types, jnp.arange(length)[None])
     for below in bert.encoder.layer[:layer]:
-        x, _ = below(x, real, None, None, False)
+        x = below(x, real, None, None, False)[0]
     block = bert.encoder.layer[layer]
     attention = block.attention.self
     split = lambda y: y.reshape(1, length, cfg.num_attention_heads, cfg.head_dim)
@@ -58,7 +58,7 @@ def _loss_through_head_outputs(model, ids, token_types, label, layer):
         attended = block.attention.output(o.reshape(1, length, -1), x)
         y = block.output(block.intermediate(attended), attended)
         for above in bert.encoder.layer[layer + 1 :]:
-            y, _ = above(y, real, None, None, False)
+            y = above(y, real, None, None, False)[0]
         logits = model.classifier(bert.pooler(y))
         return optax.softmax_cross_entropy_with_integer_labels(logits, label)[0]
 

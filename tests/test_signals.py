@@ -24,6 +24,15 @@ from bertjax import cli
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture(autouse=True)
+def _ctrl_c_as_in_a_terminal():
+    """pytest-xdist starts its workers with SIGINT ignored, which `cli.run` keeps ignored (a shell's
+    background job); these tests send Ctrl-C as a terminal would, to a process that takes it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize(
     ("signum", "status", "line"),
     [(signal.SIGTERM, 143, "error: terminated"), (signal.SIGINT, 130, "error: interrupted")],
