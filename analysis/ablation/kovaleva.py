@@ -44,10 +44,11 @@ from analysis.ablation.patterns import (
     pattern_shares,
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
-from analysis.common.figures import figure_formats, select_formats
+from analysis.common.figures import select_formats
 from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices, compiled, padded_batches
 from analysis.common.settings import check_types
+from analysis.common.writing import write_tables_run
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -219,20 +220,7 @@ def compute(config: KovalevaConfig, model=None, tokenizer=None, compare=None) ->
 def write(result: KovalevaRun, directory: Path) -> dict:
     """The one writer of an ablate run (the CLI's and the API's): the tables, every figure (in the
     formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
-    for name, table in result.tables.items():
-        table.to_csv(directory / f"{name}.csv", index=False)
-    figures = []
-    with figure_formats(select_formats(result.config.figure_format)):
-        for job in result.figures:
-            figures += result.draw(job, directory)
-    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
-    info = result.info | {
-        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(directory, info)
-    return info
+    return write_tables_run(result, directory)
 
 
 def trained_heads(config: KovalevaConfig) -> bool:

@@ -24,10 +24,11 @@ from analysis.ablation.evaluation import (
 )
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.common.examples import fit_max_length
-from analysis.common.figures import figure_formats, select_formats
+from analysis.common.figures import select_formats
 from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices
 from analysis.common.settings import check_types
+from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -221,20 +222,7 @@ def compute(config: MichelConfig, model=None, tokenizer=None) -> MichelRun:
 def write(result: MichelRun, directory: Path) -> dict:
     """The one writer of a prune run (the CLI's and the API's): the tables, every figure (in the
     formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
-    for name, table in result.tables.items():
-        table.to_csv(directory / f"{name}.csv", index=False)
-    figures = []
-    with figure_formats(select_formats(result.config.figure_format)):
-        for stem in result.figures:
-            figures += result.draw(stem, directory)
-    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
-    info = result.info | {
-        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(directory, info)
-    return info
+    return write_tables_run(result, directory)
 
 
 def _compute(config: MichelConfig, started: float, model, tokenizer) -> MichelRun:

@@ -20,7 +20,6 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
-    unwritten_info,
 )
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
@@ -44,12 +43,6 @@ class AblateResult(TablesResult):
     kind = "ablate"
     writer = staticmethod(kovaleva.write)
 
-    @classmethod
-    def of(cls, run: kovaleva.KovalevaRun, info: dict | None = None, directory: Path | None = None) -> AblateResult:
-        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
-        info = unwritten_info(run.info, run.timings) if info is None else info
-        return cls(dict(sorted(run.tables.items())), run.config, info, run, directory)
-
 
 @dataclasses.dataclass(eq=False)
 class PruneResult(TablesResult):
@@ -67,12 +60,6 @@ class PruneResult(TablesResult):
     output: Output | None = dataclasses.field(default=None, repr=False)
     kind = "prune"
     writer = staticmethod(michel.write)
-
-    @classmethod
-    def of(cls, run: michel.MichelRun, info: dict | None = None, directory: Path | None = None) -> PruneResult:
-        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
-        info = unwritten_info(run.info, run.timings) if info is None else info
-        return cls(dict(sorted(run.tables.items())), run.config, info, run, directory)
 
     @property
     def curve(self):

@@ -16,7 +16,6 @@ from analysis.api.common import (
     comma_list,
     config_from,
     loaded,
-    unwritten_info,
 )
 from analysis.attention import pipeline
 from analysis.attention.options import DEFAULT_OUT
@@ -41,13 +40,10 @@ class ClarkResult(TablesResult):
     kind = "clark"
     writer = staticmethod(pipeline.write)
 
-    @classmethod
-    def of(cls, run: pipeline.ClarkRun, info: dict | None = None, directory: Path | None = None) -> ClarkResult:
-        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
-        info = unwritten_info(run.info, run.timings) if info is None else info
+    @staticmethod
+    def tables_of(run: pipeline.ClarkRun) -> dict[str, pd.DataFrame]:
         # An indexed table as its CSV reads back: the index (the heads' labels) a column.
-        tables = {n: t.reset_index() if n in pipeline.INDEXED_TABLES else t for n, t in sorted(run.tables.items())}
-        return cls(tables, run.config, info, run, directory)
+        return {n: t.reset_index() if n in pipeline.INDEXED_TABLES else t for n, t in sorted(run.tables.items())}
 
 
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:

@@ -266,6 +266,17 @@ class TablesResult(HeldResult):
     def writer(run, directory: Path) -> dict:
         raise NotImplementedError
 
+    @classmethod
+    def of(cls, run, info: dict | None = None, directory: Path | None = None):
+        """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
+        info = unwritten_info(run.info, run.timings) if info is None else info
+        return cls(cls.tables_of(run), run.config, info, run, directory)
+
+    @staticmethod
+    def tables_of(run) -> dict[str, pd.DataFrame]:
+        """The run's tables as their CSVs read back, by name."""
+        return dict(sorted(run.tables.items()))
+
     def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
         run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
         with runinfo.atomic_out(str(out), overwrite) as tmp:

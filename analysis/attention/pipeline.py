@@ -22,9 +22,10 @@ from analysis.attention import coref, depheads, gradients, probes, surface
 from analysis.attention.options import ANALYSES, SEGMENT_IDS, WORD_TEXTS
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
-from analysis.common.figures import figure_formats, save_figure, select_formats
+from analysis.common.figures import save_figure, select_formats
 from analysis.common.flags import ONE_READING
 from analysis.common.settings import check_types
+from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
@@ -271,20 +272,7 @@ def compute(config: ClarkConfig, model=None, tokenizer=None) -> ClarkRun:
 def write(result: ClarkRun, directory: Path) -> dict:
     """The one writer of a clark run (the CLI's and the API's): the tables, every figure (in the
     formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
-    for name, table in result.tables.items():
-        table.to_csv(directory / f"{name}.csv", index=name in INDEXED_TABLES)
-    figures = []
-    with figure_formats(select_formats(result.config.figure_format)):
-        for stem in result.figures:
-            figures += result.draw(stem, directory)
-    timings = result.timings | {"total": time.perf_counter() - result.started}  # the figures' time too
-    info = result.info | {
-        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(directory, info)
-    return info
+    return write_tables_run(result, directory, INDEXED_TABLES)
 
 
 def wanted_analyses(config: ClarkConfig, source, gradients_ok: bool, results: dict, lines: list[str]) -> set[str]:

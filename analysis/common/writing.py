@@ -1,0 +1,31 @@
+"""The one writer of the runs held as tables and drawing jobs (clark, ablate, prune)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from analysis.common.figures import figure_formats, select_formats
+from bertjax import runinfo
+
+
+def write_tables_run(run, directory: Path, indexed: tuple[str, ...] = ()) -> dict:
+    """Writes `run`'s tables (`<name>.csv`; the `indexed` ones with their index), every figure of
+    its drawing jobs (`run.draw(job, directory)`, in the formats its config asks for) and run.json
+    into `directory`; returns the run.json written. run.json's total runs from `run.started` to the
+    end of the figures."""
+    for name, table in run.tables.items():
+        table.to_csv(directory / f"{name}.csv", index=name in indexed)
+    figures = []
+    with figure_formats(select_formats(run.config.figure_format)):
+        for job in run.figures:
+            figures += run.draw(job, directory)
+    timings = run.timings | {"total": time.perf_counter() - run.started}
+    info = run.info | {
+        "config": dataclasses.asdict(run.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": sorted(p.name for p in figures),
+        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+    }
+    runinfo.write_run_json(directory, info)
+    return info
