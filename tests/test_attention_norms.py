@@ -303,24 +303,10 @@ def test_both_writes_each_reading_as_its_own_run_would(roles_runs):
 def test_norms_run_scores_beta_on_the_norm_weighted_attention(roles_runs, tiny_hf, shared_data):
     """The norms run's per-sequence β against β of DESIGN computed in float64 from the renormalised
     α_ij‖f_h(x_j)‖ of one unsorted, unbucketed batch (the slow twin of tests/test_roles.py)."""
-    from test_roles import _kernel_rtol, _reference_sequence_scores
-
-    from analysis.common import examples
-    from analysis.heads import config as roles_config
+    from test_roles import _kernel_rtol, _mrpc_in_one_batch, _reference_sequence_scores
 
     runs, cache = roles_runs
-    config = roles_config.RolesConfig(
-        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
-    )
-    data = examples.load_tasks(config, ["mrpc"])
-    seqs = examples.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_hf)), examples.make_parser(config), {})
-    seqs = seqs["mrpc"]
-    length = max(s.length for s in seqs)
-    arrays = {k: np.zeros((len(seqs), length), np.int32) for k in ("input_ids", "attention_mask", "token_type_ids")}
-    for b, seq in enumerate(seqs):
-        arrays["input_ids"][b, : seq.length] = seq.input_ids
-        arrays["attention_mask"][b, : seq.length] = 1
-        arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    seqs, arrays = _mrpc_in_one_batch(tiny_hf, shared_data, cache)
     out = bertjax.from_pretrained(str(tiny_hf))(**arrays, attention_norms=True)
     weighted = []
     for alpha, n in zip(out.attentions, out.value_norms, strict=True):

@@ -84,4 +84,4 @@ def test_roles_by_step_gives_the_committed_tables_columns(page_script):
     last = table[(table["step"] == track["step"].max()) & (table["task"] == "mrpc") & (table["role"] == "next")]
     held = track[(track["step"] == track["step"].max()) & (track["task"] == "mrpc") & (track["role"] == "next")]
     assert last["heads_held"].item() == held["assigned"].sum()
-    assert last["max_mean_beta"].item() == pytest.approx(held["mean"].max(), abs=5e-5)
+    assert last["max_mean_beta"].item() == pytest.approx(held["mean"].max(), abs=5e-5)  # rounded to 4 places

@@ -210,11 +210,9 @@ def _reference_sequence_scores(attention: np.ndarray, seq: EncodedSequence, role
     return (in_sieve / overall)[:, :, rows].mean(-1)
 
 
-def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny_hf, shared_data):
-    """The CLI scores length-sorted, bucket-padded batches; here every MRPC example is scored in
-    file order in one unsorted batch and compared row by row with `scores.npz` through its
-    index. Also pins n: exactly the examples where a role has a scored row."""
-    out, _, cache = tiny_run
+def _mrpc_in_one_batch(tiny_hf, shared_data, cache) -> tuple[list[EncodedSequence], dict[str, np.ndarray]]:
+    """The first 24 MRPC dev examples encoded as the CLI encodes them, in file order, padded into
+    one unsorted batch (the model's keyword arguments)."""
     config = roles_config.RolesConfig(
         ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
     )
@@ -227,6 +225,15 @@ def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny
         arrays["input_ids"][b, : seq.length] = seq.input_ids
         arrays["attention_mask"][b, : seq.length] = 1
         arrays["token_type_ids"][b, : seq.length] = seq.token_type_ids
+    return seqs, arrays
+
+
+def test_each_saved_score_belongs_to_the_example_it_is_indexed_by(tiny_run, tiny_hf, shared_data):
+    """The CLI scores length-sorted, bucket-padded batches; here every MRPC example is scored in
+    file order in one unsorted batch and compared row by row with `scores.npz` through its
+    index. Also pins n: exactly the examples where a role has a scored row."""
+    out, _, cache = tiny_run
+    seqs, arrays = _mrpc_in_one_batch(tiny_hf, shared_data, cache)
     model = bertjax.from_pretrained(str(tiny_hf))
     attention = np.stack(model(**arrays, output_attentions=True).attentions, axis=1)  # [B, L, H, T, T]
 
