@@ -11,6 +11,7 @@ blocks show. tests/test_docs_emergence.py runs the check on every block.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -37,6 +38,17 @@ SYNTACTIC = ["nsubj", "dobj", "syntactic"]
 HISTORY = {"real": "MLM only, post-LN", "real-pre-ln": "MLM only, pre-LN, sinusoidal", "real-nsp": "MLM + NSP, post-LN"}
 HISTORY_STEPS = [1, 121, 400, 728, 1326, 2414, 4394, 8000]
 HISTORY_ROLES = ["local", "prev", "next", "cls", "delimiter"]
+
+
+@functools.cache
+def seed_track(name: str) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(track, onsets, curves) of one committed seed, read once for every block (not modified)."""
+    return seeds.read_track(emergence_seeds.SEEDS / name / "track")
+
+
+@functools.cache
+def seed_summaries() -> dict[str, pd.DataFrame]:
+    return emergence_seeds.summaries()
 
 
 def _range(values) -> str:
@@ -72,7 +84,7 @@ def _curves(recipe: str) -> pd.DataFrame:
 
 def headline() -> str:
     """The result, stated first: across seeds, per recipe."""
-    tables = emergence_seeds.summaries()
+    tables = seed_summaries()
     parts = []
     for recipe, names in emergence_seeds.RECIPES.items():
         curves = _curves(recipe)
@@ -138,7 +150,7 @@ def convention_change() -> str:
             for names in emergence_seeds.RECIPES.values():
                 counts = {"first": [], "now": []}
                 for name in names:
-                    track, onsets, curves = seeds.read_track(emergence_seeds.SEEDS / name / "track")
+                    track, onsets, curves = seed_track(name)
                     steps = sorted(pd.unique(track["step"]))
                     ref = curves[curves["curve"] == onset.REFERENCE_CURVE].iloc[0]
                     held = onsets[(onsets["task"] == task) & (onsets["role"] == role) & (onsets["status"] == "onset")]
@@ -171,7 +183,7 @@ def series_corrected(method: str = "holm") -> str:
         tables = {"none": [], method: []}
         for name in names:
             directory = emergence_seeds.SEEDS / name / "track"
-            track, _, curves = seeds.read_track(directory)
+            track, _, curves = seed_track(name)
             alpha = json.loads((directory / "run.json").read_text())["tests"]["alpha"]
             for correction in tables:
                 adjusted = stats.adjust_pvalues(track["p_value"].to_numpy(), correction)
@@ -310,7 +322,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "headline": headline,
     "seeds-data": seeds_data,
     "seeds-runs": emergence_seeds.runs_table,
-    "seeds-onsets": lambda: emergence_seeds.onsets_table(emergence_seeds.summaries()),
+    "seeds-onsets": lambda: emergence_seeds.onsets_table(seed_summaries()),
     "seeds-convention": convention_change,
     "seeds-corrected": series_corrected,
     "seeds-lengths": lambda: emergence_lengths.lengths(glue_dir()),
