@@ -19,6 +19,9 @@
 # there: held-out shards name the vocabulary by absolute path.
 #
 # BERTJAX_SEEDS_TINY=1 runs everything at toy size on any device (a dry run of the commands).
+# Without a GPU: BERTJAX_SEEDS_SERIAL=1 runs the seeds one after another (a CPU gains nothing from
+# running them side by side, and the first seeds finish early), BERTJAX_SEEDS_BUDGET=SECONDS lifts
+# the per-stage time limits, and a run whose workdir holds checkpoints resumes from them.
 set -euo pipefail
 mode=${1:?usage: bash benchmarks/emergence_seeds.sh prepare | run OUT}
 carry=${BERTJAX_SEEDS_DIR:-.gpu-seeds}
@@ -41,6 +44,7 @@ else
   track_args=(--n 1000 --sas-n 1000 --bootstrap 1000 --batch-size 128)
   mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=280 budget_track=190
 fi
+if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET; fi
 if [[ ${BERTJAX_SEEDS_SET:-} == pre-ln ]]; then
   train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
 elif [[ -n ${BERTJAX_SEEDS_SET:-} ]]; then
@@ -81,7 +85,9 @@ one_run() {
   [[ $objective == nsp ]] && extra=("${nsp_args[@]}")
   # The shards stay where they were prepared (data_dir); the held-out shards, which name that
   # vocabulary by absolute path, are the workdir's own copy.
-  rm -rf "$work/$name" && mkdir -p "$work/$name" && cp -r "$prepared/$objective/heldout-T64" "$work/$name/"
+  if [[ ! -d $work/$name/checkpoints ]]; then
+    rm -rf "$work/$name" && mkdir -p "$work/$name" && cp -r "$prepared/$objective/heldout-T64" "$work/$name/"
+  fi
   timeout --signal=TERM --kill-after=20 "$budget_train" "$py" -m train.pretrain --config "$config" \
     --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" train.seed="$seed" \
     "data_dir=$prepared/$objective/data-T64" \
@@ -116,12 +122,15 @@ names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "
 env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) for n in names}}
 open(sys.argv[1], "w").write(json.dumps(env) + "\n")
 EOF
-  local pids=() names=()
-  for seed in "${mlm_seeds[@]}"; do
-    one_run "$mlm_name-s$seed" mlm "$seed" & pids+=($!) names+=("$mlm_name-s$seed")
+  local pids=() names=() runs=()
+  for seed in "${mlm_seeds[@]}"; do runs+=("$mlm_name-s$seed mlm $seed"); done
+  for seed in "${nsp_seeds[@]+"${nsp_seeds[@]}"}"; do runs+=("nsp-s$seed nsp $seed"); done
+  for spec in "${runs[@]}"; do
+    set -- $spec
+    names+=("$1")
+    if [[ -n ${BERTJAX_SEEDS_SERIAL:-} ]]; then one_run "$@"; else one_run "$@" & pids+=($!); fi
   done
-  for seed in "${nsp_seeds[@]+"${nsp_seeds[@]}"}"; do one_run "nsp-s$seed" nsp "$seed" & pids+=($!) names+=("nsp-s$seed"); done
-  for pid in "${pids[@]}"; do wait "$pid" || true; done
+  for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
   for name in "${names[@]}"; do
     tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
       --exclude='*.npz' --exclude=tokenizer --exclude=tensorboard "$name" $(cd "$work" && echo "$name".*.log)
