@@ -18,15 +18,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from analysis.common.flags import add_attention_argument
-from analysis.heads.config import (
-    EFFECT_FIGURES,
-    ONE_READING,
-    add_data_arguments,
-    add_output_arguments,
-    config_from_args,
-)
-from bertjax import cli
+from analysis.heads.config import EFFECT_SKIP, EFFECT_TOOL, RolesConfig, add_roles_flags
+from bertjax import cli, settings
 
 if TYPE_CHECKING:
     from analysis.heads.finetuning import EffectConfig
@@ -37,17 +30,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
-    add_data_arguments(p)
-    add_attention_argument(p, ONE_READING)
-    add_output_arguments(p, "finetune_effect_out", EFFECT_FIGURES)
+    add_roles_flags(p, EFFECT_TOOL, EFFECT_SKIP)
     return p
 
 
 def parse_args(argv: list[str] | None) -> EffectConfig:
-    a = build_parser().parse_args(argv)
+    p = build_parser()
+    a = p.parse_args(argv)
     from analysis.heads.finetuning import effect_config  # after parsing: --help and flag errors need no JAX
 
-    return effect_config(a.post, config_from_args(a, ckpt=a.pre))
+    data = settings.from_flags(RolesConfig, p, a, argv, ckpt=a.pre)
+    settings.print_config_if_asked(a, data)
+    return effect_config(a.post, data)
 
 
 def run(config: EffectConfig) -> None:

@@ -13,35 +13,22 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.common.flags import add_attention_argument
-from analysis.heads.config import (
-    DEFAULT_ROLES_FIGURES,
-    ROLES_FIGURES,
-    RolesConfig,
-    add_data_arguments,
-    add_output_arguments,
-    add_test_arguments,
-    add_variant_arguments,
-    config_from_args,
-)
-from bertjax import cli
+from analysis.heads.config import ROLES_TOOL, RolesConfig, add_roles_flags
+from bertjax import cli, settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("analysis.roles", __doc__)
-    p.add_argument("--ckpt", required=True, help="HF-format directory, bertjax run workdir, or hub id")
-    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
-    add_data_arguments(p)
-    add_test_arguments(p)
-    add_variant_arguments(p)
-    add_attention_argument(p)
-    add_output_arguments(p, "roles_out", ROLES_FIGURES, DEFAULT_ROLES_FIGURES)
+    add_roles_flags(p, ROLES_TOOL)
     return p
 
 
 def parse_args(argv: list[str] | None) -> RolesConfig:
-    a = build_parser().parse_args(argv)
-    return config_from_args(a, ckpt=a.ckpt, step=a.step)
+    p = build_parser()
+    a = p.parse_args(argv)
+    config = settings.from_flags(RolesConfig, p, a, argv)
+    settings.print_config_if_asked(a, config)
+    return config
 
 
 def run(config: RolesConfig) -> None:

@@ -34,23 +34,10 @@ step, label, source and resolved path).
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from analysis.common.flags import add_attention_argument
-from analysis.heads.config import (
-    CORRECTION_SCOPES,
-    ONE_READING,
-    PERSISTENCE,
-    TRACK_FIGURES,
-    add_data_arguments,
-    add_output_arguments,
-    add_test_arguments,
-    config_from_args,
-)
-from bertjax import cli
-
-if TYPE_CHECKING:
-    from analysis.heads.tracking import TrackConfig
+from analysis.heads.config import TRACK_SKIP, TRACK_TOOL, RolesConfig, TrackConfig, add_roles_flags
+from bertjax import cli, settings
+from bertjax.settings import add_flags
 
 # -- command line -------------------------------------------------------------------------------
 
@@ -64,52 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",
                         help="a member of the series (HF directory, hub id, bertjax workdir or step folder), repeated; "
                              "an integer LABEL is its step; or one pattern with {step}, filled from --steps")  # fmt: skip
-    p.add_argument("--steps", help="comma-separated steps of --run (default: every checkpoint) or of a {step} pattern")
-    p.add_argument("--with-init", action="store_true",
-                   help="with --run of a fine-tuning workdir: also track the checkpoint it started from, as step 0")  # fmt: skip
-    p.add_argument("--scores-cache", help="where per-step scores are cached (default: <out>.cache beside --out)")
-    p.add_argument("--shard", metavar="I/N",
-                   help="job I of N (0-based) sharing the scores cache: score every N-th checkpoint from the I-th "
-                        "into the cache and write nothing into --out; then run once without --shard for the outputs")  # fmt: skip
-    p.add_argument("--remove-downloads", action="store_true",
-                   help="delete the weights each hub checkpoint's download added to the hub cache once its scores "
-                        "are cached (a re-run with other scoring settings downloads them again): docs/series.md")  # fmt: skip
-    p.add_argument("--sas", metavar="CONLLU",
-                   help="also the syntactic attention structure (Chen et al. 2023) of each step on this CoNLL-U "
-                        "file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
-    p.add_argument("--sas-n", type=int, default=1000, help="with --sas: the first N trees of the file")
-    p.add_argument("--persistence", type=int, default=PERSISTENCE, metavar="K",
-                   help="an onset needs the role held at K consecutive analysed steps (1: the last ones alone)")  # fmt: skip
-    p.add_argument("--correction-scope", choices=CORRECTION_SCOPES, default=CORRECTION_SCOPES[0],
-                   help="the family of --correction: the tests of each step, or of the whole series")  # fmt: skip
-    add_data_arguments(p)
-    add_attention_argument(p, ONE_READING)
-    add_test_arguments(p)
-    add_output_arguments(p, "track_out", TRACK_FIGURES)
+    add_flags(p, TrackConfig)
+    add_roles_flags(p, TRACK_TOOL, TRACK_SKIP)
     return p
 
 
 def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
-    a = build_parser().parse_args(argv)
-    # After parsing: --help and flag errors need no JAX.
-    from analysis.heads.tracking import TrackConfig, parse_steps
-    from bertjax import distributed
-
-    shard = None if a.shard is None else distributed.parse_shard(a.shard)
-    config = TrackConfig(
-        roles=config_from_args(a, ckpt=a.run[0] if a.run else ""),
-        steps=parse_steps(a.steps),
-        scores_cache=a.scores_cache,
-        series=tuple(a.ckpt or ()),
-        with_init=a.with_init,
-        shard=shard,
-        sas=a.sas,
-        sas_n=a.sas_n,
-        persistence=a.persistence,
-        correction_scope=a.correction_scope,
-        remove_downloads=a.remove_downloads,
-    )
+    p = build_parser()
+    a = p.parse_args(argv)
+    roles = settings.from_flags(RolesConfig, p, a, argv, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else "")
+    config = settings.from_flags(TrackConfig, p, a, argv, file_schemas=[RolesConfig], roles=roles,
+                                 series=tuple(a.ckpt or ()))  # fmt: skip
+    settings.print_config_if_asked(a, roles, config)
     return config, list(a.run or ())
 
 

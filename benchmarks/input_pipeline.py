@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks import common
 from bertjax import cli
-from train.config import load_config
+from bertjax.settings import load_config
 from train.data import PretrainingData
 from train.prepare import PrepareConfig, prepare
 

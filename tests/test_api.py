@@ -24,8 +24,8 @@ from analysis import finetune_effect as effect_cli
 from analysis import prune as prune_cli
 from analysis import roles as roles_cli
 from analysis.ablation import kovaleva, michel
-from analysis.api import heads as heads_api
 from analysis.attention import pipeline as attention_pipeline
+from analysis.heads import config as heads_config
 from analysis.heads import finetuning
 from bertjax.errors import UserError
 
@@ -449,7 +449,7 @@ def test_the_other_calls_keywords_default_as_the_flags():
     )
     assert api.prune_config("c", {"out": "prune_out"}) == prune_cli.parse_args(["--ckpt", "c"])
     assert api.prune_config("c", {"out": "prune_out", "n": 8}).importance_n == 8
-    data = api.roles_config("p", {"out": "finetune_effect_out"}, heads_api.EFFECT_FLAGS)
+    data = api.roles_config("p", {"out": "finetune_effect_out"}, heads_config.EFFECT_TOOL, heads_config.EFFECT_SKIP)
     assert finetuning.effect_config(["q:mrpc"], data) == effect_cli.parse_args(["--pre", "p", "--post", "q:mrpc"])
     for call, keywords in (
         (api.clark, {"max_len": 3}),

@@ -289,8 +289,8 @@ def test_seeds_run_one_workdir_each(tiny_ckpt, shared_data, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_a_bertjax_pretraining_checkpoint_finetunes_on_sst2(shared_data, tmp_path):
+    from bertjax.settings import load_config
     from train import pretrain
-    from train.config import load_config
 
     (tmp_path / "books").mkdir()
     (tmp_path / "books" / "alice.txt").symlink_to(shared_data / "gutenberg" / "carroll-alice.txt")

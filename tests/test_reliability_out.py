@@ -248,8 +248,8 @@ def test_the_tools_own_files_refuse_a_symlink(target, tmp_path):
     """The resolved config, a scores-cache entry, the parse cache and a saved model's config.json."""
     import bertjax
     from analysis.heads import tracking
+    from bertjax import settings as config_lib
     from sieves.parse import SpacyParser
-    from train import config as config_lib
     from train.pretrain import PretrainConfig
 
     victim = _victim(tmp_path)

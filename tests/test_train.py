@@ -67,7 +67,7 @@ def prepared(corpus, tmp_path_factory) -> Path:
 
 
 def bertjax_config(overrides: list[str]) -> pretrain.PretrainConfig:
-    from train.config import load_config
+    from bertjax.settings import load_config
 
     return load_config(pretrain.PretrainConfig, ROOT / "configs/pretrain/tiny.yaml", overrides)
 
@@ -456,7 +456,7 @@ def test_phase_two_tokenises_with_phase_ones_trained_vocabulary(shared_data, tmp
 
 @pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "configs" / "pretrain").glob("*.yaml")))
 def test_pretrain_configs_find_the_staged_data_through_bertjax_data(name, monkeypatch, tmp_path):
-    from train.config import load_config
+    from bertjax.settings import load_config
 
     def paths() -> list[str]:
         config = load_config(pretrain.PretrainConfig, ROOT / "configs" / "pretrain" / name)

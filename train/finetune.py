@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_intermixed_args(argv)  # flags may follow the overrides
-    from train import config as config_lib
+    from bertjax import settings as config_lib
     from train.finetuning import CONFIG_DIR, FinetuneConfig, describe, task_spec
 
     task_spec(args.task)  # before looking for its config file

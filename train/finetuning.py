@@ -29,11 +29,11 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax import pretrained, runinfo, sharding
+from bertjax import settings as config_lib
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
 from bertjax.model import BertForSequenceClassification
-from train import config as config_lib
 from train.checkpoints import CheckpointConfig, check_resumable
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss

@@ -39,7 +39,7 @@ import numpy as np
 
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
-from train.config import load_config
+from bertjax.settings import load_config
 from train.corpora import (
     GUTENBERG,
     MIX_STOPS,

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    from train import config as config_lib
+    from bertjax import settings as config_lib
     from train.pretraining import PretrainConfig
 
     config = config_lib.load_config(PretrainConfig, args.config, args.overrides)

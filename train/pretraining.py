@@ -21,10 +21,10 @@ from typing import Any
 import jax
 
 from bertjax import runinfo, sharding
+from bertjax import settings as config_lib
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from train import config as config_lib
 from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
 from train.data import PretrainingData, load_meta, num_examples
 from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint, check_sequences

@@ -47,11 +47,11 @@ from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import select_formats
 from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices, compiled, padded_batches
-from analysis.common.settings import check_types
 from analysis.common.writing import write_tables_run
 from bertjax import cli, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.settings import check_types
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
 

@@ -27,12 +27,12 @@ from analysis.common.examples import fit_max_length
 from analysis.common.figures import select_formats
 from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices
-from analysis.common.settings import check_types
 from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from bertjax.progress import tqdm
+from bertjax.settings import check_types
 
 
 @dataclasses.dataclass(frozen=True)

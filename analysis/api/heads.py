@@ -25,43 +25,37 @@ from analysis.api.common import (
     unwritten_info,
 )
 from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_figures, select_formats
-from analysis.common.settings import fits
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
-from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig
+from analysis.heads.config import (
+    EFFECT_SKIP,
+    EFFECT_TOOL,
+    ROLES_FIGURES,
+    ROLES_TOOL,
+    TRACK_SKIP,
+    TRACK_TOOL,
+    RolesConfig,
+    TrackConfig,
+    parse_steps,
+)
 from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, report_data, write_report
 from analysis.heads.report_page import render
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
-from sieves.builders import DEFAULT_ROLES
+from bertjax.settings import fits, flag_fields, from_kwargs
 
-# The flags of `analysis.roles` that `track` does not have (it scores with the published definitions).
-ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
 FRAME_HEIGHT = 900
 
 
-def roles_config(ckpt: str, settings: dict, allowed: Sequence[str] | None = None) -> RolesConfig:
-    """A RolesConfig from keyword arguments named as the flags; RolesConfig checks them as it does
-    the flags' values."""
-    fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt"}
-    unknown = sorted(set(settings) - set(fields if allowed is None else allowed))
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
-    # Paths as the flags give them: text (run.json records them).
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
-    if allowed is None:  # roles: the CLI's default, the figure a reader looks at first
-        settings.setdefault("figures", DEFAULT_ROLES_FIGURES)
-    if isinstance(settings.get("roles"), str):  # the flag's form: comma-separated
-        settings["roles"] = tuple(settings["roles"].split(",")) if settings["roles"] else DEFAULT_ROLES
-    elif isinstance(settings.get("roles"), list):  # anything else but a tuple: RolesConfig's type check
-        settings["roles"] = tuple(settings["roles"])
-    elif "roles" in settings and settings["roles"] is None:
-        del settings["roles"]
-    if "tau" in settings:
-        settings["tau"] = str(settings["tau"])
-    return RolesConfig(ckpt=str(ckpt), **settings)
+def roles_config(
+    ckpt: str, settings: dict, tool: dict = ROLES_TOOL, skip: Sequence[str] = ("ckpt",)
+) -> RolesConfig:
+    """A RolesConfig from keyword arguments named as the flags, with the tool's defaults
+    (`analysis.heads.config`: ROLES_TOOL, TRACK_TOOL, EFFECT_TOOL); RolesConfig checks them as it
+    does the flags' values."""
+    return from_kwargs(RolesConfig, settings, tool, skip, ckpt=str(ckpt))
 
 
 class _Result(HeldResult):
@@ -151,7 +145,7 @@ class TrackResult(_Result):
 
     table: pd.DataFrame
     onset: pd.DataFrame
-    settings: tracking.TrackConfig
+    settings: TrackConfig
     info: dict
     run: tracking.TrackRun = dataclasses.field(repr=False)
     written: Path | None = dataclasses.field(default=None, repr=False)
@@ -263,15 +257,14 @@ def track(
         raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     if isinstance(steps, str):
-        steps = tracking.parse_steps(steps)
+        steps = parse_steps(steps)
     elif steps is not None and not fits(steps, "tuple[int, ...]"):
         raise UserError(f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300])
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
-    fields = {f.name for f in dataclasses.fields(RolesConfig)} - {"ckpt", *ROLES_ONLY}
-    config = tracking.TrackConfig(
-        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, fields),
+    config = TrackConfig(
+        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, TRACK_TOOL, TRACK_SKIP),
         steps=None if steps is None else tuple(steps),
         scores_cache=None if scores_cache is None else str(scores_cache),
         series=series,
@@ -290,7 +283,7 @@ def track(
     return result
 
 
-def run_track(config: tracking.TrackConfig, say=print) -> TrackResult | None:
+def run_track(config: TrackConfig, say=print) -> TrackResult | None:
     """The track run of `config` written into its --out (what `python -m analysis.track` calls;
     the `--html` page is the caller's); None for a `--shard` job and in a process other than the
     first, which write nothing into --out. `say` gets the progress lines."""
@@ -301,14 +294,6 @@ def run_track(config: tracking.TrackConfig, say=print) -> TrackResult | None:
         return None
     run, info = done
     return TrackResult.of(run, info, Path(config.roles.out).expanduser())
-
-
-# The flags of `analysis.finetune_effect` besides --pre and --post: the data and output flags.
-EFFECT_FLAGS = (
-    "task", "glue_dir", "split", "n", "max_length", "batch_size", "roles", "window", "special_rows", "parser",
-    "spacy_model", "conllu", "cache_dir", "devices", "distributed", "allow_nonfinite", "out", "overwrite",
-    "figures", "figure_format", "html",
-)  # fmt: skip
 
 
 @dataclasses.dataclass(eq=False)
@@ -387,7 +372,7 @@ def finetune_effect(
     `post_models`: each post checkpoint already loaded, in the order of `post`."""
     specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
     collect_garbage()
-    data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_FLAGS)
+    data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_TOOL, EFFECT_SKIP)
     config = finetuning.effect_config(specs, data)
     if model is not None:
         check_given(model, data.ckpt, None, data.allow_nonfinite)
@@ -455,7 +440,8 @@ def head_view(
     block_first_sep, max_length, spacy_model, cache_dir)."""
     allowed = ("window", "special_rows", "block_first_sep", "max_length", "spacy_model", "cache_dir")
     given = not isinstance(model_or_ckpt, (str, Path))
-    config = roles_config("the model given" if given else str(model_or_ckpt), settings, allowed)
+    skip = [f.name for f in flag_fields(RolesConfig) if f.name not in allowed]
+    config = roles_config("the model given" if given else str(model_or_ckpt), settings, {}, skip)
     head_view_lib.check_request(text, layer, head, role)
     if given:
         check_model(model_or_ckpt, "model_or_ckpt")

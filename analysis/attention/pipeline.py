@@ -24,12 +24,12 @@ from analysis.attention.wordattn import iter_word_attention, make_word_attention
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import save_figure, select_formats
 from analysis.common.flags import ONE_READING
-from analysis.common.settings import check_types
 from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.settings import check_types
 from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
+from typing import Any
 
 from bertjax.errors import UserError
+from bertjax.settings import setting
 
 # PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
 # most runs' figures are looked at, not edited. Vector formats on request.
@@ -87,3 +89,74 @@ def add_out_arguments(p: argparse.ArgumentParser, default: str) -> None:
     sibling and renamed when complete; an existing one is replaced only with `--overwrite`."""
     p.add_argument("--out", default=default, help="output directory (written whole at the end of the run)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
+
+
+# -- the shared settings, declared once: each tool's config takes its field from these -----------
+# (docs/cli.md's table; the default where tools differ is the tool's, given as an argument).
+
+CKPT_HELP = "HF-format directory, bertjax run workdir, or hub id"
+
+
+def ckpt_setting() -> Any:
+    return setting(help=CKPT_HELP)
+
+
+def step_setting() -> Any:
+    return setting(None, help="checkpoint step of a bertjax run (default: latest)")
+
+
+def glue_dir_setting() -> Any:
+    return setting(None, help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+
+
+def max_length_setting() -> Any:
+    return setting(128, help="tokens per sequence, [CLS] and [SEP] included: longer inputs are truncated")
+
+
+def batch_size_setting() -> Any:
+    return setting(32, help="sequences per forward pass")
+
+
+def out_setting(default: str) -> Any:
+    return setting(default, help="output directory (written whole at the end of the run)")
+
+
+def overwrite_setting() -> Any:
+    return setting(False, help="replace a non-empty --out")
+
+
+def figures_help(kinds: Sequence[str]) -> str:
+    return f"all, none, or a comma-separated subset of {','.join(kinds)}"
+
+
+def figure_format_setting() -> Any:
+    return setting(",".join(DEFAULT_FORMATS), help=f"comma-separated subset of {','.join(FIGURE_FORMATS)}")
+
+
+def devices_setting() -> Any:
+    return setting(None, help="use the first N local devices, data parallel (default: all of them)")
+
+
+def distributed_setting() -> Any:
+    return setting(False, help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
+                               "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip
+
+
+def nonfinite_setting() -> Any:
+    return setting(False, help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
+
+
+def attention_help(sources: Sequence[str]) -> str:
+    return ("weights: the attention weights α; norms: α_ij·‖f_h(x_j)‖ with rows renormalised "
+            "(Kobayashi et al. 2020, docs/attention-norms.md)"
+            + ("; both: each reading from one forward pass" if "both" in sources else ""))  # fmt: skip
+
+
+def attention_setting(sources: Sequence[str]) -> Any:
+    return setting("weights", choices=sources, help=attention_help(sources))
+
+
+def add_no_figures(p: argparse.ArgumentParser, default: str) -> None:
+    """`--no-figures`, the short form of `--figures none`."""
+    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
+                   help="the same as --figures none")  # fmt: skip

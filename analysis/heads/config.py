@@ -10,36 +10,34 @@ import dataclasses
 import logging
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
-from analysis.common.flags import (  # noqa: F401 — ONE_READING: the heads CLIs import it from here
+from analysis.common.flags import (
     ATTENTION_SOURCES,
     ONE_READING,
-    add_device_arguments,
-    add_figure_arguments,
-    add_length_arguments,
-    add_nonfinite_argument,
-    add_out_arguments,
+    add_no_figures,
+    attention_help,
+    attention_setting,
+    batch_size_setting,
     check_device_count,
+    ckpt_setting,
+    devices_setting,
+    distributed_setting,
+    figure_format_setting,
+    figures_help,
+    glue_dir_setting,
+    max_length_setting,
+    nonfinite_setting,
+    out_setting,
+    overwrite_setting,
+    step_setting,
 )
-from analysis.common.settings import check_types
 from bertjax import cli
 from bertjax.errors import UserError
+from bertjax.settings import add_config_flags, add_flags, check, internal, setting
 from sieves.builders import DEFAULT_ROLES, get_role
 
 log = logging.getLogger(__name__)
-
-BLOCK_SCORES = ("paper", "entropy")
-SYNTACTIC_AVERAGES = ("rows", "arcs")
-BLOCK_FIRST_SEPS = ("a", "b")
-# The choices of the flags that argparse checks on the command line; the Python API (analysis.api)
-# builds a RolesConfig without argparse, so __post_init__ checks them too.
-CHOICES = {
-    "split": ("train", "dev", "validation", "test"),
-    "test": ("t", "z", "bootstrap"),
-    "correction": ("none", "holm", "bh"),
-    "parser": ("spacy", "conllu"),
-    "attention": ATTENTION_SOURCES,
-}
 
 # The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
 # workers' shares); `--figures` names a subset.
@@ -61,67 +59,72 @@ PERSISTENCE = 2
 CORRECTION_SCOPES = ("step", "series")
 
 
+def _roles(text: str) -> tuple[str, ...]:
+    return tuple(text.split(",")) if text else DEFAULT_ROLES
+
+
 @dataclasses.dataclass(frozen=True)
 class RolesConfig:
-    """Everything that decides the numbers of a run; saved in run.json."""
+    """Everything that decides the numbers of a run; saved in run.json. Each field is declared
+    once, with its flag (`bertjax.settings`): analysis.roles, track and finetune_effect take these
+    flags (track and finetune_effect not those of `ROLES_ONLY`), the API the same keywords."""
 
-    ckpt: str
-    task: str = "all"
-    step: int | None = None
-    glue_dir: str | None = None
-    split: str = "dev"
-    n: int = 1000
-    max_length: int = 128
-    batch_size: int = 32
-    roles: tuple[str, ...] = DEFAULT_ROLES
-    window: int = 2
-    special_rows: bool = True
-    tau: str = "3"
-    alpha: float = 0.05
-    test: str = "t"
-    correction: str = "none"
+    ckpt: str = ckpt_setting()
+    task: str = setting("all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all")  # fmt: skip
+    step: int | None = step_setting()
+    glue_dir: str | None = glue_dir_setting()
+    split: str = setting("dev", choices=("train", "dev", "validation", "test"), help="the split of each task's examples")
+    n: int = setting(1000, help="first N examples of each task (file order)")
+    max_length: int = max_length_setting()
+    batch_size: int = batch_size_setting()
+    roles: tuple[str, ...] = setting(DEFAULT_ROLES, parse=_roles, shown="all fine-grained roles",
+                                     help="comma-separated roles")  # fmt: skip
+    window: int = setting(2, help="local window k")
+    special_rows: bool = setting(True, help="do not score [CLS]/[SEP] rows for positional roles")
+    tau: str = setting("3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
+    alpha: float = setting(0.05, help="level of each one-sided test")
+    test: str = setting("t", choices=("t", "z", "bootstrap"),
+                        help="t: one-sided t-test (ddof 1); z: normal tail; bootstrap: bootstrap-t, for skewed β")  # fmt: skip
+    correction: str = setting("none", choices=("none", "holm", "bh"),
+                              help="multiple-comparison correction across all the run's tests: none, Holm, Benjamini-Hochberg")  # fmt: skip
     # Resamples of the bootstrap-t test (--test bootstrap) and of track's onset intervals, and
     # their seed: the same seed gives the same resamples, so a re-run reproduces every bound.
-    bootstrap: int = 1000
-    bootstrap_seed: int = 0
-    parser: str = "spacy"
-    spacy_model: str | None = None
-    conllu: str | None = None
-    cache_dir: str = str(cli.CACHE_ROOT)
-    out: str = "roles_out"
-    overwrite: bool = False
+    bootstrap: int = setting(1000, metavar="B",
+                             help="resamples of --test bootstrap and of track's onset intervals (track: 0 = no intervals)")  # fmt: skip
+    bootstrap_seed: int = setting(0, help="seed of those resamples")
+    parser: str = setting("spacy", choices=("spacy", "conllu"),
+                          help="where the dependency trees come from: spaCy's parse, or the gold trees of --conllu")  # fmt: skip
+    spacy_model: str | None = setting(None, help="spaCy pipeline name (default en_core_web_sm)")
+    conllu: str | None = setting(None, help="CoNLL-U file of gold trees (with --parser conllu)")
+    cache_dir: str = setting(str(cli.CACHE_ROOT), help="where parses are cached")
+    out: str = out_setting("roles_out")
+    overwrite: bool = overwrite_setting()
     # `--figures` and `--figure-format` as given; each analysis checks them against its own kinds.
-    figures: str = "all"
-    figure_format: str = "png"
-    html: bool = False
+    figures: str = setting("all", help=figures_help(ROLES_FIGURES))
+    figure_format: str = figure_format_setting()
+    html: bool = setting(False, help="also write report.html (python -m analysis.report) into --out")
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
-    block_score: str = "paper"
-    syntactic_average: str = "rows"
-    block_first_sep: str = "a"
+    block_score: str = setting("paper", choices=("paper", "entropy"),
+                               help="paper: mean β over the rows; entropy: each row's β times its attention entropy, "
+                                    "as the authors' block_score notebook")  # fmt: skip
+    syntactic_average: str = setting("rows", choices=("rows", "arcs"),
+                                     help="rows: mean β over the wordpiece rows of the relation roles; arcs: mean over "
+                                          "arcs (each dependent word once), as the authors' syntactic notebook")  # fmt: skip
+    block_first_sep: str = setting("a", choices=("a", "b"),
+                                   help="segment whose tokens the first [SEP] row of block is scored against: a (its "
+                                        "token type) or b (the authors' block_score notebook, which pairs it with "
+                                        "--block-score entropy)")  # fmt: skip
     # Where the forward passes run (docs/scale.md): the first `devices` local devices (None: all),
     # and whether this process is one of a multi-host job (`--distributed`).
-    devices: int | None = None
-    distributed: bool = False
-    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
+    devices: int | None = devices_setting()
+    distributed: bool = distributed_setting()
+    allow_nonfinite: bool = nonfinite_setting()
     # What β reads (`--attention`, docs/attention-norms.md): the weights, the norm-weighted
     # attention (Kobayashi et al. 2020), or both from one forward pass.
-    attention: str = "weights"
+    attention: str = attention_setting(ATTENTION_SOURCES)
 
     def __post_init__(self) -> None:
-        check_types(self)
-        for name, choices in CHOICES.items():
-            if getattr(self, name) not in choices:
-                raise UserError(f"--{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
-        if self.block_score not in BLOCK_SCORES:
-            raise UserError(f"--block-score must be one of {', '.join(BLOCK_SCORES)}, got {self.block_score!r}")
-        if self.block_first_sep not in BLOCK_FIRST_SEPS:
-            raise UserError(
-                f"--block-first-sep must be one of {', '.join(BLOCK_FIRST_SEPS)}, got {self.block_first_sep!r}"
-            )
-        if self.syntactic_average not in SYNTACTIC_AVERAGES:
-            raise UserError(
-                f"--syntactic-average must be one of {', '.join(SYNTACTIC_AVERAGES)}, got {self.syntactic_average!r}"
-            )
+        check(self)
         if self.n < 1:
             raise UserError(f"--n must be at least 1, got {self.n}")
         if self.batch_size < 1:
@@ -154,84 +157,103 @@ class RolesConfig:
             raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
 
 
+def parse_steps(text: str | None) -> tuple[int, ...] | None:
+    """`--steps`: comma-separated integers."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        raise UserError(f"--steps must be comma-separated integers, got {text!r}") from None
+
+
+def _shard(text: str) -> tuple[int, int]:
+    from bertjax.distributed import parse_shard  # jax: not at the parsers' import
+
+    return parse_shard(text)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrackConfig:
+    """`roles.ckpt` is the run's workdir (`--run`), empty for a `--ckpt` series; `series` the
+    `--ckpt` texts as given; `steps` the run's steps to analyse (None: every checkpoint) or the
+    values of a `{step}` pattern; `shard` (I, N) makes this job one of N that share the scores
+    cache (None: the normal run)."""
+
+    roles: RolesConfig
+    steps: tuple[int, ...] | None = setting(None, parse=parse_steps,
+                                            help="comma-separated steps of --run (default: every checkpoint) or of a {step} pattern")  # fmt: skip
+    scores_cache: str | None = setting(None, help="where per-step scores are cached (default: <out>.cache beside --out)")
+    series: tuple[str, ...] = internal((), "the --ckpt flags, each SOURCE[@LABEL] as given")
+    with_init: bool = setting(False, help="with --run of a fine-tuning workdir: also track the checkpoint it started from, as step 0")  # fmt: skip
+    # (I, N) from `--shard I/N`: score only this job's members into the cache, write no outputs.
+    shard: tuple[int, int] | None = setting(None, parse=_shard, metavar="I/N",
+                                            help="job I of N (0-based) sharing the scores cache: score every N-th "
+                                                 "checkpoint from the I-th into the cache and write nothing into "
+                                                 "--out; then run once without --shard for the outputs")  # fmt: skip
+    # `--sas FILE`: also the SAS (analysis.attention.sas) of each step on the first `sas_n` trees.
+    sas: str | None = setting(None, metavar="CONLLU",
+                              help="also the syntactic attention structure (Chen et al. 2023) of each step on this "
+                                   "CoNLL-U file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
+    sas_n: int = setting(1000, help="with --sas: the first N trees of the file")
+    # An onset needs the role held at this many consecutive analysed steps (analysis.heads.onset).
+    persistence: int = setting(PERSISTENCE, metavar="K",
+                               help="an onset needs the role held at K consecutive analysed steps (1: the last ones alone)")  # fmt: skip
+    # The family of --correction: the tests of one step (as analysis.roles) or of the whole series.
+    correction_scope: str = setting("step", choices=CORRECTION_SCOPES,
+                                    help="the family of --correction: the tests of each step, or of the whole series")  # fmt: skip
+    # Delete the weights each hub checkpoint's download added to the hub cache once its scores
+    # are cached.
+    remove_downloads: bool = setting(False,
+                                     help="delete the weights each hub checkpoint's download added to the hub cache "
+                                          "once its scores are cached (a re-run with other scoring settings downloads "
+                                          "them again): docs/series.md")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check(self)
+        if self.sas_n < 1:
+            raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
+        if self.persistence < 1:
+            raise UserError(f"--persistence must be an integer ≥ 1, got {self.persistence}")
+        if self.roles.attention not in ONE_READING:
+            raise UserError(
+                f"--attention must be one of {', '.join(ONE_READING)} in analysis.track, got {self.roles.attention!r}"
+            )
+
+    @property
+    def cache_dir(self) -> Path:
+        if self.scores_cache is not None:
+            return Path(self.scores_cache).expanduser().resolve()
+        out = Path(self.roles.out).expanduser().resolve()
+        return out.parent / f"{out.name}.cache"
+
+
 def config_tasks(config: RolesConfig) -> list[str]:
     from analysis.common.examples import CONLLU_TASK, resolve_tasks  # jax: not at the parsers' import
 
     return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags that choose the sequences and how they are scored (shared by the analyses that
-    score checkpoints: roles, track, finetune_effect)."""
-    p.add_argument(
-        "--task",
-        default="all",
-        help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all",
-    )
-    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=CHOICES["split"], help="the split of each task's examples")
-    p.add_argument("--n", type=int, default=1000, help="first N examples of each task (file order)")
-    add_length_arguments(p)
-    p.add_argument("--roles", help="comma-separated roles (default: all fine-grained roles)")
-    p.add_argument("--window", type=int, default=2, help="local window k")
-    p.add_argument("--no-special-rows", action="store_true", help="do not score [CLS]/[SEP] rows for positional roles")
-    p.add_argument("--parser", choices=CHOICES["parser"], default="spacy",
-                   help="where the dependency trees come from: spaCy's parse, or the gold trees of --conllu")  # fmt: skip
-    p.add_argument("--spacy-model", help="spaCy pipeline name (default en_core_web_sm)")
-    p.add_argument("--conllu", help="CoNLL-U file of gold trees (with --parser conllu)")
-    p.add_argument("--cache-dir", default=RolesConfig.cache_dir, help="where parses are cached")
-    add_device_arguments(p)
-    add_nonfinite_argument(p)
+# The flags only `analysis.roles` takes: track and finetune_effect score with the published
+# definitions, each checkpoint of a series at its own step.
+ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
+# finetune_effect compares β means; it runs no hypothesis test.
+TEST_SETTINGS = ("tau", "alpha", "test", "correction", "bootstrap", "bootstrap_seed")
+ONE_READING_SETTING = {"choices": ONE_READING, "help": attention_help(ONE_READING)}
+
+# What each heads tool sets differently in the shared RolesConfig (bertjax.settings.add_flags): its
+# CLI and its API function read these, so each default exists once.
+ROLES_TOOL = {"figures": {"default": DEFAULT_ROLES_FIGURES}}
+TRACK_TOOL = {"out": {"default": "track_out"}, "figures": {"help": figures_help(TRACK_FIGURES)},
+              "attention": ONE_READING_SETTING}  # fmt: skip
+TRACK_SKIP = ("ckpt", *ROLES_ONLY)
+EFFECT_TOOL = {"out": {"default": "finetune_effect_out"}, "figures": {"help": figures_help(EFFECT_FIGURES)},
+               "attention": ONE_READING_SETTING}  # fmt: skip
+EFFECT_SKIP = ("ckpt", *ROLES_ONLY, *TEST_SETTINGS)
 
 
-def add_test_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of the hypothesis tests."""
-    p.add_argument("--tau", default="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
-    p.add_argument("--alpha", type=float, default=0.05, help="level of each one-sided test")
-    p.add_argument("--test", choices=CHOICES["test"], default="t",
-                   help="t: one-sided t-test (ddof 1); z: normal tail; bootstrap: bootstrap-t, for skewed β")  # fmt: skip
-    p.add_argument("--correction", choices=CHOICES["correction"], default="none",
-                   help="multiple-comparison correction across all the run's tests: none, Holm, Benjamini-Hochberg")  # fmt: skip
-    p.add_argument("--bootstrap", type=int, default=RolesConfig.bootstrap, metavar="B",
-                   help="resamples of --test bootstrap and of track's onset intervals (track: 0 = no intervals)")  # fmt: skip
-    p.add_argument("--bootstrap-seed", type=int, default=RolesConfig.bootstrap_seed,
-                   help="seed of those resamples")  # fmt: skip
-
-
-def add_output_arguments(
-    p: argparse.ArgumentParser, default_out: str, figure_kinds: Sequence[str], default_figures: str = "all"
-) -> None:
-    add_out_arguments(p, default_out)
-    add_figure_arguments(p, figure_kinds, default_figures)
-    p.add_argument("--html", action="store_true", help="also write report.html (python -m analysis.report) into --out")
-
-
-def add_variant_arguments(p: argparse.ArgumentParser) -> None:
-    """The authors' variants of the definitions (docs/fidelity.md); only `analysis.roles` offers
-    them, as track and finetune_effect score with the published definitions."""
-    p.add_argument("--block-score", choices=BLOCK_SCORES, default="paper",
-                   help="paper: mean β over the rows; entropy: each row's β times its attention entropy, "
-                        "as the authors' block_score notebook")  # fmt: skip
-    p.add_argument("--block-first-sep", choices=BLOCK_FIRST_SEPS, default="a",
-                   help="segment whose tokens the first [SEP] row of block is scored against: a (its token "
-                        "type) or b (the authors' block_score notebook, which pairs it with --block-score entropy)")  # fmt: skip
-    p.add_argument("--syntactic-average", choices=SYNTACTIC_AVERAGES, default="rows",
-                   help="rows: mean β over the wordpiece rows of the relation roles; arcs: mean over arcs "
-                        "(each dependent word once), as the authors' syntactic notebook")  # fmt: skip
-
-
-def config_from_args(a: argparse.Namespace, **fields) -> RolesConfig:
-    """A RolesConfig from the flags above that `a` has (the others keep their defaults); `fields`
-    set the rest and take precedence."""
-    given = vars(a)
-    # Flags whose argparse dest is the RolesConfig field's name.
-    same = ("task", "glue_dir", "split", "n", "max_length", "batch_size", "window", "tau", "alpha", "test",
-            "correction", "bootstrap", "bootstrap_seed", "parser", "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures",
-            "figure_format", "html", "block_score", "block_first_sep", "syntactic_average", "devices",
-            "distributed", "allow_nonfinite", "attention")  # fmt: skip
-    settings = {name: given[name] for name in same if name in given}
-    if "roles" in given:
-        settings["roles"] = tuple(a.roles.split(",")) if a.roles else DEFAULT_ROLES
-    if "no_special_rows" in given:
-        settings["special_rows"] = not a.no_special_rows
-    return RolesConfig(**(settings | fields))
+def add_roles_flags(p: argparse.ArgumentParser, tool: dict, skip: Sequence[str] = ()) -> None:
+    """A heads tool's flags, from RolesConfig, with `--no-figures` and `--config`/`--print-config`."""
+    add_flags(p, RolesConfig, skip=skip, tool=tool)
+    add_no_figures(p, tool.get("figures", {}).get("default", "all"))
+    add_config_flags(p)

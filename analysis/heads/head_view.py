@@ -15,10 +15,10 @@ from collections.abc import Sequence
 import numpy as np
 
 from analysis.common.examples import make_parser, present_roles
-from analysis.common.settings import fits
 from analysis.heads.config import RolesConfig
 from analysis.heads.report import STAT_FIELDS, _numbers, _pack, _quantised, attention_and_scores, readable_checkpoint
 from bertjax.errors import UserError
+from bertjax.settings import fits
 from sieves.align import encode_batch
 from sieves.builders import get_role
 from sieves.parse import parse_examples

@@ -18,13 +18,13 @@ import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
 from analysis.common.flags import attention_readings
-from analysis.common.settings import check_types, fits
 from analysis.heads.config import REPORT, RolesConfig
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
 from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.settings import check_types, fits
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores

@@ -35,11 +35,10 @@ from analysis.common.figures import (
     select_formats,
 )
 from analysis.common.forward import Devices
-from analysis.common.settings import check_types
 from analysis.heads import figures as heads_figures
 from analysis.heads import intervals, onset, seeds, tracking_figures
-from analysis.heads.config import CORRECTION_SCOPES, ONE_READING, PERSISTENCE, RolesConfig, config_tasks
 from analysis.heads.config import TRACK_FIGURES as FIGURES
+from analysis.heads.config import RolesConfig, TrackConfig, config_tasks, parse_steps  # noqa: F401 — the names callers import from here
 from analysis.heads.figures import about_line
 from analysis.heads.report import readable_checkpoint
 from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
@@ -62,64 +61,6 @@ SAS_FORMAT = 2  # 2: an entry stores what it holds ("about"), checked as a score
 
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class TrackConfig:
-    """`roles.ckpt` is the run's workdir (`--run`), empty for a `--ckpt` series; `series` the
-    `--ckpt` texts as given; `steps` the run's steps to analyse (None: every checkpoint) or the
-    values of a `{step}` pattern; `shard` (I, N) makes this job one of N that share the scores
-    cache (None: the normal run)."""
-
-    roles: RolesConfig
-    steps: tuple[int, ...] | None = None
-    scores_cache: str | None = None
-    series: tuple[str, ...] = ()
-    with_init: bool = False
-    # (I, N) from `--shard I/N`: score only this job's members into the cache, write no outputs.
-    shard: tuple[int, int] | None = None
-    # `--sas FILE`: also the SAS (analysis.attention.sas) of each step on the first `sas_n` trees.
-    sas: str | None = None
-    sas_n: int = 1000
-    # An onset needs the role held at this many consecutive analysed steps (analysis.heads.onset).
-    persistence: int = PERSISTENCE
-    # The family of --correction: the tests of one step (as analysis.roles) or of the whole series.
-    correction_scope: str = "step"
-    # `--remove-downloads`: delete the weights each hub checkpoint's download added to the hub
-    # cache once its scores are cached.
-    remove_downloads: bool = False
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if self.sas_n < 1:
-            raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
-        if self.persistence < 1:
-            raise UserError(f"--persistence must be an integer ≥ 1, got {self.persistence}")
-        if self.roles.attention not in ONE_READING:
-            raise UserError(
-                f"--attention must be one of {', '.join(ONE_READING)} in analysis.track, got {self.roles.attention!r}"
-            )
-        if self.correction_scope not in CORRECTION_SCOPES:
-            raise UserError(
-                f"--correction-scope must be one of {', '.join(CORRECTION_SCOPES)}, got {self.correction_scope!r}"
-            )
-
-    @property
-    def cache_dir(self) -> Path:
-        if self.scores_cache is not None:
-            return Path(self.scores_cache).expanduser().resolve()
-        out = Path(self.roles.out).expanduser().resolve()
-        return out.parent / f"{out.name}.cache"
-
-
-def parse_steps(text: str | None) -> tuple[int, ...] | None:
-    """`--steps`: comma-separated integers."""
-    if text is None:
-        return None
-    try:
-        return tuple(int(s) for s in text.split(",") if s.strip())
-    except ValueError:
-        raise UserError(f"--steps must be comma-separated integers, got {text!r}") from None
 
 
 def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) -> dict:

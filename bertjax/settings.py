@@ -1,0 +1,449 @@
+"""One config system for every tool: a typed, frozen dataclass per tool declares each setting once
+(type, default, help, choices), and everything else is generated from it.
+
+- The command line: `add_flags(parser, Schema)` makes one flag per field (`max_length` is
+  `--max-length`; a bool that defaults to False is a switch, one that defaults to True a `--no-...`
+  switch), with its help text, its choices and its default in `--help`.
+- The API's keyword arguments: `from_kwargs(Schema, kwargs)` takes the fields by name, each as the
+  flag would give it or already typed, and refuses an unknown one.
+- YAML: every analysis CLI takes `--config FILE.yaml` (`from_flags`: values under the flags given
+  on the command line) and `--print-config` (the resolved settings as YAML, to edit and pass back); the training CLIs read YAML plus dotted `key=value` overrides (`load_config`).
+
+The schemas are OmegaConf structured configs: OmegaConf merges the YAML into the dataclass, checks
+each value against the field's annotation and reports the key of a wrong one, as it has for the
+training configs since the first release. Argparse (standard library) draws the flags. The
+alternatives that generate a CLI from a dataclass (tyro, draccus, simple-parsing) would have spelled
+the flags their way (`--model.preset`, `--max_length`) where this project's vocabulary is fixed
+(docs/cli.md), would have brought a dependency into every `--help`, and would have left train's
+`key=value` overrides (used by every recipe and script) as a second system. Only argparse and this
+module are imported before the flags are parsed; OmegaConf (~0.1 s) only when YAML is read or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bertjax import runinfo
+from bertjax.errors import UserError
+
+T = TypeVar("T")
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    flag: str | None = None,
+    choices: Sequence[Any] | None = None,
+    aliases: Sequence[str] = (),
+    metavar: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    shown: str | None = None,
+) -> Any:
+    """A field of a tool's settings and its flag: `help` (required: every flag explains itself);
+    `flag` the option string when it is not the field's name in kebab case; `choices` checked by the
+    parser; `aliases` old spellings kept for one release (each says so when used); `parse` turns
+    the flag's text into the field's value (also a text given to the API); `shown` the default as
+    `--help` states it, where the value itself would not read well. A field without a default is
+    required."""
+    metadata = {"help": help, "flag": flag, "choices": None if choices is None else tuple(choices),
+                "aliases": tuple(aliases), "metavar": metavar, "parse": parse, "shown": shown}  # fmt: skip
+    return dataclasses.field(default=default, metadata={"setting": metadata})
+
+
+def internal(default: Any, why: str) -> Any:
+    """A field that no flag sets: derived from other settings, or set by the tool itself (`why`
+    says which; the API refuses it as a keyword too)."""
+    return dataclasses.field(default=default, metadata={"internal": why})
+
+
+def flag_name(field: dataclasses.Field) -> str:
+    spec = field.metadata["setting"]
+    if spec["flag"] is not None:
+        return spec["flag"]
+    name = field.name.replace("_", "-")
+    if str(field.type) == "bool" and field.default is True:
+        return f"--no-{name}"
+    return f"--{name}"
+
+
+def flag_fields(schema: type) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(schema) if "setting" in f.metadata]
+
+
+# The annotations a flag's text converts to by itself; any other needs the setting's `parse`.
+_CONVERT = {"int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str}
+
+
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _converter(field: dataclasses.Field) -> Callable[[str], Any]:
+    spec = field.metadata["setting"]
+    if spec["parse"] is not None:
+        return spec["parse"]
+    annotation = str(field.type)
+    if annotation in ("tuple[str, ...]", "tuple[str, ...] | None"):
+        return _comma_list
+    if annotation not in _CONVERT:
+        raise TypeError(f"setting {field.name}: {annotation} needs parse=")
+    return _CONVERT[annotation]
+
+
+def add_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    schema: type,
+    *,
+    skip: Sequence[str] = (),
+    tool: Mapping[str, Mapping[str, Any]] | None = None,
+) -> None:
+    """The flags of `schema`'s fields but those of `skip`, in the schema's order, each with its
+    help, choices and default. `tool` maps a field to what differs where several tools share a
+    schema (`default`, `help`, `choices`): each tool states it once, and its API takes the same
+    mapping (`from_kwargs`)."""
+    tool = tool or {}
+    unknown = sorted((set(skip) | set(tool)) - {f.name for f in flag_fields(schema)})
+    if unknown:
+        raise TypeError(f"{schema.__name__}: no setting named {', '.join(unknown)}")
+    for field in flag_fields(schema):
+        if field.name in skip:
+            continue
+        spec = {**field.metadata["setting"], **tool.get(field.name, {})}
+        default = spec.get("default", field.default)
+        names = [flag_name(field), *spec["aliases"]]
+        kwargs: dict[str, Any] = {"dest": field.name, "help": spec["help"]}
+        if str(field.type) == "bool":
+            kwargs.update(action="store_false" if default is True else "store_true", default=default)
+        else:
+            kwargs.update(type=_converter(field), choices=spec["choices"], metavar=spec["metavar"])
+            if spec["aliases"]:
+                kwargs["action"] = _deprecated_aliases()
+            if default is dataclasses.MISSING:
+                kwargs["required"] = True
+            elif spec["shown"] is not None:  # said in words; an absent flag leaves the field's default
+                kwargs.update(default=None, help=f"{spec['help']} (default: {spec['shown']})")
+            else:
+                kwargs["default"] = default
+                if isinstance(default, tuple) and "default" not in spec["help"]:
+                    kwargs["help"] = f"{spec['help']} (default: {','.join(map(str, default))})"
+        parser.add_argument(*names, **kwargs)
+
+
+def tool_defaults(tool: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    return {name: spec["default"] for name, spec in (tool or {}).items() if "default" in spec}
+
+
+def _deprecated_aliases() -> type[argparse.Action]:
+    from bertjax.cli import DeprecatedAliases  # cli imports this module's users, not the other way
+
+    return DeprecatedAliases
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """`--config` and `--print-config`, the YAML side of a tool's settings."""
+    parser.add_argument("--config", metavar="FILE",
+                        help="YAML file of settings (keys as the flags, with underscores); a flag given on the "
+                             "command line overrides the file")  # fmt: skip
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved settings as YAML (a file for --config) and stop")  # fmt: skip
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> set[str]:
+    """The dests of the flags `argv` sets (a flag given at its default value included), which a
+    --config file must not override."""
+    bare = copy.deepcopy(parser)
+    for action in bare._actions:
+        action.default = argparse.SUPPRESS
+        action.required = False
+    for group in bare._mutually_exclusive_groups:
+        group.required = False
+    return set(vars(bare.parse_known_args(argv)[0]))
+
+
+def from_flags(
+    schema: type[T],
+    parser: argparse.ArgumentParser,
+    args: argparse.Namespace,
+    argv: Sequence[str] | None,
+    *,
+    file_schemas: Sequence[type] = (),
+    **fixed: Any,
+) -> T:
+    """The settings of `schema` from parsed flags: the schema's fields that `args` holds, under a
+    `--config` file's values where one is given, and `fixed` (values the command derives from
+    other flags) over both. A command whose flags fill several schemas names the others in
+    `file_schemas`, so that the one file may hold the settings of all."""
+    fields = {f.name: f for f in flag_fields(schema)}
+    # None from a flag whose field takes no None: left out, the field's default (said in words).
+    values = {k: v for k, v in vars(args).items() if k in fields and (v is not None or "None" in str(fields[k].type))}
+    path = getattr(args, "config", None)
+    if path is not None:
+        given = given_flags(parser, argv)
+        from_file = _yaml_settings(schema, Path(path), file_schemas)
+        values = {k: v for k, v in values.items() if k in given or k not in from_file} | {
+            k: v for k, v in from_file.items() if k not in given
+        }
+    return make(schema, values | fixed)
+
+
+def print_config_if_asked(args: argparse.Namespace, *configs: Any) -> None:
+    """`--print-config`: the resolved settings of `configs` as YAML on stdout, then exit 0."""
+    if getattr(args, "print_config", False):
+        print("".join(to_yaml(config) for config in configs), end="")
+        raise SystemExit(0)
+
+
+def _yaml_settings(schema: type, path: Path, others: Sequence[type]) -> dict[str, Any]:
+    """A --config file's settings of `schema`, typed and checked against its annotations by
+    OmegaConf; a key that is no setting of `schema` or `others` is refused by name."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not path.is_file():
+        raise UserError(f"--config {path}: config file does not exist")
+    data = _load_yaml(path)
+    if data is None:
+        return {}
+    if not hasattr(data, "keys"):
+        raise UserError(f"--config {path}: expected a mapping of settings, one per line (key: value)")
+    known = {f.name for s in (schema, *others) for f in flag_fields(s)}
+    unknown = sorted(set(data.keys()) - known)
+    if unknown:
+        raise UserError(f"--config {path}: unknown setting {unknown[0]!r} (choose from {', '.join(sorted(known))})")
+    names = {f.name for f in flag_fields(schema)}
+    mine = OmegaConf.masked_copy(data, sorted(names & set(data.keys())))
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(_flag_schema(schema)), mine)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        raise UserError(f"--config {path}: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
+    return {k: _tuples(v) for k, v in OmegaConf.to_container(merged).items() if k in mine}
+
+
+def _flag_schema(schema: type) -> type:
+    """`schema`'s flag fields alone, every one optional: the shape a --config file is checked
+    against (a required setting may come from the command line instead)."""
+    hints = typing.get_type_hints(schema)
+    fields = []
+    for f in flag_fields(schema):
+        kind = hints[f.name]
+        if f.default is dataclasses.MISSING:
+            fields.append((f.name, kind | None, dataclasses.field(default=None)))
+        else:
+            fields.append((f.name, kind, dataclasses.field(default=f.default)))
+    return dataclasses.make_dataclass(f"{schema.__name__}File", fields)
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def make(schema: type[T], values: Mapping[str, Any]) -> T:
+    """`schema(**values)`, with a required setting that is missing reported as its flag."""
+    missing = [flag_name(f) for f in flag_fields(schema) if f.default is dataclasses.MISSING and f.name not in values]
+    if missing:
+        raise UserError(f"the following arguments are required: {', '.join(missing)}")
+    return schema(**values)
+
+
+def from_kwargs(
+    schema: type[T],
+    kwargs: Mapping[str, Any],
+    tool: Mapping[str, Mapping[str, Any]] | None = None,
+    skip: Sequence[str] = (),
+    **fixed: Any,
+) -> T:
+    """The settings of `schema` from an API call's keyword arguments, named as the fields: a text
+    where the field takes another type is read as the flag's text would be (`roles="prev,next"`),
+    a path becomes its text (run.json records text), and an unknown name is a TypeError as Python
+    raises for any function. `tool` and `skip` as for `add_flags`; `fixed` over everything."""
+    fields = {f.name: f for f in flag_fields(schema) if f.name not in skip}
+    unknown = sorted(set(kwargs) - set(fields))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
+    values = tool_defaults(tool)
+    for name, value in kwargs.items():
+        field = fields[name]
+        if value is None and "None" not in str(field.type):
+            continue  # None where the setting takes no None: its default, as leaving the flag out
+        if isinstance(value, Path):
+            value = str(value)
+        if isinstance(value, str) and str(field.type) not in _CONVERT:
+            value = _converter(field)(value)
+        elif str(field.type) == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = str(value)  # a number where the flag takes text (τ: a number or "auto")
+        elif isinstance(value, list) and str(field.type).startswith("tuple"):
+            value = tuple(value)
+        values[name] = value
+    return make(schema, values | fixed)
+
+
+def to_yaml(config: Any) -> str:
+    """A tool's settings as YAML, which `--config` reads back."""
+    from omegaconf import OmegaConf
+
+    names = {f.name for f in flag_fields(type(config))}
+    values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items() if k in names}
+    return OmegaConf.to_yaml(OmegaConf.create(values))
+
+
+def describe_keys(schema: type, prefix: str = "") -> list[str]:
+    """One line per key of a nested structured config (train's): `key (default: X): help`, for the
+    `--help` of a command that takes `key=value` overrides."""
+    lines = []
+    for field in dataclasses.fields(schema):
+        key = f"{prefix}{field.name}"
+        nested = field.type if isinstance(field.type, type) else None
+        default = (
+            field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+        )
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            lines += describe_keys(type(default), f"{key}.")
+            continue
+        if nested is not None and dataclasses.is_dataclass(nested):
+            lines += describe_keys(nested, f"{key}.")
+            continue
+        text = field.metadata.get("help", "")
+        lines.append(f"  {key} (default: {default}){': ' + text if text else ''}")
+    return lines
+
+
+# -- the training configs' loader: YAML file and dotted overrides ---------------------------------
+
+
+def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[str] = ()) -> T:
+    """Defaults ← YAML file ← `dotted.key=value` overrides, type-checked against `schema` by
+    OmegaConf; an unknown key or a wrong type is a `UserError` naming the key."""
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg = OmegaConf.structured(schema)
+    where = ""
+    try:
+        if path is not None:
+            where = f"{path}: "
+            if not Path(path).is_file():
+                raise UserError(f"{path}: config file does not exist")
+            cfg = OmegaConf.merge(cfg, _load_yaml(Path(path)))
+        for item in overrides:
+            where = f"override {item!r}: "
+            key, sep, _ = item.partition("=")
+            if not sep or not key:
+                raise UserError(f"{item}: an override must look like key=value")
+            # from_dotlist types the value as YAML would; update() then reaches list items too.
+            value = OmegaConf.select(OmegaConf.from_dotlist([item]), key)
+            if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING and not _is_open(cfg, key):
+                raise UserError(f"{item}: unknown config key {key!r}")
+            OmegaConf.update(cfg, key, value, merge=True)
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None)
+        message = str(e).splitlines()[0]
+        raise UserError(f"{where}{key + ': ' if key else ''}{message}") from None
+
+
+_MISSING = object()
+
+
+def _load_yaml(path: Path) -> Any:
+    import yaml
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
+
+
+def _is_open(cfg: Any, key: str) -> bool:
+    """Whether `key` may be created: only inside a dict-typed (not a dataclass) node."""
+    from omegaconf import DictConfig, OmegaConf
+
+    parent_key = key.rpartition(".")[0]
+    parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg
+    return isinstance(parent, DictConfig) and OmegaConf.get_type(parent) is dict
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def save_resolved(config: Any, path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    with runinfo.atomic_file(path, overwrite=True) as f:  # a resumed run's, checked the same
+        f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
+
+
+# -- a setting's type, checked before anything runs ----------------------------------------------
+# The flags arrive typed by argparse; a call of `analysis.api` or a run.json read back may hold
+# anything (`n="8"`, `overwrite="no"`), and a wrong type went on to a traceback far away (`'<' not
+# supported between 'str' and 'int'`) or, worse, was taken for true.
+
+# What each annotation of a settings dataclass reads as, in a message.
+_NAMES = {
+    "None": "None",
+    "bool": "True or False",
+    "int": "an integer",
+    "float": "a number",
+    "str": "text",
+    "tuple[str, ...]": "a list of strings",
+    "tuple[int, ...]": "a list of integers",
+    "tuple[int, int]": "a pair of integers",
+}
+
+
+def fits(value: object, annotation: str) -> bool:
+    """Whether `value` is of a settings field's annotation (`int | None`, `tuple[str, ...]`): bool
+    is not taken for an integer, nor an integer-valued float for an integer; a list does for a tuple
+    (JSON has no tuples). An annotation not listed above (a nested config) is not checked here."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    sequence = isinstance(value, (list, tuple))
+    fit = {
+        "None": value is None,
+        "bool": isinstance(value, bool),
+        "int": number and isinstance(value, int),
+        "float": number,
+        "str": isinstance(value, str),
+        "tuple[str, ...]": sequence and all(isinstance(x, str) for x in value),
+        "tuple[int, ...]": sequence and all(fits(x, "int") for x in value),
+        "tuple[int, int]": sequence and len(value) == 2 and all(fits(x, "int") for x in value),
+    }
+    options = annotation.split(" | ")
+    if not all(option in _NAMES for option in options):
+        return True
+    return any(fit[option] for option in options)
+
+
+def describe(annotation: str) -> str:
+    return " or ".join(_NAMES.get(option, option) for option in annotation.split(" | "))
+
+
+def check(config: object) -> None:
+    """`check_types`, then every setting with choices holds one of them (the parser checks the
+    flags; a call of the API or a --config file reaches the dataclass without it)."""
+    check_types(config)
+    for field in flag_fields(type(config)):
+        choices = field.metadata["setting"]["choices"]
+        value = getattr(config, field.name)
+        if choices is not None and value not in choices:
+            raise UserError(f"{flag_name(field)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+
+
+def check_types(config: object) -> None:
+    """Every field of the settings dataclass `config` holds a value of its annotated type, or one
+    line naming the field as the API's keyword: `n: expected an integer, got '8'`."""
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if not fits(value, str(field.type)):
+            raise UserError(f"{field.name}: expected {describe(str(field.type))}, got {value!r}"[:300])
