@@ -45,15 +45,18 @@ def setting(
     metavar: str | None = None,
     parse: Callable[[str], Any] | None = None,
     shown: str | None = None,
+    default_factory: Callable[[], Any] | None = None,
 ) -> Any:
     """A field of a tool's settings and its flag: `help` (required: every flag explains itself);
     `flag` the option string when it is not the field's name in kebab case; `choices` checked by the
     parser; `aliases` old spellings kept for one release (each says so when used); `parse` turns
     the flag's text into the field's value (also a text given to the API); `shown` the default as
     `--help` states it, where the value itself would not read well. A field without a default is
-    required."""
+    required. `default_factory` as dataclasses.field's (a list default in a training config)."""
     metadata = {"help": help, "flag": flag, "choices": None if choices is None else tuple(choices),
                 "aliases": tuple(aliases), "metavar": metavar, "parse": parse, "shown": shown}  # fmt: skip
+    if default_factory is not None:
+        return dataclasses.field(default_factory=default_factory, metadata={"setting": metadata})
     return dataclasses.field(default=default, metadata={"setting": metadata})
 
 
@@ -310,7 +313,7 @@ def describe_keys(schema: type, prefix: str = "") -> list[str]:
         if nested is not None and dataclasses.is_dataclass(nested):
             lines += describe_keys(nested, f"{key}.")
             continue
-        text = field.metadata.get("help", "")
+        text = field.metadata["setting"]["help"] if "setting" in field.metadata else ""
         lines.append(f"  {key} (default: {default}){': ' + text if text else ''}")
     return lines
 
