@@ -24,49 +24,24 @@ Outputs are written into a temporary sibling of `--out` and renamed at the end.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from analysis.ablation.options import ANALYSES, SPLITS
-from analysis.common.flags import add_device_arguments, add_length_arguments, add_nonfinite_argument, add_out_arguments
-from bertjax import cli
-
-if TYPE_CHECKING:
-    from analysis.ablation.kovaleva import KovalevaConfig
+from analysis.ablation.options import KovalevaConfig
+from bertjax import cli, settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("analysis.ablate", __doc__)
-    p.add_argument("--ckpt", required=True, help="fine-tuned classifier: bertjax run workdir, HF directory or hub id")
-    p.add_argument("--step", type=int, help="checkpoint step of a bertjax run (default: latest)")
-    p.add_argument("--task", default="mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
-    p.add_argument("--glue-dir", help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
-    p.add_argument("--split", default="dev", choices=SPLITS, help="the split of each task's examples (labelled)")
-    p.add_argument("--n", type=int, help="first N examples of the split (default: all)")
-    add_length_arguments(p)
-    p.add_argument("--analyses", default=",".join(ANALYSES), help=f"comma-separated subset of {','.join(ANALYSES)}")
-    p.add_argument("--alpha", type=float, default=0.05, help="disable, mask: level of the Holm McNemar tests")
-    p.add_argument("--compare-ckpt", help="features: a second checkpoint to compare with (the pre-trained model)")
-    p.add_argument("--compare-step", type=int, help="checkpoint step of --compare-ckpt's run")
-    p.add_argument("--spacy-model", help="spaCy pipeline for the features (default en_core_web_sm)")
-    p.add_argument("--cache-dir", default=str(cli.CACHE_ROOT), help="where parses are cached")
-    add_out_arguments(p, "ablate_out")
-    p.add_argument("--figure-format", default="png", help="comma-separated subset of png,svg,pdf (default: png)")
-    add_device_arguments(p, distributed=False)
-    add_nonfinite_argument(p)
+    settings.add_flags(p, KovalevaConfig)
+    settings.add_config_flags(p)
     return p
 
 
 def parse_args(argv: list[str] | None) -> KovalevaConfig:
-    a = build_parser().parse_args(argv)
-    from analysis.ablation.kovaleva import KovalevaConfig  # after parsing: --help and flag errors need no JAX
-
-    return KovalevaConfig(
-        ckpt=a.ckpt, task=a.task, step=a.step, glue_dir=a.glue_dir, split=a.split, n=a.n,
-        max_length=a.max_length, batch_size=a.batch_size, analyses=tuple(x for x in a.analyses.split(",") if x),
-        alpha=a.alpha, compare_ckpt=a.compare_ckpt, compare_step=a.compare_step, spacy_model=a.spacy_model, cache_dir=a.cache_dir,
-        out=a.out, overwrite=a.overwrite, figure_format=a.figure_format, devices=a.devices,
-        allow_nonfinite=a.allow_nonfinite,
-    )  # fmt: skip
+    p = build_parser()
+    a = p.parse_args(argv)
+    config = settings.from_flags(KovalevaConfig, p, a, argv)
+    settings.print_config_if_asked(a, config)
+    return config
 
 
 def run(config: KovalevaConfig) -> None:

@@ -39,8 +39,8 @@ def parse_args(argv: list[str] | None) -> EffectConfig:
     a = p.parse_args(argv)
     from analysis.heads.finetuning import effect_config  # after parsing: --help and flag errors need no JAX
 
-    data = settings.from_flags(RolesConfig, p, a, argv, ckpt=a.pre)
-    settings.print_config_if_asked(a, data)
+    data = settings.from_flags(RolesConfig, p, a, argv, skip=EFFECT_SKIP, ckpt=a.pre)
+    settings.print_config_if_asked(a, data, skip=EFFECT_SKIP)
     return effect_config(a.post, data)
 
 

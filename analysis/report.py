@@ -14,41 +14,24 @@ says so.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
-from analysis.heads.config import REPORT
-from bertjax import cli
-
-if TYPE_CHECKING:
-    from analysis.heads.report import ReportConfig
+from analysis.heads.config import ReportConfig
+from bertjax import cli, settings
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("analysis.report", __doc__)
-    p.add_argument(
-        "run_dir",
-        metavar="RUN_DIR",
-        help="an output directory of analysis.roles, analysis.track or analysis.finetune_effect",
-    )
-    p.add_argument(
-        "--examples", type=int, default=4, help="example sequences whose attention is shown per task (0: none)"
-    )
-    p.add_argument("--out", help=f"the HTML file to write (default RUN_DIR/{REPORT}); a new file, or a report")
-    p.add_argument("--overwrite", action="store_true", help="replace an earlier report at --out")
-    p.add_argument(
-        "--coref",
-        metavar="DIR",
-        help="an analysis.clark output with coref_heads.csv: the head cards show its GAP coreference accuracy "
-        "(default: RUN_DIR's own coref_heads.csv, if any)",
-    )
+    settings.add_flags(p, ReportConfig)
+    settings.add_config_flags(p)
     return p
 
 
 def parse_args(argv: list[str] | None) -> ReportConfig:
-    a = build_parser().parse_args(argv)
-    from analysis.heads.report import ReportConfig  # after parsing: --help and flag errors need no JAX
-
-    return ReportConfig(a.run_dir, a.examples, a.out, a.overwrite, a.coref)
+    p = build_parser()
+    a = p.parse_args(argv)
+    config = settings.from_flags(ReportConfig, p, a, argv)
+    settings.print_config_if_asked(a, config)
+    return config
 
 
 def run(config: ReportConfig) -> None:

@@ -60,10 +60,10 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
     p = build_parser()
     a = p.parse_args(argv)
-    roles = settings.from_flags(RolesConfig, p, a, argv, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else "")
-    config = settings.from_flags(TrackConfig, p, a, argv, file_schemas=[RolesConfig], roles=roles,
+    roles = settings.from_flags(RolesConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else "")
+    config = settings.from_flags(TrackConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[RolesConfig], roles=roles,
                                  series=tuple(a.ckpt or ()))  # fmt: skip
-    settings.print_config_if_asked(a, roles, config)
+    settings.print_config_if_asked(a, roles, config, skip=TRACK_SKIP)
     return config, list(a.run or ())
 
 

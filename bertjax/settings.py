@@ -122,6 +122,10 @@ def add_flags(
         default = spec.get("default", field.default)
         names = [flag_name(field), *spec["aliases"]]
         kwargs: dict[str, Any] = {"dest": field.name, "help": spec["help"]}
+        if not names[0].startswith("-"):  # a positional argument, named by its metavar
+            names, kwargs = [field.name], {"metavar": names[0], "help": spec["help"], "type": _converter(field)}
+            parser.add_argument(*names, **kwargs)
+            continue
         if str(field.type) == "bool":
             kwargs.update(action="store_false" if default is True else "store_true", default=default)
         else:
@@ -132,10 +136,8 @@ def add_flags(
                 kwargs["required"] = True
             elif spec["shown"] is not None:  # said in words; an absent flag leaves the field's default
                 kwargs.update(default=None, help=f"{spec['help']} (default: {spec['shown']})")
-            else:
-                kwargs["default"] = default
-                if isinstance(default, tuple) and "default" not in spec["help"]:
-                    kwargs["help"] = f"{spec['help']} (default: {','.join(map(str, default))})"
+            else:  # a list as its flag's text, which argparse converts as it would the flag's
+                kwargs["default"] = ",".join(map(str, default)) if isinstance(default, tuple) else default
         parser.add_argument(*names, **kwargs)
 
 
@@ -176,34 +178,37 @@ def from_flags(
     args: argparse.Namespace,
     argv: Sequence[str] | None,
     *,
+    skip: Sequence[str] = (),
     file_schemas: Sequence[type] = (),
     **fixed: Any,
 ) -> T:
     """The settings of `schema` from parsed flags: the schema's fields that `args` holds, under a
     `--config` file's values where one is given, and `fixed` (values the command derives from
     other flags) over both. A command whose flags fill several schemas names the others in
-    `file_schemas`, so that the one file may hold the settings of all."""
+    `file_schemas`, so that the one file may hold the settings of all; `skip` as for `add_flags`
+    (the settings the command does not take, which a file may not set either)."""
     fields = {f.name: f for f in flag_fields(schema)}
     # None from a flag whose field takes no None: left out, the field's default (said in words).
     values = {k: v for k, v in vars(args).items() if k in fields and (v is not None or "None" in str(fields[k].type))}
     path = getattr(args, "config", None)
     if path is not None:
         given = given_flags(parser, argv)
-        from_file = _yaml_settings(schema, Path(path), file_schemas)
+        from_file = _yaml_settings(schema, Path(path), file_schemas, skip)
         values = {k: v for k, v in values.items() if k in given or k not in from_file} | {
             k: v for k, v in from_file.items() if k not in given
         }
     return make(schema, values | fixed)
 
 
-def print_config_if_asked(args: argparse.Namespace, *configs: Any) -> None:
-    """`--print-config`: the resolved settings of `configs` as YAML on stdout, then exit 0."""
+def print_config_if_asked(args: argparse.Namespace, *configs: Any, skip: Sequence[str] = ()) -> None:
+    """`--print-config`: the resolved settings of `configs` (but `skip`'s, as for `add_flags`) as
+    YAML on stdout, then exit 0."""
     if getattr(args, "print_config", False):
-        print("".join(to_yaml(config) for config in configs), end="")
+        print("".join(to_yaml(config, skip) for config in configs), end="")
         raise SystemExit(0)
 
 
-def _yaml_settings(schema: type, path: Path, others: Sequence[type]) -> dict[str, Any]:
+def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Sequence[str]) -> dict[str, Any]:
     """A --config file's settings of `schema`, typed and checked against its annotations by
     OmegaConf; a key that is no setting of `schema` or `others` is refused by name."""
     from omegaconf import OmegaConf
@@ -216,7 +221,7 @@ def _yaml_settings(schema: type, path: Path, others: Sequence[type]) -> dict[str
         return {}
     if not hasattr(data, "keys"):
         raise UserError(f"--config {path}: expected a mapping of settings, one per line (key: value)")
-    known = {f.name for s in (schema, *others) for f in flag_fields(s)}
+    known = {f.name for s in (schema, *others) for f in flag_fields(s)} - set(skip)
     unknown = sorted(set(data.keys()) - known)
     if unknown:
         raise UserError(f"--config {path}: unknown setting {unknown[0]!r} (choose from {', '.join(sorted(known))})")
@@ -288,11 +293,11 @@ def from_kwargs(
     return make(schema, values | fixed)
 
 
-def to_yaml(config: Any) -> str:
+def to_yaml(config: Any, skip: Sequence[str] = ()) -> str:
     """A tool's settings as YAML, which `--config` reads back."""
     from omegaconf import OmegaConf
 
-    names = {f.name for f in flag_fields(type(config))}
+    names = {f.name for f in flag_fields(type(config))} - set(skip)
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items() if k in names}
     return OmegaConf.to_yaml(OmegaConf.create(values))
 

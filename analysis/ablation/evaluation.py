@@ -28,7 +28,6 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
-from analysis.ablation.options import SPLITS
 from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
@@ -92,12 +91,6 @@ def load_eval_set(
     arrays = glue.encode(examples, tokenizer, max_length, f"{task} {split}")
     files = glue.glue_files(task, split, glue_dir) if glue_dir else []
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
-
-
-def check_split(flag: str, split: str) -> None:
-    """argparse checks the choice on the command line; the Python API builds configs without it."""
-    if split not in SPLITS:
-        raise UserError(f"{flag} must be one of {', '.join(SPLITS)}, got {split!r}")
 
 
 def check_classifier(model: nnx.Module, ckpt: str, step: int | None, tasks: Sequence[str]) -> None:

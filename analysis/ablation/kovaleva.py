@@ -23,7 +23,6 @@ from analysis.ablation.evaluation import (
     MaskedEvaluator,
     change_counts,
     check_classifier,
-    check_split,
     load_eval_set,
 )
 from analysis.ablation.features import FEATURES, feature_occurrences, feature_scores
@@ -33,7 +32,7 @@ from analysis.ablation.figures import (
     plot_mask_one_head,
     plot_pattern_shares,
 )
-from analysis.ablation.options import ANALYSES
+from analysis.ablation.options import ANALYSES, KovalevaConfig  # noqa: F401 — the names callers import from here
 from analysis.ablation.patterns import (
     DEFAULT_THRESHOLDS,
     PATTERNS,
@@ -45,58 +44,15 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import select_formats
-from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices, compiled, padded_batches
 from analysis.common.writing import write_tables_run
-from bertjax import cli, glue, runinfo
-from bertjax.errors import UserError
+from bertjax import glue, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
-from bertjax.settings import check_types
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
 
 # The analyses that read the classifier's predictions, so need one trained for the task.
 CLASSIFIER_ANALYSES = ("disable", "mask")
-
-
-@dataclasses.dataclass(frozen=True)
-class KovalevaConfig:
-    """Everything that decides the numbers of a run; saved in run.json."""
-
-    ckpt: str
-    task: str = "mrpc"
-    step: int | None = None
-    glue_dir: str | None = None
-    split: str = "dev"
-    n: int | None = None
-    max_length: int = 128
-    batch_size: int = 32
-    analyses: tuple[str, ...] = ANALYSES
-    alpha: float = 0.05
-    compare_ckpt: str | None = None
-    compare_step: int | None = None
-    spacy_model: str | None = None
-    cache_dir: str = str(cli.CACHE_ROOT)
-    out: str = "ablate_out"
-    overwrite: bool = False
-    figure_format: str = "png"
-    devices: int | None = None  # --devices: the first N local devices (None: all)
-    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        check_device_count(self.devices)
-        check_split("--split", self.split)
-        for flag, value in (("--n", self.n), ("--batch-size", self.batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} must be at least 1, got {value}")
-        if not 0.0 < self.alpha < 1.0:
-            raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
-        unknown = [a for a in self.analyses if a not in ANALYSES]
-        if unknown or not self.analyses:
-            raise UserError(
-                f"--analyses: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(ANALYSES)}"
-            )
 
 
 def make_summariser(model: nnx.Module):

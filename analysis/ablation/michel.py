@@ -18,71 +18,18 @@ from analysis.ablation.evaluation import (
     ONE_POINT,
     MaskedEvaluator,
     check_classifier,
-    check_split,
     full_mask,
     load_eval_set,
 )
 from analysis.ablation.figures import head_heatmap, plot_pruning
+from analysis.ablation.options import MichelConfig
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import select_formats
-from analysis.common.flags import check_device_count
 from analysis.common.forward import Devices
 from analysis.common.writing import write_tables_run
-from bertjax import glue, runinfo
-from bertjax.errors import UserError
+from bertjax import runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from bertjax.progress import tqdm
-from bertjax.settings import check_types
-
-
-@dataclasses.dataclass(frozen=True)
-class MichelConfig:
-    """Everything that decides the numbers of a run; saved in run.json.
-
-    `importance_n` None means `n`: the importance set is the metric's examples unless told
-    otherwise (on another split, its first `n`)."""
-
-    ckpt: str
-    task: str = "mrpc"
-    step: int | None = None
-    glue_dir: str | None = None
-    split: str = "dev"
-    n: int | None = None
-    importance_split: str = "dev"
-    importance_n: int | None = None
-    max_length: int = 128
-    batch_size: int = 32
-    metric: str | None = None
-    prune_step: float = 0.1
-    reestimate: bool = False
-    random_seeds: int = 3
-    out: str = "prune_out"
-    overwrite: bool = False
-    figure_format: str = "png"
-    devices: int | None = None  # --devices: the first N local devices (None: all)
-    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        check_device_count(self.devices)
-        spec = glue.task_spec(self.task)
-        check_split("--split", self.split)
-        check_split("--importance-split", self.importance_split)
-        if self.metric is not None and self.metric not in spec.metrics:
-            raise UserError(f"--metric {self.metric!r}: task {self.task} reports {', '.join(spec.metrics)}")
-        if not 0.0 < self.prune_step <= 0.5:
-            raise UserError(f"--prune-step must be in (0, 0.5], got {self.prune_step}")
-        if self.random_seeds < 0:
-            raise UserError(f"--random-seeds must be ≥ 0, got {self.random_seeds}")
-        for flag, value in (("--n", self.n), ("--importance-n", self.importance_n), ("--batch-size", self.batch_size)):
-            if value is not None and value < 1:
-                raise UserError(f"{flag} must be at least 1, got {value}")
-        if self.importance_n is None:
-            object.__setattr__(self, "importance_n", self.n)
-
-    @property
-    def metric_name(self) -> str:
-        return self.metric or glue.task_spec(self.task).metrics[0]
 
 
 def normalise_per_layer(importance: np.ndarray) -> np.ndarray:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis.ablation import kovaleva, michel
-from analysis.ablation.kovaleva import ANALYSES, KovalevaConfig
+from analysis.ablation.kovaleva import KovalevaConfig
 from analysis.ablation.michel import MichelConfig
 from analysis.api.common import (
     Checkpoint,
@@ -17,10 +17,9 @@ from analysis.api.common import (
     TablesResult,
     check_given,
     collect_garbage,
-    comma_list,
-    config_from,
     loaded,
 )
+from bertjax.settings import from_kwargs
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
 CLASSIFIER = "BertForSequenceClassification"
@@ -70,14 +69,12 @@ class PruneResult(TablesResult):
 def ablate_config(ckpt: str, settings: dict) -> KovalevaConfig:
     """A KovalevaConfig from keyword arguments named as the flags (`analyses`: the flag's
     comma-separated text or a list); KovalevaConfig checks them as it does the flags' values."""
-    settings = dict(settings)
-    analyses = comma_list(settings.pop("analyses", None), ANALYSES)
-    return config_from(KovalevaConfig, {"ckpt": str(ckpt), "analyses": analyses}, settings)
+    return from_kwargs(KovalevaConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
 
 
 def prune_config(ckpt: str, settings: dict) -> MichelConfig:
     """A MichelConfig from keyword arguments named as the flags; it checks them as the flags'."""
-    return config_from(MichelConfig, {"ckpt": str(ckpt)}, settings)
+    return from_kwargs(MichelConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
 
 
 def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> AblateResult:

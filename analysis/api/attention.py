@@ -13,13 +13,12 @@ from analysis.api.common import (
     TablesResult,
     check_given,
     collect_garbage,
-    comma_list,
-    config_from,
     loaded,
 )
 from analysis.attention import pipeline
 from analysis.attention.options import DEFAULT_OUT
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
+from bertjax.settings import from_kwargs
 
 
 @dataclasses.dataclass(eq=False)
@@ -49,13 +48,9 @@ class ClarkResult(TablesResult):
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
     """A ClarkConfig from keyword arguments named as the flags (`analyses`: "all", the flag's
     comma-separated text or a list); ClarkConfig checks them as it does the flags' values."""
-    settings = dict(settings)
-    analyses = settings.pop("analyses", "all")
-    # Only an explicit choice makes a missing MLM head or GAP an error (the default skips them).
-    explicit = analyses != "all"
-    fixed = {"ckpt": str(ckpt), "analyses": comma_list(analyses, ANALYSES) if explicit else ANALYSES,
-             "analyses_explicit": explicit}  # fmt: skip
-    return config_from(ClarkConfig, fixed, settings)
+    config = from_kwargs(ClarkConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
+    # Only named analyses make a missing MLM head or GAP an error; all of them (the default) skip it.
+    return dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
 
 
 def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> ClarkResult:

@@ -130,29 +130,6 @@ def check_given(model, ckpt: str, step: int | None, allow_nonfinite: bool) -> No
     )
 
 
-def config_from(cls, fixed: dict, settings: dict, hidden: tuple[str, ...] = ()):
-    """`cls(**fixed, **settings)`: the keyword arguments of a call named as the flags' fields;
-    the dataclass checks their values as it does the flags'. Paths are kept as text, as the flags
-    give them (run.json records them)."""
-    allowed = {f.name for f in dataclasses.fields(cls)} - set(fixed) - set(hidden)
-    unknown = sorted(set(settings) - allowed)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
-    return cls(**(settings | fixed))
-
-
-def comma_list(value, default: tuple[str, ...]) -> tuple[str, ...]:
-    """`analyses`' value: the flag's comma-separated text or a list of names."""
-    if value is None:
-        return default
-    if isinstance(value, str):
-        return tuple(x.strip() for x in value.split(",") if x.strip())
-    if not (isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value)):
-        raise UserError(f"analyses: expected the flag's comma-separated text or a list of names, got {value!r}"[:300])
-    return tuple(value)
-
-
 def refuse_inside_temporary(out: str | Path, output: Output | None) -> None:
     """One line if `out` lies in the temporary folder of a result given no `out` (`output`'s),
     which is removed with the result, and what was saved there with it."""

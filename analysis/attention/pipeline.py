@@ -6,7 +6,6 @@ probe and coreference analyses, their tables and figures, written atomically int
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,17 +18,15 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 
 from analysis.attention import coref, depheads, gradients, probes, surface
-from analysis.attention.options import ANALYSES, SEGMENT_IDS, WORD_TEXTS
+from analysis.attention.options import ANALYSES, ClarkConfig  # noqa: F401 — the names callers import from here
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import save_figure, select_formats
-from analysis.common.flags import ONE_READING
 from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
-from bertjax.settings import check_types
 from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
@@ -39,91 +36,6 @@ EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "t
 PUNCT_TOKENS = (".", ",")
 
 GAP_FILES = {"dev": "gap-development.tsv", "test": "gap-test.tsv"}
-
-
-@dataclasses.dataclass(frozen=True)
-class ClarkConfig:
-    """Everything that decides the numbers of a run; saved in run.json."""
-
-    ckpt: str
-    out: str
-    step: int | None = None
-    analyses: tuple[str, ...] = ANALYSES
-    data_dir: str = "../shared/data"
-    inputs: str = "wikitext"  # or a GLUE task name (its --split)
-    glue_dir: str | None = None
-    split: str = "dev"
-    n: int = 1000
-    max_length: int = 128
-    batch_size: int = 32
-    cluster_n: int = 300
-    gradient_n: int = 256
-    ewt_n: int | None = None
-    first_piece: bool = False
-    min_count: int = 100
-    probe_train_n: int = 2000
-    probe_epochs: int = 10
-    probe_learning_rate: float = 5e-3
-    seed: int = 0
-    # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
-    surface_weighting: str = "tokens"
-    baseline_offsets: str = "paper"
-    all_relations_include_root: bool = False
-    word_text: str = "original"
-    segment_ids: str = "pairs"
-    gap_n: int | None = None
-    coref_target: str = "head"
-    coref_mentions: str = "all"
-    overwrite: bool = False
-    figure_format: str = "png"
-    analyses_explicit: bool = False
-    allow_nonfinite: bool = False  # analyse weights holding NaN or ±Inf, with a warning
-    # What the surface and cluster analyses read (`--attention`, docs/attention-norms.md).
-    attention: str = "weights"
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if not self.analyses:
-            raise UserError(f"--analyses: name at least one analysis (choose from {', '.join(ANALYSES)})")
-        for name in self.analyses:
-            if name not in ANALYSES:
-                raise UserError(f"--analyses: unknown analysis {name!r}; choose from {', '.join(ANALYSES)}")
-        for flag in ("gap_n", "ewt_n"):
-            if getattr(self, flag) is not None and getattr(self, flag) < 1:
-                raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
-        for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
-            if getattr(self, flag) < 1:
-                raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
-        for flag in ("seed", "min_count"):  # numpy's generators take no negative seed (a traceback in the probes)
-            if getattr(self, flag) < 0:
-                raise UserError(f"--{flag.replace('_', '-')} must be at least 0, got {getattr(self, flag)}")
-        if not (math.isfinite(self.probe_learning_rate) and self.probe_learning_rate > 0):
-            raise UserError(f"--probe-learning-rate must be a finite number > 0, got {self.probe_learning_rate}")
-        if self.inputs != "wikitext":
-            glue.resolve_tasks(self.inputs)
-        for flag, value, choices in (
-            ("surface-weighting", self.surface_weighting, surface.WEIGHTINGS),
-            ("attention", self.attention, ONE_READING),
-            ("baseline-offsets", self.baseline_offsets, tuple(depattn.BASELINE_OFFSETS)),
-            ("word-text", self.word_text, WORD_TEXTS),
-            ("segment-ids", self.segment_ids, SEGMENT_IDS),
-            ("coref-target", self.coref_target, coref.TARGETS),
-            ("coref-mentions", self.coref_mentions, coref.MENTIONS),
-        ):
-            if value not in choices:
-                raise UserError(f"--{flag} must be one of {', '.join(choices)}, got {value!r}")
-
-    @property
-    def ewt_dir(self) -> Path:
-        return Path(self.data_dir).expanduser() / "ud_english_ewt"
-
-    @property
-    def gap_dir(self) -> Path:
-        return Path(self.data_dir).expanduser() / "gap"
-
-    @property
-    def wikitext_file(self) -> Path:
-        return Path(self.data_dir).expanduser() / "wikitext" / "wikitext-2-raw" / "wiki.valid.raw"
 
 
 def wikitext_segment_pairs(text: str, n: int) -> list[tuple[str, str]]:

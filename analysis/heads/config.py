@@ -228,6 +228,28 @@ class TrackConfig:
         return out.parent / f"{out.name}.cache"
 
 
+@dataclasses.dataclass(frozen=True)
+class ReportConfig:
+    """`python -m analysis.report RUN_DIR`'s settings."""
+
+    run_dir: str = setting(flag="RUN_DIR", help="an output directory of analysis.roles, analysis.track or analysis.finetune_effect")  # fmt: skip
+    examples: int = setting(4, help="example sequences whose attention is shown per task (0: none)")
+    out: str | None = setting(None, help=f"the HTML file to write (default RUN_DIR/{REPORT}); a new file, or a report")
+    overwrite: bool = setting(False, help="replace an earlier report at --out")
+    coref: str | None = setting(None, metavar="DIR",
+                                help="an analysis.clark output with coref_heads.csv: the head cards show its GAP "
+                                     "coreference accuracy (default: RUN_DIR's own coref_heads.csv, if any)")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check(self)
+        if self.examples < 0:
+            raise UserError(f"--examples must be at least 0, got {self.examples}")
+
+    @property
+    def path(self) -> Path:
+        return Path(self.out).expanduser() if self.out else Path(self.run_dir).expanduser() / REPORT
+
+
 def config_tasks(config: RolesConfig) -> list[str]:
     from analysis.common.examples import CONLLU_TASK, resolve_tasks  # jax: not at the parsers' import
 

@@ -18,13 +18,13 @@ import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
 from analysis.common.flags import attention_readings
-from analysis.heads.config import REPORT, RolesConfig
+from analysis.heads.config import REPORT, ReportConfig, RolesConfig  # noqa: F401 — ReportConfig: callers import it from here
 from analysis.heads.report_page import GENERATOR, render
 from bertjax import runinfo
 from bertjax.errors import UserError
 from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_tokenizer
-from bertjax.settings import check_types, fits
+from bertjax.settings import fits
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
@@ -51,24 +51,6 @@ CANDIDATES = 32
 
 # More than any BERT has: a table claiming more is edited, and its grid would not fit in memory.
 MAX_GRID = 1024
-
-
-@dataclasses.dataclass(frozen=True)
-class ReportConfig:
-    run_dir: str
-    examples: int = 4
-    out: str | None = None
-    overwrite: bool = False
-    coref: str | None = None
-
-    def __post_init__(self) -> None:
-        check_types(self)
-        if self.examples < 0:
-            raise UserError(f"--examples must be at least 0, got {self.examples}")
-
-    @property
-    def path(self) -> Path:
-        return Path(self.out).expanduser() if self.out else Path(self.run_dir).expanduser() / REPORT
 
 
 @dataclasses.dataclass
