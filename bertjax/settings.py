@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import inspect
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ from bertjax import runinfo
 from bertjax.errors import UserError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def setting(
@@ -291,6 +293,32 @@ def from_kwargs(
             value = tuple(value)
         values[name] = value
     return make(schema, values | fixed)
+
+
+def with_settings(
+    *schemas: type, tool: Mapping[str, Mapping[str, Any]] | None = None, skip: Sequence[str] = ()
+) -> Callable[[F], F]:
+    """An API function's signature with one keyword argument per setting of `schemas` (but
+    `skip`'s), each with the tool's default, where its code takes them as `**settings`: what
+    `help()`, `inspect.signature` and a notebook's completion show."""
+
+    def decorate(function: F) -> F:
+        signature = inspect.signature(function)
+        parameters = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+        taken = {p.name for p in parameters} | set(skip)
+        defaults = tool_defaults(tool)
+        for schema in schemas:
+            for field in flag_fields(schema):
+                if field.name not in taken:
+                    taken.add(field.name)
+                    default = defaults.get(field.name, field.default)
+                    parameters.append(
+                        inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type)
+                    )
+        function.__signature__ = signature.replace(parameters=parameters)
+        return function
+
+    return decorate
 
 
 def to_yaml(config: Any, skip: Sequence[str] = ()) -> str:

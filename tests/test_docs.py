@@ -255,23 +255,12 @@ def python_blocks(page: Path) -> list[str]:
 def test_python_examples_call_the_api_as_it_is():
     # Running them would cost a model run each (tests/test_api.py and the notebook run the same
     # calls); here each block must parse and every `api.X(...)` must name a function of
-    # analysis.api with keywords it takes: its parameters or, where it takes **settings, a flag's.
+    # analysis.api with keywords it takes.
     import ast
-    import dataclasses
     import inspect
 
     from analysis import api
-    from analysis.ablation.kovaleva import KovalevaConfig
-    from analysis.ablation.michel import MichelConfig
-    from analysis.attention.pipeline import ClarkConfig
-    from analysis.heads.config import RolesConfig
 
-    # The settings each function takes as flags (the others: a RolesConfig's).
-    settings = {"clark": ClarkConfig, "ablate": KovalevaConfig, "prune": MichelConfig}
-    flags_of = lambda name: (
-        set(api.heads.EFFECT_FLAGS) if name == "finetune_effect"
-        else {f.name for f in dataclasses.fields(settings.get(name, RolesConfig))}
-    )  # fmt: skip
     blocks = [(rel(page), b) for page in PAGES for b in python_blocks(page)]
     assert any(page == "docs/python.md" for page, _ in blocks)
     for page, block in blocks:
@@ -282,10 +271,10 @@ def test_python_examples_call_the_api_as_it_is():
                 continue
             function = getattr(api, node.func.attr, None)
             assert callable(function), f"{page}: api.{node.func.attr} does not exist"
+            # Where a function takes **settings, its signature lists them (bertjax.settings.with_settings).
             parameters = inspect.signature(function).parameters
-            takes_flags = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
             for keyword in node.keywords:
-                assert keyword.arg in parameters or (takes_flags and keyword.arg in flags_of(node.func.attr)), (
+                assert keyword.arg in parameters, (
                     f"{page}: api.{node.func.attr} takes no {keyword.arg}="
                 )
 

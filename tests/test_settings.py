@@ -121,3 +121,20 @@ def test_the_api_takes_the_flags_text_or_typed_values():
 def test_a_missing_required_setting_names_its_flag():
     with pytest.raises(UserError, match="required: --ckpt"):
         settings.make(heads.RolesConfig, {})
+
+
+def test_the_api_signatures_list_every_setting_with_the_tools_default():
+    import inspect
+
+    from analysis import api
+
+    track = inspect.signature(api.track).parameters
+    assert (track["persistence"].default, track["correction_scope"].default, track["figures"].default) == (2, "step", "all")  # fmt: skip
+    assert "block_score" not in track and "step" not in track  # roles' only
+    assert inspect.signature(api.roles).parameters["figures"].default == heads.DEFAULT_ROLES_FIGURES
+    effect = inspect.signature(api.finetune_effect).parameters
+    assert "tau" not in effect and effect["attention"].default == "weights"
+    assert inspect.signature(api.clark).parameters["cluster_n"].default == 300
+    assert inspect.signature(api.prune).parameters["random_seeds"].default == 3
+    for function, schema in ((api.ablate, KovalevaConfig), (api.clark, ClarkConfig)):
+        assert {f.name for f in settings.flag_fields(schema)} - {"ckpt"} <= set(inspect.signature(function).parameters)

@@ -19,7 +19,7 @@ from analysis.api.common import (
     collect_garbage,
     loaded,
 )
-from bertjax.settings import from_kwargs
+from bertjax.settings import from_kwargs, with_settings
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
 CLASSIFIER = "BertForSequenceClassification"
@@ -77,6 +77,7 @@ def prune_config(ckpt: str, settings: dict) -> MichelConfig:
     return from_kwargs(MichelConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
 
 
+@with_settings(KovalevaConfig, skip=("ckpt",))
 def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> AblateResult:
     """`python -m analysis.ablate --ckpt CKPT ...` as a call: attention patterns and features, and
     the classifier with heads and layers disabled or masked.
@@ -112,6 +113,7 @@ def run_ablate(config: KovalevaConfig, model=None, tokenizer=None, compare=None)
     return AblateResult.of(run, info, Path(config.out).expanduser())
 
 
+@with_settings(MichelConfig, skip=("ckpt",))
 def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> PruneResult:
     """`python -m analysis.prune --ckpt CKPT ...` as a call: head importance and the pruning
     curves against random orders.

@@ -18,7 +18,7 @@ from analysis.api.common import (
 from analysis.attention import pipeline
 from analysis.attention.options import DEFAULT_OUT
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
-from bertjax.settings import from_kwargs
+from bertjax.settings import from_kwargs, with_settings
 
 
 @dataclasses.dataclass(eq=False)
@@ -53,6 +53,7 @@ def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
     return dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
 
 
+@with_settings(ClarkConfig, skip=("ckpt",))
 def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> ClarkResult:
     """`python -m analysis.clark --ckpt CKPT ...` as a call: attention to special tokens and
     neighbours, head clusters, gradients, dependency heads, probes and coreference heads.

@@ -36,14 +36,13 @@ from analysis.heads.config import (
     TRACK_TOOL,
     RolesConfig,
     TrackConfig,
-    parse_steps,
 )
 from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, report_data, write_report
 from analysis.heads.report_page import render
-from bertjax import distributed, runinfo
+from bertjax import runinfo
 from bertjax.errors import UserError
-from bertjax.settings import fits, flag_fields, from_kwargs
+from bertjax.settings import fits, flag_fields, from_kwargs, with_settings
 
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
 FRAME_HEIGHT = 900
@@ -193,6 +192,7 @@ class Report:
 # -- the analyses -------------------------------------------------------------------------------
 
 
+@with_settings(RolesConfig, tool=ROLES_TOOL, skip=("ckpt",))
 def roles(
     ckpt: str, *, model=None, tokenizer=None, parser=None, out: str | Path | None = None, **settings
 ) -> RolesResult:
@@ -234,48 +234,32 @@ def run_roles(config: RolesConfig, model=None, tokenizer=None, parser=None) -> R
     return RolesResult.of(run, info, Path(config.out).expanduser())
 
 
+@with_settings(TrackConfig, RolesConfig, tool=TRACK_TOOL, skip=TRACK_SKIP)
 def track(
-    *,
-    run: str | None = None,
-    ckpt: str | Sequence[str] = (),
-    steps: str | Sequence[int] | None = None,
-    with_init: bool = False,
-    scores_cache: str | None = None,
-    shard: str | None = None,
-    sas: str | None = None,
-    sas_n: int = 1000,
-    out: str | Path | None = None,
-    **settings,
+    *, run: str | None = None, ckpt: str | Sequence[str] = (), out: str | Path | None = None, **settings
 ) -> TrackResult | None:
     """`python -m analysis.track --run WORKDIR | --ckpt SRC[@LABEL] ...` as a call: the roles along
     a series of checkpoints. `ckpt` is one source or a list (each `SOURCE[@LABEL]`); `steps` a
     list or the flag's comma-separated text; `shard` the flag's "I/N". The other keyword
-    arguments are the data, test and output flags, as for `roles`."""
+    arguments are the flags of `TrackConfig` and the data, test and output flags, as for `roles`."""
     if (run is None) == (not ckpt):
         raise UserError("one of the arguments --run --ckpt is required (and not both)")
     if not (isinstance(ckpt, (str, Path)) or (isinstance(ckpt, (list, tuple)) and all(isinstance(c, (str, Path)) for c in ckpt))):  # fmt: skip
         raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
-    if isinstance(steps, str):
-        steps = parse_steps(steps)
-    elif steps is not None and not fits(steps, "tuple[int, ...]"):
+    steps, shard = settings.get("steps"), settings.get("shard")
+    if steps is not None and not isinstance(steps, str) and not fits(steps, "tuple[int, ...]"):
         raise UserError(f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300])
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
     collect_garbage()
-    config = TrackConfig(
-        roles=roles_config(run or "", settings if out is None else settings | {"out": str(out)}, TRACK_TOOL, TRACK_SKIP),
-        steps=None if steps is None else tuple(steps),
-        scores_cache=None if scores_cache is None else str(scores_cache),
-        series=series,
-        with_init=with_init,
-        shard=None if shard is None else distributed.parse_shard(shard),
-        sas=None if sas is None else str(sas),
-        sas_n=sas_n,
-    )
+    own = {f.name for f in flag_fields(TrackConfig)}
+    data = {k: v for k, v in settings.items() if k not in own} | ({} if out is None else {"out": str(out)})
+    roles = roles_config(run or "", data, TRACK_TOOL, TRACK_SKIP)
+    config = from_kwargs(TrackConfig, {k: v for k, v in settings.items() if k in own}, roles=roles, series=series)
     if out is None and config.shard is None:  # held in memory; written only into a scores cache given
-        return TrackResult.of(tracking.compute(config, None if scores_cache is None else config.cache_dir))
-    if out is None and scores_cache is None:
+        return TrackResult.of(tracking.compute(config, None if config.scores_cache is None else config.cache_dir))
+    if out is None and config.scores_cache is None:
         raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
     result = run_track(config)
     if result is not None and config.roles.html:
@@ -353,6 +337,7 @@ class FinetuneEffectResult(HeldResult):
         return tables_html(self, "not saved" if self.written is None else str(self.written))
 
 
+@with_settings(RolesConfig, tool=EFFECT_TOOL, skip=EFFECT_SKIP)
 def finetune_effect(
     pre: str,
     post: str | Sequence[str],
