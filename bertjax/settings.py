@@ -281,16 +281,17 @@ def from_kwargs(
     values = tool_defaults(tool)
     for name, value in kwargs.items():
         field = fields[name]
-        if value is None and "None" not in str(field.type):
-            continue  # None where the setting takes no None: its default, as leaving the flag out
+        annotation = str(field.type)
+        if value is None and field.metadata["setting"]["shown"] is not None:
+            continue  # as the flag left out: the default its help states in words
         if isinstance(value, Path):
             value = str(value)
-        if isinstance(value, str) and str(field.type) not in _CONVERT:
+        if isinstance(value, str) and annotation not in _CONVERT and annotation != "bool":
             value = _converter(field)(value)
-        elif str(field.type) == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        elif annotation == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number where the flag takes text (τ: a number or "auto")
-        elif isinstance(value, list) and str(field.type).startswith("tuple"):
-            value = tuple(value)
+        elif isinstance(value, list) and annotation.startswith("tuple") and fits(value, annotation):
+            value = tuple(value)  # a wrong one stays as given, for check_types' message
         values[name] = value
     return make(schema, values | fixed)
 
@@ -433,7 +434,7 @@ _NAMES = {
     "int": "an integer",
     "float": "a number",
     "str": "text",
-    "tuple[str, ...]": "a list of strings",
+    "tuple[str, ...]": "a list of strings (or a flag's comma-separated text)",
     "tuple[int, ...]": "a list of integers",
     "tuple[int, int]": "a pair of integers",
 }

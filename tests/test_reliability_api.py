@@ -34,8 +34,8 @@ def _settings(shared_data: Path, cache: Path) -> dict:
         ({"alpha": "0.05"}, "alpha: expected a number, got '0.05'"),
         ({"glue_dir": 3}, "glue_dir: expected text or None, got 3"),
         ({"roles": []}, "--roles: name at least one role (leave roles out for all of them)"),  # 1.9
-        ({"roles": 5}, "roles: expected a list of strings, got 5"),
-        ({"roles": ["local", 3]}, "roles: expected a list of strings, got ('local', 3)"),
+        ({"roles": 5}, "roles: expected a list of strings (or a flag's comma-separated text), got 5"),
+        ({"roles": ["local", 3]}, "roles: expected a list of strings (or a flag's comma-separated text), got ['local', 3]"),
     ],
 )
 def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, message, tmp_path):
@@ -56,11 +56,11 @@ def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, 
         (lambda c, **k: api.track(ckpt=[c], **k), {"with_init": "no"}, "with_init: expected True or False, got 'no'"),
         (lambda c, **k: api.finetune_effect(c, "q:mrpc", **k), {"n": "8"}, "n: expected an integer, got '8'"),
         (api.report, {"examples": "4"}, "examples: expected an integer, got '4'"),
-        (api.clark, {"analyses": 5}, "analyses: expected the flag's comma-separated text or a list of names, got 5"),
+        (api.clark, {"analyses": 5}, "analyses: expected a list of strings (or a flag's comma-separated text), got 5"),
         (
             api.ablate,
             {"analyses": ["mask", 2]},
-            "analyses: expected the flag's comma-separated text or a list of names, got ['mask', 2]",
+            "analyses: expected a list of strings (or a flag's comma-separated text), got ['mask', 2]",
         ),
     ],
 )
