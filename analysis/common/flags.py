@@ -1,4 +1,6 @@
-"""The flags that every analysis CLI spells the same way (docs/cli.md), and the choices they take.
+"""The settings that several analysis tools share (docs/cli.md's table), declared once here with
+their help (`bertjax.settings.setting`), and the choices they take; each tool's config dataclass
+takes its field from these.
 
 Only argparse and bertjax's light modules are imported here: each entry point builds its parser
 from this module before it imports any analysis, so `--help` and a mistyped flag answer at once.
@@ -19,16 +21,6 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 DEFAULT_FORMATS = ("png",)
 
 
-def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
-    """`--figures` and `--figure-format`, spelled the same by every CLI that draws figures."""
-    p.add_argument("--figures", default=default,
-                   help=f"all, none, or a comma-separated subset of {','.join(kinds)} (default: {default})")  # fmt: skip
-    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
-                   help="the same as --figures none")  # fmt: skip
-    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
-                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)} (default: png)")  # fmt: skip
-
-
 # What an analysis reads as a head's attention (docs/attention-norms.md): the weights α, Kobayashi et
 # al.'s norm-weighted attention α_ij‖f_h(x_j)‖ with rows renormalised, or both from one forward pass.
 ATTENTION_SOURCES = ("weights", "norms", "both")
@@ -36,14 +28,6 @@ ATTENTION_SOURCES = ("weights", "norms", "both")
 # of `bertjax.model.ATTENTION_READINGS`, spelled here too so that no parser imports JAX (a test
 # keeps the two equal).
 ONE_READING = ("weights", "norms")
-
-
-def add_attention_argument(p: argparse.ArgumentParser, sources: Sequence[str] = ATTENTION_SOURCES) -> None:
-    """`--attention`, spelled the same by every CLI that reads attention."""
-    p.add_argument("--attention", choices=sources, default="weights",
-                   help="weights: the attention weights α; norms: α_ij·‖f_h(x_j)‖ with rows renormalised "
-                        "(Kobayashi et al. 2020, docs/attention-norms.md)"
-                        + ("; both: each reading from one forward pass" if "both" in sources else ""))  # fmt: skip
 
 
 def attention_readings(source: str) -> tuple[str, ...]:
@@ -58,37 +42,6 @@ def check_device_count(devices: int | None) -> None:
     process has that many is checked when the mesh is built."""
     if devices is not None and devices < 1:
         raise UserError(f"--devices must be at least 1, got {devices}")
-
-
-def add_nonfinite_argument(p: argparse.ArgumentParser) -> None:
-    """`--allow-nonfinite`, spelled the same by every CLI that loads a checkpoint: weights holding
-    NaN or ±Inf are refused at load unless it is given (then a warning)."""
-    p.add_argument("--allow-nonfinite", action="store_true",
-                   help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
-
-
-def add_device_arguments(p: argparse.ArgumentParser, distributed: bool = True) -> None:
-    """`--devices` (and `--distributed` where the analysis spreads over hosts), spelled the same by
-    every CLI that runs forward passes."""
-    p.add_argument("--devices", type=int, help="use the first N local devices, data parallel (default: all of them)")
-    if distributed:
-        p.add_argument("--distributed", action="store_true",
-                       help="one process of a multi-host job (jax.distributed.initialize(): SLURM, TPU VMs, "
-                            "Kubernetes): each scores its share of the sequences, process 0 writes --out")  # fmt: skip
-
-
-def add_length_arguments(p: argparse.ArgumentParser) -> None:
-    """`--max-length` and `--batch-size`, the same in every analysis that runs forward passes."""
-    p.add_argument("--max-length", type=int, default=128,
-                   help="tokens per sequence, [CLS] and [SEP] included: longer inputs are truncated")  # fmt: skip
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per forward pass")
-
-
-def add_out_arguments(p: argparse.ArgumentParser, default: str) -> None:
-    """`--out` and `--overwrite`, the same in every analysis: a directory, written into a temporary
-    sibling and renamed when complete; an existing one is replaced only with `--overwrite`."""
-    p.add_argument("--out", default=default, help="output directory (written whole at the end of the run)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --out")
 
 
 # -- the shared settings, declared once: each tool's config takes its field from these -----------
@@ -160,3 +113,12 @@ def add_no_figures(p: argparse.ArgumentParser, default: str) -> None:
     """`--no-figures`, the short form of `--figures none`."""
     p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
                    help="the same as --figures none")  # fmt: skip
+
+
+def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
+    """`--figures`, `--no-figures` and `--figure-format` for a command without a settings
+    dataclass (a benchmark that draws a tool's figures), spelled and explained as the tools'."""
+    p.add_argument("--figures", default=default, help=figures_help(kinds))
+    add_no_figures(p, default)
+    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
+                   help=f"comma-separated subset of {','.join(FIGURE_FORMATS)}")  # fmt: skip

@@ -4,7 +4,7 @@ Every figure is a bare `matplotlib.figure.Figure`, never pyplot state, so plotti
 and leaks no open figures. Each function saves `<stem>.<format>` in the formats of the
 `figure_formats` in force (PNG unless a CLI's `--figure-format` asks for SVG or PDF too) and returns
 the paths. The CLIs choose which figures to draw with `--figures all|none|KIND,...`
-(`add_figure_arguments`).
+(each tool's `figures` setting, `analysis.heads.config`).
 """
 
 from __future__ import annotations
