@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bertjax import cli
 from bertjax.errors import UserError
+from train import config as train_config
 from train import corpora
 from train.corpora import (
     CorpusConfig,
@@ -237,7 +238,7 @@ def test_hub_failure_says_use_a_local_path(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(UserError, match="path="):
-        list(iter_documents(corpora.WIKIPEDIA))
+        list(iter_documents(train_config.WIKIPEDIA))
 
 
 def test_hub_corpora_stream_records(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,13 +261,13 @@ def test_hub_corpora_stream_records(monkeypatch: pytest.MonkeyPatch) -> None:
         return iter(records[hub_id])
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    assert list(iter_documents(corpora.WIKIPEDIA)) == [["Anarchism is a philosophy.", "History", "It is old."]]
-    assert list(iter_documents(corpora.GUTENBERG)) == [["Call me Ishmael."]]
+    assert list(iter_documents(train_config.WIKIPEDIA)) == [["Anarchism is a philosophy.", "History", "It is old."]]
+    assert list(iter_documents(train_config.GUTENBERG)) == [["Call me Ishmael."]]
     assert calls == [
         ("wikimedia/wikipedia", "20231101.en", "train", True),
         ("manu/project_gutenberg", None, "en", True),
     ]
-    bad_field = dataclasses.replace(corpora.WIKIPEDIA, text_field="body")
+    bad_field = dataclasses.replace(train_config.WIKIPEDIA, text_field="body")
     with pytest.raises(UserError, match="text_field"):
         list(iter_documents(bad_field))
 

@@ -35,9 +35,9 @@ from bertjax.errors import UserError
 from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
 from bertjax.model import BertForSequenceClassification
 from train.checkpoints import CheckpointConfig, check_resumable
+from train.config import FinetuneConfig
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
-from train.optim import OptimizerConfig
 from train.pretraining import TOKENIZER_DIR, compute_dtype, write_tokenizer
 from train.trainer import LoopConfig, Trainer, check_batch
 
@@ -47,55 +47,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
 EVAL_ROWS = "eval.jsonl"
 EVAL_SUMMARY = "eval.json"
 SEEDS_SUMMARY = "seeds.json"
-
-
-@dataclasses.dataclass
-class DataSettings:
-    glue_dir: str | None = None  # local GLUE directory (<TASK>/<split>.tsv); None: the hub, nyu-mll/glue
-    max_seq_length: int = 128
-    max_train_examples: int | None = None  # the first N training examples (quick runs); None: all
-    eval_split: str = "dev"
-    eval_batch_size: int = 128
-    # Batches of similar length, each cut to its longest sequence (rounded up to pad_multiple):
-    # several times less compute on GLUE's short sentences; see train/glue_data.py.
-    group_by_length: bool = True
-    pad_multiple: int = 16
-
-
-@dataclasses.dataclass
-class FinetuneLoop:
-    epochs: int = 3
-    global_batch_size: int = 32
-    grad_accum_steps: int = 1
-    seed: int = 0  # the classifier's init, dropout and shuffling; seed s of --seeds K is seed + s
-    log_every: int = 50
-    # Linear warm-up over this fraction of all steps (the step count depends on the data size);
-    # null to use optimizer.warmup_steps instead.
-    warmup_ratio: float | None = 0.1
-
-
-@dataclasses.dataclass
-class FinetuneCheckpoints:
-    # Also keep this many log-spaced steps in [1, last step] (`train.checkpoints.log_spaced_steps`,
-    # as pre-training's `checkpoint.log_spaced`), for `analysis.track --run WORKDIR`.
-    log_spaced: int = 0
-
-
-@dataclasses.dataclass
-class FinetuneConfig:
-    task: str = "mrpc"  # --task
-    init: str = ""  # --ckpt: a bertjax run workdir or a HF-format directory (or hub id)
-    init_step: int | None = None  # a step of a bertjax run; None: its latest
-    seeds: int = 1  # --seeds
-    best_metric: str | None = None  # None: the task's own metric, F1 for MRPC and QQP, else accuracy
-    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
-    data: DataSettings = dataclasses.field(default_factory=DataSettings)
-    train: FinetuneLoop = dataclasses.field(default_factory=FinetuneLoop)
-    optimizer: OptimizerConfig = dataclasses.field(
-        default_factory=lambda: OptimizerConfig(name="adamw", learning_rate=2e-5)
-    )
-    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-    checkpoint: FinetuneCheckpoints = dataclasses.field(default_factory=FinetuneCheckpoints)
 
 
 def task_spec(task: str) -> TaskSpec:

@@ -31,7 +31,6 @@ import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,10 @@ import numpy as np
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
 from bertjax.settings import load_config
+from train.config import PrepareConfig, keys_help
 from train.corpora import (
-    GUTENBERG,
     MIX_STOPS,
     SEGMENTERS,
-    WIKIPEDIA,
-    CorpusConfig,
     Document,
     SentenceSegmenter,
     describe,
@@ -71,38 +68,6 @@ FORMAT_VERSION = 1
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Sentences per `encode_batch` call: large enough for the Rust tokenizer's threads to pay off.
 ENCODE_BATCH_SENTENCES = 4096
-
-
-@dataclass
-class PrepareConfig:
-    """Everything `prepare` needs; the defaults are BERT's recipe at T = 128."""
-
-    corpora: list[CorpusConfig] = field(
-        default_factory=lambda: [dataclasses.replace(WIKIPEDIA), dataclasses.replace(GUTENBERG)]
-    )
-    mix_stop: str = "all_exhausted"  # see train.corpora.mix
-    max_documents: int | None = None  # cap on the mixed stream (hub corpora are large)
-    vocab_file: str | None = None
-    lowercase: bool = True
-    train_vocab: bool = False  # train a WordPiece vocabulary on the corpora instead
-    vocab_size: int = 30522  # only with train_vocab
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20  # the original used 80 at max_seq_length = 512
-    masked_lm_prob: float = 0.15  # Wettig et al. 2022 find higher rates (e.g. 0.4) train faster
-    # The sentence-pair task: "nsp" (BERT), "sop" (ALBERT's sentence order), "none" (MLM only, as
-    # RoBERTa and Cramming): see train.instances. With "none" the loss has no pair term.
-    pair_task: str = "nsp"
-    whole_word_mask: bool = False
-    masking: str = "dynamic"  # or "static": see train.instances
-    short_seq_prob: float = 0.1
-    short_seq_per: str = "instance"  # or "document", the original code's behaviour
-    dupe_factor: int = 1  # passes over each pool (the original: 10, with static masking)
-    segmenter: str = "senter"  # or "sentencizer": see train.corpora
-    spacy_model: str = "en_core_web_sm"
-    segment_workers: int = 1
-    pool_tokens: int = 10_000_000  # documents pooled for NSP's random segments
-    shard_size: int = 100_000
-    seed: int = 12345
 
 
 def validate(config: PrepareConfig) -> None:
@@ -501,6 +466,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
     parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
+    parser.epilog = keys_help(PrepareConfig)
     return parser
 
 

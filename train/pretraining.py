@@ -25,59 +25,18 @@ from bertjax import settings as config_lib
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
+from train.checkpoints import check_resumable, setting_changes
+from train.config import ModelSettings, PrepareConfig, PretrainConfig
 from train.data import PretrainingData, load_meta, num_examples
-from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint, check_sequences
+from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences
 from train.losses import pretraining_loss
-from train.optim import OptimizerConfig
-from train.prepare import PrepareConfig, prepare
-from train.probe import ProbeConfig, RoleProbe, check_config, read_probe_set
-from train.trainer import LoopConfig, Trainer, check_batch
+from train.prepare import prepare
+from train.probe import RoleProbe, check_config, read_probe_set
+from train.trainer import Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
-
-
-@dataclasses.dataclass
-class ModelSettings:
-    preset: str = "tiny"
-    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    # The preset's shape, resized (unset: the preset's); the feed-forward width stays 4 × hidden.
-    num_hidden_layers: int | None = None
-    hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    # Recipe options for small budgets (docs/pretraining.md); the defaults are BERT's.
-    layer_norm_position: str = "post"  # or "pre" (Xiong et al. 2020; not exportable to HF)
-    position_embedding_init: str = "normal"  # or "sinusoidal" (still learned)
-
-
-@dataclasses.dataclass
-class Phase2Config:
-    steps: int = 1000
-    max_seq_length: int = 512
-    max_predictions_per_seq: int = 80
-    global_batch_size: int = 256
-    learning_rate: float = 5e-4
-    warmup_steps: int = 100
-
-
-@dataclasses.dataclass
-class PretrainConfig:
-    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
-    data: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
-    data_dir: str | None = None  # prepared shards of phase 1; None: prepared into the workdir
-    train: LoopConfig = dataclasses.field(default_factory=LoopConfig)
-    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
-    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-    phase2: Phase2Config | None = None
-    heldout: HeldOutConfig = dataclasses.field(default_factory=HeldOutConfig)
-    distributed: bool = False  # call jax.distributed.initialize() (multi-host TPU pods, SLURM)
-    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)  # role probes (off: task unset)
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -31,34 +31,14 @@ from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
 from bertjax.progress import tqdm
-from train.checkpoints import OPT_SIGNATURE, CheckpointConfig, Checkpointer, abstract_with_shardings, tree_signature
+from train.checkpoints import OPT_SIGNATURE, Checkpointer, abstract_with_shardings, tree_signature
+from train.config import CheckpointConfig, LoopConfig, OptimizerConfig
 from train.metrics import MetricsWriter, flops_per_token, peak_flops, throughput
-from train.optim import OptimizerConfig, make_optimizer, schedule
+from train.optim import make_optimizer, schedule
 
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[nnx.Module, dict[str, jax.Array], jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-@dataclasses.dataclass
-class LoopConfig:
-    steps: int = 1000
-    global_batch_size: int = 32
-    grad_accum_steps: int = 1  # micro-batches per step; each is global_batch_size / this
-    seed: int = 0
-    log_every: int = 10
-    init_from: str | None = None  # start from these params (HF dir or bertjax run), fresh optimizer
-    init_step: int | None = None
-
-    def __post_init__(self) -> None:
-        # Checked with the other settings, before any data is prepared. Every config names this
-        # section `train`.
-        if self.global_batch_size < 1:
-            raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
-        if self.log_every < 1:
-            raise UserError(f"train.log_every: must be an integer ≥ 1, got {self.log_every}")
-        if self.seed < 0:  # numpy's generators (the batches' shuffling) take no negative seed
-            raise UserError(f"train.seed: must be an integer ≥ 0, got {self.seed}")
 
 
 def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
