@@ -669,6 +669,20 @@ def test_no_pool_holds_a_single_document(tmp_path: Path, vocab_file: Path) -> No
     assert random_next > 10
 
 
+def test_pools_keep_every_document_in_order_and_none_alone() -> None:
+    """`_pools` at every pool size: the documents in their order, each pool of two or more, every
+    pool but the last of at least `pool_tokens` tokens."""
+    from train.prepare import _pools
+
+    docs = [TokenizedDocument.from_sentences([list(range(n))]) for n in (5, 1, 7, 3, 2, 9, 4)]
+    for pool_tokens in (1, 6, 10, 12, 31, 100):
+        pools = list(_pools(iter(docs), pool_tokens))
+        assert [id(d) for pool in pools for d in pool] == [id(d) for d in docs], pool_tokens
+        assert all(len(pool) >= 2 for pool in pools), (pool_tokens, [len(p) for p in pools])
+        assert all(sum(len(d.ids) for d in pool) >= pool_tokens for pool in pools[:-1]), pool_tokens
+    assert len(list(_pools(iter(docs), 6))) > 2  # small pools: the cases above are not all one pool
+
+
 def test_a_phase_2_that_would_share_phase_1_shards_is_refused_before_training(tmp_path: Path) -> None:
     """At phase 1's max_seq_length phase 2 prepares into phase 1's directory: with another
     prediction cap its shards were refused only once phase 1 had trained."""
