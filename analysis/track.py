@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
     p = build_parser()
     a = p.parse_args(argv)
-    roles = settings.from_flags(RolesConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else "")
+    roles = settings.from_flags(
+        RolesConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else ""
+    )
     config = settings.from_flags(TrackConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[RolesConfig], roles=roles,
                                  series=tuple(a.ckpt or ()))  # fmt: skip
     settings.print_config_if_asked(a, roles, config, skip=TRACK_SKIP)

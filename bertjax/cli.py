@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,6 +45,23 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.nargs == 0 or action.default in (None, argparse.SUPPRESS) or "default" in text:
             return text
         return f"{text} (default: %(default)s)"
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        """Paragraphs filled as argparse fills them, except that a line indented by two spaces (an
+        entry of a list: the config keys of the training commands) starts a line of its own, and
+        wraps under a hanging indent."""
+        out, paragraph = [], []
+        for line in [*text.splitlines(), None]:
+            if line is not None and not line.startswith("  "):
+                paragraph.append(line)
+                continue
+            if paragraph:
+                out.append(super()._fill_text("\n".join(paragraph), width, indent))
+                paragraph = []
+            if line is not None:
+                out.append(textwrap.fill(line.strip(), width, initial_indent=indent + "  ", break_on_hyphens=False,
+                                         subsequent_indent=indent + "      "))  # fmt: skip
+        return "\n".join(out)
 
 
 def parser(prog: str, doc: str) -> argparse.ArgumentParser:

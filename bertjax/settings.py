@@ -25,6 +25,7 @@ import argparse
 import copy
 import dataclasses
 import inspect
+import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -314,7 +315,9 @@ def with_settings(
                     taken.add(field.name)
                     default = defaults.get(field.name, field.default)
                     parameters.append(
-                        inspect.Parameter(field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type)
+                        inspect.Parameter(
+                            field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type
+                        )
                     )
         function.__signature__ = signature.replace(parameters=parameters)
         return function
@@ -331,25 +334,66 @@ def to_yaml(config: Any, skip: Sequence[str] = ()) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(values))
 
 
-def describe_keys(schema: type, prefix: str = "") -> list[str]:
-    """One line per key of a nested structured config (train's): `key (default: X): help`, for the
-    `--help` of a command that takes `key=value` overrides."""
+def describe_keys(schema: Any, prefix: str = "") -> list[str]:
+    """One line per key of a nested structured config (train's), `key (default: X): help`, for the
+    `--help` of a command that takes `key=value` overrides. `schema` is a dataclass or an instance
+    of one, whose values are then the defaults shown (fine-tuning's `optimizer` section is an
+    `OptimizerConfig` with other defaults than the class's). A section (a dataclass field, or an
+    optional one, `X | None`) gets a line of its own, then its keys; a list of sections, its items'
+    keys as `key.N.field`, with the defaults an item takes for the keys it does not give."""
+    cls = schema if isinstance(schema, type) else type(schema)
+    hints = typing.get_type_hints(cls)
     lines = []
-    for field in dataclasses.fields(schema):
+    for field in dataclasses.fields(cls):
         key = f"{prefix}{field.name}"
-        nested = field.type if isinstance(field.type, type) else None
-        default = (
-            field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        )
-        if dataclasses.is_dataclass(default) and not isinstance(default, type):
-            lines += describe_keys(type(default), f"{key}.")
+        default = _field_default(field) if isinstance(schema, type) else getattr(schema, field.name)
+        spec = field.metadata.get("setting", {})
+        text = f": {spec['help']}" if spec.get("help") else ""
+        section = _section(hints[field.name])
+        if section is not None and default is not None:
+            lines.append(f"  {key}{text}")
+            lines += describe_keys(default, f"{key}.")
             continue
-        if nested is not None and dataclasses.is_dataclass(nested):
-            lines += describe_keys(nested, f"{key}.")
-            continue
-        text = field.metadata["setting"]["help"] if "setting" in field.metadata else ""
-        lines.append(f"  {key} (default: {default}){': ' + text if text else ''}")
+        shown = spec.get("shown") or _shown(default)
+        lines.append(f"  {key} (default: {shown}){text}")
+        if section is not None:  # an optional section, off by default: the keys it takes when on
+            lines += describe_keys(section, f"{key}.")
+        elif typing.get_origin(hints[field.name]) is list:
+            item = _section(typing.get_args(hints[field.name])[0])
+            if item is not None:
+                lines += describe_keys(item, f"{key}.N.")
     return lines
+
+
+def _field_default(field: dataclasses.Field) -> Any:
+    return field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
+
+
+def _section(annotation: Any) -> type | None:
+    """The dataclass that `annotation` (`X` or `X | None`) names, if it names one."""
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    for kind in options:
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            return kind
+    return None
+
+
+def _shown(value: Any) -> str:
+    """A default as the YAML of a config file or a `key=value` override writes it; of a section in a
+    list, the keys it sets other than their defaults."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str):
+        return value or "''"
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(map(_shown, value))}]"
+    if dataclasses.is_dataclass(value):
+        changed = [(f.name, getattr(value, f.name)) for f in dataclasses.fields(value)
+                   if getattr(value, f.name) != _field_default(f)]  # fmt: skip
+        return "{" + ", ".join(f"{name}: {_shown(v)}" for name, v in changed) + "}"
+    return str(value)
 
 
 # -- the training configs' loader: YAML file and dotted overrides ---------------------------------

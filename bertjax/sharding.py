@@ -12,7 +12,6 @@ scores meet on the hosts (`bertjax.distributed`).
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
@@ -20,14 +19,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bertjax.errors import UserError
+from bertjax.mesh_config import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
-
-
-@dataclasses.dataclass
-class MeshConfig:
-    data: int = -1  # -1: all devices not used by fsdp
-    fsdp: int = 1
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:

@@ -274,9 +274,7 @@ def test_python_examples_call_the_api_as_it_is():
             # Where a function takes **settings, its signature lists them (bertjax.settings.with_settings).
             parameters = inspect.signature(function).parameters
             for keyword in node.keywords:
-                assert keyword.arg in parameters, (
-                    f"{page}: api.{node.func.attr} takes no {keyword.arg}="
-                )
+                assert keyword.arg in parameters, f"{page}: api.{node.func.attr} takes no {keyword.arg}="
 
 
 def test_the_main_command_installs_the_runtime_and_the_test_command_the_toolchain():

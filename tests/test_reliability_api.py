@@ -35,7 +35,10 @@ def _settings(shared_data: Path, cache: Path) -> dict:
         ({"glue_dir": 3}, "glue_dir: expected text or None, got 3"),
         ({"roles": []}, "--roles: name at least one role (leave roles out for all of them)"),  # 1.9
         ({"roles": 5}, "roles: expected a list of strings (or a flag's comma-separated text), got 5"),
-        ({"roles": ["local", 3]}, "roles: expected a list of strings (or a flag's comma-separated text), got ['local', 3]"),
+        (
+            {"roles": ["local", 3]},
+            "roles: expected a list of strings (or a flag's comma-separated text), got ['local', 3]",
+        ),
     ],
 )
 def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, message, tmp_path):

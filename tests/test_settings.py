@@ -17,7 +17,11 @@ from bertjax.errors import UserError
 # Each analysis CLI: its inputs, settings it accepts, and the schemas its flags fill.
 COMMANDS = {
     "analysis.roles": (["--ckpt", "c"], ["--n", "7", "--roles", "local,cls", "--no-special-rows"], [heads.RolesConfig]),
-    "analysis.track": (["--run", "w"], ["--steps", "1,5", "--correction", "holm"], [heads.RolesConfig, heads.TrackConfig]),
+    "analysis.track": (
+        ["--run", "w"],
+        ["--steps", "1,5", "--correction", "holm"],
+        [heads.RolesConfig, heads.TrackConfig],
+    ),
     "analysis.finetune_effect": (["--pre", "p", "--post", "q:mrpc"], ["--n", "9"], [heads.RolesConfig]),
     "analysis.clark": (["--ckpt", "c"], ["--analyses", "surface,probes", "--task", "mrpc"], [ClarkConfig]),
     "analysis.ablate": (["--ckpt", "c"], ["--analyses", "mask", "--n", "5"], [KovalevaConfig]),

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from bertjax import cli
 from bertjax.errors import UserError
+from train import config as train_config
 from train import corpora
 from train.corpora import (
     CorpusConfig,
@@ -237,7 +238,7 @@ def test_hub_failure_says_use_a_local_path(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     with pytest.raises(UserError, match="path="):
-        list(iter_documents(corpora.WIKIPEDIA))
+        list(iter_documents(train_config.WIKIPEDIA))
 
 
 def test_hub_corpora_stream_records(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -260,13 +261,13 @@ def test_hub_corpora_stream_records(monkeypatch: pytest.MonkeyPatch) -> None:
         return iter(records[hub_id])
 
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
-    assert list(iter_documents(corpora.WIKIPEDIA)) == [["Anarchism is a philosophy.", "History", "It is old."]]
-    assert list(iter_documents(corpora.GUTENBERG)) == [["Call me Ishmael."]]
+    assert list(iter_documents(train_config.WIKIPEDIA)) == [["Anarchism is a philosophy.", "History", "It is old."]]
+    assert list(iter_documents(train_config.GUTENBERG)) == [["Call me Ishmael."]]
     assert calls == [
         ("wikimedia/wikipedia", "20231101.en", "train", True),
         ("manu/project_gutenberg", None, "en", True),
     ]
-    bad_field = dataclasses.replace(corpora.WIKIPEDIA, text_field="body")
+    bad_field = dataclasses.replace(train_config.WIKIPEDIA, text_field="body")
     with pytest.raises(UserError, match="text_field"):
         list(iter_documents(bad_field))
 
@@ -666,6 +667,20 @@ def test_no_pool_holds_a_single_document(tmp_path: Path, vocab_file: Path) -> No
             random_next += 1
             assert a.isdisjoint(b), (a, b)
     assert random_next > 10
+
+
+def test_pools_keep_every_document_in_order_and_none_alone() -> None:
+    """`_pools` at every pool size: the documents in their order, each pool of two or more, every
+    pool but the last of at least `pool_tokens` tokens."""
+    from train.prepare import _pools
+
+    docs = [TokenizedDocument.from_sentences([list(range(n))]) for n in (5, 1, 7, 3, 2, 9, 4)]
+    for pool_tokens in (1, 6, 10, 12, 31, 100):
+        pools = list(_pools(iter(docs), pool_tokens))
+        assert [id(d) for pool in pools for d in pool] == [id(d) for d in docs], pool_tokens
+        assert all(len(pool) >= 2 for pool in pools), (pool_tokens, [len(p) for p in pools])
+        assert all(sum(len(d.ids) for d in pool) >= pool_tokens for pool in pools[:-1]), pool_tokens
+    assert len(list(_pools(iter(docs), 6))) > 2  # small pools: the cases above are not all one pool
 
 
 def test_a_phase_2_that_would_share_phase_1_shards_is_refused_before_training(tmp_path: Path) -> None:

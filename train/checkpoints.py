@@ -14,7 +14,6 @@ and skipped), else the params of `init_from` with a fresh optimizer, else a rand
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
@@ -32,6 +31,7 @@ from orbax.checkpoint import checkpoint_managers
 from bertjax import checkpoint as ckpt
 from bertjax import runinfo
 from bertjax.errors import UserError
+from train.config import CheckpointConfig
 
 log = logging.getLogger(__name__)
 
@@ -39,28 +39,6 @@ OPT_STATE = "opt_state"
 TRAINER = "trainer"
 OPT_SIGNATURE = "opt_state_signature"  # in the meta item: which optimizer state a step holds
 ITEMS = (ckpt.PARAMS, ckpt.META, OPT_STATE, TRAINER)
-
-
-@dataclasses.dataclass
-class CheckpointConfig:
-    every: int = 1000  # periodic saves
-    keep: int | None = 3  # how many periodic saves to keep (None: all)
-    steps: list[int] = dataclasses.field(default_factory=list)  # always saved and kept
-    log_spaced: int = 0  # add this many log-spaced steps in [1, total] (for tracking roles)
-    best_metric: str | None = None  # also keep the save with the highest value of this eval metric
-
-    def __post_init__(self) -> None:
-        if self.every < 0:  # 0 turns periodic saves off; a negative period would do so silently
-            raise UserError(f"checkpoint.every: must be an integer ≥ 0 (0: no periodic saves), got {self.every}")
-        # Accepted before: ignored (no log-spaced step, no save at a negative step), or a numpy
-        # traceback at the second save (a negative keep).
-        if self.log_spaced < 0:
-            raise UserError(f"checkpoint.log_spaced: must be an integer ≥ 0, got {self.log_spaced}")
-        if self.keep is not None and self.keep < 0:
-            raise UserError(f"checkpoint.keep: must be an integer ≥ 0 or null (all), got {self.keep}")
-        negative = [step for step in self.steps if step < 0]
-        if negative:
-            raise UserError(f"checkpoint.steps: steps are integers ≥ 0, got {negative[0]}")
 
 
 def log_spaced_steps(count: int, total: int) -> list[int]:

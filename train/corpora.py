@@ -21,7 +21,6 @@ import itertools
 import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import numpy as np
 
 from bertjax import wikitext
 from bertjax.errors import UserError
+from train.config import CorpusConfig
 
 log = logging.getLogger(__name__)
 
@@ -42,51 +42,6 @@ MIX_STOPS = ("all_exhausted", "first_exhausted")
 MAX_CHUNK_CHARS = 100_000
 
 Document = list[str]
-
-
-@dataclass
-class CorpusConfig:
-    """One corpus: local `path` (a file or a folder) or a streamed hub dataset.
-
-    `kind`: `plain` — a folder holds one document per file, paragraphs separated by blank lines; a
-    single file holds blank-line separated documents with one sentence or paragraph per line
-    (the original BERT input format); a hub record is one document with one paragraph per line.
-    `wikitext` — articles split at ` = Title = ` headings. `gutenberg` — one book per file or
-    record, Project Gutenberg header and footer removed. `wikiextractor` — WikiExtractor's output
-    (the input of Google's and NVIDIA's BERT data pipelines): files of `<doc …>` … `</doc>`
-    articles, the title line dropped, one paragraph per line. `weight`: the mixing weight (see `mix`);
-    `max_documents`: stop this corpus after that many documents.
-    """
-
-    name: str = "corpus"
-    source: str = "local"
-    path: str | None = None
-    hub_id: str | None = None
-    hub_config: str | None = None
-    split: str = "train"
-    text_field: str = "text"
-    kind: str = "plain"
-    weight: float = 1.0
-    max_documents: int | None = None
-
-
-WIKIPEDIA = CorpusConfig(
-    name="wikipedia",
-    source="hub",
-    hub_id="wikimedia/wikipedia",
-    hub_config="20231101.en",
-    split="train",
-    text_field="text",
-    kind="plain",
-)
-GUTENBERG = CorpusConfig(
-    name="gutenberg",
-    source="hub",
-    hub_id="manu/project_gutenberg",
-    split="en",
-    text_field="text",
-    kind="gutenberg",
-)
 
 
 def validate_corpus(cfg: CorpusConfig, where: str) -> None:

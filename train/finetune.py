@@ -5,21 +5,20 @@ starting from a bertjax pre-training run or a HF-format directory (`train.finetu
 the run keeps and writes). Re-running the same command resumes.
 
 The command line only: the work is `train.finetuning`'s, imported once the flags are parsed, so
-that `--help` and a mistyped flag answer without loading JAX. The library's names (`run`,
-`FinetuneConfig`, ...) are reachable from this module too.
+that `--help` and a mistyped flag answer without loading JAX; `--help` lists every config key
+(`train.config`). The library's names (`run`, `FinetuneConfig`, ...) are reachable from this module too.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertjax import cli
 from bertjax.glue import TASKS
-
-if TYPE_CHECKING:
-    from train.finetuning import FinetuneConfig
+from train import config as train_config
+from train.config import FinetuneConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,13 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml"
     )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optimizer.learning_rate=1e-4")
+    parser.epilog = train_config.keys_help(FinetuneConfig, note=", as the defaults a config file starts from")
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_intermixed_args(argv)  # flags may follow the overrides
     from bertjax import settings as config_lib
-    from train.finetuning import CONFIG_DIR, FinetuneConfig, describe, task_spec
+    from train.finetuning import CONFIG_DIR, describe, task_spec
 
     task_spec(args.task)  # before looking for its config file
     config = config_lib.load_config(FinetuneConfig, args.config or CONFIG_DIR / f"{args.task}.yaml", args.overrides)
@@ -72,6 +72,8 @@ def __getattr__(name: str) -> Any:
     from the command's module."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if hasattr(train_config, name):
+        return getattr(train_config, name)
     from train import finetuning
 
     return getattr(finetuning, name)

@@ -34,12 +34,12 @@ from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
 from bertjax.model import BertForSequenceClassification
-from train.checkpoints import CheckpointConfig, check_resumable
+from train.checkpoints import check_resumable
+from train.config import CheckpointConfig, FinetuneConfig, LoopConfig, OptimizerConfig
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
-from train.optim import OptimizerConfig
 from train.pretraining import TOKENIZER_DIR, compute_dtype, write_tokenizer
-from train.trainer import LoopConfig, Trainer, check_batch
+from train.trainer import Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
@@ -47,55 +47,6 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
 EVAL_ROWS = "eval.jsonl"
 EVAL_SUMMARY = "eval.json"
 SEEDS_SUMMARY = "seeds.json"
-
-
-@dataclasses.dataclass
-class DataSettings:
-    glue_dir: str | None = None  # local GLUE directory (<TASK>/<split>.tsv); None: the hub, nyu-mll/glue
-    max_seq_length: int = 128
-    max_train_examples: int | None = None  # the first N training examples (quick runs); None: all
-    eval_split: str = "dev"
-    eval_batch_size: int = 128
-    # Batches of similar length, each cut to its longest sequence (rounded up to pad_multiple):
-    # several times less compute on GLUE's short sentences; see train/glue_data.py.
-    group_by_length: bool = True
-    pad_multiple: int = 16
-
-
-@dataclasses.dataclass
-class FinetuneLoop:
-    epochs: int = 3
-    global_batch_size: int = 32
-    grad_accum_steps: int = 1
-    seed: int = 0  # the classifier's init, dropout and shuffling; seed s of --seeds K is seed + s
-    log_every: int = 50
-    # Linear warm-up over this fraction of all steps (the step count depends on the data size);
-    # null to use optimizer.warmup_steps instead.
-    warmup_ratio: float | None = 0.1
-
-
-@dataclasses.dataclass
-class FinetuneCheckpoints:
-    # Also keep this many log-spaced steps in [1, last step] (`train.checkpoints.log_spaced_steps`,
-    # as pre-training's `checkpoint.log_spaced`), for `analysis.track --run WORKDIR`.
-    log_spaced: int = 0
-
-
-@dataclasses.dataclass
-class FinetuneConfig:
-    task: str = "mrpc"  # --task
-    init: str = ""  # --ckpt: a bertjax run workdir or a HF-format directory (or hub id)
-    init_step: int | None = None  # a step of a bertjax run; None: its latest
-    seeds: int = 1  # --seeds
-    best_metric: str | None = None  # None: the task's own metric, F1 for MRPC and QQP, else accuracy
-    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
-    data: DataSettings = dataclasses.field(default_factory=DataSettings)
-    train: FinetuneLoop = dataclasses.field(default_factory=FinetuneLoop)
-    optimizer: OptimizerConfig = dataclasses.field(
-        default_factory=lambda: OptimizerConfig(name="adamw", learning_rate=2e-5)
-    )
-    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-    checkpoint: FinetuneCheckpoints = dataclasses.field(default_factory=FinetuneCheckpoints)
 
 
 def task_spec(task: str) -> TaskSpec:
@@ -305,32 +256,15 @@ def finetune(
     loop = config.train
     data = ClassificationData(prepared.train_set, loop.global_batch_size, process_count=jax.process_count())
     steps = loop.epochs * data.batches_per_epoch
-    optimizer = config.optimizer
-    if loop.warmup_ratio is not None:
-        optimizer = dataclasses.replace(optimizer, warmup_steps=round(loop.warmup_ratio * steps))
+    optimizer = warmed_up(config, steps)
     trainer = Trainer(
         workdir=workdir,
         model_config=prepared.model_config,
         model_cls=BertForSequenceClassification,
         loss_fn=classification_loss,
         optimizer=optimizer,
-        loop=LoopConfig(
-            steps=steps,
-            global_batch_size=loop.global_batch_size,
-            grad_accum_steps=loop.grad_accum_steps,
-            seed=loop.seed,
-            log_every=loop.log_every,
-            init_from=config.init,
-            init_step=config.init_step,
-        ),
-        # Saved at each epoch's end, right after its evaluation; kept: the last, the best and the
-        # log-spaced steps.
-        checkpoint=CheckpointConfig(
-            every=data.batches_per_epoch,
-            keep=1,
-            log_spaced=config.checkpoint.log_spaced,
-            best_metric=f"eval_{prepared.metric}",
-        ),
+        loop=trainer_loop(config, steps),
+        checkpoint=kept_checkpoints(config, data.batches_per_epoch, prepared.metric),
         mesh=mesh,
         run_config=run_config,
         tokenizer=TOKENIZER_DIR,
@@ -351,10 +285,7 @@ def finetune(
     evaluator = Evaluator(trainer, prepared.eval_set, prepared.spec, config.data.eval_split,
                           config.data.eval_batch_size, data.batches_per_epoch)  # fmt: skip
     if jax.process_index() == 0:
-        workdir.mkdir(parents=True, exist_ok=True)
-        config_lib.save_resolved(config, workdir / "config.yaml")
-        if not (workdir / TOKENIZER_DIR).is_dir():
-            write_tokenizer(prepared.tokenizer, workdir / TOKENIZER_DIR)
+        write_run_start(config, workdir, prepared.tokenizer)
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
     outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
@@ -379,6 +310,43 @@ def finetune(
             },
         )
     return summary
+
+
+def warmed_up(config: FinetuneConfig, steps: int) -> OptimizerConfig:
+    """The optimizer's settings, with `train.warmup_ratio` of the run's `steps` as its warm-up."""
+    if config.train.warmup_ratio is None:
+        return config.optimizer
+    return dataclasses.replace(config.optimizer, warmup_steps=round(config.train.warmup_ratio * steps))
+
+
+def trainer_loop(config: FinetuneConfig, steps: int) -> LoopConfig:
+    """The trainer's loop: `steps` steps (the epochs' batches) from the checkpoint `init`."""
+    loop = config.train
+    return LoopConfig(
+        steps=steps,
+        global_batch_size=loop.global_batch_size,
+        grad_accum_steps=loop.grad_accum_steps,
+        seed=loop.seed,
+        log_every=loop.log_every,
+        init_from=config.init,
+        init_step=config.init_step,
+    )
+
+
+def kept_checkpoints(config: FinetuneConfig, batches_per_epoch: int, metric: str) -> CheckpointConfig:
+    """Saved at each epoch's end, right after its evaluation; kept: the last, the best by `metric`
+    and the log-spaced steps."""
+    return CheckpointConfig(
+        every=batches_per_epoch, keep=1, log_spaced=config.checkpoint.log_spaced, best_metric=f"eval_{metric}"
+    )
+
+
+def write_run_start(config: FinetuneConfig, workdir: Path, tokenizer: Any) -> None:
+    """The workdir, its resolved config.yaml and (once) the tokenizer, before the first step."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    config_lib.save_resolved(config, workdir / "config.yaml")
+    if not (workdir / TOKENIZER_DIR).is_dir():
+        write_tokenizer(tokenizer, workdir / TOKENIZER_DIR)
 
 
 def summarise_seeds(task: str, seeds: list[int], summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ can be read against learning.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 
@@ -18,27 +17,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax import sharding
 from bertjax.errors import UserError
-from train.corpora import CorpusConfig
+from train.config import CorpusConfig, HeldOutConfig
 from train.data import PretrainingData, load_meta, num_examples
 from train.losses import pretraining_sums
-
-
-@dataclasses.dataclass
-class HeldOutConfig:
-    corpora: list[CorpusConfig] = dataclasses.field(default_factory=list)  # empty: no held-out evaluation
-    sequences: int = 1024  # the evaluation set: this many instances, the same at every checkpoint
-    batch_size: int = 64
-    seed: int = 0  # which instances and which masked tokens
-    # Steps between evaluations besides those at every checkpoint (0: at checkpoints only): a loss
-    # changepoint is placed on the evaluation grid, which checkpoints alone make coarse.
-    every: int = 0
-
-    def __post_init__(self) -> None:
-        if self.every < 0:
-            raise UserError(f"heldout.every: must be an integer ≥ 0 (0: at checkpoints only), got {self.every}")
-        for key in ("sequences", "batch_size"):
-            if getattr(self, key) < 1:
-                raise UserError(f"heldout.{key}: must be an integer ≥ 1, got {getattr(self, key)}")
 
 
 def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) -> None:

@@ -4,60 +4,11 @@ parameters and biases."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-
 import jax
 import optax
 
 from bertjax.checkpoint import SEP
-from bertjax.errors import UserError
-
-OPTIMIZERS = ("lamb", "adamw")
-
-
-@dataclasses.dataclass
-class OptimizerConfig:
-    name: str = "lamb"  # lamb | adamw
-    learning_rate: float = 1e-3
-    warmup_steps: int = 0
-    # Warm-up as a share of the step budget instead (exclusive with warmup_steps): the schedule then
-    # keeps its shape when the budget changes, e.g. 0.5 for Cramming's triangle (Izsak et al. 2021
-    # and Geiping & Goldstein 2022 end warm-up and decay with the budget). The decay always ends at
-    # the last step.
-    warmup_fraction: float | None = None
-    decay_power: float = 1.0  # 1.0: linear decay, as in BERT
-    end_learning_rate: float = 0.0
-    weight_decay: float = 0.01
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-6
-    max_grad_norm: float = 1.0  # 0 disables clipping
-
-    def __post_init__(self) -> None:
-        # Checked with the other settings, before a run writes anything: a NaN rate would only
-        # show as a non-finite update at step 1. Every config names this section `optimizer`.
-        if self.name not in OPTIMIZERS:
-            raise UserError(f"optimizer.name: {self.name!r} is not {' or '.join(OPTIMIZERS)}")
-        for name in ("learning_rate", "end_learning_rate"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
-        for name, low, high in (("b1", 0, 1), ("b2", 0, 1)):  # Adam's moment decays: in [0, 1)
-            value = getattr(self, name)
-            if not low <= value < high:
-                raise UserError(f"optimizer.{name}: must be in [0, 1), got {value}")
-        # Accepted before, and trained on: a negative eps or decay turned the update around, a NaN
-        # clipping norm turned every update into NaN.
-        for name in ("eps", "weight_decay", "max_grad_norm", "decay_power"):
-            value = getattr(self, name)
-            if not math.isfinite(value) or value < 0:
-                raise UserError(f"optimizer.{name}: must be a finite number ≥ 0, got {value}")
-        if self.warmup_fraction is not None:
-            if not 0 <= self.warmup_fraction <= 1:
-                raise UserError(f"optimizer.warmup_fraction: must be in [0, 1], got {self.warmup_fraction}")
-            if self.warmup_steps:
-                raise UserError("optimizer.warmup_fraction: set it or warmup_steps, not both")
+from train.config import OptimizerConfig
 
 
 def schedule(config: OptimizerConfig, total_steps: int) -> optax.Schedule:

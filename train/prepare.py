@@ -31,7 +31,6 @@ import re
 import shutil
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +39,10 @@ import numpy as np
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
 from bertjax.settings import load_config
+from train.config import PrepareConfig, keys_help
 from train.corpora import (
-    GUTENBERG,
     MIX_STOPS,
     SEGMENTERS,
-    WIKIPEDIA,
-    CorpusConfig,
     Document,
     SentenceSegmenter,
     describe,
@@ -71,38 +68,6 @@ FORMAT_VERSION = 1
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 # Sentences per `encode_batch` call: large enough for the Rust tokenizer's threads to pay off.
 ENCODE_BATCH_SENTENCES = 4096
-
-
-@dataclass
-class PrepareConfig:
-    """Everything `prepare` needs; the defaults are BERT's recipe at T = 128."""
-
-    corpora: list[CorpusConfig] = field(
-        default_factory=lambda: [dataclasses.replace(WIKIPEDIA), dataclasses.replace(GUTENBERG)]
-    )
-    mix_stop: str = "all_exhausted"  # see train.corpora.mix
-    max_documents: int | None = None  # cap on the mixed stream (hub corpora are large)
-    vocab_file: str | None = None
-    lowercase: bool = True
-    train_vocab: bool = False  # train a WordPiece vocabulary on the corpora instead
-    vocab_size: int = 30522  # only with train_vocab
-    max_seq_length: int = 128
-    max_predictions_per_seq: int = 20  # the original used 80 at max_seq_length = 512
-    masked_lm_prob: float = 0.15  # Wettig et al. 2022 find higher rates (e.g. 0.4) train faster
-    # The sentence-pair task: "nsp" (BERT), "sop" (ALBERT's sentence order), "none" (MLM only, as
-    # RoBERTa and Cramming): see train.instances. With "none" the loss has no pair term.
-    pair_task: str = "nsp"
-    whole_word_mask: bool = False
-    masking: str = "dynamic"  # or "static": see train.instances
-    short_seq_prob: float = 0.1
-    short_seq_per: str = "instance"  # or "document", the original code's behaviour
-    dupe_factor: int = 1  # passes over each pool (the original: 10, with static masking)
-    segmenter: str = "senter"  # or "sentencizer": see train.corpora
-    spacy_model: str = "en_core_web_sm"
-    segment_workers: int = 1
-    pool_tokens: int = 10_000_000  # documents pooled for NSP's random segments
-    shard_size: int = 100_000
-    seed: int = 12345
 
 
 def validate(config: PrepareConfig) -> None:
@@ -363,24 +328,11 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     timer = _Timer()
     begin = time.perf_counter()
     mix_seed, instance_seed, mask_seed = np.random.SeedSequence(config.seed).spawn(3)
-
-    if config.train_vocab:
-        start = time.perf_counter()
-        vocab_path = train_vocab(config, out, np.random.default_rng(mix_seed))
-        timer.add("train_vocab", start)
-        vocab_source: dict[str, Any] = {"trained": True, "vocab_size": config.vocab_size}
-    else:
-        vocab_path = out / "vocab.txt"
-        shutil.copyfile(vocab_source_file(config.vocab_file), vocab_path)
-        vocab_source = {"trained": False, "path": str(config.vocab_file)}
+    vocab_path, vocab_source = _vocabulary(config, out, mix_seed, timer)
     vocab = read_vocab(vocab_path)
     vocab_source["sha256"] = file_sha256(vocab_path)
     index = {tok: i for i, tok in enumerate(vocab)}
-    wordpiece = tokenizers.BertWordPieceTokenizer(str(vocab_path), lowercase=config.lowercase)
-    tokenizer = tokenizers.Tokenizer.from_str(wordpiece.to_str())
-    # "[SEP]" or "[PAD]" written in a corpus stays text, as BERT's own tokenizer has it, instead of
-    # becoming a separator or padding inside a segment.
-    tokenizer.encode_special_tokens = True
+    tokenizer = _wordpiece(vocab_path, config.lowercase)
     spec = MaskingSpec.from_vocab(vocab, config.masked_lm_prob, config.max_predictions_per_seq, config.whole_word_mask)
     ids_dtype = np.uint16 if len(vocab) <= 1 << 16 else np.int32
 
@@ -388,58 +340,9 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     counts = {"documents": 0, "sentences": 0, "tokens": 0, "instances": 0, "random_next": 0}
     raw_docs = _documents(config, np.random.default_rng(mix_seed), "prepare")
     docs = _tokenized(segmenter.segment(raw_docs), tokenizer, timer, counts)
-    instance_rng = np.random.default_rng(instance_seed)
-    mask_rng = np.random.default_rng(mask_seed)
     writer = ShardWriter(out, config.shard_size, ids_dtype)
-
-    def flush(pool: list[TokenizedDocument]) -> None:
-        start = time.perf_counter()
-        instances = create_instances(
-            pool,
-            config.max_seq_length,
-            config.short_seq_prob,
-            instance_rng,
-            cls_id=index["[CLS]"],
-            sep_id=index["[SEP]"],
-            pad_id=index["[PAD]"],
-            dupe_factor=config.dupe_factor,
-            short_seq_per=config.short_seq_per,
-            pair_task=config.pair_task,
-        )
-        timer.add("instances", start)
-        start = time.perf_counter()
-        arrays = _instance_arrays(instances, spec, config.masking == "static", mask_rng)
-        writer.add(arrays)
-        timer.add("mask_write", start)
-        counts["instances"] += len(instances)
-        counts["random_next"] += int(instances.nsp_labels.sum())
-        elapsed = time.perf_counter() - begin
-        log.info(
-            "%d documents, %d tokens, %d instances; %.0f tokens/s",
-            counts["documents"],
-            counts["tokens"],
-            counts["instances"],
-            counts["tokens"] / elapsed,
-        )
-
-    # A pool of one document would draw every "random" B from A's own document, so a pool closes
-    # only with two documents in it, and a full pool waits until the next one holds two: a lone
-    # last document joins it instead of making a pool of its own.
-    held: list[TokenizedDocument] = []
-    pool: list[TokenizedDocument] = []
-    pool_tokens = 0
-    for doc in docs:
-        pool.append(doc)
-        pool_tokens += len(doc.ids)
-        if pool_tokens >= config.pool_tokens and len(pool) >= 2:
-            if held:
-                flush(held)
-            held, pool, pool_tokens = pool, [], 0
-    if len(pool) < 2:
-        held, pool = held + pool, []
-    for last in (held, pool):
-        if last:
-            flush(last)
+    _write_instances(_pools(docs, config.pool_tokens), config, index, spec, writer, (instance_seed, mask_seed),
+                     timer, counts, begin)  # fmt: skip
     if counts["instances"] == 0:
         raise UserError(
             f"corpora {', '.join(c.path or c.hub_id for c in config.corpora)}: "
@@ -449,21 +352,12 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     writer.close()
     timer.add("mask_write", start)
 
-    seconds = time.perf_counter() - begin
-    stages = dict(timer.seconds)
-    stages["read_segment"] = seconds - sum(stages.values())
-    throughput = {
-        "seconds": seconds,
-        "tokens_per_s": counts["tokens"] / seconds,
-        "documents_per_s": counts["documents"] / seconds,
-        "instances_per_s": counts["instances"] / seconds,
-        "stage_seconds": stages,
-    }
+    throughput = _throughput(counts, timer, time.perf_counter() - begin)
     log.info(
         "done: %d instances in %d shards, %.1f s, %.0f tokens/s, %.1f documents/s",
         counts["instances"],
         len(writer.shards),
-        seconds,
+        throughput["seconds"],
         throughput["tokens_per_s"],
         throughput["documents_per_s"],
     )
@@ -496,11 +390,119 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
     }
 
 
+def _vocabulary(
+    config: PrepareConfig, out: Path, mix_seed: np.random.SeedSequence, timer: _Timer
+) -> tuple[Path, dict[str, Any]]:
+    """`out/vocab.txt`, trained on the corpora or copied from `vocab_file`, and where it came from."""
+    if config.train_vocab:
+        start = time.perf_counter()
+        vocab_path = train_vocab(config, out, np.random.default_rng(mix_seed))
+        timer.add("train_vocab", start)
+        return vocab_path, {"trained": True, "vocab_size": config.vocab_size}
+    vocab_path = out / "vocab.txt"
+    shutil.copyfile(vocab_source_file(config.vocab_file), vocab_path)
+    return vocab_path, {"trained": False, "path": str(config.vocab_file)}
+
+
+def _wordpiece(vocab_path: Path, lowercase: bool) -> Any:
+    """BERT's WordPiece tokenizer of `vocab_path`, as a `tokenizers.Tokenizer`."""
+    import tokenizers
+
+    wordpiece = tokenizers.BertWordPieceTokenizer(str(vocab_path), lowercase=lowercase)
+    tokenizer = tokenizers.Tokenizer.from_str(wordpiece.to_str())
+    # "[SEP]" or "[PAD]" written in a corpus stays text, as BERT's own tokenizer has it, instead of
+    # becoming a separator or padding inside a segment.
+    tokenizer.encode_special_tokens = True
+    return tokenizer
+
+
+def _pools(docs: Iterable[TokenizedDocument], pool_tokens: int) -> Iterator[list[TokenizedDocument]]:
+    """The documents in pools of at least `pool_tokens` tokens (the last may hold fewer), each of
+    two documents or more: a pool of one document would draw every "random" B from A's own
+    document, so a pool closes only with two documents in it, and a full pool waits until the next
+    one holds two: a lone last document joins it instead of making a pool of its own."""
+    held: list[TokenizedDocument] = []
+    pool: list[TokenizedDocument] = []
+    tokens = 0
+    for doc in docs:
+        pool.append(doc)
+        tokens += len(doc.ids)
+        if tokens >= pool_tokens and len(pool) >= 2:
+            if held:
+                yield held
+            held, pool, tokens = pool, [], 0
+    if len(pool) < 2:
+        held, pool = held + pool, []
+    for last in (held, pool):
+        if last:
+            yield last
+
+
+def _write_instances(
+    pools: Iterable[list[TokenizedDocument]],
+    config: PrepareConfig,
+    index: dict[str, int],
+    spec: MaskingSpec,
+    writer: ShardWriter,
+    seeds: tuple[np.random.SeedSequence, np.random.SeedSequence],
+    timer: _Timer,
+    counts: dict[str, int],
+    begin: float,
+) -> None:
+    """Each pool's instances (masked here under masking=static) into `writer`'s shards, counted in
+    `counts`; `seeds`: those of the instances and of the masks."""
+    instance_rng, mask_rng = (np.random.default_rng(seed) for seed in seeds)
+    for pool in pools:
+        start = time.perf_counter()
+        instances = create_instances(
+            pool,
+            config.max_seq_length,
+            config.short_seq_prob,
+            instance_rng,
+            cls_id=index["[CLS]"],
+            sep_id=index["[SEP]"],
+            pad_id=index["[PAD]"],
+            dupe_factor=config.dupe_factor,
+            short_seq_per=config.short_seq_per,
+            pair_task=config.pair_task,
+        )
+        timer.add("instances", start)
+        start = time.perf_counter()
+        arrays = _instance_arrays(instances, spec, config.masking == "static", mask_rng)
+        writer.add(arrays)
+        timer.add("mask_write", start)
+        counts["instances"] += len(instances)
+        counts["random_next"] += int(instances.nsp_labels.sum())
+        elapsed = time.perf_counter() - begin
+        log.info(
+            "%d documents, %d tokens, %d instances; %.0f tokens/s",
+            counts["documents"],
+            counts["tokens"],
+            counts["instances"],
+            counts["tokens"] / elapsed,
+        )
+
+
+def _throughput(counts: dict[str, int], timer: _Timer, seconds: float) -> dict[str, Any]:
+    """meta.json's rates over the whole preparation (`seconds`), and its time per stage: reading and
+    segmenting is what the timed stages leave."""
+    stages = dict(timer.seconds)
+    stages["read_segment"] = seconds - sum(stages.values())
+    return {
+        "seconds": seconds,
+        "tokens_per_s": counts["tokens"] / seconds,
+        "documents_per_s": counts["documents"] / seconds,
+        "instances_per_s": counts["instances"] / seconds,
+        "stage_seconds": stages,
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = cli.parser("train.prepare", __doc__)
     parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
     parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
     parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
+    parser.epilog = keys_help(PrepareConfig)
     return parser
 
 

@@ -6,20 +6,19 @@ its own data, batch size and learning-rate schedule, in the same workdir and ste
 the same command resumes from the latest checkpoint.
 
 The command line only: the work is `train.pretraining`'s, imported once the flags are parsed, so
-that `--help` and a mistyped flag answer without loading JAX. The library's names (`run`,
-`PretrainConfig`, ...) are reachable from this module too.
+that `--help` and a mistyped flag answer without loading JAX; `--help` lists every config key
+(`train.config`). The library's names (`run`, `PretrainConfig`, ...) are reachable from this module too.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bertjax import cli
-
-if TYPE_CHECKING:
-    from train.pretraining import PretrainConfig
+from train import config as train_config
+from train.config import PretrainConfig
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,13 +29,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--prepare-only", action="store_true", help="prepare the shards (and held-out shards) into --workdir and stop"
     )
     parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
+    parser.epilog = train_config.keys_help(PretrainConfig)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     from bertjax import settings as config_lib
-    from train.pretraining import PretrainConfig
 
     config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
     run(config, Path(args.workdir), args.prepare_only)
@@ -49,10 +48,12 @@ def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> di
 
 
 def __getattr__(name: str) -> Any:
-    """The library's other names (`PretrainConfig`, `prepared_data`, ...), for code that imports
-    them from the command's module."""
+    """The library's other names (`model_config`, `prepared_data`, `Phase2Config`, ...), for code
+    that imports them from the command's module."""
     if name.startswith("__"):
         raise AttributeError(name)
+    if hasattr(train_config, name):
+        return getattr(train_config, name)
     from train import pretraining
 
     return getattr(pretraining, name)

@@ -16,7 +16,7 @@ import math
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -25,59 +25,18 @@ from bertjax import settings as config_lib
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from train.checkpoints import CheckpointConfig, check_resumable, setting_changes
+from train.checkpoints import check_resumable, setting_changes
+from train.config import LoopConfig, ModelSettings, OptimizerConfig, PrepareConfig, PretrainConfig
 from train.data import PretrainingData, load_meta, num_examples
-from train.heldout import HeldOutConfig, HeldOutEvaluator, check_disjoint, check_sequences
+from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences
 from train.losses import pretraining_loss
-from train.optim import OptimizerConfig
-from train.prepare import PrepareConfig, prepare
-from train.probe import ProbeConfig, RoleProbe, check_config, read_probe_set
-from train.trainer import LoopConfig, Trainer, check_batch
+from train.prepare import prepare
+from train.probe import ProbeSet, RoleProbe, check_config, read_probe_set
+from train.trainer import Outcome, Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
 TOKENIZER_DIR = "tokenizer"
-
-
-@dataclasses.dataclass
-class ModelSettings:
-    preset: str = "tiny"
-    dtype: str = "auto"  # bfloat16 on GPU/TPU, float32 on CPU
-    max_position_embeddings: int = 512
-    hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
-    # The preset's shape, resized (unset: the preset's); the feed-forward width stays 4 × hidden.
-    num_hidden_layers: int | None = None
-    hidden_size: int | None = None
-    num_attention_heads: int | None = None
-    # Recipe options for small budgets (docs/pretraining.md); the defaults are BERT's.
-    layer_norm_position: str = "post"  # or "pre" (Xiong et al. 2020; not exportable to HF)
-    position_embedding_init: str = "normal"  # or "sinusoidal" (still learned)
-
-
-@dataclasses.dataclass
-class Phase2Config:
-    steps: int = 1000
-    max_seq_length: int = 512
-    max_predictions_per_seq: int = 80
-    global_batch_size: int = 256
-    learning_rate: float = 5e-4
-    warmup_steps: int = 100
-
-
-@dataclasses.dataclass
-class PretrainConfig:
-    model: ModelSettings = dataclasses.field(default_factory=ModelSettings)
-    data: PrepareConfig = dataclasses.field(default_factory=PrepareConfig)
-    data_dir: str | None = None  # prepared shards of phase 1; None: prepared into the workdir
-    train: LoopConfig = dataclasses.field(default_factory=LoopConfig)
-    optimizer: OptimizerConfig = dataclasses.field(default_factory=OptimizerConfig)
-    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
-    mesh: sharding.MeshConfig = dataclasses.field(default_factory=sharding.MeshConfig)
-    phase2: Phase2Config | None = None
-    heldout: HeldOutConfig = dataclasses.field(default_factory=HeldOutConfig)
-    distributed: bool = False  # call jax.distributed.initialize() (multi-host TPU pods, SLURM)
-    probe: ProbeConfig = dataclasses.field(default_factory=ProbeConfig)  # role probes (off: task unset)
 
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -253,6 +212,23 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
     check_config(config.probe, config.model.max_position_embeddings)
 
 
+class Phase(NamedTuple):
+    """One phase's settings: its data, loop and optimizer, and its shards if prepared elsewhere."""
+
+    data: PrepareConfig
+    loop: LoopConfig
+    optimizer: OptimizerConfig
+    data_dir: str | None
+
+
+class PhaseData(NamedTuple):
+    """Where a phase's shards and held-out shards are, and the data settings they were made with."""
+
+    data_dir: Path
+    heldout_dir: Path | None
+    data: PrepareConfig
+
+
 def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
     check_settings(config, workdir, mesh)
@@ -267,8 +243,24 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             "preparing the data to pre-train" if prepare_only else "pre-training", config.model.preset, config.train.steps, config.train.global_batch_size, p1.max_seq_length,
             "" if p2 is None else f", then {p2.steps} at T = {p2.max_seq_length}", workdir,
         )  # fmt: skip
+    phases = phase_settings(config)
+    # Read and parsed once, before any data is prepared; encoded once the tokenizer exists.
+    probe_set = read_probe_set(config.probe) if config.probe.task else None
+    prepared = prepare_phases(config, phases, workdir)
+    if jax.process_index() == 0:
+        # Once the data is known to fit: a refused run writes nothing else.
+        config_lib.save_resolved(config, workdir / "config.yaml")
+    if prepare_only:
+        return {}
+    outcome = train_phases(config, workdir, mesh, run_config, phases, prepared, probe_set)
+    return {} if outcome is None else dataclasses.asdict(outcome)
 
-    phases = [(config.data, config.train, config.optimizer, config.data_dir)]
+
+def phase_settings(config: PretrainConfig) -> list[Phase]:
+    """Phase 1's settings, then phase 2's: phase 1's with its own length, prediction cap, steps,
+    batch and schedule, from phase 1's last params (not `train.init_from`)."""
+    phases = [Phase(config.data, config.train, config.optimizer, config.data_dir)]
+    p2 = config.phase2
     if p2 is not None:
         data2 = dataclasses.replace(
             config.data, max_seq_length=p2.max_seq_length, max_predictions_per_seq=p2.max_predictions_per_seq
@@ -279,25 +271,25 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
         opt2 = dataclasses.replace(
             config.optimizer, learning_rate=p2.learning_rate, warmup_steps=p2.warmup_steps, warmup_fraction=None
         )
-        phases.append((data2, loop2, opt2, None))
+        phases.append(Phase(data2, loop2, opt2, None))
+    return phases
 
-    # Read and parsed once, before any data is prepared; encoded once the tokenizer exists.
-    probe_set = read_probe_set(config.probe) if config.probe.task else None
-    probe_sequences = None
-    # Every phase's data is prepared and checked before any training, so that a setting that does
-    # not fit phase 2 is refused now rather than after phase 1's hours.
-    prepared = []
+
+def prepare_phases(config: PretrainConfig, phases: list[Phase], workdir: Path) -> list[PhaseData]:
+    """Every phase's data (and held-out data), prepared and checked before any training, so that a
+    setting that does not fit phase 2 is refused now rather than after phase 1's hours."""
+    prepared: list[PhaseData] = []
     for index, (data_config, loop, _, explicit_dir) in enumerate(phases, start=1):
         if prepared and shares_shards(config):
             # Phase 2 at phase 1's length and prediction cap trains on phase 1's shards (with its
             # vocabulary and held-out data): prepared again, they would be the same.
-            check_batch_fits("phase2.global_batch_size", loop.global_batch_size, prepared[0][0])
+            check_batch_fits("phase2.global_batch_size", loop.global_batch_size, prepared[0].data_dir)
             prepared.append(prepared[0])
             continue
         if prepared and data_config.train_vocab:
             # A later phase tokenises with the first phase's trained vocabulary: trained again, it
             # would number the tokens otherwise (or hold others) under the same embeddings.
-            first_vocab = str((prepared[0][0] / "vocab.txt").resolve())
+            first_vocab = str((prepared[0].data_dir / "vocab.txt").resolve())
             data_config = dataclasses.replace(data_config, vocab_file=first_vocab, train_vocab=False)
         data_dir = prepared_data(data_config, workdir / f"data-T{data_config.max_seq_length}", explicit_dir)
         check_batch_fits(
@@ -313,17 +305,25 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             )
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
             check_sequences(config.heldout, heldout_dir)
-        prepared.append((data_dir, heldout_dir, data_config))
-    if jax.process_index() == 0:
-        # Once the data is known to fit: a refused run writes nothing else.
-        config_lib.save_resolved(config, workdir / "config.yaml")
-    if prepare_only:
-        return {}
+        prepared.append(PhaseData(data_dir, heldout_dir, data_config))
+    return prepared
 
+
+def train_phases(
+    config: PretrainConfig,
+    workdir: Path,
+    mesh: jax.sharding.Mesh,
+    run_config: dict[str, Any],
+    phases: list[Phase],
+    prepared: list[PhaseData],
+    probe_set: ProbeSet | None,
+) -> Outcome | None:
+    """Trains every phase not yet finished, writing run.json after each; returns the last phase's
+    outcome (None when every phase had finished before)."""
     start, outcome = 0, None
-    for index, ((data_dir, heldout_dir, data_config), (_, loop, optimizer, _)) in enumerate(
-        zip(prepared, phases, strict=True), start=1
-    ):
+    probe_sequences = None
+    for index, (phase_data, phase) in enumerate(zip(prepared, phases, strict=True), start=1):
+        data_dir, heldout_dir, data_config = phase_data
         meta = load_meta(data_dir)
         save_tokenizer(data_dir, data_config.lowercase, workdir)
         trainer = Trainer(
@@ -331,8 +331,8 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             model_config=model_config(config.model, meta["vocab_size"]),
             model_cls=BertForPreTraining,
             loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task),
-            optimizer=optimizer,
-            loop=loop,
+            optimizer=phase.optimizer,
+            loop=phase.loop,
             checkpoint=config.checkpoint,
             mesh=mesh,
             run_config=run_config,
@@ -343,7 +343,7 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
         if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:
             continue  # a later phase has started: this one finished in an earlier invocation
 
-        def make_data(position, loop=loop, data_dir=data_dir):
+        def make_data(position, loop=phase.loop, data_dir=data_dir):
             return PretrainingData(
                 data_dir,
                 loop.global_batch_size,
@@ -376,20 +376,29 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
             probe_every=config.probe.every,
         )
         if jax.process_index() == 0:
-            runinfo.write_run_json(
-                workdir,
-                {
-                    "config": run_config,
-                    "phase": index,
-                    "step": outcome.step,
-                    "preempted": outcome.preempted,
-                    "final_metrics": outcome.metrics,
-                    "n_params": trainer.n_params,
-                    "timings_s": outcome.timings
-                    | ({"heldout_eval_s": evaluator.seconds} if evaluator else {})
-                    | ({"probe_s": probe.seconds} if probe else {}),
-                },
-            )
+            runinfo.write_run_json(workdir, phase_record(run_config, index, outcome, trainer, evaluator, probe))
         if outcome.preempted:
             break
-    return {} if outcome is None else dataclasses.asdict(outcome)
+    return outcome
+
+
+def phase_record(
+    run_config: dict[str, Any],
+    index: int,
+    outcome: Outcome,
+    trainer: Trainer,
+    evaluator: HeldOutEvaluator | None,
+    probe: RoleProbe | None,
+) -> dict[str, Any]:
+    """run.json's content after phase `index`."""
+    return {
+        "config": run_config,
+        "phase": index,
+        "step": outcome.step,
+        "preempted": outcome.preempted,
+        "final_metrics": outcome.metrics,
+        "n_params": trainer.n_params,
+        "timings_s": outcome.timings
+        | ({"heldout_eval_s": evaluator.seconds} if evaluator else {})
+        | ({"probe_s": probe.seconds} if probe else {}),
+    }

@@ -37,45 +37,21 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bertjax import checkpoint as ckpt
-from bertjax import cli, glue
+from bertjax import glue
 from bertjax.errors import UserError
 from bertjax.model import ATTENTION_READINGS, BertModel, attention_reading
 from bertjax.pretrained import abstract_model
 from sieves import depattn, stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
-from sieves.builders import DEFAULT_ROLES, SieveOptions, build_batch, get_role, present_roles
+from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
 from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
 from sieves.wordattn import pooling_batch, word_maps
+from train.config import ProbeConfig
 
 log = logging.getLogger(__name__)
 
 CONLLU_PREFIX = "conllu:"
-
-
-@dataclasses.dataclass
-class ProbeConfig:
-    task: str | None = None  # None: no probes; a GLUE task (its dev split), text:FILE or conllu:FILE
-    glue_dir: str | None = None  # local GLUE directory (glue_data/<TASK>/dev.tsv); None: the hub
-    n: int = 200  # the first n examples (file order)
-    max_length: int = 64
-    batch_size: int = 32
-    every: int = 200  # steps between probes; also at every checkpoint save
-    roles: list[str] = dataclasses.field(default_factory=lambda: list(DEFAULT_ROLES))
-    tau: float = 3.0
-    alpha: float = 0.05
-    # As analysis.roles' --test and --correction; the family of a correction is one probe step's
-    # tests (a series-wide correction needs every step: analysis.track --correction-scope series).
-    test: str = "t"
-    correction: str = "none"
-    spacy_model: str | None = None  # for the syntactic roles of GLUE and text: sets
-    parse_cache: str = str(cli.CACHE_ROOT)  # where spaCy parses are cached (the analyses' cache)
-    # SAS (Chen et al. 2023) needs gold trees: None is on for conllu:FILE, off otherwise.
-    sas: bool | None = None
-    sas_relations: list[str] = dataclasses.field(default_factory=list)  # logged beside the overall SAS
-    # What β reads, as the analyses' --attention: the weights, or the norm-weighted attention of
-    # Kobayashi et al. 2020 (docs/attention-norms.md). SAS reads the weights.
-    attention: str = "weights"
 
 
 def sas_enabled(config: ProbeConfig) -> bool:

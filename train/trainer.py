@@ -31,34 +31,14 @@ from bertjax.config import BertConfig
 from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained
 from bertjax.progress import tqdm
-from train.checkpoints import OPT_SIGNATURE, CheckpointConfig, Checkpointer, abstract_with_shardings, tree_signature
+from train.checkpoints import OPT_SIGNATURE, Checkpointer, abstract_with_shardings, tree_signature
+from train.config import CheckpointConfig, LoopConfig, OptimizerConfig
 from train.metrics import MetricsWriter, flops_per_token, peak_flops, throughput
-from train.optim import OptimizerConfig, make_optimizer, schedule
+from train.optim import make_optimizer, schedule
 
 log = logging.getLogger(__name__)
 
 LossFn = Callable[[nnx.Module, dict[str, jax.Array], jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
-
-
-@dataclasses.dataclass
-class LoopConfig:
-    steps: int = 1000
-    global_batch_size: int = 32
-    grad_accum_steps: int = 1  # micro-batches per step; each is global_batch_size / this
-    seed: int = 0
-    log_every: int = 10
-    init_from: str | None = None  # start from these params (HF dir or bertjax run), fresh optimizer
-    init_step: int | None = None
-
-    def __post_init__(self) -> None:
-        # Checked with the other settings, before any data is prepared. Every config names this
-        # section `train`.
-        if self.global_batch_size < 1:
-            raise UserError(f"train.global_batch_size: must be an integer ≥ 1, got {self.global_batch_size}")
-        if self.log_every < 1:
-            raise UserError(f"train.log_every: must be an integer ≥ 1, got {self.log_every}")
-        if self.seed < 0:  # numpy's generators (the batches' shuffling) take no negative seed
-            raise UserError(f"train.seed: must be an integer ≥ 0, got {self.seed}")
 
 
 def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
@@ -87,6 +67,43 @@ class Outcome:
     preempted: bool
     metrics: dict[str, float]
     timings: dict[str, float]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Hooks:
+    """`Trainer.run`'s evaluation and probes, and their intervals."""
+
+    evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None
+    eval_every: int
+    eval_at_saves: bool
+    probe: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None
+    probe_every: int
+
+
+@dataclasses.dataclass
+class _Window:
+    """The steps since the last metrics line: their metrics (on the devices until the line is
+    written), tokens and FLOPs. `start` is None until the first step, which compiles, is done."""
+
+    metrics: list[dict[str, jax.Array]] = dataclasses.field(default_factory=list)
+    tokens: float = 0.0
+    flops: float = 0.0
+    start: float | None = None
+
+    def add(self, metrics: dict[str, jax.Array], tokens: float, flops: float) -> None:
+        self.metrics.append(metrics)
+        self.tokens += tokens
+        self.flops += flops
+
+    def restart(self) -> None:
+        self.metrics, self.tokens, self.flops, self.start = [], 0.0, 0.0, time.perf_counter()
+
+    def summary(self, batch_size: int, peak: float | None) -> dict[str, float]:
+        """The window's mean metrics and its throughput."""
+        fetched = jax.device_get(self.metrics)
+        elapsed = time.perf_counter() - self.start
+        means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+        return means | throughput(len(fetched), elapsed, batch_size, self.tokens, self.flops, peak, jax.device_count())
 
 
 class Trainer:
@@ -251,6 +268,38 @@ class Trainer:
 
     # -- the loop ----------------------------------------------------------------------------
 
+    def _after_step(
+        self,
+        step: int,
+        state,
+        data: DataIterator,
+        key: jax.Array,
+        hooks: _Hooks,
+        writer: MetricsWriter,
+        last_good: int | None,
+    ) -> int | None:
+        """What follows step `step`: a signal's effect, the evaluation and probes due, the checkpoint
+        due (a scheduled one, or a preemption's); returns the last good checkpoint's step."""
+        if cli.interrupted():
+            raise KeyboardInterrupt  # Ctrl-C: no checkpoint, the steps since the last are dropped
+        if cli.terminated() and not self._preempted:
+            log.warning("SIGTERM: saving a checkpoint after step %d, then exiting", step)
+            self._preempted = True
+        scheduled_save = self.checkpointer.should_save(step)
+        periodic = hooks.eval_every and (step % hooks.eval_every == 0 or step == self.end)
+        evaluated = None
+        # Not at a preemption's save: the grace period goes to saving, not to evaluating.
+        if hooks.evaluate is not None and (periodic or (hooks.eval_at_saves and scheduled_save)):
+            evaluated = hooks.evaluate(step, state["params"])
+            writer.write(step, evaluated)
+        if hooks.probe is not None and (step % hooks.probe_every == 0 or scheduled_save):
+            writer.write(step, hooks.probe(step, state["params"]))
+        if not (scheduled_save or self._preempted):
+            return last_good
+        self._check_finite(state, last_good)
+        self.save(state, data.position, key, evaluated)
+        return step
+
     def _check_finite(self, state, last_good: int | None) -> None:
         bad = int(jax.device_get(state["bad_step"]))
         if bad >= 0:
@@ -294,11 +343,10 @@ class Trainer:
         # each step, which then saves a checkpoint and ends the loop.
         previous = signal.signal(signal.SIGTERM, cli.on_signal)
         writer = MetricsWriter(self.workdir, self.is_main)
+        hooks = _Hooks(evaluate, eval_every, eval_at_saves, probe, probe_every)
         peak = peak_flops(jax.devices()[0])
         timings = {"setup_s": time.perf_counter() - started}
-        window: list[dict[str, jax.Array]] = []
-        window_tokens = window_flops = 0.0
-        window_start = None
+        window = _Window()
         last_metrics: dict[str, float] = {}
         last_good = max(self.checkpointer.steps(), default=None)
         step = start
@@ -310,45 +358,19 @@ class Trainer:
                 batch = sharding.global_batch(host_batch, self.mesh)
                 state, metrics = self._step_fn(state, batch, key)
                 step += 1
-                window.append(metrics)
                 tokens = self.loop.global_batch_size * seq_len
-                window_tokens += tokens
-                window_flops += flops_per_token(self.config, self.n_params, seq_len) * tokens
-                if window_start is None:  # the first step compiles: keep it out of the rates
+                window.add(metrics, tokens, flops_per_token(self.config, self.n_params, seq_len) * tokens)
+                if window.start is None:  # the first step compiles: keep it out of the rates
                     jax.block_until_ready(metrics)
                     timings["first_step_s"] = time.perf_counter() - started - timings["setup_s"]
-                    window_start, window, window_tokens, window_flops = time.perf_counter(), [], 0.0, 0.0
+                    window.restart()
                 elif step % self.loop.log_every == 0 or step == self.end:
                     self._check_finite(state, last_good)
-                    fetched = jax.device_get(window)
-                    elapsed = time.perf_counter() - window_start
-                    last_metrics = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-                    last_metrics |= throughput(
-                        len(fetched), elapsed, self.loop.global_batch_size, window_tokens, window_flops, peak,
-                        jax.device_count(),
-                    )  # fmt: skip
+                    last_metrics = window.summary(self.loop.global_batch_size, peak)
                     writer.write(step, last_metrics)
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
-                    window, window_start, window_tokens, window_flops = [], time.perf_counter(), 0.0, 0.0
-                evaluated = None
-                if cli.interrupted():
-                    raise KeyboardInterrupt  # Ctrl-C: no checkpoint, the steps since the last are dropped
-                if cli.terminated() and not self._preempted:
-                    log.warning("SIGTERM: saving a checkpoint after step %d, then exiting", step)
-                    self._preempted = True
-                scheduled_save = self.checkpointer.should_save(step)
-                saving = scheduled_save or self._preempted
-                periodic = eval_every and (step % eval_every == 0 or step == self.end)
-                # Not at a preemption's save: the grace period goes to saving, not to evaluating.
-                if evaluate is not None and (periodic or (eval_at_saves and scheduled_save)):
-                    evaluated = evaluate(step, state["params"])
-                    writer.write(step, evaluated)
-                if probe is not None and (step % probe_every == 0 or scheduled_save):
-                    writer.write(step, probe(step, state["params"]))
-                if saving:
-                    self._check_finite(state, last_good)
-                    self.save(state, data.position, key, evaluated)
-                    last_good = step
+                    window.restart()
+                last_good = self._after_step(step, state, data, key, hooks, writer, last_good)
                 progress.update(1)
                 if self._preempted:
                     break

@@ -48,9 +48,7 @@ from bertjax.settings import fits, flag_fields, from_kwargs, with_settings
 FRAME_HEIGHT = 900
 
 
-def roles_config(
-    ckpt: str, settings: dict, tool: dict = ROLES_TOOL, skip: Sequence[str] = ("ckpt",)
-) -> RolesConfig:
+def roles_config(ckpt: str, settings: dict, tool: dict = ROLES_TOOL, skip: Sequence[str] = ("ckpt",)) -> RolesConfig:
     """A RolesConfig from keyword arguments named as the flags, with the tool's defaults
     (`analysis.heads.config`: ROLES_TOOL, TRACK_TOOL, EFFECT_TOOL); RolesConfig checks them as it
     does the flags' values."""

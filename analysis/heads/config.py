@@ -73,7 +73,9 @@ class RolesConfig:
     task: str = setting("all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all")  # fmt: skip
     step: int | None = step_setting()
     glue_dir: str | None = glue_dir_setting()
-    split: str = setting("dev", choices=("train", "dev", "validation", "test"), help="the split of each task's examples")
+    split: str = setting(
+        "dev", choices=("train", "dev", "validation", "test"), help="the split of each task's examples"
+    )
     n: int = setting(1000, help="first N examples of each task (file order)")
     max_length: int = max_length_setting()
     batch_size: int = batch_size_setting()
@@ -183,7 +185,9 @@ class TrackConfig:
     roles: RolesConfig
     steps: tuple[int, ...] | None = setting(None, parse=parse_steps,
                                             help="comma-separated steps of --run (default: every checkpoint) or of a {step} pattern")  # fmt: skip
-    scores_cache: str | None = setting(None, help="where per-step scores are cached (default: <out>.cache beside --out)")
+    scores_cache: str | None = setting(
+        None, help="where per-step scores are cached (default: <out>.cache beside --out)"
+    )
     series: tuple[str, ...] = internal((), "the --ckpt flags, each SOURCE[@LABEL] as given")
     with_init: bool = setting(False, help="with --run of a fine-tuning workdir: also track the checkpoint it started from, as step 0")  # fmt: skip
     # (I, N) from `--shard I/N`: score only this job's members into the cache, write no outputs.
