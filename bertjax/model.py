@@ -309,6 +309,16 @@ def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
     return tuple(norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True))
 
 
+def attention_rows(out: Any, reading: str) -> tuple[Array, Array | None]:
+    """`reading` of `out` as unnormalised rows: the weights α [L, B, H, T, T] and, for "norms", the
+    per-key weights `value_norms` [L, B, H, T] that multiply them (None for "weights"). For a
+    statistic that each row's scale leaves alone (β: `sieves.kernel.sieve_scores(...,
+    key_weights=...)`), this is the norm-weighted attention without the [L, B, H, T, T] product
+    and renormalisation of `attention_reading`: two passes fewer over the attention."""
+    attentions = jnp.stack(out.attentions)
+    return attentions, jnp.stack(out.value_norms) if reading == "norms" else None
+
+
 class BertSelfAttention(nnx.Module):
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
         self.config = config
