@@ -352,6 +352,22 @@ def test_the_docs_table_is_the_committed_csv():
     assert mrpc.loc["cls"].tolist() == ["mrpc", 68, 12, 12] and mrpc.loc["sep"].tolist() == ["mrpc", 2, 0, 0]
 
 
+def test_the_docs_fine_tuning_tables_are_the_committed_csvs():
+    """docs/attention-norms.md shows what docs/attention_norms_finetune.py wrote, and each role's
+    counts add up: the heads after are those before, plus those gained, less those lost."""
+    import importlib.util
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    spec = importlib.util.spec_from_file_location("attention_norms_finetune", docs / "attention_norms_finetune.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    roles, layers = pd.read_csv(script.ROLES_CSV), pd.read_csv(script.LAYERS_CSV)
+    assert script.markdown(roles, layers) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    assert (roles["held_post"] == roles["held_pre"] + roles["gained"] - roles["lost"]).all()
+    assert sorted(roles["reading"].unique()) == ["norms", "weights"] and len(layers) == 2 * 6
+
+
 # --- analysis.track and analysis.finetune_effect --attention norms -----------------------------
 
 
