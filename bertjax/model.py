@@ -278,13 +278,38 @@ def value_norms(v: Array, output: nnx.Linear) -> Array:
     Gram form ‖f‖² = v_h (W_O^h W_O^hᵀ) v_hᵀ, as cheap, is not: it squares, and loses the small norms
     (the sink tokens' f, the ones the measure is about) to cancellation. The d_head × d_head factors
     come from the weights in every call, a few MFLOP, so a model whose weights change (training,
-    the probes) needs nothing recomputed by hand."""
+    the probes) needs nothing recomputed by hand; `householder_r` computes them in XLA's own ops."""
     heads, head_dim = v.shape[2], v.shape[3]
     kernel = output.kernel[...].astype(jnp.float32).reshape(heads, head_dim, -1)
-    r = jnp.linalg.qr(jnp.swapaxes(kernel, 1, 2), mode="r")  # [H, d_head, d_head]
+    r = householder_r(jnp.swapaxes(kernel, 1, 2))  # [H, d_head, d_head]
     # HIGHEST: a float32 product must not be rounded to TF32 or bf16 passes on an accelerator.
     reduced = jnp.einsum("bthd,hed->bhte", v.astype(jnp.float32), r, precision=jax.lax.Precision.HIGHEST)
     return jnp.sqrt(jnp.sum(jnp.square(reduced), axis=-1))
+
+
+def householder_r(a: Array) -> Array:
+    """The R factor [..., n, n] of the QR decomposition of a [..., m, n] (m ≥ n, float32), up to the
+    signs of its rows: one Householder reflection per column, in XLA's own ops. Not
+    `jnp.linalg.qr`: on a CPU that is LAPACK's geqrf in OpenBLAS, whose threads, on a shared 2-core
+    machine, took a median 8 ms and a tenth of the calls over 50 ms for one MiniLM layer's factors
+    (12 heads of 384 × 32), 0.7 ms on one thread; six layers a batch made the norms cost what the
+    load said. These ops take 2 ms there, loaded or not. Householder QR is backward stable either
+    way. A zero column gets no reflection."""
+    m, n = a.shape[-2:]
+    rows = jnp.arange(m)
+
+    def reflect(k, a):
+        x = jnp.where(rows >= k, jnp.take(a, k, axis=-1), 0.0)
+        # x goes to alpha e_k, alpha of the sign opposite x_k's, so v = x − alpha e_k never cancels.
+        head = jnp.take(x, k, axis=-1)
+        alpha = -jnp.where(head >= 0, 1.0, -1.0) * jnp.sqrt(jnp.sum(x * x, axis=-1))
+        v = x - jnp.where(rows == k, alpha[..., None], 0.0)
+        vv = jnp.sum(v * v, axis=-1)
+        scale = jnp.where(vv > 0, 2.0 / jnp.where(vv > 0, vv, 1.0), 0.0)
+        projected = jnp.einsum("...m,...mn->...n", v, a, precision=jax.lax.Precision.HIGHEST)
+        return a - scale[..., None, None] * v[..., :, None] * projected[..., None, :]
+
+    return jnp.triu(jax.lax.fori_loop(0, n, reflect, a)[..., :n, :n])
 
 
 def norm_weighted(attention: Array, norms: Array) -> Array:
@@ -307,6 +332,16 @@ def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
     if reading == "weights":
         return out.attentions
     return tuple(norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True))
+
+
+def attention_rows(out: Any, reading: str) -> tuple[Array, Array | None]:
+    """`reading` of `out` as unnormalised rows: the weights α [L, B, H, T, T] and, for "norms", the
+    per-key weights `value_norms` [L, B, H, T] that multiply them (None for "weights"). For a
+    statistic that each row's scale leaves alone (β: `sieves.kernel.sieve_scores(...,
+    key_weights=...)`), this is the norm-weighted attention without the [L, B, H, T, T] product
+    and renormalisation of `attention_reading`: two passes fewer over the attention."""
+    attentions = jnp.stack(out.attentions)
+    return attentions, jnp.stack(out.value_norms) if reading == "norms" else None
 
 
 class BertSelfAttention(nnx.Module):

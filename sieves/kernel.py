@@ -20,6 +20,7 @@ def sieve_scores(
     sieves: jax.Array,
     row_weights: jax.Array | None = None,
     entropy_roles: tuple[bool, ...] = (),
+    key_weights: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Mean sieve bias score over each sequence's scored rows.
 
@@ -37,14 +38,30 @@ def sieve_scores(
       syntactic roles gives each row 1 / its word's piece count);
     - `entropy_roles[r]` True: role r scores β(t) · H(t), H(t) = −Σ_s p log p of row t's attention
       over the real keys (nats), as the released notebook's `block_score` does.
+
+    `key_weights` float[L, B, H, T], ≥ 0: score the rows α(t,s)·k(s) (each row of a head weighted
+    by that head's key weights: Kobayashi et al.'s norm-weighted attention, with
+    `bertjax.model.value_norms` as k) as if each were divided by its sum first. Both sums of β run
+    over the same row, so that division cancels and is never made: no renormalised tensor, and
+    the same passes over the attention as without key weights. A row whose weighted sum is 0 scores
+    NaN, as its renormalised row (0: `bertjax.model.norm_weighted`) does.
     """
     dtype = jnp.promote_types(attentions.dtype, jnp.float32)
     attentions = attentions.astype(dtype)
     real_f = real.astype(dtype)
     n = real_f.sum(-1)
-    # A reduction, not an einsum with `real`: XLA made that einsum a dot that first copied the
-    # whole attention tensor into another layout (BERT-base shapes on 2 Xeon cores: 205 → 163 ms).
-    row_mass = (attentions * real_f[None, :, None, None, :]).sum(-1) / n[None, :, None, None]
+    if key_weights is None:
+        # A reduction, not an einsum with `real`: XLA made that einsum a dot that first copied the
+        # whole attention tensor into another layout (BERT-base shapes on 2 Xeon cores: 205 → 163 ms).
+        row_mass = (attentions * real_f[None, :, None, None, :]).sum(-1)
+    else:
+        # Here a dot, one weight vector per (layer, sequence, head), the batch axes leading as they
+        # lie: XLA wrote the product out in full before a reduction of it (MiniLM on 2 EPYC cores:
+        # +85 MB a batch), and the dot reads the weights as they are.
+        keys = key_weights.astype(dtype) * real_f[None, :, None, :]
+        row_mass = jnp.einsum("lbhts,lbhs->lbht", attentions, keys, precision=jax.lax.Precision.HIGHEST)
+        attentions = attentions * key_weights.astype(dtype)[..., None, :]
+    row_mass = row_mass / n[None, :, None, None]
     # Padding query rows are never scored; giving them a unit mass keeps their 0/0 out of the sum,
     # while a real row with zero mass still yields an honest inf/NaN.
     row_mass = jnp.where(real[None, :, None, :], row_mass, 1)

@@ -189,3 +189,59 @@ def test_the_float32_bound_catches_a_wrong_sieve_or_a_missing_normalisation() ->
     unnormalised = sieve_scores_reference(attentions, real, rows, sieves)[0] / real.sum(-1)[None, :, None, None]
     for wrong in (sieve_scores_reference(attentions, real, rows & shifted.any(-1), shifted)[0], unnormalised):
         assert not np.allclose(scores[finite], wrong[finite], rtol=F32_RTOL, atol=0)
+
+
+# Key weights (Kobayashi et al.'s norms) multiply each cell once more in float32 before the kernel's
+# sums: ≤ u per cell, so ≤ 2u more on β, a ratio of two sums of such cells.
+KEYED_F32_RTOL = F32_RTOL + 2 * 2.0**-24
+
+
+def renormalised(attentions: np.ndarray, key_weights: np.ndarray) -> np.ndarray:
+    """α(t,s)·k(s) with each row divided by its sum (a zero row stays 0), in float64."""
+    weighted = np.asarray(attentions, np.float64) * np.asarray(key_weights, np.float64)[..., None, :]
+    total = weighted.sum(-1, keepdims=True)
+    return weighted / np.where(total > 0, total, 1.0)
+
+
+@settings(max_examples=20, deadline=None)
+@given(kernel_inputs(), hnp.arrays(np.float64, (L, B, H, T), elements=st.floats(-2, 2)))
+def test_key_weights_score_the_renormalised_weighted_rows(inputs, log_weights) -> None:
+    """β with `key_weights` is β of DESIGN on the rows α(t,s)·k(s) / Σ_s' α(t,s')·k(s'), which the
+    kernel never forms."""
+    attentions, real, rows, sieves = inputs
+    attentions = attentions.astype(np.float32)
+    key_weights = (10.0**log_weights).astype(np.float32)
+    expected, expected_counts = sieve_scores_reference(renormalised(attentions, key_weights), real, rows, sieves)
+    scores, counts = sieve_scores(attentions, real, rows, sieves, key_weights=key_weights)
+    np.testing.assert_array_equal(np.asarray(counts), expected_counts)
+    np.testing.assert_allclose(np.asarray(scores), expected, rtol=KEYED_F32_RTOL, atol=0)
+
+
+def test_the_keyed_bound_catches_weights_on_the_wrong_axis_or_left_out() -> None:
+    """Planted defects: the key weights applied per query row (which β, a ratio over the row, does
+    not see) or not at all move some β far past KEYED_F32_RTOL."""
+    attentions, real, rows, sieves = fixed_inputs()
+    key_weights = np.random.default_rng(1).uniform(0.05, 5.0, (L, B, H, T)).astype(np.float32)
+    scores = np.asarray(sieve_scores(attentions, real, rows, sieves, key_weights=key_weights)[0])
+    finite = np.isfinite(scores)
+    for wrong_rows in (attentions * key_weights[..., :, None], attentions):
+        wrong, _ = sieve_scores_reference(wrong_rows, real, rows, sieves)
+        assert not np.allclose(scores[finite], wrong[finite], rtol=KEYED_F32_RTOL, atol=0)
+
+
+def test_key_weights_keep_a_zero_row_and_the_entropy_variant() -> None:
+    """A head whose weights are all 0 (masked) scores NaN with key weights as its renormalised row,
+    0, does; β · row entropy (`entropy_roles`) with key weights is that of the renormalised rows."""
+    attentions, real, rows, sieves = fixed_inputs()
+    attentions[0, 0, 1] = 0.0
+    key_weights = np.random.default_rng(1).uniform(0.05, 5.0, (L, B, H, T)).astype(np.float32)
+    entropy = (False, True, False)
+    keyed, _ = sieve_scores(attentions, real, rows, sieves, entropy_roles=entropy, key_weights=key_weights)
+    rows_first = renormalised(attentions, key_weights).astype(np.float32)
+    expected, _ = sieve_scores(rows_first, real, rows, sieves, entropy_roles=entropy)
+    keyed, expected = np.asarray(keyed), np.asarray(expected)
+    assert np.isnan(keyed[:, 0, 0, 1]).all() and np.isnan(expected[:, 0, 0, 1]).all()
+    np.testing.assert_array_equal(np.isnan(keyed), np.isnan(expected))
+    # Two float32 computations of each β (the renormalised rows rounded once more to float32, ≤ u
+    # a cell), and the entropy term's own T-term sum and logs in each: ~2(T² + 2T + 8)·u.
+    np.testing.assert_allclose(keyed, expected, rtol=2 * (T**2 + 2 * T + 8) * 2.0**-24, atol=0)

@@ -39,7 +39,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import checkpoint as ckpt
 from bertjax import glue
 from bertjax.errors import UserError
-from bertjax.model import ATTENTION_READINGS, BertModel, attention_reading
+from bertjax.model import ATTENTION_READINGS, BertModel, attention_rows
 from bertjax.pretrained import abstract_model
 from sieves import depattn, stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
@@ -208,8 +208,8 @@ class RoleProbe:
         out = nnx.merge(self.graphdef, state)(
             input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms=reading == "norms"
         )
-        attentions = attention_reading(out, reading)
-        scores = sieve_scores(jnp.stack(attentions), attention_mask.astype(bool), rows, sieves)
+        attentions, key_weights = attention_rows(out, reading)
+        scores = sieve_scores(attentions, attention_mask.astype(bool), rows, sieves, key_weights=key_weights)
         if pooling is None:
             return scores, None
         from_words, to_words, present = pooling

@@ -29,7 +29,7 @@ from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores
 from analysis.heads.summary import layer_groups
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
-from bertjax.model import attention_reading
+from bertjax.model import attention_reading, attention_rows
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES, present_roles
@@ -171,11 +171,15 @@ def _jit_comparer(pre_graph, post_graph, reading):
             out = nnx.merge(graph, state)(
                 input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms=reading == "norms"
             )
-            return jnp.stack(attention_reading(out, reading))
+            return out
 
-        a, b = attend(pre_graph, pre_state), attend(post_graph, post_state)
-        pre_scores, counts = sieve_scores(a, real, rows, sieves)
-        post_scores, _ = sieve_scores(b, real, rows, sieves)
+        pre_out, post_out = attend(pre_graph, pre_state), attend(post_graph, post_state)
+        (a, pre_keys), (b, post_keys) = attention_rows(pre_out, reading), attention_rows(post_out, reading)
+        pre_scores, counts = sieve_scores(a, real, rows, sieves, key_weights=pre_keys)
+        post_scores, _ = sieve_scores(b, real, rows, sieves, key_weights=post_keys)
+        if reading == "norms":
+            # β ignores each row's scale, a whole map's cosine does not: it compares the renormalised rows.
+            a, b = (jnp.stack(attention_reading(out, reading)) for out in (pre_out, post_out))
         return pre_scores, post_scores, counts, attention_cosine(a, b, real)
 
     return compare

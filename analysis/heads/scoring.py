@@ -22,7 +22,7 @@ from flax import nnx
 from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
-from bertjax.model import attention_reading
+from bertjax.model import attention_rows
 from sieves import stats
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch, present_roles
@@ -72,10 +72,10 @@ def _jit_scorer(graphdef, readings):
             input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms="norms" in readings
         )
         real = attention_mask.astype(bool)
-        scored = [
-            sieve_scores(jnp.stack(attention_reading(out, r)), real, rows, sieves, row_weights, entropy_roles)
-            for r in readings
-        ]
+        scored = []
+        for reading in readings:
+            attentions, key_weights = attention_rows(out, reading)
+            scored.append(sieve_scores(attentions, real, rows, sieves, row_weights, entropy_roles, key_weights))
         if len(scored) == 1:
             return scored[0]
         # The counts are the masks', the same for every reading.
