@@ -8,7 +8,7 @@ runs `python -m analysis.track --run WORKDIR` twice, `--attention weights` and `
 on the first 200 MRPC dev pairs at max length 64 (the emergence recipe's sequence length; τ = 3,
 the one-sided t-test, α = 0.05, every role, GLUE from $BERTJAX_DATA/glue), into OUT (default
 runs/norms-NAME, with a scores cache beside each), then writes the counts per step and role to
-docs/emergence/norms/NAME.csv and prints the plateau and the last step as a Markdown table. With
+docs/emergence/norms/NAME.csv and prints the steps from 220 on as the page's Markdown table. With
 OUT already written, pass `--counts-only` to recount it.
 """
 
@@ -22,6 +22,8 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 READINGS = ("weights", "norms")
+# The page's columns: the steps from the first role's onset on (before it, no head holds any role).
+FIRST_PAGE_STEP = 220
 ROLES = ("cls", "sep", "delimiter", "local", "prev", "next", "block", "syntactic")
 
 
@@ -55,6 +57,10 @@ def _role_order(column: pd.Series) -> pd.Series:
     return column.map(ROLES.index) if column.name == "role" else column
 
 
+def page_steps(table: pd.DataFrame) -> list[int]:
+    return [int(s) for s in sorted(table["step"].unique()) if s >= FIRST_PAGE_STEP]
+
+
 def markdown(table: pd.DataFrame, steps: list[int]) -> str:
     """One row per role, one column per step, each cell `weights / norms / both`."""
     lines = ["| role | " + " | ".join(f"step {s}" for s in steps) + " |", "| --- |" + " --- |" * len(steps)]
@@ -76,5 +82,4 @@ if __name__ == "__main__":
     target = HERE / "emergence" / "norms" / f"{name}.csv"
     target.parent.mkdir(parents=True, exist_ok=True)
     table.to_csv(target, index=False)
-    steps = sorted(table["step"].unique())
-    print(markdown(table, steps))
+    print(markdown(table, page_steps(table)))

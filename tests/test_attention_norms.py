@@ -389,6 +389,22 @@ def test_the_docs_fine_tuning_tables_are_the_committed_csvs():
     assert sorted(roles["reading"].unique()) == ["norms", "weights"] and len(layers) == 2 * 6
 
 
+def test_the_docs_training_run_table_is_the_committed_csv():
+    """docs/attention-norms.md shows what docs/attention_norms_emergence.py wrote; a head holding a
+    role on both readings holds it on each."""
+    import importlib.util
+    from pathlib import Path
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    spec = importlib.util.spec_from_file_location("attention_norms_emergence", docs / "attention_norms_emergence.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = pd.read_csv(docs / "emergence" / "norms" / "preln-s0.csv")
+    assert script.markdown(table, script.page_steps(table)) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    assert ((table["both"] <= table["weights"]) & (table["both"] <= table["norms"])).all()
+    assert table[["weights", "norms"]].max().max() <= 16  # 4 layers × 4 heads
+
+
 # --- analysis.track and analysis.finetune_effect --attention norms -----------------------------
 
 
