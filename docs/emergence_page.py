@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -117,6 +118,61 @@ def headline() -> str:
         "baseline at this size."
     )
     return "\n".join(parts)
+
+
+# Each contrast: (the baseline recipe, the changed one); differences are changed − baseline.
+CONTRASTS = [("MLM only", "MLM + NSP"), ("MLM only", "MLM only, pre-LN")]
+CONTRAST_CURVES = {onset.LOSS_CURVE: "held-out loss changepoint", onset.ACCURACY_CURVE: "accuracy changepoint",
+                   onset.SAS_CURVE: "SAS changepoint"}  # fmt: skip
+CONTRAST_ONSETS = [("first positional head, MRPC", ["mrpc"], POSITIONAL), ("first positional head, SST-2", ["sst2"],
+                   POSITIONAL), ("first syntactic head, MRPC", ["mrpc"], SYNTACTIC), ("first [CLS] head, MRPC",
+                   ["mrpc"], ["cls"])]  # fmt: skip
+
+
+def _seed_intervals(recipe: str, quantity: str) -> pd.DataFrame:
+    """One row per seed of `recipe`: the quantity's step and interval (NA where the seed has none);
+    an onset's interval starts at the analysed step before its low end, as against the loss."""
+    names = emergence_seeds.RECIPES[recipe]
+    if quantity in CONTRAST_CURVES:
+        rows = _curves(recipe).loc[quantity].set_index("run")
+        frame = rows[["changepoint_step", "changepoint_low", "changepoint_high"]]
+        return frame.set_axis(["step", "low", "high"], axis=1).reindex(names).astype(float)
+    _, tasks, roles = next(c for c in CONTRAST_ONSETS if c[0] == quantity)
+    first = earliest_of(seed_summaries(), recipe, tasks, roles)
+    rows = []
+    for name in names:
+        if name not in first.index:
+            rows.append((np.nan, np.nan, np.nan))
+            continue
+        steps = sorted(pd.unique(seed_track(name)[0]["step"]))
+        row = first.loc[name]
+        rows.append((row["earliest_onset"], onset.step_before(row["earliest_onset_low"], steps),
+                     row["earliest_onset_high"]))  # fmt: skip
+    return pd.DataFrame(rows, index=names, columns=["step", "low", "high"], dtype=float)
+
+
+def contrasts() -> str:
+    """Recipe against recipe across seeds: every pair of seeds, the changed recipe's step minus the
+    baseline's, and whether its interval lies after, overlaps or lies before the baseline's."""
+    lines = ["| contrast | quantity | seeds with it | difference in steps, median [range] over seed pairs | "
+             "pairs later / overlapping / earlier |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for baseline, changed in CONTRASTS:
+        if changed not in emergence_seeds.RECIPES:
+            continue
+        for quantity in [*CONTRAST_CURVES, *(c[0] for c in CONTRAST_ONSETS)]:
+            got = seeds.contrast(_seed_intervals(baseline, quantity), _seed_intervals(changed, quantity))
+            counts = (f"{got['seeds_first']} of {len(emergence_seeds.RECIPES[baseline])}, "
+                      f"{got['seeds_second']} of {len(emergence_seeds.RECIPES[changed])}")  # fmt: skip
+            difference = (
+                "–"
+                if not got["pairs"]
+                else (f"{got['difference_median']:+.0f} [{got['difference_min']:+.0f}, {got['difference_max']:+.0f}]")
+            )
+            lines.append(
+                f"| {changed} − {baseline} | {CONTRAST_CURVES.get(quantity, quantity)} | {counts} | {difference} | "
+                f"{got['after']} / {got['overlapping']} / {got['before']} of {got['pairs']} |"
+            )
+    return "\n".join(lines)
 
 
 def seeds_data() -> str:
@@ -322,6 +378,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "headline": headline,
     "seeds-data": seeds_data,
     "seeds-runs": emergence_seeds.runs_table,
+    "seeds-contrasts": contrasts,
     "seeds-onsets": lambda: emergence_seeds.onsets_table(seed_summaries()),
     "seeds-convention": convention_change,
     "seeds-corrected": series_corrected,

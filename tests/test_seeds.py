@@ -61,3 +61,27 @@ def test_run_repeats_for_seeds():
     assert runs == ["a", "b"] and config.roles.ckpt == "a"
     config, runs = track.parse_args(["--run", "a", "--persistence", "3", "--correction-scope", "series"])
     assert runs == ["a"] and config.persistence == 3 and config.correction_scope == "series"
+
+
+def _intervals(*rows):
+    return pd.DataFrame(rows, columns=["step", "low", "high"], dtype=float)
+
+
+def test_a_contrast_compares_every_pair_of_seeds():
+    first = _intervals((1100, 1000, 1200), (1200, 1100, 1300))
+    # the second recipe: one seed clearly later, one overlapping, one that never reached it
+    second = _intervals((2000, 1900, 2100), (1300, 1250, 1400), (np.nan, np.nan, np.nan))
+    got = seeds.contrast(first, second)
+    # pairs (2000 − 1100, 2000 − 1200, 1300 − 1100, 1300 − 1200) = (900, 800, 200, 100)
+    assert got == {
+        "seeds_first": 2, "seeds_second": 2, "pairs": 4, "difference_median": 500.0, "difference_min": 100.0,
+        "difference_max": 900.0, "after": 3, "overlapping": 1, "before": 0,
+    }  # fmt: skip
+    # the planted defect, the recipes swapped: every difference and relation turns over
+    swapped = seeds.contrast(second, first)
+    assert (swapped["difference_min"], swapped["difference_max"], swapped["before"]) == (-900.0, -100.0, 3)
+
+
+def test_a_contrast_where_no_pair_has_the_quantity():
+    got = seeds.contrast(_intervals((1100, 1000, 1200)), _intervals((np.nan, np.nan, np.nan)))
+    assert got["pairs"] == 0 and np.isnan(got["difference_median"]) and got["seeds_second"] == 0

@@ -125,3 +125,24 @@ def plot_seeds(tracks: dict[str, pd.DataFrame], task: str, out_dir: Path, stem: 
     step_axis(ax, np.asarray(steps))
     ax.set_title(f"{task}: heads holding each role over {len(tracks)} seeds (median, range shaded)", fontsize=9)
     return save_figure(fig, out_dir, stem)
+
+
+def contrast(first: pd.DataFrame, second: pd.DataFrame) -> dict:
+    """One quantity in steps (a changepoint, an earliest onset) compared between two recipes across
+    their seeds. Each frame has one row per seed with `step` and its interval `low`, `high` (NA
+    step: that seed never reached it). Seeds are independent, so every pair (a seed of `second`, a
+    seed of `first`) where both reached it is one comparison: its difference second − first, and
+    whether second's interval lies after, overlaps or lies before first's (`onset.relation`).
+    Returns the pairs' median, min and max difference and those three counts."""
+    pairs = [(b, a) for b in second.itertuples() for a in first.itertuples() if pd.notna(b.step) and pd.notna(a.step)]
+    differences = np.array([float(b.step) - float(a.step) for b, a in pairs])
+    relations = [onset.relation(b.low, b.high, a.low, a.high) for b, a in pairs]
+    return {
+        "seeds_first": int(first["step"].notna().sum()), "seeds_second": int(second["step"].notna().sum()),
+        "pairs": len(pairs),
+        "difference_median": float(np.median(differences)) if pairs else np.nan,
+        "difference_min": float(differences.min()) if pairs else np.nan,
+        "difference_max": float(differences.max()) if pairs else np.nan,
+        "after": relations.count("after"), "overlapping": relations.count("overlapping"),
+        "before": relations.count("before"),
+    }  # fmt: skip
