@@ -18,7 +18,8 @@
 # trained on that cut and shared by the NSP data. The workdirs have the same absolute path here and
 # there: held-out shards name the vocabulary by absolute path.
 #
-# BERTJAX_SEEDS_TINY=1 runs everything at toy size on any device (a dry run of the commands).
+# BERTJAX_SEEDS_TINY=1 runs everything at toy size on any device (a dry run of the commands;
+# tests/test_benchmarks.py runs it, both sets).
 # Without a GPU: BERTJAX_SEEDS_SERIAL=1 runs the seeds one after another (a CPU gains nothing from
 # running them side by side, and the first seeds finish early), BERTJAX_SEEDS_BUDGET=SECONDS lifts
 # the per-stage time limits, and a run whose workdir holds checkpoints resumes from them.

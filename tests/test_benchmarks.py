@@ -214,6 +214,37 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
 
 
+def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path):
+    """benchmarks/emergence_seeds.sh, prepare then run, both recipes' sets (BERTJAX_SEEDS_TINY): the
+    commands a lent GPU or a CPU afternoon runs, checked in seconds; each run comes back as a tarball
+    with its track and its config, never its checkpoints."""
+    env = os.environ | {
+        "BERTJAX_SEEDS_TINY": "1",
+        "BERTJAX_SEEDS_DIR": str(tmp_path / "carry"),
+        "BERTJAX_SEEDS_PREPARED": str(tmp_path / "prepared"),
+        "BERTJAX_SEEDS_WORK": str(tmp_path / "work"),
+        "BERTJAX_DATA": str(shared_data),
+        "PYTHON": sys.executable,
+        "JAX_PLATFORMS": "cpu",
+    }
+    runs = [({}, ["prepare"]), ({}, ["run", str(tmp_path / "out")]),
+            ({"BERTJAX_SEEDS_SET": "pre-ln", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")])]  # fmt: skip
+    for extra, argv in runs:
+        result = subprocess.run(["bash", "benchmarks/emergence_seeds.sh", *argv], cwd=ROOT, env=env | extra,
+                                capture_output=True, text=True, timeout=1800, check=False)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-4000:]
+    for name in ("mlm-s0", "nsp-s0", "preln-s0"):
+        with tarfile.open(tmp_path / "out" / f"{name}.tar.gz") as tar:
+            names = set(tar.getnames())
+            config = tar.extractfile(f"{name}/config.yaml").read().decode()
+        for path in ("run.json", "metrics.jsonl", "track/onset.csv", "track/curve_onsets.csv", "track/sas.csv",
+                     "track/track.csv", "track-holm-series/onset.csv"):  # fmt: skip
+            assert f"{name}/{path}" in names, (name, path)
+        assert not any("checkpoints" in n for n in names), name
+        assert ("layer_norm_position: pre" in config) == (name == "preln-s0"), config
+        assert ("pair_task: nsp" in config) == (name == "nsp-s0"), config
+
+
 def test_cli_start_times_help_against_a_baseline_tree(capsys):
     from benchmarks import cli_start
 
