@@ -1,4 +1,4 @@
-"""The one writer of the runs held as tables and drawing jobs (clark, ablate, prune)."""
+"""The one writer of the runs held as tables and drawing jobs (clark, ablate, prune, finetune_effect)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,19 @@ from analysis.common.figures import figure_formats, select_formats
 from bertjax import runinfo
 
 
-def write_tables_run(run, directory: Path, indexed: tuple[str, ...] = ()) -> dict:
+def write_tables_run(run, directory: Path, indexed: tuple[str, ...] = (), figure_format: str | None = None) -> dict:
     """Writes `run`'s tables (`<name>.csv`; the `indexed` ones with their index), every figure of
-    its drawing jobs (`run.draw(job, directory)`, in the formats its config asks for) and run.json
-    into `directory`; returns the run.json written. run.json's total runs from `run.started` to the
-    end of the figures."""
+    its drawing jobs (`run.draw(job, directory)`, in `figure_format`, by default the one its config
+    asks for) and run.json into `directory`; returns the run.json written. run.json's timings add
+    the figures' and the total, from `run.started` to the end of the figures."""
     for name, table in run.tables.items():
         table.to_csv(directory / f"{name}.csv", index=name in indexed)
+    clock = time.perf_counter()
     figures = []
-    with figure_formats(select_formats(run.config.figure_format)):
+    with figure_formats(select_formats(run.config.figure_format if figure_format is None else figure_format)):
         for job in run.figures:
             figures += run.draw(job, directory)
-    timings = run.timings | {"total": time.perf_counter() - run.started}
+    timings = run.timings | {"figures": time.perf_counter() - clock, "total": time.perf_counter() - run.started}
     info = run.info | {
         "config": dataclasses.asdict(run.config),  # its place kept: the run's, or a saved copy's `out`
         "figures": sorted(p.name for p in figures),

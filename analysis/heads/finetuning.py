@@ -21,8 +21,9 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tasks
-from analysis.common.figures import figure_formats, save_figure, select_figures, select_formats
+from analysis.common.figures import save_figure, select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, compiled
+from analysis.common.writing import write_tables_run
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
 from analysis.heads.config import ONE_READING, RolesConfig
 from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
@@ -233,6 +234,16 @@ class EffectRun:
         """What the CLI prints at the end of a run."""
         return format_changes(self.tables["beta_change"], self.tables["attention_similarity"])
 
+    @property
+    def figures(self) -> list[str]:
+        """The figure kinds the config asks for, in drawing order."""
+        return select_figures(self.config.data.figures, FIGURES)
+
+    def draw(self, kind: str, out_dir: Path) -> list[Path]:
+        """The figure `kind` into `out_dir`, in the `figure_formats` in force."""
+        plot = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}[kind]
+        return plot(self.tables[kind], out_dir, kind)
+
 
 def prepare(config: EffectConfig, post_models: Sequence | None = None) -> EffectConfig:
     """The checks made before anything is read or written, and `config` with its max length cut to
@@ -359,24 +370,7 @@ def task_tables(
 def write(result: EffectRun, directory: Path) -> dict:
     """The one writer of a finetune_effect run (the CLI's and the API's): the tables, the figures
     `result.config` asks for and run.json, into `directory`; returns the run.json written."""
-    rc = result.config.data
-    for name, table in result.tables.items():
-        table.to_csv(directory / f"{name}.csv", index=False)
-    clock = time.perf_counter()
-    figures = []
-    draw = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}
-    with figure_formats(select_formats(rc.figure_format)):
-        for kind in select_figures(rc.figures, FIGURES):
-            figures += draw[kind](result.tables[kind], directory, kind)
-    timings = result.timings | {"figures": time.perf_counter() - clock}
-    timings["total"] = time.perf_counter() - result.started
-    info = result.info | {
-        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(directory, info)
-    return info
+    return write_tables_run(result, directory, figure_format=result.config.data.figure_format)
 
 
 def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:
