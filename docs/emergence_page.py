@@ -53,7 +53,7 @@ def seed_summaries() -> dict[str, pd.DataFrame]:
 
 
 def _range(values) -> str:
-    values = [int(v) for v in values]
+    values = [round(v) for v in values]
     low, high = min(values), max(values)
     return f"{low}" if low == high else f"{low}–{high}"
 
@@ -180,20 +180,24 @@ def seeds_data() -> str:
     counts = {
         k: json.loads((emergence_seeds.SEEDS / f"data-{k}-meta.json").read_text())["counts"] for k in ("mlm", "nsp")
     }
-    runs = [json.loads((emergence_seeds.SEEDS / n / "run.json").read_text()) for ns in emergence_seeds.RECIPES.values()
-            for n in ns]  # fmt: skip
+    names = [n for ns in emergence_seeds.RECIPES.values() for n in ns]
+    runs = [json.loads((emergence_seeds.SEEDS / n / "run.json").read_text()) for n in names]
     steps = {r["config"]["train"]["steps"] for r in runs}
     batch = {r["config"]["train"]["global_batch_size"] for r in runs}
     assert len(steps) == len(batch) == 1, "the seeds share one schedule"
     (steps,), (batch,) = steps, batch
     passes = {k: steps * batch / c["instances"] for k, c in counts.items()}
-    total = [r["timings_s"]["total_s"] for r in runs]
+    by_device: dict[str, list[float]] = {}
+    for name in names:
+        by_device.setdefault(emergence_seeds.device(name), []).append(emergence_seeds.training_seconds(name))
+    took = "; ".join(f"{_range(t)} s each on the {d}, {len(t)} runs" if len(t) > 1 else f"{t[0]:.0f} s on the {d}"
+                     for d, t in by_device.items())  # fmt: skip
     return (
         f"Each run read the recipe's first {counts['mlm']['documents']:,} documents "
         f"({counts['mlm']['tokens'] / 1e6:.1f} M tokens; {counts['mlm']['instances']:,} instances MLM only and "
         f"{counts['nsp']['instances']:,} with NSP: {passes['mlm']:.1f} and {passes['nsp']:.1f} passes in {steps} steps "
-        f"of {batch}; `seeds/data-mlm-meta.json`, `seeds/data-nsp-meta.json`). The trainings took "
-        f"{min(total):.0f}–{max(total):.0f} s each (`timings_s.total_s` of each run's `run.json`)."
+        f"of {batch}; `seeds/data-mlm-meta.json`, `seeds/data-nsp-meta.json`). The trainings took {took} "
+        "(`timings_s.total_s` of each run's `run.json`, summed over a resumed run's stretches)."
     )
 
 

@@ -20,6 +20,8 @@ from analysis.heads import onset, seeds
 
 SEEDS = Path(__file__).resolve().parent / "emergence" / "seeds"
 RECIPES = {"MLM only": ["mlm-s0", "mlm-s1", "mlm-s2"], "MLM + NSP": ["nsp-s0", "nsp-s1"]}
+# Each recipe's file stem: <key>_seeds_onsets.csv, <key>_mrpc_seeds.png.
+RECIPE_KEYS = {"MLM only": "mlm", "MLM + NSP": "nsp", "MLM only, pre-LN": "preln"}
 ROLES = ["local", "prev", "next", "cls", "nsubj", "dobj", "syntactic"]
 TASKS = ["mrpc", "sst2", "qnli"]
 
@@ -32,10 +34,30 @@ def _interval(row, prefix: str) -> str:
     return f"{_step(row[f'{prefix}_step'])} [{_step(row[f'{prefix}_low'])}–{_step(row[f'{prefix}_high'])}]"
 
 
+def training_segments(name: str) -> list[dict]:
+    """The run.json of each stretch of a run's training, in order: a run stopped by its time limit
+    and resumed keeps the stopped stretch's as `run-<step>.json` (the resumed one rewrites run.json)."""
+    directory = SEEDS / name
+    stopped = sorted(directory.glob("run-*.json"), key=lambda p: int(p.stem.split("-")[1]))
+    return [json.loads(p.read_text()) for p in [*stopped, directory / "run.json"]]
+
+
+def training_seconds(name: str) -> float:
+    return sum(r["timings_s"]["total_s"] for r in training_segments(name))
+
+
+def device(name: str) -> str:
+    """What trained the run: the accelerator's name, or "CPU"."""
+    kinds = {r["devices"]["kind"] for r in training_segments(name)}
+    assert len(kinds) == 1, f"{name} trained on {kinds}"
+    (kind,) = kinds
+    return "CPU" if kind == "cpu" else kind
+
+
 def runs_table() -> str:
     lines = ["| run | held-out loss changepoint [90%] | accuracy changepoint | SAS changepoint | SAS vs loss | "
-             "loss at 8000 | SAS at 8000 (best offset) | tests | track wall time |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+             "loss at 8000 | SAS at 8000 (best offset) | tests | device | training, track wall time |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for names in RECIPES.values():
         for name in names:
             curves = pd.read_csv(SEEDS / name / "track" / onset.CURVE_ONSETS_CSV).set_index("curve")
@@ -48,7 +70,8 @@ def runs_table() -> str:
                 f"{_interval(curves.loc[onset.ACCURACY_CURVE], 'changepoint')} | "
                 f"{_interval(curves.loc[onset.SAS_CURVE], 'changepoint')} | {curves.loc[onset.SAS_CURVE, 'vs_loss']} | "
                 f"{heldout[onset.LOSS_CURVE].iloc[-1]:.3f} | {last['uas']:.3f} ({last['baseline_uas']:.3f}) | "
-                f"{info['tests']['count']} | {info['timings_s']['total']:.0f} s |"
+                f"{info['tests']['count']} | {device(name)} | {training_seconds(name):.0f} s, "
+                f"{info['timings_s']['total']:.0f} s |"
             )
     return "\n".join(lines)
 
@@ -84,7 +107,7 @@ def onsets_table(tables: dict[str, pd.DataFrame]) -> str:
 
 def write(tables: dict[str, pd.DataFrame]) -> None:
     for recipe, names in RECIPES.items():
-        key = "mlm" if recipe == "MLM only" else "nsp"
+        key = RECIPE_KEYS[recipe]
         tables[recipe].to_csv(SEEDS / f"{key}_seeds_onsets.csv", index=False)
         tracks = {n: seeds.read_track(SEEDS / n / "track")[0] for n in names}
         seeds.plot_seeds(tracks, "mrpc", SEEDS, f"{key}_mrpc_seeds")

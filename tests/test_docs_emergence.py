@@ -55,7 +55,7 @@ def test_a_changed_number_fails(page_script, generated):
 def test_the_committed_seed_summaries_are_the_scripts(page_script):
     seeds_script = sys.modules["emergence_seeds"]
     for recipe, table in seeds_script.summaries().items():
-        key = "mlm" if recipe == "MLM only" else "nsp"
+        key = seeds_script.RECIPE_KEYS[recipe]
         committed = pd.read_csv(seeds_script.SEEDS / f"{key}_seeds_onsets.csv")
         # as written: through CSV, where an empty relation reads back as NaN
         derived = pd.read_csv(io.StringIO(table.to_csv(index=False)))
