@@ -98,8 +98,8 @@ def headline() -> str:
         parts.append(
             f"- **{recipe}** ({len(names)} seeds): loss changepoint {_range(loss['changepoint_step'])} (90% intervals "
             f"within {_range([loss['changepoint_low'].min(), loss['changepoint_high'].max()])}); SAS changepoint "
-            f"{_range(sas['changepoint_step'])}, overlapping the loss's in {int((sas['vs_loss'] == 'overlapping').sum())} "
-            f"of {len(names)}; the earliest positional or syntactic head on MRPC at "
+            f"{_range(sas['changepoint_step'])} (b / o / a the loss's {_bao(sas)}); the earliest positional or "
+            "syntactic head on MRPC at "
             f"{_range(mrpc['earliest_onset'])} (b / o / a {_bao(mrpc)}), on MRPC or QNLI at "
             f"{_range(pairs['earliest_onset'])} (b / o / a {_bao(pairs)}), on SST-2 at "
             f"{_range(sst2['earliest_onset'])} (b / o / a {_bao(sst2)}); an MRPC [CLS] head in "

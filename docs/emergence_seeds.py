@@ -19,7 +19,10 @@ import pandas as pd
 from analysis.heads import onset, seeds
 
 SEEDS = Path(__file__).resolve().parent / "emergence" / "seeds"
-RECIPES = {"MLM only": ["mlm-s0", "mlm-s1", "mlm-s2"], "MLM + NSP": ["nsp-s0", "nsp-s1"]}
+RECIPES = {
+    "MLM only": ["mlm-s0", "mlm-s1", "mlm-s2"],
+    "MLM + NSP": ["nsp-s0", "nsp-s1"],
+}
 # Each recipe's file stem: <key>_seeds_onsets.csv, <key>_mrpc_seeds.png.
 RECIPE_KEYS = {"MLM only": "mlm", "MLM + NSP": "nsp", "MLM only, pre-LN": "preln"}
 ROLES = ["local", "prev", "next", "cls", "nsubj", "dobj", "syntactic"]
@@ -54,6 +57,13 @@ def device(name: str) -> str:
     return "CPU" if kind == "cpu" else kind
 
 
+def _cached(track_info: dict) -> str:
+    """A track that read some steps' scores from its cache (a tracking stopped and run again) took
+    less time than a whole one: said next to its time."""
+    cached = len(track_info["cached_steps"])
+    return f" ({cached} of {len(track_info['steps'])} steps from the cache)" if cached else ""
+
+
 def runs_table() -> str:
     lines = ["| run | held-out loss changepoint [90%] | accuracy changepoint | SAS changepoint | SAS vs loss | "
              "loss at 8000 | SAS at 8000 (best offset) | tests | device | training, track wall time |",
@@ -71,7 +81,7 @@ def runs_table() -> str:
                 f"{_interval(curves.loc[onset.SAS_CURVE], 'changepoint')} | {curves.loc[onset.SAS_CURVE, 'vs_loss']} | "
                 f"{heldout[onset.LOSS_CURVE].iloc[-1]:.3f} | {last['uas']:.3f} ({last['baseline_uas']:.3f}) | "
                 f"{info['tests']['count']} | {device(name)} | {training_seconds(name):.0f} s, "
-                f"{info['timings_s']['total']:.0f} s |"
+                f"{info['timings_s']['total']:.0f} s{_cached(info)} |"
             )
     return "\n".join(lines)
 
