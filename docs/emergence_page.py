@@ -188,16 +188,20 @@ def seeds_data() -> str:
     (steps,), (batch,) = steps, batch
     passes = {k: steps * batch / c["instances"] for k, c in counts.items()}
     by_device: dict[str, list[float]] = {}
-    for name in names:
+    jax_versions: dict[str, set[str]] = {}
+    for name, run in zip(names, runs, strict=True):
         by_device.setdefault(emergence_seeds.device(name), []).append(emergence_seeds.training_seconds(name))
+        jax_versions.setdefault(emergence_seeds.device(name), set()).add(run["versions"]["jax"])
     took = "; ".join(f"{_range(t)} s each on the {d}, {len(t)} runs" if len(t) > 1 else f"{t[0]:.0f} s on the {d}"
                      for d, t in by_device.items())  # fmt: skip
+    versions = ", ".join(f"{' and '.join(sorted(v))} on the {d}" for d, v in jax_versions.items())
     return (
         f"Each run read the recipe's first {counts['mlm']['documents']:,} documents "
         f"({counts['mlm']['tokens'] / 1e6:.1f} M tokens; {counts['mlm']['instances']:,} instances MLM only and "
         f"{counts['nsp']['instances']:,} with NSP: {passes['mlm']:.1f} and {passes['nsp']:.1f} passes in {steps} steps "
         f"of {batch}; `seeds/data-mlm-meta.json`, `seeds/data-nsp-meta.json`). The trainings took {took} "
-        "(`timings_s.total_s` of each run's `run.json`, summed over a resumed run's stretches)."
+        "(`timings_s.total_s` of each run's `run.json`, summed over a resumed run's stretches), with jax "
+        f"{versions} (`versions.jax`)."
     )
 
 
