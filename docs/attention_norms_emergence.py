@@ -8,7 +8,8 @@ runs `python -m analysis.track --run WORKDIR` twice, `--attention weights` and `
 on the first 200 MRPC dev pairs at max length 64 (the emergence recipe's sequence length; τ = 3,
 the one-sided t-test, α = 0.05, every role, GLUE from $BERTJAX_DATA/glue), into OUT (default
 runs/norms-NAME, with a scores cache beside each), then writes the counts per step and role to
-docs/emergence/norms/NAME.csv and prints the steps from 220 on as the page's Markdown table. With
+docs/emergence/norms/NAME.csv and prints the page's steps (220 to 2414, then 4394 and 8000) as its
+Markdown table. With
 OUT already written, pass `--counts-only` to recount it.
 """
 
@@ -22,8 +23,11 @@ import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 READINGS = ("weights", "norms")
-# The page's columns: the steps from the first role's onset on (before it, no head holds any role).
+# The page's columns: every step from the first role's onset (before it, no head holds any role)
+# to the positional heads' arrival, then only the later log-spaced checkpoints (the CSV has all).
 FIRST_PAGE_STEP = 220
+LAST_DENSE_PAGE_STEP = 2414
+LATER_PAGE_STEPS = (4394, 8000)
 ROLES = ("cls", "sep", "delimiter", "local", "prev", "next", "block", "syntactic")
 
 
@@ -59,7 +63,8 @@ def _role_order(column: pd.Series) -> pd.Series:
 
 
 def page_steps(table: pd.DataFrame) -> list[int]:
-    return [int(s) for s in sorted(table["step"].unique()) if s >= FIRST_PAGE_STEP]
+    steps = [int(s) for s in sorted(table["step"].unique())]
+    return [s for s in steps if FIRST_PAGE_STEP <= s <= LAST_DENSE_PAGE_STEP or s in LATER_PAGE_STEPS]
 
 
 def markdown(table: pd.DataFrame, steps: list[int]) -> str:
