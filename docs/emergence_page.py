@@ -175,6 +175,22 @@ def contrasts() -> str:
     return "\n".join(lines)
 
 
+def cls_heads() -> str:
+    """Per seed: the MRPC heads holding the [CLS] role at their most and at the last step (an onset
+    needs the role held to the end, so the plateau's passing [CLS] heads have none)."""
+    lines = ["| recipe | run | most heads holding [CLS] (step) | at the last step | last step with one |",
+             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    for recipe, names in emergence_seeds.RECIPES.items():
+        for name in names:
+            held = onset.heads_holding(seed_track(name)[0], "mrpc")["cls"]
+            holding = held.index[held > 0]
+            last = "–" if holding.empty else str(int(holding.max()))
+            lines.append(
+                f"| {recipe} | {name} | {int(held.max())} ({int(held.idxmax())}) | {int(held.iloc[-1])} | {last} |"
+            )
+    return "\n".join(lines)
+
+
 def seeds_data() -> str:
     """What the seeds read and how long they trained (the prepared data's meta.json, each run.json)."""
     counts = {
@@ -387,6 +403,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "seeds-data": seeds_data,
     "seeds-runs": emergence_seeds.runs_table,
     "seeds-contrasts": contrasts,
+    "seeds-cls": cls_heads,
     "seeds-onsets": lambda: emergence_seeds.onsets_table(seed_summaries()),
     "seeds-convention": convention_change,
     "seeds-corrected": series_corrected,

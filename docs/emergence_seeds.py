@@ -22,6 +22,7 @@ SEEDS = Path(__file__).resolve().parent / "emergence" / "seeds"
 RECIPES = {
     "MLM only": ["mlm-s0", "mlm-s1", "mlm-s2"],
     "MLM + NSP": ["nsp-s0", "nsp-s1"],
+    "MLM only, pre-LN": ["preln-s0", "preln-s1"],
 }
 # Each recipe's file stem: <key>_seeds_onsets.csv, <key>_mrpc_seeds.png.
 RECIPE_KEYS = {"MLM only": "mlm", "MLM + NSP": "nsp", "MLM only, pre-LN": "preln"}
@@ -65,7 +66,7 @@ def _cached(track_info: dict) -> str:
 
 
 def runs_table() -> str:
-    lines = ["| run | held-out loss changepoint [90%] | accuracy changepoint | SAS changepoint | SAS vs loss | "
+    lines = ["| run | held-out loss changepoint [90%] | accuracy changepoint | SAS changepoint, its slope per e-fold | SAS vs loss | "
              "loss at 8000 | SAS at 8000 (best offset) | tests | device | training, track wall time |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     for names in RECIPES.values():
@@ -78,7 +79,8 @@ def runs_table() -> str:
             lines.append(
                 f"| {name} | {_interval(curves.loc[onset.LOSS_CURVE], 'changepoint')} | "
                 f"{_interval(curves.loc[onset.ACCURACY_CURVE], 'changepoint')} | "
-                f"{_interval(curves.loc[onset.SAS_CURVE], 'changepoint')} | {curves.loc[onset.SAS_CURVE, 'vs_loss']} | "
+                f"{_interval(curves.loc[onset.SAS_CURVE], 'changepoint')}, "
+                f"{curves.loc[onset.SAS_CURVE, 'slope_per_efold']:+.3f} | {curves.loc[onset.SAS_CURVE, 'vs_loss']} | "
                 f"{heldout[onset.LOSS_CURVE].iloc[-1]:.3f} | {last['uas']:.3f} ({last['baseline_uas']:.3f}) | "
                 f"{info['tests']['count']} | {device(name)} | {training_seconds(name):.0f} s, "
                 f"{info['timings_s']['total']:.0f} s{_cached(info)} |"

@@ -38,7 +38,7 @@ def _block(page_script, page: str, name: str) -> str:
     return page[slice(*page_script.block_span(page, name))]
 
 
-@pytest.mark.parametrize("name", ["headline", "seeds-data", "seeds-runs", "seeds-convention", "seeds-onsets", "seeds-contrasts",
+@pytest.mark.parametrize("name", ["headline", "seeds-data", "seeds-runs", "seeds-convention", "seeds-onsets", "seeds-contrasts", "seeds-cls",
                                   "seeds-corrected", "seeds-lengths", "synthetic", "family", "family-verdict",
                                   "history-heldout", "history-roles", "history-changepoints", "plateau"])  # fmt: skip
 def test_each_block_of_the_page_is_what_the_files_give(page_script, generated, name):
