@@ -157,8 +157,6 @@ def contrasts() -> str:
     lines = ["| contrast | quantity | seeds with it | difference in steps, median [range] over seed pairs | "
              "pairs later / overlapping / earlier |", "| --- | --- | --- | --- | --- |"]  # fmt: skip
     for baseline, changed in CONTRASTS:
-        if changed not in emergence_seeds.RECIPES:
-            continue
         for quantity in [*CONTRAST_CURVES, *(c[0] for c in CONTRAST_ONSETS)]:
             got = seeds.contrast(_seed_intervals(baseline, quantity), _seed_intervals(changed, quantity))
             counts = (f"{got['seeds_first']} of {len(emergence_seeds.RECIPES[baseline])}, "

@@ -4,7 +4,8 @@
     python docs/emergence_seeds.py --write    # also writes seeds_onsets.csv and the figures
 
 Reads docs/emergence/seeds/<run>/ (metrics.jsonl, run.json, track/: track.csv.gz, onset.csv,
-curve_onsets.csv, sas.csv, run.json), written by `bash benchmarks/emergence_seeds.sh run` on a GPU.
+curve_onsets.csv, sas.csv, run.json), written by `bash benchmarks/emergence_seeds.sh run` on a GPU
+(the pre-LN set on a CPU, its seeds one after another).
 tests/test_docs_emergence.py checks that the page holds exactly what this prints.
 """
 
