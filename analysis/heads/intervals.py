@@ -50,6 +50,17 @@ class PairedResampler:
         `scoring.test_roles`' rows (task, role, layer, head); with `alpha` (no correction to
         come), the decisions p < α themselves, from critical values (a quantile per sample size
         instead of a tail probability per test)."""
+        out = self._each_role(results, lambda w, x: replicate_pvalues(w, x, tau, test, alpha))
+        return out if alpha is not None else out.astype(np.float32)
+
+    def means(self, results: dict[str, TaskScores]) -> np.ndarray:
+        """[B, m] the mean score of every replicate, in the tests' order: the trajectories whose
+        event times (`analysis.heads.events`) get their intervals from these replicates."""
+        return self._each_role(results, lambda w, x: stats.weighted_moments(w, x)[1]).astype(np.float32)
+
+    def _each_role(self, results: dict[str, TaskScores], reduce) -> np.ndarray:
+        """`reduce(weights [B, n], scores [n, K])` → [B, K] for every role of every task, resampled
+        with the task's weights, concatenated in the tests' order."""
         blocks = []
         for task, result in results.items():
             population, weights = self.weights(task, result)
@@ -58,19 +69,18 @@ class PairedResampler:
             groups: dict[bytes, list[str]] = {}
             for role in result.scores:
                 groups.setdefault(np.asarray(result.indices[role]).tobytes(), []).append(role)
-            pvalues = {}
+            reduced = {}
             for roles in groups.values():
                 positions = np.searchsorted(population, np.asarray(result.indices[roles[0]]))
                 chosen = weights if len(positions) == len(population) else weights[:, positions]
                 xs = [np.asarray(result.scores[r], np.float64) for r in roles]
                 widths = [int(np.prod(x.shape[1:])) for x in xs]
                 stacked = np.concatenate([x.reshape(x.shape[0], w) for x, w in zip(xs, widths, strict=True)], axis=1)
-                p = replicate_pvalues(chosen, stacked, tau, test, alpha)
-                for role, part in zip(roles, np.split(p, np.cumsum(widths)[:-1], axis=1), strict=True):
-                    pvalues[role] = part
-            blocks += [pvalues[role] for role in result.scores]
-        out = np.concatenate(blocks, axis=1)
-        return out if alpha is not None else out.astype(np.float32)
+                values = reduce(chosen, stacked)
+                for role, part in zip(roles, np.split(values, np.cumsum(widths)[:-1], axis=1), strict=True):
+                    reduced[role] = part
+            blocks += [reduced[role] for role in result.scores]
+        return np.concatenate(blocks, axis=1)
 
 
 def replicate_pvalues(

@@ -1,0 +1,267 @@
+"""When a trajectory rises, read from the trajectory itself: event times that need no threshold.
+
+A head's mean score for a role along the analysed steps (or a training curve along its
+evaluations) is read on x = ln(1 + step), as the changepoints are (`analysis.common.changepoint`).
+
+**The rule** (fixed before any run was read with it; docs/tracking.md):
+
+- The *early level* E is the trajectory's value at the first step of the window, the *final level*
+  F its value at the last; the rise is F − E (for a falling curve such as the loss, the fall: the
+  curve is read negated).
+- `rise_10`, `rise_50`, `rise_90`: the step from which the trajectory stays at or above
+  E + p·(F − E) (p = 0.1, 0.5, 0.9) to the end, interpolated linearly in x between the analysed
+  step below that level and the first one at or above it. "Stays" makes a brief early excursion
+  above the level no event; the trajectory ends at F, so each level is reached.
+- `rise_start`: where the straight line in x through the 10% and 90% points meets the early
+  level, x₁₀ − (x₉₀ − x₁₀)/8: the knot of a flat-then-rising description of the rise (the "lag
+  time" of growth curves), no earlier than the window's first step.
+- A trajectory with F ≤ E has no rise (`no_rise`, no event); one whose peak P lies further above
+  F than half its rise above E, P − F > (P − E)/2, has lost most of what it gained (`falls_back`):
+  its events are still those of its rise to F, and `peak_step` says where the peak was.
+
+Every event is a smooth function of the trajectory's values where the crossings are unique, so
+resampling the sequences behind those values (paired across steps: `analysis.heads.intervals`)
+gives its interval: the 5% and 95% quantiles over the replicates, a replicate without a rise
+counting as later than any step (`high` is then empty when more than 5% have none). None of it
+depends on τ, α or the test.
+
+**Lead and lag.** A role event against a curve event is the difference of the two in each jointly
+drawn replicate (the analysis sequences and the held-out sequences resampled together: replicate b
+of each), in steps; before / overlapping / after by whether that difference's interval lies below
+zero, contains it or lies above it. The earliest event over a set of heads is the minimum over
+the heads in each replicate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import numpy as np
+import pandas as pd
+
+from analysis.common import heldout as heldout_io
+from analysis.common.changepoint import INTERVAL
+from analysis.heads.onset import ACCURACY_CURVE, LOSS_CURVE
+from sieves import stats
+
+EVENTS = ("rise_start", "rise_10", "rise_50", "rise_90")
+LEVELS = (0.1, 0.5, 0.9)
+EVENTS_CSV = "events.csv"
+EVENT_COLUMNS = ["task", "layer", "head", "role", "event", "step", "low", "high", "status", "early", "final",
+                 "peak_step", "no_rise_share"]  # fmt: skip
+STATUS = ("rises", "falls_back", "no_rise")
+CURVE_EVENTS_CSV = "curve_events.csv"
+# The held-out curves read for events, and whether each falls as the model learns.
+HELDOUT_CURVES = ((LOSS_CURVE, True), (ACCURACY_CURVE, False))
+
+
+def log_steps(steps) -> np.ndarray:
+    return np.log1p(np.asarray(steps, dtype=np.float64))
+
+
+def event_positions(x: np.ndarray, y: np.ndarray, falling: bool = False) -> np.ndarray:
+    """The events of each trajectory y [..., S] on x [S] (ln(1 + step), increasing), as positions on
+    x [..., 4] in the order of `EVENTS`; NaN where the trajectory does not rise (F ≤ E or a
+    non-finite value)."""
+    v = -np.asarray(y, np.float64) if falling else np.asarray(y, np.float64)
+    early, final = v[..., :1], v[..., -1:]
+    rise = final - early
+    usable = (rise[..., 0] > 0) & np.isfinite(v).all(axis=-1)
+    size = v.shape[-1]
+    out = np.full((*v.shape[:-1], len(EVENTS)), np.nan)
+    crossings = []
+    for p in LEVELS:
+        level = early + p * rise
+        above = v >= level
+        # The first index from which every later value is at or above the level.
+        trailing = np.argmin(above[..., ::-1], axis=-1)
+        trailing = np.where(above.all(axis=-1), size, trailing)
+        j = np.clip(size - trailing, 1, size - 1)
+        lo = np.take_along_axis(v, (j - 1)[..., None], axis=-1)[..., 0]
+        hi = np.take_along_axis(v, j[..., None], axis=-1)[..., 0]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.clip((level[..., 0] - lo) / (hi - lo), 0.0, 1.0)
+        crossings.append(x[j - 1] + share * (x[j] - x[j - 1]))
+    x10, _, x90 = crossings
+    start = np.maximum(x10 - (x90 - x10) / 8, x[0])
+    for i, value in enumerate((start, *crossings)):
+        out[..., i] = np.where(usable, value, np.nan)
+    return out
+
+
+def statuses(y: np.ndarray, falling: bool = False) -> np.ndarray:
+    """`STATUS` of each trajectory y [..., S] (the module doc's rule)."""
+    v = -np.asarray(y, np.float64) if falling else np.asarray(y, np.float64)
+    early, final, peak = v[..., 0], v[..., -1], v.max(axis=-1)
+    rises = (final > early) & np.isfinite(v).all(axis=-1)
+    falls_back = rises & (peak - final > (peak - early) / 2)
+    return np.where(falls_back, "falls_back", np.where(rises, "rises", "no_rise"))
+
+
+def to_steps(position: np.ndarray) -> np.ndarray:
+    """Positions on x back to steps."""
+    return np.expm1(position)
+
+
+def quantile_interval(replicates: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, none_share) over the replicates (axis 0) of event values: NaN, a replicate
+    without the event, counts as later than any value, so `high` is NaN when more than
+    1 − INTERVAL[1] of them have none; `low` is NaN only when none has it."""
+    none = np.isnan(replicates)
+    ordered = np.where(none, np.inf, replicates)
+    low = np.quantile(ordered, INTERVAL[0], axis=0, method="inverted_cdf")
+    high = np.quantile(ordered, INTERVAL[1], axis=0, method="inverted_cdf")
+    return np.where(np.isinf(low), np.nan, low), np.where(np.isinf(high), np.nan, high), none.mean(axis=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Trajectories:
+    """The events of m trajectories (`rows`: task, layer, head, role; or one curve): positions on
+    x [m, 4] and, with replicates, [B, m, 4]; each trajectory's status, early and final level and
+    the step of its peak."""
+
+    rows: pd.DataFrame
+    steps: np.ndarray
+    point: np.ndarray
+    replicates: np.ndarray | None
+    status: np.ndarray
+    early: np.ndarray
+    final: np.ndarray
+    peak_step: np.ndarray
+
+
+def trajectories(rows: pd.DataFrame, steps, means: np.ndarray, replicates: np.ndarray | None,
+                 falling: bool = False) -> Trajectories:  # fmt: skip
+    """The events of the trajectories `means` [S, m] at `steps`, and of their replicates
+    [B, S, m] (None: no intervals)."""
+    steps = np.asarray(steps)
+    x = log_steps(steps)
+    trajectory = means.T
+    reps = None if replicates is None else event_positions(x, np.moveaxis(replicates, 1, 2), falling)
+    shown = -trajectory if falling else trajectory
+    peak = steps[np.argmax(np.where(np.isfinite(shown), shown, -np.inf), axis=1)]
+    return Trajectories(rows.reset_index(drop=True), steps, event_positions(x, trajectory, falling), reps,
+                        statuses(trajectory, falling), trajectory[:, 0], trajectory[:, -1], peak)  # fmt: skip
+
+
+def events_table(found: Trajectories) -> pd.DataFrame:
+    """`events.csv` (or a curve's rows: `found.rows` names what each trajectory is): one row per
+    trajectory and event, steps rounded to whole steps."""
+    m = len(found.rows)
+    low = high = np.full((m, len(EVENTS)), np.nan)
+    none_share = np.full(m, np.nan)
+    if found.replicates is not None:
+        low, high, none = quantile_interval(found.replicates)
+        none_share = none[:, 0]
+    tiled = np.tile(np.arange(m), len(EVENTS))
+    table = pd.concat(
+        [found.rows.assign(event=event, step=to_steps(found.point[:, i]), low=to_steps(low[:, i]),
+                           high=to_steps(high[:, i])) for i, event in enumerate(EVENTS)], ignore_index=True,
+    ).assign(status=found.status[tiled], early=found.early[tiled], final=found.final[tiled],
+             peak_step=found.peak_step[tiled], no_rise_share=none_share[tiled])  # fmt: skip
+    for column in ("step", "low", "high"):
+        table[column] = pd.array(np.round(table[column].to_numpy()), dtype="Int64")
+    order = {e: i for i, e in enumerate(EVENTS)}
+    keys = [c for c in ("curve", "task", "role", "layer", "head") if c in table] + ["event"]
+    columns = [c for c in found.rows.columns] + [c for c in EVENT_COLUMNS if c not in ("task", "layer", "head", "role")]
+    return table.sort_values(keys, kind="stable", key=lambda c: c.map(order) if c.name == "event" else c)[columns]
+
+
+def relation_of_difference(low: float, high: float) -> str:
+    """before / overlapping / after of a difference's interval (role event − curve event) against
+    zero; empty when either bound is missing (an event some replicates lack)."""
+    if pd.isna(low) or pd.isna(high):
+        return ""
+    if high < 0:
+        return "before"
+    if low > 0:
+        return "after"
+    return "overlapping"
+
+
+def difference(role_steps: np.ndarray, curve_steps: np.ndarray) -> tuple[float, float, float]:
+    """(median, low, high) of role − curve over jointly drawn replicates [B] (in steps; NaN where a
+    replicate lacks either event, and then the bounds follow `quantile_interval`: a missing role
+    event is later than any)."""
+    diff = role_steps - curve_steps
+    diff = np.where(np.isnan(curve_steps), np.nan, diff)
+    low, high, _ = quantile_interval(diff[:, None])
+    middle = np.nanmedian(diff) if np.isfinite(diff).any() else np.nan
+    return float(middle), float(low[0]), float(high[0])
+
+
+def earliest(replicates: np.ndarray) -> np.ndarray:
+    """The earliest event over a set of heads in each replicate: replicates [B, h] → [B] (NaN
+    where no head of the set has the event)."""
+    filled = np.where(np.isnan(replicates), np.inf, replicates)
+    first = filled.min(axis=1) if filled.shape[1] else np.full(filled.shape[0], np.inf)
+    return np.where(np.isinf(first), np.nan, first)
+
+
+LEAD_LAG_CSV = "lead_lag.csv"
+LEAD_LAG_COLUMNS = ["task", "group", "event", "heads", "earliest_step", "earliest_low", "earliest_high", "curve",
+                    "curve_step", "difference", "low", "high", "relation", "joint"]  # fmt: skip
+
+
+def lead_lag(heads: Trajectories, members: np.ndarray, groups: dict[str, str], curve: Trajectories,
+             curve_name: str) -> pd.DataFrame:  # fmt: skip
+    """Per task, group of roles (`groups`: role → group) and event: the earliest event over the
+    group's member heads (`members` [m] bool: which trajectories count; a head rising in one
+    role of the group counts once per role, and the minimum takes care of it), in each replicate,
+    against the same event of `curve` (one trajectory) in the same replicate: the difference's
+    median and interval and its relation. Without the curve's replicates its point event stands
+    in for every replicate (`joint` False: the interval then holds the heads' uncertainty only)."""
+    rows = heads.rows.assign(group=heads.rows["role"].map(groups))
+    out = []
+    for (task, group), part in rows[members & rows["group"].notna().to_numpy()].groupby(["task", "group"], sort=False):
+        index = part.index.to_numpy()
+        for e, event in enumerate(EVENTS):
+            point = earliest(heads.point[None, index, e])[0]
+            curve_point = curve.point[0, e]
+            row = {"task": task, "group": group, "event": event, "heads": len(index),
+                   "earliest_step": to_steps(point), "earliest_low": np.nan, "earliest_high": np.nan,
+                   "curve": curve_name, "curve_step": to_steps(curve_point), "difference": np.nan,
+                   "low": np.nan, "high": np.nan, "relation": "", "joint": curve.replicates is not None}  # fmt: skip
+            if heads.replicates is not None:
+                first = to_steps(earliest(heads.replicates[:, index, e]))
+                low, high, _ = quantile_interval(first[:, None])
+                against = (np.full(first.shape, to_steps(curve_point)) if curve.replicates is None
+                           else to_steps(curve.replicates[:, 0, e]))  # fmt: skip
+                _, d_low, d_high = difference(first, against)
+                row |= {"earliest_low": low[0], "earliest_high": high[0], "low": d_low, "high": d_high,
+                        "relation": relation_of_difference(d_low, d_high)}  # fmt: skip
+            row["difference"] = row["earliest_step"] - row["curve_step"]
+            out.append(row)
+    table = pd.DataFrame(out, columns=LEAD_LAG_COLUMNS)
+    for column in ("earliest_step", "earliest_low", "earliest_high", "curve_step", "difference", "low", "high"):
+        table[column] = pd.array(np.round(table[column].to_numpy(np.float64)), dtype="Int64")
+    return table
+
+
+def heldout_curves(heldout: pd.DataFrame | None, sequences: heldout_io.HeldOutSequences | None, steps,
+                   replicates: int, seed: int) -> dict[str, Trajectories]:  # fmt: skip
+    """The held-out curves' events over the analysed steps' window (their first to their last),
+    by name: the point from metrics.jsonl (`heldout`), the replicates from the per-sequence sums
+    the run recorded (`sequences`: its held-out sequences resampled, the same resample at every
+    evaluation; drawn from their own seed stream, replicate b beside the analysis's replicate b).
+    No replicates when the run recorded no per-sequence sums at some evaluation of the window."""
+    if heldout is None:
+        return {}
+    window = heldout[(heldout.index >= min(steps)) & (heldout.index <= max(steps))]
+    resampled = {}
+    if sequences is not None and replicates > 0 and np.isin(window.index, sequences.steps).all():
+        rng = np.random.default_rng([seed, zlib.crc32(b"heldout")])
+        weights = stats.resample_weights(sequences.loss.shape[1], replicates, rng)
+        at = np.searchsorted(sequences.steps, window.index.to_numpy())
+        loss, accuracy = heldout_io.resampled_curves(sequences, weights)
+        resampled = {LOSS_CURVE: loss[:, at], ACCURACY_CURVE: accuracy[:, at]}
+    found = {}
+    for name, falling in HELDOUT_CURVES:
+        if name not in window or window[name].isna().any() or len(window) < 2:
+            continue
+        reps = resampled.get(name)
+        found[name] = trajectories(pd.DataFrame({"curve": [name]}), window.index.to_numpy(),
+                                   window[name].to_numpy(np.float64)[:, None],
+                                   None if reps is None else reps[:, :, None], falling)  # fmt: skip
+    return found
