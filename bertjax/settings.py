@@ -9,6 +9,10 @@
 - YAML: every analysis CLI takes `--config FILE.yaml` (`from_flags`: values under the flags given
   on the command line) and `--print-config` (the resolved settings as YAML, to edit and pass back); the training CLIs read YAML plus dotted `key=value` overrides (`load_config`).
 
+Each field's type is its annotation evaluated (`field_types`), one of the few the checks know
+(`check_types` holds every value to it); a dataclass with any other is refused when its flags,
+keywords or settings are first built.
+
 The schemas are OmegaConf structured configs: OmegaConf merges the YAML into the dataclass, checks
 each value against the field's annotation and reports the key of a wrong one, as it has for the
 training configs since the first release. Argparse (standard library) draws the flags. The
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
+import functools
 import inspect
 import types
 import typing
@@ -69,12 +74,12 @@ def internal(default: Any, why: str) -> Any:
     return dataclasses.field(default=default, metadata={"internal": why})
 
 
-def flag_name(field: dataclasses.Field) -> str:
+def flag_name(schema: type, field: dataclasses.Field) -> str:
     spec = field.metadata["setting"]
     if spec["flag"] is not None:
         return spec["flag"]
     name = field.name.replace("_", "-")
-    if str(field.type) == "bool" and field.default is True:
+    if field_types(schema)[field.name] is bool and field.default is True:
         return f"--no-{name}"
     return f"--{name}"
 
@@ -83,24 +88,104 @@ def flag_fields(schema: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(schema) if "setting" in f.metadata]
 
 
-# The annotations a flag's text converts to by itself; any other needs the setting's `parse`.
-_CONVERT = {"int": int, "int | None": int, "float": float, "float | None": float, "str": str, "str | None": str}
+# -- a setting's type: resolved from its real annotation, and one of a few -----------------------
+# `typing.get_type_hints` evaluates the annotations whether or not the declaring module postpones
+# them (`from __future__ import annotations`, under which `field.type` is only text). A check that
+# read that text passed `n="8"` in a module without the import and `"x"` for an `Optional[int]`,
+# and let a type it did not know through unchecked.
+
+_SCALARS = (int, float, str, bool)
+
+
+def _is_section(kind: Any) -> bool:
+    return isinstance(kind, type) and dataclasses.is_dataclass(kind)
+
+
+def _options(kind: Any) -> tuple[Any, ...]:
+    """The members of a union (`X | None`, `Optional[X]`); any other type alone."""
+    return typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+
+
+def _bare(kind: Any) -> Any:
+    """`X` of `X | None`; any other type as it is."""
+    options = [option for option in _options(kind) if option is not type(None)]
+    return options[0] if len(options) == 1 else kind
+
+
+def _understood(kind: Any) -> bool:
+    """Whether a setting may have the type `kind`: int, float, str or bool; `X | None` of one that
+    may; a tuple of scalars (`tuple[str, ...]`, `tuple[int, int]`); a list of scalars or of
+    sections; a section (a dataclass of settings, a training config's `optimizer`)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind in _SCALARS:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return len(args) == 2 and type(None) in args and _understood(_bare(kind))
+    if origin is tuple:
+        items = args[:1] if args[1:] == (Ellipsis,) else args
+        return bool(items) and all(item in _SCALARS for item in items)
+    if origin is list:
+        return len(args) == 1 and (args[0] in _SCALARS or _is_section(args[0]))
+    return _is_section(kind)
+
+
+@functools.cache
+def field_types(schema: type) -> dict[str, Any]:
+    """The type of each field of the settings dataclass `schema`, by name: its annotation
+    evaluated, whether or not its module postpones annotations. Any type but those
+    `_understood` names (here, or in a section of `schema`) is a programming error, a TypeError
+    naming the class and the field, raised when the flags, the API's keywords or the settings are
+    first built from `schema`: a setting no check understands is refused, not passed through."""
+    try:
+        kinds = typing.get_type_hints(schema)
+    except NameError as e:
+        raise TypeError(f"{schema.__qualname__}: an annotation names {e.name!r}, which its module does not define") from None  # fmt: skip
+    for field in dataclasses.fields(schema):
+        kind = kinds[field.name]
+        if not _understood(kind):
+            raise TypeError(
+                f"{schema.__qualname__}.{field.name}: a setting cannot be {spelled(kind)} (it may be int, float, str, "
+                "bool, X | None, a tuple of scalars, a list of scalars or sections, or a section: a settings dataclass)"
+            )
+        inner = _bare(kind)
+        inner = typing.get_args(inner)[0] if typing.get_origin(inner) is list else inner
+        if _is_section(inner):
+            field_types(inner)
+    return kinds
+
+
+def spelled(kind: Any) -> str:
+    """A type as an annotation spells it: `int | None`, `tuple[str, ...]`, `RolesConfig`."""
+    if kind is type(None):
+        return "None"
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        return " | ".join(map(spelled, typing.get_args(kind)))
+    if isinstance(kind, types.GenericAlias):
+        args = ", ".join("..." if a is Ellipsis else spelled(a) for a in typing.get_args(kind))
+        return f"{typing.get_origin(kind).__qualname__}[{args}]"
+    if isinstance(kind, type):
+        return kind.__qualname__
+    return repr(kind).replace("typing.", "")
+
+
+# The types a flag's text converts to by itself (also as `X | None`); any other needs `parse`.
+_CONVERT = {int: int, float: float, str: str}
 
 
 def _comma_list(text: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
-def _converter(field: dataclasses.Field) -> Callable[[str], Any]:
+def _converter(schema: type, field: dataclasses.Field) -> Callable[[str], Any]:
     spec = field.metadata["setting"]
     if spec["parse"] is not None:
         return spec["parse"]
-    annotation = str(field.type)
-    if annotation in ("tuple[str, ...]", "tuple[str, ...] | None"):
+    kind = _bare(field_types(schema)[field.name])
+    if kind == tuple[str, ...]:
         return _comma_list
-    if annotation not in _CONVERT:
-        raise TypeError(f"setting {field.name}: {annotation} needs parse=")
-    return _CONVERT[annotation]
+    if kind not in _CONVERT:
+        raise TypeError(f"{schema.__qualname__}.{field.name}: a flag's text is no {spelled(kind)} by itself: needs parse=")  # fmt: skip
+    return _CONVERT[kind]
 
 
 def add_flags(
@@ -115,6 +200,7 @@ def add_flags(
     schema (`default`, `help`, `choices`): each tool states it once, and its API takes the same
     mapping (`from_kwargs`)."""
     tool = tool or {}
+    kinds = field_types(schema)
     unknown = sorted((set(skip) | set(tool)) - {f.name for f in flag_fields(schema)})
     if unknown:
         raise TypeError(f"{schema.__name__}: no setting named {', '.join(unknown)}")
@@ -123,16 +209,16 @@ def add_flags(
             continue
         spec = {**field.metadata["setting"], **tool.get(field.name, {})}
         default = spec.get("default", field.default)
-        names = [flag_name(field), *spec["aliases"]]
+        names = [flag_name(schema, field), *spec["aliases"]]
         kwargs: dict[str, Any] = {"dest": field.name, "help": spec["help"]}
         if not names[0].startswith("-"):  # a positional argument, named by its metavar
-            names, kwargs = [field.name], {"metavar": names[0], "help": spec["help"], "type": _converter(field)}
+            names, kwargs = [field.name], {"metavar": names[0], "help": spec["help"], "type": _converter(schema, field)}
             parser.add_argument(*names, **kwargs)
             continue
-        if str(field.type) == "bool":
+        if kinds[field.name] is bool:
             kwargs.update(action="store_false" if default is True else "store_true", default=default)
         else:
-            kwargs.update(type=_converter(field), choices=spec["choices"], metavar=spec["metavar"])
+            kwargs.update(type=_converter(schema, field), choices=spec["choices"], metavar=spec["metavar"])
             if spec["aliases"]:
                 kwargs["action"] = _deprecated_aliases()
             if default is dataclasses.MISSING:
@@ -146,6 +232,13 @@ def add_flags(
 
 def tool_defaults(tool: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
     return {name: spec["default"] for name, spec in (tool or {}).items() if "default" in spec}
+
+
+def default_of(schema: type, name: str, tool: Mapping[str, Mapping[str, Any]] | None = None) -> Any:
+    """The default of `schema`'s setting `name` where a tool states `tool` (as for `add_flags`):
+    the tool's own, else the field's."""
+    field = next(f for f in flag_fields(schema) if f.name == name)
+    return tool_defaults(tool).get(name, field.default)
 
 
 def _deprecated_aliases() -> type[argparse.Action]:
@@ -190,9 +283,9 @@ def from_flags(
     other flags) over both. A command whose flags fill several schemas names the others in
     `file_schemas`, so that the one file may hold the settings of all; `skip` as for `add_flags`
     (the settings the command does not take, which a file may not set either)."""
-    fields = {f.name: f for f in flag_fields(schema)}
+    kinds = {f.name: field_types(schema)[f.name] for f in flag_fields(schema)}
     # None from a flag whose field takes no None: left out, the field's default (said in words).
-    values = {k: v for k, v in vars(args).items() if k in fields and (v is not None or "None" in str(fields[k].type))}
+    values = {k: v for k, v in vars(args).items() if k in kinds and (v is not None or type(None) in _options(kinds[k]))}
     path = getattr(args, "config", None)
     if path is not None:
         given = given_flags(parser, argv)
@@ -241,7 +334,7 @@ def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Seque
 def _flag_schema(schema: type) -> type:
     """`schema`'s flag fields alone, every one optional: the shape a --config file is checked
     against (a required setting may come from the command line instead)."""
-    hints = typing.get_type_hints(schema)
+    hints = field_types(schema)
     fields = []
     for f in flag_fields(schema):
         kind = hints[f.name]
@@ -258,7 +351,9 @@ def _tuples(value: Any) -> Any:
 
 def make(schema: type[T], values: Mapping[str, Any]) -> T:
     """`schema(**values)`, with a required setting that is missing reported as its flag."""
-    missing = [flag_name(f) for f in flag_fields(schema) if f.default is dataclasses.MISSING and f.name not in values]
+    missing = [
+        flag_name(schema, f) for f in flag_fields(schema) if f.default is dataclasses.MISSING and f.name not in values
+    ]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
     return schema(**values)
@@ -281,17 +376,16 @@ def from_kwargs(
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
     values = tool_defaults(tool)
     for name, value in kwargs.items():
-        field = fields[name]
-        annotation = str(field.type)
+        field, kind = fields[name], field_types(schema)[name]
         if value is None and field.metadata["setting"]["shown"] is not None:
             continue  # as the flag left out: the default its help states in words
         if isinstance(value, Path):
             value = str(value)
-        if isinstance(value, str) and annotation not in _CONVERT and annotation != "bool":
-            value = _converter(field)(value)
-        elif annotation == "str" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, str) and _bare(kind) not in _CONVERT and kind is not bool:
+            value = _converter(schema, field)(value)
+        elif kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = str(value)  # a number where the flag takes text (τ: a number or "auto")
-        elif isinstance(value, list) and annotation.startswith("tuple") and fits(value, annotation):
+        elif isinstance(value, list) and typing.get_origin(_bare(kind)) is tuple and fits(value, kind):
             value = tuple(value)  # a wrong one stays as given, for check_types' message
         values[name] = value
     return make(schema, values | fixed)
@@ -316,7 +410,10 @@ def with_settings(
                     default = defaults.get(field.name, field.default)
                     parameters.append(
                         inspect.Parameter(
-                            field.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=field.type
+                            field.name,
+                            inspect.Parameter.KEYWORD_ONLY,
+                            default=default,
+                            annotation=field_types(schema)[field.name],
                         )
                     )
         function.__signature__ = signature.replace(parameters=parameters)
@@ -342,7 +439,7 @@ def describe_keys(schema: Any, prefix: str = "") -> list[str]:
     optional one, `X | None`) gets a line of its own, then its keys; a list of sections, its items'
     keys as `key.N.field`, with the defaults an item takes for the keys it does not give."""
     cls = schema if isinstance(schema, type) else type(schema)
-    hints = typing.get_type_hints(cls)
+    hints = field_types(cls)
     lines = []
     for field in dataclasses.fields(cls):
         key = f"{prefix}{field.name}"
@@ -371,11 +468,8 @@ def _field_default(field: dataclasses.Field) -> Any:
 
 def _section(annotation: Any) -> type | None:
     """The dataclass that `annotation` (`X` or `X | None`) names, if it names one."""
-    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    for kind in options:
-        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
-            return kind
-    return None
+    kind = _bare(annotation)
+    return kind if _is_section(kind) else None
 
 
 def _shown(value: Any) -> str:
@@ -405,6 +499,7 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    field_types(schema)  # a type OmegaConf would take for another, or not check, is refused first
     cfg = OmegaConf.structured(schema)
     where = ""
     try:
@@ -471,43 +566,54 @@ def save_resolved(config: Any, path: Path) -> None:
 # anything (`n="8"`, `overwrite="no"`), and a wrong type went on to a traceback far away (`'<' not
 # supported between 'str' and 'int'`) or, worse, was taken for true.
 
-# What each annotation of a settings dataclass reads as, in a message.
+# What a setting's type reads as in a message; a type not here, as its annotation spells it.
 _NAMES = {
-    "None": "None",
-    "bool": "True or False",
-    "int": "an integer",
-    "float": "a number",
-    "str": "text",
-    "tuple[str, ...]": "a list of strings (or a flag's comma-separated text)",
-    "tuple[int, ...]": "a list of integers",
-    "tuple[int, int]": "a pair of integers",
+    type(None): "None",
+    bool: "True or False",
+    int: "an integer",
+    float: "a number",
+    str: "text",
+    tuple[str, ...]: "a list of strings (or a flag's comma-separated text)",
+    tuple[int, ...]: "a list of integers",
+    tuple[int, int]: "a pair of integers",
 }
 
 
-def fits(value: object, annotation: str) -> bool:
-    """Whether `value` is of a settings field's annotation (`int | None`, `tuple[str, ...]`): bool
-    is not taken for an integer, nor an integer-valued float for an integer; a list does for a tuple
-    (JSON has no tuples). An annotation not listed above (a nested config) is not checked here."""
+def fits(value: object, kind: Any) -> bool:
+    """Whether `value` is of the setting type `kind` (`int | None`, `tuple[str, ...]`, a section):
+    bool is not taken for an integer (though Python's bool is an int), nor an integer-valued float;
+    an integer is a number; a list does for a tuple (JSON has no tuples). A type no setting may
+    have (`field_types`) is a TypeError, never a fit."""
+    if not _understood(kind) and kind is not type(None):
+        raise TypeError(f"no setting is of type {spelled(kind)}, so no value is checked against it")
+    return _fits(value, kind)
+
+
+def _fits(value: object, kind: Any) -> bool:
     number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    sequence = isinstance(value, (list, tuple))
-    fit = {
-        "None": value is None,
-        "bool": isinstance(value, bool),
-        "int": number and isinstance(value, int),
-        "float": number,
-        "str": isinstance(value, str),
-        "tuple[str, ...]": sequence and all(isinstance(x, str) for x in value),
-        "tuple[int, ...]": sequence and all(fits(x, "int") for x in value),
-        "tuple[int, int]": sequence and len(value) == 2 and all(fits(x, "int") for x in value),
-    }
-    options = annotation.split(" | ")
-    if not all(option in _NAMES for option in options):
-        return True
-    return any(fit[option] for option in options)
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind is int:
+        return number and isinstance(value, int)
+    if kind is float:
+        return number
+    if kind is str:
+        return isinstance(value, str)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, option) for option in args)
+    if origin in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        items = args[:1] * len(value) if origin is list or args[1:] == (Ellipsis,) else args
+        return len(items) == len(value) and all(map(_fits, value, items))
+    return isinstance(value, kind)  # a section
 
 
-def describe(annotation: str) -> str:
-    return " or ".join(_NAMES.get(option, option) for option in annotation.split(" | "))
+def describe(kind: Any) -> str:
+    return " or ".join(_NAMES.get(option, spelled(option)) for option in _options(kind))
 
 
 def check(config: object) -> None:
@@ -518,13 +624,14 @@ def check(config: object) -> None:
         choices = field.metadata["setting"]["choices"]
         value = getattr(config, field.name)
         if choices is not None and value not in choices:
-            raise UserError(f"{flag_name(field)} must be one of {', '.join(map(str, choices))}, got {value!r}")
+            raise UserError(f"{flag_name(type(config), field)} must be one of {', '.join(map(str, choices))}, got {value!r}")  # fmt: skip
 
 
 def check_types(config: object) -> None:
-    """Every field of the settings dataclass `config` holds a value of its annotated type, or one
-    line naming the field as the API's keyword: `n: expected an integer, got '8'`."""
+    """Every field of the settings dataclass `config` holds a value of its type (`field_types`),
+    or one line naming the field as the API's keyword: `n: expected an integer, got '8'`."""
+    kinds = field_types(type(config))
     for field in dataclasses.fields(config):
         value = getattr(config, field.name)
-        if not fits(value, str(field.type)):
-            raise UserError(f"{field.name}: expected {describe(str(field.type))}, got {value!r}"[:300])
+        if not fits(value, kinds[field.name]):
+            raise UserError(f"{field.name}: expected {describe(kinds[field.name])}, got {value!r}"[:300])

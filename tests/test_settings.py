@@ -142,3 +142,187 @@ def test_the_api_signatures_list_every_setting_with_the_tools_default():
     assert inspect.signature(api.prune).parameters["random_seeds"].default == 3
     for function, schema in ((api.ablate, KovalevaConfig), (api.clark, ClarkConfig)):
         assert {f.name for f in settings.flag_fields(schema)} - {"ckpt"} <= set(inspect.signature(function).parameters)
+
+
+# -- a setting's type: from the real annotation, whether or not the module postpones annotations ---
+# Each toy module is compiled from this text twice: with `from __future__ import annotations` (its
+# annotations stay text, `field.type == "int"`) and without (`field.type is int`). A check that
+# read the annotation's text passed `n="8"` in the second and `"x"` for `Optional[int]` in both.
+TOY = """
+import dataclasses
+from pathlib import Path
+from typing import Literal, Optional
+
+from bertjax.settings import check, setting
+
+
+class Custom:
+    pass
+
+
+def ints(text):
+    return tuple(int(x) for x in text.split(","))
+
+
+@dataclasses.dataclass(frozen=True)
+class Toy:
+    n: int = setting(8, help="a count")
+    limit: Optional[int] = setting(None, help="an optional count")
+    step: int | None = setting(None, help="an optional step")
+    alpha: float = setting(0.5, help="a level")
+    name: str = setting("a", help="a name")
+    on: bool = setting(False, help="a switch")
+    roles: tuple[str, ...] = setting(("local",), help="roles")
+    steps: tuple[int, ...] | None = setting(None, parse=ints, help="steps")
+    shard: tuple[int, int] | None = setting(None, parse=ints, help="job I of N")
+
+    def __post_init__(self):
+        check(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Bad:
+    n: int = setting(8, help="a count")
+    odd: {annotation} = setting(None, help="a setting of a type no check knows")
+
+    def __post_init__(self):
+        check(self)
+"""
+UNKNOWN = ["dict[str, int]", "Custom", "Path", "Literal['a', 'b']", "int | str", "list[dict]", "tuple[Custom, ...]"]
+
+
+def toy_module(postponed: bool, monkeypatch, annotation: str = "int") -> object:
+    """The TOY text as a module of its own (registered, as get_type_hints finds a class's globals)."""
+    import __future__
+
+    import sys
+    import types
+
+    name = f"toy_settings_{'postponed' if postponed else 'eager'}"
+    module = types.ModuleType(name)
+    monkeypatch.setitem(sys.modules, name, module)
+    flags = __future__.annotations.compiler_flag if postponed else 0
+    exec(
+        compile(TOY.replace("{annotation}", annotation), name, "exec", flags=flags, dont_inherit=True), module.__dict__
+    )
+    return module
+
+
+@pytest.mark.parametrize("postponed", [False, True], ids=["eager", "postponed"])
+def test_check_types_reads_the_real_annotation(postponed, monkeypatch):
+    toy = toy_module(postponed, monkeypatch)
+    annotation = {f.name: f.type for f in dataclasses.fields(toy.Toy)}["n"]
+    assert annotation == ("int" if postponed else int)  # the case this parametrization is about
+    for values, message in [
+        ({"n": "8"}, "n: expected an integer, got '8'"),
+        ({"n": True}, "n: expected an integer, got True"),  # a bool is an int to Python, not to a setting
+        ({"n": 8.0}, "n: expected an integer, got 8.0"),
+        ({"limit": "x"}, "limit: expected an integer or None, got 'x'"),
+        ({"step": "3"}, "step: expected an integer or None, got '3'"),
+        ({"alpha": "0.5"}, "alpha: expected a number, got '0.5'"),
+        ({"alpha": False}, "alpha: expected a number, got False"),
+        ({"name": 3}, "name: expected text, got 3"),
+        ({"on": "no"}, "on: expected True or False, got 'no'"),
+        (
+            {"roles": ("local", 3)},
+            "roles: expected a list of strings (or a flag's comma-separated text), got ('local', 3)",
+        ),
+        ({"steps": (1, "2")}, "steps: expected a list of integers or None, got (1, '2')"),
+        ({"shard": (0,)}, "shard: expected a pair of integers or None, got (0,)"),
+    ]:
+        with pytest.raises(UserError) as refused:
+            toy.Toy(**values)
+        assert str(refused.value) == message
+    for values in [{"limit": None}, {"limit": 3}, {"step": 3}, {"alpha": 1}, {"roles": ["local", "cls"]},
+                   {"steps": (1, 2)}, {"shard": (0, 2)}, {"on": True}]:  # fmt: skip
+        toy.Toy(**values)
+
+
+@pytest.mark.parametrize("postponed", [False, True], ids=["eager", "postponed"])
+def test_flags_and_keywords_read_the_real_annotation(postponed, monkeypatch):
+    import argparse
+
+    toy = toy_module(postponed, monkeypatch)
+    parser = argparse.ArgumentParser()
+    settings.add_flags(parser, toy.Toy)
+    args = parser.parse_args(["--n", "3", "--limit", "4", "--on", "--roles", "a,b", "--alpha", "1"])
+    assert settings.from_flags(toy.Toy, parser, args, []) == toy.Toy(n=3, limit=4, on=True, roles=("a", "b"), alpha=1.0)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--limit", "x"])
+    assert settings.from_kwargs(toy.Toy, {"roles": "a,b", "name": 3}) == toy.Toy(roles=("a", "b"), name="3")
+    with pytest.raises(UserError, match=r"^limit: expected an integer or None, got 'x'$"):
+        settings.from_kwargs(toy.Toy, {"limit": "x"})
+
+
+@pytest.mark.parametrize("postponed", [False, True], ids=["eager", "postponed"])
+@pytest.mark.parametrize("annotation", UNKNOWN)
+def test_an_annotation_no_check_knows_is_refused_where_settings_are_built(annotation, postponed, monkeypatch):
+    import argparse
+
+    toy = toy_module(postponed, monkeypatch, annotation)
+    refused = "^Bad.odd: a setting cannot be "
+    with pytest.raises(TypeError, match=refused):
+        settings.add_flags(argparse.ArgumentParser(), toy.Bad)
+    with pytest.raises(TypeError, match=refused):
+        settings.from_kwargs(toy.Bad, {"n": 3})
+    with pytest.raises(TypeError, match=refused):
+        settings.with_settings(toy.Bad)(lambda **settings: None)
+    with pytest.raises(TypeError, match=refused):
+        toy.Bad()  # check_types: not passed through as it was
+    with pytest.raises(TypeError, match=refused):
+        settings.load_config(toy.Bad, None)
+    with pytest.raises(TypeError, match=refused):
+        settings.describe_keys(toy.Bad)
+
+
+def test_a_postponed_annotation_naming_nothing_is_refused_by_name(monkeypatch):
+    toy = toy_module(True, monkeypatch, "Undefined")
+    with pytest.raises(TypeError, match=r"^Bad: an annotation names 'Undefined', which its module does not define$"):
+        toy.Bad()
+
+
+def test_a_value_checked_against_a_type_no_setting_has_is_a_type_error():
+    with pytest.raises(TypeError, match="no setting is of type dict"):
+        settings.fits({}, dict[str, int])
+    with pytest.raises(TypeError, match="no setting is of type 'int'"):  # the text of a type is no type
+        settings.fits(3, "int")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "analysis.heads.config:RolesConfig",
+        "analysis.heads.config:TrackConfig",
+        "analysis.heads.config:ReportConfig",
+        "analysis.attention.options:ClarkConfig",
+        "analysis.ablation.options:KovalevaConfig",
+        "analysis.ablation.options:MichelConfig",
+        "bertjax.show:ShowConfig",
+        "train.config:PretrainConfig",  # with its sections (model, mesh, optimizer, …), as each below
+        "train.config:FinetuneConfig",
+        "train.config:PrepareConfig",
+    ],
+)
+def test_every_settings_dataclass_of_the_project_has_types_the_checks_know(name):
+    module, _, cls = name.partition(":")
+    schema = getattr(importlib.import_module(module), cls)
+    assert set(settings.field_types(schema)) == {f.name for f in dataclasses.fields(schema)}
+
+
+def test_analysis_roles_has_one_default_per_setting_its_cli_api_and_dataclass_agree():
+    """`figures` had two: "all" in the dataclass, "role_grid" from the CLI and the API."""
+    import inspect
+
+    from analysis import api, roles
+
+    declared = heads.RolesConfig(ckpt="c")
+    assert roles.parse_args(["--ckpt", "c"]) == declared
+    assert settings.from_kwargs(heads.RolesConfig, {}, heads.ROLES_TOOL, ckpt="c") == declared
+    signature, code = inspect.signature(api.roles).parameters, api.roles.__code__
+    own = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])  # ckpt, a parser object
+    for field in settings.flag_fields(heads.RolesConfig):
+        if field.name not in own:
+            assert signature[field.name].default == field.default, field.name
+    assert declared.figures == heads.DEFAULT_ROLES_FIGURES
+    for tool in (heads.TRACK_TOOL, heads.EFFECT_TOOL):  # the tools whose few figures are all drawn
+        assert settings.default_of(heads.RolesConfig, "figures", tool) == "all"

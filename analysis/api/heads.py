@@ -199,7 +199,7 @@ def roles(
     Keyword arguments are the flags (see `RolesConfig`: task, glue_dir, split, n, max_length,
     batch_size, roles, window, special_rows, tau, alpha, test, correction, parser, spacy_model,
     conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
-    syntactic_average, devices, distributed, attention, step). `model`/`tokenizer`: CKPT already loaded.
+    syntactic_average, devices, distributed, attention, score, step). `model`/`tokenizer`: CKPT already loaded.
     `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes), or the flag's
     value (`"conllu"`, `"spacy"`)."""
     if isinstance(parser, str):  # the flag's value; taken for a parser object, it was ignored
@@ -246,7 +246,7 @@ def track(
         raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
     series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
     steps, shard = settings.get("steps"), settings.get("shard")
-    if steps is not None and not isinstance(steps, str) and not fits(steps, "tuple[int, ...]"):
+    if steps is not None and not isinstance(steps, str) and not fits(steps, tuple[int, ...]):
         raise UserError(f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300])
     if shard is not None and not isinstance(shard, str):
         raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
@@ -354,6 +354,8 @@ def finetune_effect(
     overwrite, figures, figure_format, html). `model`/`tokenizer`: PRE already loaded;
     `post_models`: each post checkpoint already loaded, in the order of `post`."""
     specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
+    if not specs:
+        raise UserError("post: give at least one fine-tuned checkpoint")
     collect_garbage()
     data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_TOOL, EFFECT_SKIP)
     config = finetuning.effect_config(specs, data)

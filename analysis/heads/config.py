@@ -30,11 +30,12 @@ from analysis.common.flags import (
     nonfinite_setting,
     out_setting,
     overwrite_setting,
+    precision_setting,
     step_setting,
 )
 from bertjax import cli
 from bertjax.errors import UserError
-from bertjax.settings import add_config_flags, add_flags, check, internal, setting
+from bertjax.settings import add_config_flags, add_flags, check, default_of, internal, setting
 from sieves.builders import DEFAULT_ROLES, get_role
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ class RolesConfig:
     out: str = out_setting("roles_out")
     overwrite: bool = overwrite_setting()
     # `--figures` and `--figure-format` as given; each analysis checks them against its own kinds.
-    figures: str = setting("all", help=figures_help(ROLES_FIGURES))
+    figures: str = setting(DEFAULT_ROLES_FIGURES, help=figures_help(ROLES_FIGURES))
     figure_format: str = figure_format_setting()
     html: bool = setting(False, help="also write report.html (python -m analysis.report) into --out")
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
@@ -124,6 +125,15 @@ class RolesConfig:
     # What β reads (`--attention`, docs/attention-norms.md): the weights, the norm-weighted
     # attention (Kobayashi et al. 2020), or both from one forward pass.
     attention: str = attention_setting(ATTENTION_SOURCES)
+    # β's chance level |S(t)| / n falls as n grows, so a positional head's β grows with the
+    # sequence length; `share` keeps τ's reading at length 128 for every length (docs/roles.md).
+    score: str = setting("beta", choices=("beta", "share"),
+                         help="beta: the sieve bias score β, the share of t's attention on its sieve over the "
+                              "uniform share |S(t)|/n (the paper's); share: that share over |S(t)|/128, a chance "
+                              "level that does not grow with the sequence length (equal to β at 128 tokens), for "
+                              "comparing tasks of different lengths")  # fmt: skip
+    # The model's matrix products (docs/precision.md): true float32 on every device by default.
+    precision: str = precision_setting()
 
     def __post_init__(self) -> None:
         check(self)
@@ -268,18 +278,20 @@ TEST_SETTINGS = ("tau", "alpha", "test", "correction", "bootstrap", "bootstrap_s
 ONE_READING_SETTING = {"choices": ONE_READING, "help": attention_help(ONE_READING)}
 
 # What each heads tool sets differently in the shared RolesConfig (bertjax.settings.add_flags): its
-# CLI and its API function read these, so each default exists once.
-ROLES_TOOL = {"figures": {"default": DEFAULT_ROLES_FIGURES}}
-TRACK_TOOL = {"out": {"default": "track_out"}, "figures": {"help": figures_help(TRACK_FIGURES)},
+# CLI and its API function read these, so each default exists once. The fields' own defaults are
+# analysis.roles' (it changes none); track and finetune_effect, with few figure kinds, draw them all.
+ROLES_TOOL: dict[str, dict] = {}
+_EVERY_FIGURE = {"default": "all"}
+TRACK_TOOL = {"out": {"default": "track_out"}, "figures": {**_EVERY_FIGURE, "help": figures_help(TRACK_FIGURES)},
               "attention": ONE_READING_SETTING}  # fmt: skip
 TRACK_SKIP = ("ckpt", *ROLES_ONLY)
-EFFECT_TOOL = {"out": {"default": "finetune_effect_out"}, "figures": {"help": figures_help(EFFECT_FIGURES)},
-               "attention": ONE_READING_SETTING}  # fmt: skip
+EFFECT_TOOL = {"out": {"default": "finetune_effect_out"},
+               "figures": {**_EVERY_FIGURE, "help": figures_help(EFFECT_FIGURES)}, "attention": ONE_READING_SETTING}  # fmt: skip
 EFFECT_SKIP = ("ckpt", *ROLES_ONLY, *TEST_SETTINGS)
 
 
 def add_roles_flags(p: argparse.ArgumentParser, tool: dict, skip: Sequence[str] = ()) -> None:
     """A heads tool's flags, from RolesConfig, with `--no-figures` and `--config`/`--print-config`."""
     add_flags(p, RolesConfig, skip=skip, tool=tool)
-    add_no_figures(p, tool.get("figures", {}).get("default", "all"))
+    add_no_figures(p, default_of(RolesConfig, "figures", tool))
     add_config_flags(p)

@@ -46,7 +46,7 @@ def check_request(text: str | Sequence[str], layer: int, head: int, role: str) -
     """What can be checked before the model is loaded, each a line of its own."""
     segments_of(text)
     for name, value in (("layer", layer), ("head", head)):
-        if not fits(value, "int"):  # a float was drawn as no head, text failed in numpy
+        if not fits(value, int):  # a float was drawn as no head, text failed in numpy
             raise UserError(f"{name}: expected an integer, got {value!r}"[:300])
     get_role(role)  # an unknown role is the same one line as --roles'
 

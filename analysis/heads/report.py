@@ -20,11 +20,12 @@ from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make
 from analysis.common.flags import attention_readings
 from analysis.heads.config import REPORT, ReportConfig, RolesConfig  # noqa: F401 — ReportConfig: callers import it from here
 from analysis.heads.report_page import GENERATOR, render
+from analysis.heads.scoring import reference_length
 from bertjax import runinfo
 from bertjax.errors import UserError
 from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_tokenizer
-from bertjax.settings import fits
+from bertjax.settings import field_types, fits, spelled
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
@@ -108,15 +109,14 @@ def read_run(run_dir: str | Path) -> Run:
 def settings_of(config: dict, source: Path | None = None, prefix: str = "config") -> RolesConfig:
     """The run's RolesConfig from its run.json (keys this version does not know are ignored), each
     value of the type the field has, or one line naming the field."""
-    fields = {f.name: f for f in dataclasses.fields(RolesConfig)}
+    kinds = field_types(RolesConfig)
     values = {}
     for key, value in config.items():
-        if key not in fields:
+        if key not in kinds:
             continue
-        annotation = str(fields[key].type)
-        if not fits(value, annotation):
-            raise UserError(f"{source}: {prefix}.{key} must be {annotation.replace('tuple[str, ...]', 'a list of strings')}, got {value!r}")  # fmt: skip
-        values[key] = tuple(value) if annotation.startswith("tuple") else value
+        if not fits(value, kinds[key]):
+            raise UserError(f"{source}: {prefix}.{key} must be {spelled(kinds[key]).replace('tuple[str, ...]', 'a list of strings')}, got {value!r}")  # fmt: skip
+        values[key] = tuple(value) if isinstance(value, list) else value
     try:
         return RolesConfig(**values)
     except UserError as e:  # a value out of range: the message names the flag that sets it
@@ -135,11 +135,11 @@ def check_run_json(info: dict, source: Path) -> None:
                 if not (isinstance(entry, dict) and isinstance(entry.get("path"), str) and isinstance(entry.get("sha256"), str)):  # fmt: skip
                     raise UserError(f"{source}: data_files.{task}: each file needs a path and a sha256, got {entry!r}"[:300])  # fmt: skip
     checkpoint = info.get("checkpoint")
-    if checkpoint is not None and not (isinstance(checkpoint, dict) and fits(checkpoint.get("step"), "int | None")):
+    if checkpoint is not None and not (isinstance(checkpoint, dict) and fits(checkpoint.get("step"), int | None)):
         raise UserError(f"{source}: checkpoint must be an object with an integer step, got {checkpoint!r}"[:300])
     series = info.get("series")
     if series is not None:
-        fields = {"step": "int", "label": "str", "path": "str", "checkpoint_step": "int | None"}
+        fields = {"step": int, "label": str, "path": str, "checkpoint_step": int | None}
         if not isinstance(series, list) or not all(
             isinstance(m, dict) and all(fits(m.get(k), t) for k, t in fields.items()) for m in series
         ):
@@ -322,7 +322,8 @@ def _quantised(attention: np.ndarray) -> str:
 
 def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: RolesConfig, present: Sequence[str]):
     """(attention [L, B, H, T, T], β [R, B, L, H], scored-row counts [R, B], rows, sieves) of `seqs`
-    padded to one length, for the roles `present`, as the run computed them (on its main reading).
+    padded to one length, for the roles `present`, as the run computed them (on its main reading,
+    with its `--score`).
 
     The length is rounded up to a power of two (within the model's positions): the model runs op by
     op here, each op compiled for its shapes, so every new length compiled ~40 programs anew and a
@@ -339,7 +340,8 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     rows, sieves = build_batch(
         seqs, present, SieveOptions(settings.window, settings.special_rows, settings.block_first_sep == "b"), length
     )
-    scores, counts = sieve_scores(attention, jnp.asarray(arrays["attention_mask"], bool), rows, sieves)
+    real = jnp.asarray(arrays["attention_mask"], bool)
+    scores, counts = sieve_scores(attention, real, rows, sieves, reference_length=reference_length(settings))
     return np.asarray(attention), np.asarray(scores), np.asarray(counts), rows, sieves
 
 
