@@ -11,8 +11,14 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 
+# The length whose uniform share the length-invariant score (`--score share`) takes as chance:
+# BERT's pre-training length. β's chance level |S(t)| / n shrinks as n grows, so for a sieve of fixed
+# size (prev, next, cls...) the same attention share scores n / |S(t)| times its share; against
+# |S(t)| / REFERENCE_LENGTH the score is the same at every length, and equals β at n = 128.
+REFERENCE_LENGTH = 128
 
-@partial(jax.jit, static_argnames="entropy_roles")
+
+@partial(jax.jit, static_argnames=("entropy_roles", "reference_length"))
 def sieve_scores(
     attentions: jax.Array,
     real: jax.Array,
@@ -21,6 +27,7 @@ def sieve_scores(
     row_weights: jax.Array | None = None,
     entropy_roles: tuple[bool, ...] = (),
     key_weights: jax.Array | None = None,
+    reference_length: int | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Mean sieve bias score over each sequence's scored rows.
 
@@ -45,6 +52,12 @@ def sieve_scores(
     over the same row, so that division cancels and is never made: no renormalised tensor, and
     the same passes over the attention as without key weights. A row whose weighted sum is 0 scores
     NaN, as its renormalised row (0: `bertjax.model.norm_weighted`) does.
+
+    `reference_length` N (`REFERENCE_LENGTH` for `--score share`): the row mass is divided by N
+    instead of n_b, so each row scores share(t) · N / |S(t)|, share(t) = Σ_{s∈S(t)} α(t,s) /
+    Σ_{s real} α(t,s): its share on the sieve against the chance level |S(t)| / N, which does not
+    depend on the sequence (β = share(t) · n_b / |S(t)|). The entropy factor still comes from the
+    row renormalised over its real keys.
     """
     dtype = jnp.promote_types(attentions.dtype, jnp.float32)
     attentions = attentions.astype(dtype)
@@ -61,7 +74,11 @@ def sieve_scores(
         keys = key_weights.astype(dtype) * real_f[None, :, None, :]
         row_mass = jnp.einsum("lbhts,lbhs->lbht", attentions, keys, precision=jax.lax.Precision.HIGHEST)
         attentions = attentions * key_weights.astype(dtype)[..., None, :]
-    row_mass = row_mass / n[None, :, None, None]
+    if reference_length is not None and reference_length < 1:
+        raise ValueError(f"reference_length must be a positive length, got {reference_length}")
+    # β's uniform share 1 / n_b, or the fixed chance level's 1 / N.
+    scale = n if reference_length is None else jnp.full_like(n, reference_length)
+    row_mass = row_mass / scale[None, :, None, None]
     # Padding query rows are never scored; giving them a unit mass keeps their 0/0 out of the sum,
     # while a real row with zero mass still yields an honest inf/NaN.
     row_mass = jnp.where(real[None, :, None, :], row_mass, 1)
@@ -86,9 +103,9 @@ def sieve_scores(
     if any(entropy_roles):
         if len(entropy_roles) != rows.shape[0]:
             raise ValueError(f"entropy_roles has {len(entropy_roles)} entries for {rows.shape[0]} roles")
-        # relative / n is the row's attention renormalised over the real keys (scipy's `entropy`
-        # normalises the same way); padding keys hold 0 and add 0 · log 0 = 0.
-        p = relative / jnp.maximum(n, 1)[None, :, None, None, None]
+        # relative / scale is the row's attention renormalised over the real keys (scipy's
+        # `entropy` normalises the same way); padding keys hold 0 and add 0 · log 0 = 0.
+        p = relative / jnp.maximum(scale, 1)[None, :, None, None, None]
         entropy = -jax.scipy.special.xlogy(p, p).sum(-1)
         plain = [r for r, e in enumerate(entropy_roles) if not e]
         weighted = [r for r, e in enumerate(entropy_roles) if e]

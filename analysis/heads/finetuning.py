@@ -22,11 +22,18 @@ from matplotlib.figure import Figure
 
 from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tasks
 from analysis.common.figures import save_figure, select_figures, select_formats
-from analysis.common.forward import DataParallel, Devices, compiled
+from analysis.common.forward import DataParallel, Devices, at_precision, compiled
 from analysis.common.writing import write_tables_run
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
 from analysis.heads.config import ONE_READING, RolesConfig
-from analysis.heads.scoring import SCORER_BATCH_AXES, ScoreCollector, TaskScores, gather_scores, scored_batches
+from analysis.heads.scoring import (
+    SCORER_BATCH_AXES,
+    ScoreCollector,
+    TaskScores,
+    gather_scores,
+    reference_length,
+    scored_batches,
+)
 from analysis.heads.summary import layer_groups
 from bertjax import distributed, glue, runinfo
 from bertjax.errors import UserError
@@ -89,14 +96,13 @@ def post_labels(paths: Sequence[str]) -> list[str]:
 
 
 def effect_config(post: Sequence[str], data: RolesConfig) -> EffectConfig:
-    """The comparison of `data.ckpt` (--pre) with each `--post` spec; `data` holds the data and
-    output flags, its task the posts' default tasks (then the union of the posts' tasks)."""
+    """The comparison of `data.ckpt` (--pre) with each `--post` spec (at least one: the CLI
+    requires the flag, the API checks its keyword); `data` holds the data and output flags, its
+    task the posts' default tasks (then the union of the posts' tasks)."""
     if data.parser == "conllu" or data.conllu:
         # The comparison runs per GLUE task of each --post; gold trees would need a task of their own.
         raise UserError("--parser conllu / --conllu: finetune_effect compares on GLUE tasks parsed by spaCy only; "
                         "run analysis.roles --parser conllu on each checkpoint instead")  # fmt: skip
-    if not post:
-        raise UserError("--post: give at least one fine-tuned checkpoint")
     if data.attention not in ONE_READING:
         raise UserError(
             f"--attention must be one of {', '.join(ONE_READING)} in analysis.finetune_effect, got {data.attention!r}"
@@ -153,17 +159,21 @@ def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Ar
 
 
 def make_comparer(
-    pre: nnx.Module, post: nnx.Module, devices: Devices | None = None, reading: str = "weights"
+    pre: nnx.Module,
+    post: nnx.Module,
+    devices: Devices | None = None,
+    reading: str = "weights",
+    reference: int | None = None,
 ) -> DataParallel:
     """One jitted function, one forward pass of each model: β of every role, layer and head for
     both, the rows' counts, and the per-example cosine of every head's attention maps, all on
     `reading` (`--attention`: the weights or the norm-weighted attention); data parallel over
-    `devices`."""
-    compare, states = compiled(_jit_comparer, pre, post, static=(reading,))
+    `devices`. `reference` (`scoring.reference_length`): the share score instead of β."""
+    compare, states = compiled(_jit_comparer, pre, post, static=(reading, reference))
     return DataParallel(lambda states, *arrays: compare(*states, *arrays), states, devices, SCORER_BATCH_AXES)
 
 
-def _jit_comparer(pre_graph, post_graph, reading):
+def _jit_comparer(pre_graph, post_graph, reading, reference):
     @jax.jit
     def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
         real = attention_mask.astype(bool)
@@ -176,8 +186,8 @@ def _jit_comparer(pre_graph, post_graph, reading):
 
         pre_out, post_out = attend(pre_graph, pre_state), attend(post_graph, post_state)
         (a, pre_keys), (b, post_keys) = attention_rows(pre_out, reading), attention_rows(post_out, reading)
-        pre_scores, counts = sieve_scores(a, real, rows, sieves, key_weights=pre_keys)
-        post_scores, _ = sieve_scores(b, real, rows, sieves, key_weights=post_keys)
+        pre_scores, counts = sieve_scores(a, real, rows, sieves, key_weights=pre_keys, reference_length=reference)
+        post_scores, _ = sieve_scores(b, real, rows, sieves, key_weights=post_keys, reference_length=reference)
         if reading == "norms":
             # β ignores each row's scale, a whole map's cosine does not: it compares the renormalised rows.
             a, b = (jnp.stack(attention_reading(out, reading)) for out in (pre_out, post_out))
@@ -285,6 +295,7 @@ def compute(config: EffectConfig, model=None, tokenizer=None, post_models: Seque
     return _compute(prepare(config, post_models), started, model, tokenizer, post_models)
 
 
+@at_precision("data.precision")
 def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: Sequence | None) -> EffectRun:
     rc = config.data
     timings: dict[str, float] = {}
@@ -308,7 +319,7 @@ def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: 
         loaded = None if post_models is None else post_models[i]
         if loaded is None:
             loaded = from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite)
-        comparer = make_comparer(pre, loaded, devices, rc.attention)
+        comparer = make_comparer(pre, loaded, devices, rc.attention, reference_length(rc))
         for task in post.tasks:
             with distributed.all_ok("scoring"):
                 before, after, cosine = compare_task(comparer, sequences[task], rc, f"{post.label} {task}")
@@ -380,8 +391,9 @@ def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:
         lines.append(part.pivot(index="bar", columns="group", values="change").reindex(
             [b for b, _ in BARS if b in set(part["bar"])])[list(dict.fromkeys(part["group"]))].round(3).to_string())  # fmt: skip
         cos = similarity[(similarity["post_ckpt"] == label) & (similarity["task"] == task)]
-        by_layer = cos.groupby("layer")["cosine"].mean().round(3).to_dict()
-        lines.append(f"attention cosine similarity, mean per layer: {by_layer}")
+        by_layer = cos.groupby("layer")["cosine"].mean().round(3).rename("cosine").to_frame().T
+        lines.append("attention cosine similarity (pre vs post), mean over each layer's heads:")
+        lines.append(by_layer.rename_axis(columns="layer").to_string())
     return "\n".join(lines)
 
 

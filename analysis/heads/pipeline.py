@@ -19,7 +19,7 @@ import pandas as pd
 from analysis.common.examples import Inputs, fit_max_length, prepare_inputs
 from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
 from analysis.common.flags import attention_readings
-from analysis.common.forward import Devices
+from analysis.common.forward import Devices, at_precision
 from analysis.heads import readings as second_readings
 from analysis.heads import summary
 from analysis.heads.config import ROLES_FIGURES, RolesConfig, config_tasks
@@ -30,6 +30,7 @@ from analysis.heads.scoring import (
     entropy_roles,
     gather_scores,
     make_scorer,
+    reference_length,
     score_arrays,
     score_readings,
     test_roles,
@@ -93,6 +94,7 @@ def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[R
     return result, info
 
 
+@at_precision()
 def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, started: float | None = None) -> RolesRun:
     """The whole analysis in memory; writes nothing (the parse cache aside).
 
@@ -114,7 +116,7 @@ def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, starte
         tokenizer = load_tokenizer(config.ckpt, step=config.step)
     devices = Devices.local(config.devices)
     readings = attention_readings(config.attention)
-    scorer = make_scorer(model, entropy_roles(config), devices, readings)
+    scorer = make_scorer(model, entropy_roles(config), devices, readings, reference_length(config))
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, model.config.max_sequence_length)
 

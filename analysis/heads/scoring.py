@@ -26,7 +26,7 @@ from bertjax.model import attention_rows
 from sieves import stats
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch, present_roles
-from sieves.kernel import sieve_scores
+from sieves.kernel import REFERENCE_LENGTH, sieve_scores
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +50,35 @@ def entropy_roles(config: RolesConfig) -> tuple[bool, ...]:
     return tuple(role == "block" and config.block_score == "entropy" for role in config.roles)
 
 
+def reference_length(config: RolesConfig) -> int | None:
+    """The kernel's `reference_length` for `--score`: None for β, the fixed chance level's length
+    for `share`."""
+    return REFERENCE_LENGTH if config.score == "share" else None
+
+
 def make_scorer(
     model: nnx.Module,
     entropy: tuple[bool, ...] = (),
     devices: Devices | None = None,
     readings: tuple[str, ...] = ("weights",),
+    reference: int | None = None,
 ) -> DataParallel:
     """One jitted function: forward pass with attentions, then β for every role/layer/head
     (times the row entropy for the roles `entropy` marks); data parallel over `devices`.
     `readings` (`analysis.common.flags.attention_readings`): β of each from the same forward
-    pass; with more than one, the scores gain a leading reading axis."""
+    pass; with more than one, the scores gain a leading reading axis. `reference`
+    (`reference_length(config)`): score the share against that length's chance level instead."""
     # One compiled function per architecture: tracking a run compiles once.
     score, (state,) = compiled(_jit_scorer, model, static=(readings,))
-    return DataParallel(partial(score, entropy_roles=entropy), state, devices, SCORER_BATCH_AXES)
+    return DataParallel(
+        partial(score, entropy_roles=entropy, reference_length=reference), state, devices, SCORER_BATCH_AXES
+    )
 
 
 def _jit_scorer(graphdef, readings):
-    @partial(jax.jit, static_argnames="entropy_roles")
-    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves, row_weights=None, entropy_roles=()):
+    @partial(jax.jit, static_argnames=("entropy_roles", "reference_length"))
+    def score(state, input_ids, attention_mask, token_type_ids, rows, sieves, row_weights=None, entropy_roles=(),
+              reference_length=None):  # fmt: skip
         out = nnx.merge(graphdef, state)(
             input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms="norms" in readings
         )
@@ -75,7 +86,9 @@ def _jit_scorer(graphdef, readings):
         scored = []
         for reading in readings:
             attentions, key_weights = attention_rows(out, reading)
-            scored.append(sieve_scores(attentions, real, rows, sieves, row_weights, entropy_roles, key_weights))
+            scored.append(
+                sieve_scores(attentions, real, rows, sieves, row_weights, entropy_roles, key_weights, reference_length)
+            )
         if len(scored) == 1:
             return scored[0]
         # The counts are the masks', the same for every reading.
