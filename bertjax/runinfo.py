@@ -58,7 +58,8 @@ def input_sha256(path: Path) -> str:
     return _PARSED.get(Path(path).resolve()) or sha256(path)
 
 
-def _git(*args: str) -> str | None:
+def _git_output(*args: str) -> bytes | None:
+    """What `git ARGS` run in this checkout prints, as bytes; None if git fails or is missing."""
     try:
         out = subprocess.run(
             # --no-optional-locks: `git status` would otherwise refresh the index under
@@ -67,13 +68,17 @@ def _git(*args: str) -> str | None:
             ["git", "--no-optional-locks", *args],
             cwd=Path(__file__).parent,
             capture_output=True,
-            text=True,
             timeout=5,
             check=False,
         )
-    except OSError:
+    except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() if out.returncode == 0 else None
+    return out.stdout if out.returncode == 0 else None
+
+
+def _git(*args: str) -> str | None:
+    out = _git_output(*args)
+    return None if out is None else out.decode(errors="replace").strip()
 
 
 def git_commit() -> str | None:
@@ -87,6 +92,15 @@ def git_dirty() -> bool | None:
     return None if status is None else bool(status)
 
 
+def git_diff_sha256() -> str | None:
+    """The sha256 of `git diff HEAD --binary` (the tracked files' uncommitted changes; external
+    diff drivers, text conversion and colour off, so the same tree hashes the same for any user's
+    git config): with the commit, it names the code that ran. None when the checkout is clean or
+    this is not one."""
+    diff = _git_output("diff", "HEAD", "--binary", "--no-ext-diff", "--no-textconv", "--no-color")
+    return hashlib.sha256(diff).hexdigest() if diff else None
+
+
 def versions() -> dict[str, str | None]:
     found: dict[str, str | None] = {"python": platform.python_version()}
     for name in PACKAGES:
@@ -96,6 +110,7 @@ def versions() -> dict[str, str | None]:
             found[name] = None
     found["git_commit"] = git_commit()
     found["git_dirty"] = git_dirty()
+    found["git_diff_sha256"] = git_diff_sha256()
     return found
 
 

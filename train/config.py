@@ -17,6 +17,7 @@ import math
 from bertjax import cli
 from bertjax.errors import UserError
 from bertjax.mesh_config import MeshConfig
+from bertjax.precision import TRAINING_PRECISIONS
 from bertjax.settings import describe_keys, setting
 from sieves.builders import DEFAULT_ROLES
 
@@ -120,11 +121,25 @@ class PrepareConfig:
 
 # -- the model, the loop, the optimizer, the checkpoints ----------------------------------------
 
+# Beside each compute dtype: the precision of the matrix products (bertjax.precision,
+# docs/precision.md). "default" is what every run trained with before the setting existed.
+MATMUL_PRECISION_HELP = (
+    "the matrix products: default (JAX's: float32 on a CPU, TF32 on recent NVIDIA GPUs), float32 (true float32 on "
+    "every device), tf32, or bfloat16 (bfloat16 operands, float32 sums); for the step, the held-out evaluation "
+    "and the probes"
+)
+
+
+def check_matmul_precision(value: str, key: str) -> None:
+    if value not in TRAINING_PRECISIONS:
+        raise UserError(f"{key}: {value!r} is not one of {', '.join(TRAINING_PRECISIONS)}")
+
 
 @dataclasses.dataclass
 class ModelSettings:
     preset: str = setting("tiny", help="model size: tiny, mini, small, medium, base or large (bertjax.config.PRESETS)")
     dtype: str = setting("auto", help="compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU), float32, bfloat16 or float16")  # fmt: skip
+    matmul_precision: str = setting("default", help=MATMUL_PRECISION_HELP)
     max_position_embeddings: int = setting(512, help="learned positions: the longest sequence the model takes")
     hidden_dropout_prob: float = setting(0.1, help="dropout of the embeddings and of every layer's outputs")
     attention_probs_dropout_prob: float = setting(0.1, help="dropout of the attention weights")
@@ -139,6 +154,9 @@ class ModelSettings:
     position_embedding_init: str = setting(
         "normal", help="normal (BERT) or sinusoidal: how the position embeddings start (learned either way)"
     )
+
+    def __post_init__(self) -> None:
+        check_matmul_precision(self.matmul_precision, "model.matmul_precision")
 
 
 @dataclasses.dataclass
@@ -366,6 +384,7 @@ class FinetuneConfig:
     seeds: int = setting(1, help="runs with seeds train.seed, +1, …, reported as mean ± std (--seeds)")
     best_metric: str | None = setting(None, help="the metric that picks the best checkpoint; null: the task's own, F1 for MRPC and QQP, else accuracy")  # fmt: skip
     dtype: str = setting("auto", help="compute dtype: auto (bfloat16 on GPU/TPU, float32 on CPU), float32, bfloat16 or float16")  # fmt: skip
+    matmul_precision: str = setting("default", help=MATMUL_PRECISION_HELP)
     data: DataSettings = setting(default_factory=DataSettings, help="the task's examples and their batches")
     train: FinetuneLoop = setting(default_factory=FinetuneLoop, help="the training loop")
     optimizer: OptimizerConfig = setting(
@@ -374,6 +393,9 @@ class FinetuneConfig:
     )
     mesh: MeshConfig = setting(default_factory=MeshConfig, help="how the devices split into the mesh's axes")
     checkpoint: FinetuneCheckpoints = setting(default_factory=FinetuneCheckpoints, help="which steps are kept besides the last and the best")  # fmt: skip
+
+    def __post_init__(self) -> None:
+        check_matmul_precision(self.matmul_precision, "matmul_precision")
 
 
 def keys_help(schema: type, note: str = "") -> str:

@@ -268,6 +268,7 @@ def finetune(
         mesh=mesh,
         run_config=run_config,
         tokenizer=TOKENIZER_DIR,
+        matmul_precision=config.matmul_precision,
     )
 
     def make_data(position):

@@ -338,6 +338,7 @@ def train_phases(
             run_config=run_config,
             tokenizer=TOKENIZER_DIR,
             start_step=start,
+            matmul_precision=config.model.matmul_precision,
         )
         start = trainer.end
         if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:

@@ -29,6 +29,7 @@ from bertjax import checkpoint as ckpt
 from bertjax import cli, sharding
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
+from bertjax.precision import matmul_precision
 from bertjax.pretrained import from_pretrained
 from bertjax.progress import tqdm
 from train.checkpoints import OPT_SIGNATURE, Checkpointer, abstract_with_shardings, tree_signature
@@ -121,10 +122,13 @@ class Trainer:
         run_config: dict[str, Any],
         tokenizer: str,
         start_step: int = 0,
+        matmul_precision: str = "default",
     ):
         """`start_step`: where this phase begins in a multi-phase run (its steps continue the
-        previous phase's; its optimizer and learning-rate schedule start afresh)."""
+        previous phase's; its optimizer and learning-rate schedule start afresh).
+        `matmul_precision`: the matrix products' (`bertjax.precision`), for everything `run` computes."""
         check_batch(loop, mesh)
+        self.matmul_precision = matmul_precision
         self.workdir = Path(workdir)
         self.config = model_config
         self.model_cls = model_cls
@@ -317,7 +321,13 @@ class Trainer:
         }
         self.checkpointer.save(step, state["params"], state["opt_state"], trainer, self.meta, metrics)
 
-    def run(
+    def run(self, make_data: Callable[[dict[str, Any] | None], DataIterator], **hooks: Any) -> Outcome:
+        """`_run` under the run's matrix-product precision: the step, the evaluations and the
+        probes are traced with it at their first call (jit keys its cache on it)."""
+        with matmul_precision(self.matmul_precision):
+            return self._run(make_data, **hooks)
+
+    def _run(
         self,
         make_data: Callable[[dict[str, Any] | None], DataIterator],
         evaluate: Callable[[int, dict[str, jax.Array]], dict[str, float]] | None = None,

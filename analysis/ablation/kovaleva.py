@@ -44,7 +44,7 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import select_formats
-from analysis.common.forward import Devices, compiled, padded_batches
+from analysis.common.forward import Devices, at_precision, compiled, padded_batches
 from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -315,6 +315,7 @@ def _classifier_analyses(
     return result
 
 
+@at_precision()
 def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, tokenizer, compare) -> KovalevaRun:
     timings: dict[str, float] = {}
     clock = time.perf_counter()

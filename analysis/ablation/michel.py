@@ -25,7 +25,7 @@ from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.ablation.options import MichelConfig
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import select_formats
-from analysis.common.forward import Devices
+from analysis.common.forward import Devices, at_precision
 from analysis.common.writing import write_tables_run
 from bertjax import runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
@@ -172,6 +172,7 @@ def write(result: MichelRun, directory: Path) -> dict:
     return write_tables_run(result, directory)
 
 
+@at_precision()
 def _compute(config: MichelConfig, started: float, model, tokenizer) -> MichelRun:
     timings: dict[str, float] = {}
     task, metric = config.task, config.metric_name

@@ -16,6 +16,7 @@ from analysis.common.flags import (
     nonfinite_setting,
     out_setting,
     overwrite_setting,
+    precision_setting,
     step_setting,
 )
 from bertjax import cli, glue
@@ -54,6 +55,7 @@ class KovalevaConfig:
     figure_format: str = figure_format_setting()
     devices: int | None = devices_setting()
     allow_nonfinite: bool = nonfinite_setting()
+    precision: str = precision_setting()
 
     def __post_init__(self) -> None:
         check(self)
@@ -96,6 +98,7 @@ class MichelConfig:
     figure_format: str = figure_format_setting()
     devices: int | None = devices_setting()
     allow_nonfinite: bool = nonfinite_setting()
+    precision: str = precision_setting()
 
     def __post_init__(self) -> None:
         check(self)

@@ -19,6 +19,7 @@ from analysis.common.flags import (
     nonfinite_setting,
     out_setting,
     overwrite_setting,
+    precision_setting,
     step_setting,
 )
 from bertjax.errors import UserError
@@ -104,6 +105,7 @@ class ClarkConfig:
     allow_nonfinite: bool = nonfinite_setting()
     # What the surface and cluster analyses read (`--attention`, docs/attention-norms.md).
     attention: str = attention_setting(ONE_READING)
+    precision: str = precision_setting()
 
     def __post_init__(self) -> None:
         check(self)

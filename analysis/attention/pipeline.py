@@ -22,6 +22,7 @@ from analysis.attention.options import ANALYSES, ClarkConfig  # noqa: F401 — t
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
 from analysis.common.figures import save_figure, select_formats
+from analysis.common.forward import at_precision
 from analysis.common.writing import write_tables_run
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
@@ -218,6 +219,7 @@ class _Collected:
     timings: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
+@at_precision()
 def _compute(config: ClarkConfig, source, gradients_ok: bool, model, tokenizer, started: float) -> ClarkRun:
     got = _Collected()
     wanted = wanted_analyses(config, source, gradients_ok, got.results, got.lines)

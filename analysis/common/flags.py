@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertjax.errors import UserError
+from bertjax.precision import MATMUL_PRECISIONS
 from bertjax.settings import setting
 
 # PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
@@ -97,6 +98,13 @@ def distributed_setting() -> Any:
 
 def nonfinite_setting() -> Any:
     return setting(False, help="analyse a checkpoint whose weights hold NaN or ±Inf (with a warning) instead of refusing it")  # fmt: skip
+
+
+def precision_setting() -> Any:
+    return setting("float32", choices=tuple(MATMUL_PRECISIONS),
+                   help="the model's matrix products: float32 (true float32 on every device), tf32 or bfloat16 "
+                        "(bfloat16 operands, float32 sums): faster on GPUs, the same as float32 on a CPU "
+                        "(docs/precision.md)")  # fmt: skip
 
 
 def attention_help(sources: Sequence[str]) -> str:

@@ -6,13 +6,16 @@ data parallel over this process's devices: the model replicated on each, every b
 its batch axis, the rows rounded up to a multiple of the device count (padding rows, like the
 last batch's, hold no example and their outputs are dropped), so a result does not depend on how
 many devices computed it beyond the order of float32 sums. `compiled` keeps every jitted forward
-once per architecture in a process, so that no call compiles what an earlier one did.
+once per architecture in a process, so that no call compiles what an earlier one did. `at_precision`
+runs a tool's computation under its `--precision`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
+import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -21,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from bertjax import cli, sharding
+from bertjax.precision import matmul_precision
 from bertjax.progress import tqdm
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
 
@@ -30,6 +34,25 @@ log = logging.getLogger(__name__)
 # the process, since each load makes a fresh graphdef and a jit built around it compiles anew (a
 # notebook re-running a cell, a series' checkpoints, the evaluators of one run).
 _COMPILED: dict[tuple, Any] = {}
+
+
+def at_precision(setting: str = "precision") -> Callable[[Callable], Callable]:
+    """A tool's computation `compute(config, ...)` run under the matrix-product precision its
+    config names at `setting` (a dotted attribute: "precision", "roles.precision"), so every
+    forward pass in it is traced and dispatched under it: jit keys its cache on the precision, and
+    a function compiled by an earlier call under another is not reused. Applied to the one function
+    of each tool that its CLI's path and its API call both go through."""
+    read = operator.attrgetter(setting)
+
+    def wrap(compute: Callable) -> Callable:
+        @functools.wraps(compute)
+        def under_precision(config, *args, **kwargs):
+            with matmul_precision(read(config)):
+                return compute(config, *args, **kwargs)
+
+        return under_precision
+
+    return wrap
 
 
 def padded_batches(
