@@ -149,6 +149,20 @@ def test_group_means_average_heads_and_fine_roles():
     assert "block" not in set(table.index.get_level_values("bar"))
 
 
+def test_the_printed_cosines_are_a_table_by_layer():
+    """Issue 52: the cosine summary was printed as a Python dict (`{0: 0.998, 1: 0.998}`)."""
+    changes = pd.DataFrame({"post_ckpt": "ft", "task": "mrpc", "bar": "local", "group": ["initial", "final"],
+                            "change": [-0.01, 0.02]})  # fmt: skip
+    similarity = pd.DataFrame({"post_ckpt": "ft", "task": "mrpc", "layer": [0, 0, 1, 1], "head": [0, 1, 0, 1],
+                               "cosine": [1.0, 0.99, 0.5, 0.7]})  # fmt: skip
+    lines = finetuning.format_changes(changes, similarity).splitlines()
+    assert lines[-3:] == [
+        "attention cosine similarity (pre vs post), mean over each layer's heads:",
+        "layer       0    1",
+        "cosine  0.995  0.6",
+    ]
+
+
 def test_post_specs_and_labels(tmp_path):
     assert finetuning.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
     assert finetuning.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))

@@ -175,6 +175,52 @@ def test_summarize_matches_hand_computed_percentages(synthetic) -> None:
     assert "block not tested" in text and "n/a (no syntactic heads)" in text
 
 
+def _enumerated_spearman_p(x, y) -> float:
+    """The exact two-sided p by brute force: scipy's ρ of every pairing of y with x, against the
+    observed |ρ| (1e-12: the same ρ computed from two pairings differs only by rounding, and
+    distinct values of ρ over n ≤ 10 points differ by at least 12 / (n³ − n) of their range)."""
+    observed = abs(stats.spearmanr(x, y).statistic)
+    pairings = [
+        abs(stats.spearmanr(x, np.asarray(y)[list(p)]).statistic) for p in itertools.permutations(range(len(y)))
+    ]
+    return float(np.mean(np.array(pairings) >= observed - 1e-12))
+
+
+def _enumerated_spearman_p_vectorised(x, y) -> float:
+    """The same enumeration for n = 9 (362880 pairings), as Pearson's r of the ranks, in float64."""
+    rx, ry = stats.rankdata(x), stats.rankdata(y)
+    pairings = ry[np.array(list(itertools.permutations(range(len(y)))), dtype=np.int8)]
+    centred = pairings - pairings.mean(1, keepdims=True)
+    rho = centred @ (rx - rx.mean()) / (np.linalg.norm(centred, axis=1) * np.linalg.norm(rx - rx.mean()))
+    return float(np.mean(np.abs(rho) >= abs(stats.spearmanr(x, y).statistic) - 1e-12))
+
+
+def test_spearman_p_of_few_heads_is_the_exact_permutation_p() -> None:
+    """Issue 52: 4 heads in perfect order printed `p = 0` (scipy's t approximation, whose t is
+    infinite at ρ = 1); the exact two-sided p is 2 / 4! = 0.083. Up to 10 heads the p is the share
+    of all n! pairings whose |ρ| reaches the observed one (ties keep their average ranks)."""
+    from analysis.heads.summary import spearman
+
+    four = spearman(np.array([1.0, 2.0, 3.0, 4.0]), np.array([0.1, 0.5, 0.7, 0.9]))
+    assert (four.rho, four.p_value, four.n_heads) == (1.0, 2 / 24, 4)  # a one-sided p would be 1 / 24
+    rng = np.random.default_rng(0)
+    cases = [rng.normal(size=(2, n)) for n in (3, 5, 7)]
+    cases.append(np.array([[1.0, 1.0, 2.0, 3.0, 3.0, 4.0], [2.0, 1.0, 1.0, 5.0, 4.0, 4.0]]))  # ties in both
+    cases.append(np.array([[0.3, 0.1, 0.2, 0.5, 0.4, 0.7], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]]))
+    for x, y in cases:
+        assert spearman(x, y).p_value == _enumerated_spearman_p(x, y)
+    x, y = rng.normal(size=(2, 9))
+    y[:3] = y[0]  # ties again, past the size the scipy loop can enumerate quickly
+    assert spearman(x, y).p_value == pytest.approx(_enumerated_spearman_p_vectorised(x, y), abs=1e-15)
+    # Past the exact bound, scipy's t approximation (test_summarize_matches_hand_computed_percentages, 12 heads).
+    x, y = rng.normal(size=(2, 11))
+    assert spearman(x, y).p_value == stats.spearmanr(x, y).pvalue
+    assert format_summary(summarize(pd.DataFrame([
+        {"task": "t", "layer": 0, "head": h, "role": role, "mean": m, "p_value": 0.5, "assigned": False}
+        for h in range(4) for role, m in (("local", h + 1.0), ("syntactic", 0.1 * h))
+    ]))).splitlines()[-1] == "  Spearman rho(local, syntactic mean beta): +1.000 (p = 0.083, 4 heads)"  # fmt: skip
+
+
 def test_a_role_without_any_p_value_counts_as_untested_not_as_zero_percent(synthetic) -> None:
     """n < 2 leaves every head of a role without a test: its coarse role is "not tested", and with
     nothing tested no head counts as unskilled."""

@@ -88,7 +88,8 @@ def test_track_refuses_steps_and_shard_in_another_form(keywords, message, tmp_pa
 
 
 def test_finetune_effect_needs_a_post_checkpoint(tmp_path):  # 1.42
-    with pytest.raises(UserError, match=r"^--post: give at least one fine-tuned checkpoint$"):
+    # Named as the caller typed it: the keyword `post` (issue 52: the line named the CLI's `--post`).
+    with pytest.raises(UserError, match=r"^post: give at least one fine-tuned checkpoint$"):
         api.finetune_effect(str(tmp_path), [])
 
 

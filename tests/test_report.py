@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -75,7 +76,10 @@ def track_run(work, shared_data) -> Path:
 
 
 def _page_data(page: Path) -> dict:
-    text = page.read_text()
+    return _page_data_from(page.read_text())
+
+
+def _page_data_from(text: str) -> dict:
     start = text.index('id="report-data">') + len('id="report-data">')
     return json.loads(text[start : text.index("</script>", start)])
 
@@ -230,6 +234,25 @@ def test_bad_input_gives_one_line_and_no_page(case, expected, roles_run, tmp_pat
     assert not (target / "report.html").exists()
 
 
+def test_every_setting_a_page_reads_is_in_its_data(roles_run, track_run, work):
+    """Issue 52: every head card's bound column read `one-sided NaN% bound`: the page read
+    `D.settings.alpha`, which no page's data holds (α is the data's `alpha`). Checked for each kind
+    of page: a roles report, a track report, and the notebook's inline head view."""
+    from analysis import api
+
+    out, model = roles_run
+    view = api.head_view(str(model), "The cat sat on the mat.", layer=0, head=0, role="local",
+                         cache_dir=str(work / "parses"))  # fmt: skip
+    pages = {"roles": (out / "report.html").read_text(), "track": (track_run / "report.html").read_text(),
+             "head view": view.html}  # fmt: skip
+    for name, text in pages.items():
+        data = _page_data_from(text)
+        # `attention` is named only off its default (a weights run's page is the page it always was).
+        read = set(re.findall(r"D\.settings\.(\w+)", text)) - {"attention"}
+        assert read and read <= set(data["settings"]), (name, read - set(data["settings"]))
+        assert data["alpha"] == 0.05, name
+
+
 # -- in a browser ------------------------------------------------------------------------------
 
 
@@ -277,6 +300,17 @@ def test_clicking_a_head_shows_the_numbers_of_roles_csv(browser, roles_run):
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg line")
     browser.find_element(By.CSS_SELECTOR, '#card-examples .tok[data-token="3"]').click()
     assert browser.find_elements(By.CSS_SELECTOR, "#card-examples svg rect")
+
+
+def test_the_bound_column_names_its_confidence(browser, roles_run, track_run):
+    """Issue 52: `one-sided NaN% bound` on every head card, of roles and track reports alike."""
+    from selenium.webdriver.common.by import By
+
+    for page in (roles_run[0] / "report.html", track_run / "report.html"):
+        _open(browser, page)
+        browser.find_element(By.CSS_SELECTOR, '#grid .cell[data-layer="1"][data-head="0"]').click()
+        header = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#card-stats th")]
+        assert "one-sided 95% bound" in header, (page, header)
 
 
 def test_the_first_view_opens_a_head_and_colours_by_a_role_that_splits_the_heads(browser, roles_run):

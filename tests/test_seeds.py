@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+import re
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+from test_track import write_run
 
 from analysis import track
-from analysis.heads import onset, seeds
+from analysis.heads import onset, seeds, tracking
 from bertjax.errors import UserError
 
 STEPS = [1, 10, 100, 1000]
@@ -85,3 +90,71 @@ def test_a_contrast_compares_every_pair_of_seeds():
 def test_a_contrast_where_no_pair_has_the_quantity():
     got = seeds.contrast(_intervals((1100, 1000, 1200)), _intervals((np.nan, np.nan, np.nan)))
     assert got["pairs"] == 0 and np.isnan(got["difference_median"]) and got["seeds_second"] == 0
+
+
+def test_the_across_seed_lines_print_counts_as_integers(tmp_path):
+    """Issue 52: `onset none in 0.0 of 2.0 seeds` (the seed-"all" columns are floats in the table,
+    where the per-seed rows leave them empty)."""
+    _write_seed(tmp_path / "s0", {0: [False, False, False, True], 1: [False, False, False, False]}, (10, 1, 10))
+    _write_seed(tmp_path / "s1", {0: [False, False, False, False], 1: [False, False, False, True]}, (10, 1, 10))
+    table, _ = seeds.summarize({name: tmp_path / name for name in ("s0", "s1")})
+    line = tracking.seeds_text(table, 2).splitlines()[1]
+    assert line == "  mrpc prev: onset none in 0 of 2 seeds; heads at last step 1 [1, 1]"
+
+
+def _seed_flags(shared_data, parse_cache) -> list[str]:
+    return ["--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "8", "--batch-size", "8",
+            "--max-length", "32", "--cache-dir", str(parse_cache), "--bootstrap", "0"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def seed_runs(tmp_path_factory, shared_data) -> list[Path]:
+    root = tmp_path_factory.mktemp("seeds")
+    return [write_run(root / f"s{i}", shared_data, (1, 3)) for i in range(2)]
+
+
+def test_the_summary_never_replaces_files_it_did_not_write(seed_runs, shared_data, tmp_path, cli_error):
+    """Issue 52's data loss: a user's `seeds_onsets.csv` and `mrpc_seeds.png` in `--out` were
+    replaced without `--overwrite`; now `--out` is one output, written as a one-run track's is."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / seeds.SEEDS_CSV).write_text("mine\n")
+    (out / "mrpc_seeds.png").write_bytes(b"my figure")
+    argv = ["--run", str(seed_runs[0]), "--run", str(seed_runs[1]), "--out", str(out), "--figures", "onset",
+            *_seed_flags(shared_data, tmp_path / "parses")]  # fmt: skip
+    for overwrite in ([], ["--overwrite"]):
+        message = cli_error(track.main, [*argv, *overwrite])
+        assert message.startswith(f"error: --out {out} is not an earlier {tracking.SEEDS_OUTPUT}")
+    assert (out / seeds.SEEDS_CSV).read_text() == "mine\n" and (out / "mrpc_seeds.png").read_bytes() == b"my figure"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no cache, lock or temporary made
+
+
+def test_an_across_seed_output_is_written_whole_and_replaced_by_its_next_run(seed_runs, shared_data, tmp_path, capsys):
+    out = tmp_path / "out"
+    argv = ["--run", str(seed_runs[0]), "--run", str(seed_runs[1]), "--out", str(out), "--figures", "onset",
+            *_seed_flags(shared_data, tmp_path / "parses")]  # fmt: skip
+    track.main(argv)
+    first = capsys.readouterr().out
+    assert "from the cache" in first and re.search(r"in \d+ of 2 seeds", first), first
+    assert (out / seeds.SEEDS_CSV).is_file() and (out / "mrpc_seeds.png").is_file()
+    assert (out / "s0" / "track.csv").is_file() and (out / "s1" / "track.csv").is_file()
+    # Each run's run.json names where its output is, not the temporary it was written into.
+    assert json.loads((out / "s1" / "run.json").read_text())["config"]["roles"]["out"] == str(out / "s1")
+    # The steps' scores are cached beside --out (not inside it, which the next run replaces).
+    assert sorted(p.name for p in (tmp_path / "out.cache").iterdir()) == ["s0", "s1"]
+    (out / "stale.txt").write_text("gone with the output it was put in")
+    track.main(argv)  # the same command again: its own kind of output, replaced, every step from the cache
+    again = capsys.readouterr().out
+    assert "track: 2 checkpoints, 2 from the cache" in again
+    assert not (out / "stale.txt").exists() and (out / seeds.SEEDS_CSV).is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.cache", "parses"]
+
+
+def test_one_run_given_twice_is_one_error(seed_runs, monkeypatch, cli_error, tmp_path):
+    """Issue 52: `--run RUN --run ./RUN` counted as two seeds."""
+    monkeypatch.chdir(seed_runs[0].parent)
+    out = tmp_path / "out"
+    message = cli_error(track.main, ["--run", "s0", "--run", "./s0/", "--out", str(out)])
+    assert message == (f"error: --run {seed_runs[0]} is given twice (as s0 and ./s0/); "
+                       "each seed's run once")  # fmt: skip
+    assert not out.exists()

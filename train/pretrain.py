@@ -39,6 +39,12 @@ def main(argv: list[str] | None = None) -> None:
 
     config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
     run(config, Path(args.workdir), args.prepare_only)
+    import jax
+
+    from train.checkpoints import saved_line
+
+    if not args.prepare_only and jax.process_index() == 0:
+        print(saved_line(Path(args.workdir)))
 
 
 def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> dict[str, Any]:

@@ -186,7 +186,7 @@ function openCard(l, h) {
 function cellTd(tr, field, value, text) { const td = el("td", { "data-field": field }, text); if (value !== null && value !== undefined) td.dataset.value = String(value); tr.appendChild(td); }
 function statsTable(l, h) {
   const st = headStats(S.task, l, h, S.step), t = $("card-stats"); t.innerHTML = "";
-  const head = el("tr"); for (const c of ["role", "mean β", "95% CI", `one-sided ${fmt(100 * (1 - D.settings.alpha))}% bound`, "t", "p", `p adjusted (${D.settings.correction})`, "n", "held"]) head.appendChild(el("th", {}, c));
+  const head = el("tr"); for (const c of ["role", "mean β", "95% CI", `one-sided ${fmt(100 * (1 - D.alpha))}% bound`, "t", "p", `p adjusted (${D.settings.correction})`, "n", "held"]) head.appendChild(el("th", {}, c));
   t.appendChild(head);
   for (const role of Object.keys(st)) {
     const s = st[role], tr = el("tr", { "data-role": role }); if (s.assigned) tr.className = "held";
