@@ -271,7 +271,7 @@ def test_events_are_the_same_at_any_tau_while_the_onsets_move(monkeypatch, share
     _planted_scoring(monkeypatch)
     steps = (1, 3, 10, 31, 96)
     run = write_run(tmp_path / "run", shared_data, steps)
-    _write_heldout(run, steps)
+    _write_heldout(run, sorted({*steps, 2, 5, 7, 15, 20, 45, 60, 80}))
     outs = {}
     for tau in ("3", "5"):
         outs[tau] = tmp_path / f"tau{tau}"
@@ -290,11 +290,20 @@ def test_events_are_the_same_at_any_tau_while_the_onsets_move(monkeypatch, share
     leads = pd.read_csv(outs["3"] / events.LEAD_LAG_CSV)
     assert leads["joint"].all() and set(leads["event"]) == set(events.EVENTS)
     assert set(leads["relation"]) <= {"before", "overlapping", "after"}
+    # Every interval of lead_lag.csv regenerates from the replicates stored beside it.
+    found, curve = events.load_lead_lag_replicates(outs["3"] / events.LEAD_LAG_REPLICATES)
+    again = events.lead_lag(found, curve, "heldout_mlm_loss")
+    pd.testing.assert_frame_equal(again, leads, check_dtype=False)
+    curve_onsets = pd.read_csv(outs["3"] / "curve_onsets.csv").set_index("curve")
+    assert curve_onsets.loc["heldout_mlm_loss", "interval_from"] == "sequences"
+    robust = pd.read_csv(outs["3"] / "robustness.csv")
+    assert set(robust["tau"]) == {2.0, 3.0, 5.0, 8.0} and set(robust["reading"]) == {"onset", "rise_start", "rise_50"}
+    assert set(robust.loc[robust["reading"] == "onset", "cap"]) == {3, 4, 5, 6}
 
 
 def _write_heldout(run, steps, sequences=40):
-    """metrics.jsonl's held-out rows and the per-sequence sums behind them: a loss falling around
-    step 20, each sequence with its own difficulty."""
+    """metrics.jsonl's held-out rows and the per-sequence sums behind them at `steps` (evaluations
+    between checkpoints too): a loss falling around step 20, each sequence with its own difficulty."""
     import json
 
     from analysis.common import heldout
@@ -309,6 +318,12 @@ def _write_heldout(run, steps, sequences=40):
         loss = (per_token * masked).astype(np.float32)
         hits = np.minimum(masked, rng.binomial(masked, 0.1 + 0.8 * step / 100)).astype(np.int32)
         np.savez(run / heldout.SEQUENCES_DIR / f"step-{step:09d}.npz", mlm_loss=loss, mlm_hits=hits, masked=masked)
-        rows.append({"step": step, "heldout_mlm_loss": float(loss.sum() / masked.sum()),
-                     "heldout_mlm_accuracy": float(hits.sum() / masked.sum()), "heldout_sequences": sequences})
+        rows.append(
+            {
+                "step": step,
+                "heldout_mlm_loss": float(loss.sum() / masked.sum()),
+                "heldout_mlm_accuracy": float(hits.sum() / masked.sum()),
+                "heldout_sequences": sequences,
+            }
+        )
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -51,6 +51,11 @@ class Changepoint:
     no_change_share: float | None = None
     # The whole fit: each segment's first evaluation (index) and slope per e-fold, in order.
     fit: tuple[tuple[int, float], ...] = ()
+    # Misfit: the lag-1 autocorrelation of the fit's residuals (near 0 for a model that fits; a
+    # residual bootstrap is then sound) and whether BIC chose the most segments allowed (the cap,
+    # not the data, decided how many).
+    residual_lag1: float = float("nan")
+    cap_bound: bool = False
 
 
 def log_steps(steps) -> np.ndarray:
@@ -162,6 +167,14 @@ def fitted_values(x: np.ndarray, y: np.ndarray, starts: np.ndarray) -> np.ndarra
     return out
 
 
+def lag1_autocorrelation(residual: np.ndarray) -> float:
+    """Σ r_i r_(i+1) / Σ r_i² of residuals in evaluation order (NaN for a perfect fit)."""
+    total = float(np.sum(residual * residual))
+    if total <= 0:
+        return float("nan")
+    return float(np.sum(residual[1:] * residual[:-1]) / total)
+
+
 def interval(first: np.ndarray, before: np.ndarray) -> tuple[int, int, float]:
     """(low, high, no_change_share) over replicates: low the 5% quantile of `before` (-1: the
     change may precede the first evaluation), high the 95% quantile of `first`; both -1 when no
@@ -179,7 +192,13 @@ def interval(first: np.ndarray, before: np.ndarray) -> tuple[int, int, float]:
 
 
 def curve_changepoint(
-    steps, values, falling: bool, replicates: int, seed: int, curve_replicates: np.ndarray | None = None
+    steps,
+    values,
+    falling: bool,
+    replicates: int,
+    seed: int,
+    curve_replicates: np.ndarray | None = None,
+    max_segments: int = MAX_SEGMENTS,
 ) -> Changepoint | None:
     """The rule on one curve, with the wild-bootstrap interval (or one from `curve_replicates`
     [R, n], the curve under resampling of its own data); None with under 2·MIN_POINTS points."""
@@ -187,20 +206,30 @@ def curve_changepoint(
     y = np.asarray(values, dtype=np.float64)[None, :]
     if y.shape[1] < 2 * MIN_POINTS or not np.all(np.isfinite(y)):
         return None
-    first, before, segments, slope = changepoints(x, y, falling)
-    chosen, starts = best_segmentation(x, -y if falling else y)
+    first, before, segments, slope = changepoints(x, y, falling, max_segments)
+    chosen, starts = best_segmentation(x, -y if falling else y, max_segments)
     begins = starts[0, : chosen[0]]
     _, slopes = segment_costs(x, y)
     ends = np.append(begins[1:] - 1, y.shape[1] - 1)
     fit = tuple((int(b), float(slopes[0, b, e])) for b, e in zip(begins, ends, strict=True))
-    point = Changepoint(int(first[0]), int(before[0]), int(segments[0]), float(slope[0]), fit=fit)
+    fitted = fitted_values(x, y[0], begins)
+    residual = y[0] - fitted
+    kmax = max(1, min(max_segments, y.shape[1] // MIN_POINTS))
+    point = Changepoint(
+        int(first[0]),
+        int(before[0]),
+        int(segments[0]),
+        float(slope[0]),
+        fit=fit,
+        residual_lag1=lag1_autocorrelation(residual),
+        cap_bound=bool(segments[0] == kmax > 1),
+    )
     if curve_replicates is None and replicates > 0:
-        fit = fitted_values(x, y[0], begins)
-        residual = y[0] - fit
+        fit = fitted
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(replicates, y.shape[1]))
         curve_replicates = fit[None, :] + signs * residual[None, :]
     if curve_replicates is None:
         return point
-    rep_first, rep_before, _, _ = changepoints(x, np.asarray(curve_replicates, np.float64), falling)
+    rep_first, rep_before, _, _ = changepoints(x, np.asarray(curve_replicates, np.float64), falling, max_segments)
     low, high, share = interval(rep_first, rep_before)
     return dataclasses.replace(point, low=low, high=high, no_change_share=share)

@@ -204,34 +204,56 @@ LEAD_LAG_COLUMNS = ["task", "group", "event", "heads", "earliest_step", "earlies
                     "curve_step", "difference", "low", "high", "relation", "joint"]  # fmt: skip
 
 
-def lead_lag(heads: Trajectories, members: np.ndarray, groups: dict[str, str], curve: Trajectories,
-             curve_name: str) -> pd.DataFrame:  # fmt: skip
-    """Per task, group of roles (`groups`: role → group) and event: the earliest event over the
-    group's member heads (`members` [m] bool: which trajectories count; a head rising in one
-    role of the group counts once per role, and the minimum takes care of it), in each replicate,
-    against the same event of `curve` (one trajectory) in the same replicate: the difference's
-    median and interval and its relation. Without the curve's replicates its point event stands
-    in for every replicate (`joint` False: the interval then holds the heads' uncertainty only)."""
+@dataclasses.dataclass(frozen=True)
+class Earliest:
+    """A role group's earliest head on one task: how many heads count, the earliest of their point
+    events [4] and, over the replicates, the earliest in each [B, 4] (steps; NaN: no head rose)."""
+
+    heads: int
+    point: np.ndarray
+    replicates: np.ndarray | None
+
+
+def group_earliest(heads: Trajectories, members: np.ndarray, groups: dict[str, str]) -> dict[tuple[str, str], Earliest]:
+    """(task, group) → the earliest event over the group's member heads (`members` [m] bool: which
+    trajectories count; `groups`: role → group), in each replicate the minimum over the heads."""
     rows = heads.rows.assign(group=heads.rows["role"].map(groups))
-    out = []
-    for (task, group), part in rows[members & rows["group"].notna().to_numpy()].groupby(["task", "group"], sort=False):
+    found = {}
+    for key, part in rows[members & rows["group"].notna().to_numpy()].groupby(["task", "group"], sort=False):
         index = part.index.to_numpy()
+        point = to_steps(np.stack([earliest(heads.point[None, index, e])[0] for e in range(len(EVENTS))]))
+        reps = None
+        if heads.replicates is not None:
+            reps = to_steps(np.stack([earliest(heads.replicates[:, index, e]) for e in range(len(EVENTS))], axis=1))
+        found[key] = Earliest(len(index), point, reps)
+    return found
+
+
+def curve_steps(curve: Trajectories) -> Earliest:
+    """One curve's events in steps, as an `Earliest` of one trajectory."""
+    reps = None if curve.replicates is None else to_steps(curve.replicates[:, 0, :])
+    return Earliest(1, to_steps(curve.point[0]), reps)
+
+
+def lead_lag(found: dict[tuple[str, str], Earliest], curve: Earliest, curve_name: str) -> pd.DataFrame:
+    """Per task, group and event: the group's earliest event against the same event of `curve`, in
+    each jointly drawn replicate: the difference's point and interval and its relation. Without the
+    curve's replicates its point event stands in for every replicate (`joint` False: the interval
+    then holds the heads' uncertainty only)."""
+    out = []
+    for (task, group), first in found.items():
         for e, event in enumerate(EVENTS):
-            point = earliest(heads.point[None, index, e])[0]
-            curve_point = curve.point[0, e]
-            row = {"task": task, "group": group, "event": event, "heads": len(index),
-                   "earliest_step": to_steps(point), "earliest_low": np.nan, "earliest_high": np.nan,
-                   "curve": curve_name, "curve_step": to_steps(curve_point), "difference": np.nan,
+            row = {"task": task, "group": group, "event": event, "heads": first.heads,
+                   "earliest_step": first.point[e], "earliest_low": np.nan, "earliest_high": np.nan,
+                   "curve": curve_name, "curve_step": curve.point[e], "difference": first.point[e] - curve.point[e],
                    "low": np.nan, "high": np.nan, "relation": "", "joint": curve.replicates is not None}  # fmt: skip
-            if heads.replicates is not None:
-                first = to_steps(earliest(heads.replicates[:, index, e]))
-                low, high, _ = quantile_interval(first[:, None])
-                against = (np.full(first.shape, to_steps(curve_point)) if curve.replicates is None
-                           else to_steps(curve.replicates[:, 0, e]))  # fmt: skip
-                _, d_low, d_high = difference(first, against)
+            if first.replicates is not None:
+                low, high, _ = quantile_interval(first.replicates[:, e : e + 1])
+                against = (np.full(first.replicates.shape[0], curve.point[e]) if curve.replicates is None
+                           else curve.replicates[:, e])  # fmt: skip
+                _, d_low, d_high = difference(first.replicates[:, e], against)
                 row |= {"earliest_low": low[0], "earliest_high": high[0], "low": d_low, "high": d_high,
                         "relation": relation_of_difference(d_low, d_high)}  # fmt: skip
-            row["difference"] = row["earliest_step"] - row["curve_step"]
             out.append(row)
     table = pd.DataFrame(out, columns=LEAD_LAG_COLUMNS)
     for column in ("earliest_step", "earliest_low", "earliest_high", "curve_step", "difference", "low", "high"):
@@ -239,23 +261,61 @@ def lead_lag(heads: Trajectories, members: np.ndarray, groups: dict[str, str], c
     return table
 
 
-def heldout_curves(heldout: pd.DataFrame | None, sequences: heldout_io.HeldOutSequences | None, steps,
-                   replicates: int, seed: int) -> dict[str, Trajectories]:  # fmt: skip
-    """The held-out curves' events over the analysed steps' window (their first to their last),
-    by name: the point from metrics.jsonl (`heldout`), the replicates from the per-sequence sums
-    the run recorded (`sequences`: its held-out sequences resampled, the same resample at every
-    evaluation; drawn from their own seed stream, replicate b beside the analysis's replicate b).
-    No replicates when the run recorded no per-sequence sums at some evaluation of the window."""
+# What lead_lag.csv's intervals are computed from, kept beside it so that they regenerate without
+# the scores cache: each group's earliest events and the reference curve's, per replicate.
+LEAD_LAG_REPLICATES = "lead_lag_replicates.npz"
+
+
+def save_lead_lag_replicates(path, found: dict[tuple[str, str], Earliest], curve: Earliest) -> None:
+    arrays = {"curve/point": curve.point}
+    if curve.replicates is not None:
+        arrays["curve/replicates"] = curve.replicates.astype(np.float32)
+    for (task, group), first in found.items():
+        arrays[f"{task}/{group}/point"] = first.point
+        arrays[f"{task}/{group}/heads"] = np.array(first.heads)
+        if first.replicates is not None:
+            arrays[f"{task}/{group}/replicates"] = first.replicates.astype(np.float32)
+    np.savez_compressed(path, **arrays)
+
+
+def load_lead_lag_replicates(path) -> tuple[dict[tuple[str, str], Earliest], Earliest]:
+    """What `save_lead_lag_replicates` stored (replicates as float32: whole steps up to 2²⁴ exact
+    enough for intervals read to whole steps)."""
+    with np.load(path, allow_pickle=False) as stored:
+        arrays = {k: stored[k] for k in stored.files}
+    curve = Earliest(1, arrays["curve/point"], arrays.get("curve/replicates"))
+    found = {}
+    for key in arrays:
+        if key.endswith("/point") and key != "curve/point":
+            task, group, _ = key.split("/")
+            reps = arrays.get(f"{task}/{group}/replicates")
+            found[(task, group)] = Earliest(int(arrays[f"{task}/{group}/heads"]), arrays[key],
+                                            None if reps is None else reps.astype(np.float64))  # fmt: skip
+    return found, Earliest(1, curve.point, None if curve.replicates is None else curve.replicates.astype(np.float64))
+
+
+def heldout_replicates(heldout: pd.DataFrame | None, sequences: heldout_io.HeldOutSequences | None,
+                       replicates: int, seed: int) -> dict[str, np.ndarray]:  # fmt: skip
+    """Each held-out curve [B, E] at every evaluation of `heldout` (metrics.jsonl's) under B resamples
+    of the held-out sequences, the same resample at every evaluation, from the per-sequence sums the
+    run recorded; drawn from a seed stream of their own, so that replicate b stands beside the
+    analysis's replicate b as a joint draw. Empty when the run recorded no sums at some evaluation."""
+    if heldout is None or sequences is None or replicates <= 0 or not np.isin(heldout.index, sequences.steps).all():
+        return {}
+    rng = np.random.default_rng([seed, zlib.crc32(b"heldout")])
+    weights = stats.resample_weights(sequences.loss.shape[1], replicates, rng)
+    at = np.searchsorted(sequences.steps, heldout.index.to_numpy())
+    loss, accuracy = heldout_io.resampled_curves(sequences, weights)
+    return {LOSS_CURVE: loss[:, at], ACCURACY_CURVE: accuracy[:, at]}
+
+
+def heldout_curves(heldout: pd.DataFrame | None, resampled: dict[str, np.ndarray], steps) -> dict[str, Trajectories]:
+    """The held-out curves' events over the analysed steps' window (their first to their last), by
+    name: the point from metrics.jsonl (`heldout`), the replicates from `heldout_replicates`."""
     if heldout is None:
         return {}
-    window = heldout[(heldout.index >= min(steps)) & (heldout.index <= max(steps))]
-    resampled = {}
-    if sequences is not None and replicates > 0 and np.isin(window.index, sequences.steps).all():
-        rng = np.random.default_rng([seed, zlib.crc32(b"heldout")])
-        weights = stats.resample_weights(sequences.loss.shape[1], replicates, rng)
-        at = np.searchsorted(sequences.steps, window.index.to_numpy())
-        loss, accuracy = heldout_io.resampled_curves(sequences, weights)
-        resampled = {LOSS_CURVE: loss[:, at], ACCURACY_CURVE: accuracy[:, at]}
+    inside = (heldout.index >= min(steps)) & (heldout.index <= max(steps))
+    window = heldout[inside]
     found = {}
     for name, falling in HELDOUT_CURVES:
         if name not in window or window[name].isna().any() or len(window) < 2:
@@ -263,5 +323,5 @@ def heldout_curves(heldout: pd.DataFrame | None, sequences: heldout_io.HeldOutSe
         reps = resampled.get(name)
         found[name] = trajectories(pd.DataFrame({"curve": [name]}), window.index.to_numpy(),
                                    window[name].to_numpy(np.float64)[:, None],
-                                   None if reps is None else reps[:, :, None], falling)  # fmt: skip
+                                   None if reps is None else reps[:, inside, None], falling)  # fmt: skip
     return found

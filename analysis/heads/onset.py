@@ -39,7 +39,8 @@ ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "status", "mean_
                  "onset_low", "onset_high", "no_onset_share", "held_at_last_share", "vs_loss"]  # fmt: skip
 CURVE_ONSETS_CSV = "curve_onsets.csv"
 CURVE_COLUMNS = ["curve", "task", "reference", "points", "segments", "changepoint_step", "changepoint_low",
-                 "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss", "fit"]  # fmt: skip
+                 "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss", "fit", "interval_from",
+                 "residual_lag1", "cap_bound"]  # fmt: skip
 LOSS_CURVE = "heldout_mlm_loss"
 ACCURACY_CURVE = "heldout_mlm_accuracy"
 SAS_CURVE = "sas"
@@ -107,10 +108,16 @@ def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: i
     found = changepoint.curve_changepoint(steps, values, falling, replicates, seed, curve_replicates)
     row = {"curve": curve, "task": task, "reference": curve == REFERENCE_CURVE, "points": int(steps.size),
            "segments": pd.NA, "changepoint_step": pd.NA, "changepoint_low": pd.NA, "changepoint_high": pd.NA,
-           "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": "", "fit": ""}  # fmt: skip
+           "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": "", "fit": "", "interval_from": "",
+           "residual_lag1": np.nan, "cap_bound": pd.NA}  # fmt: skip
     if found is None:
         return row
     row["segments"] = found.segments
+    row["residual_lag1"], row["cap_bound"] = found.residual_lag1, found.cap_bound
+    if replicates > 0 or curve_replicates is not None:
+        # Where the interval's replicates come from: resampled sequences (the data), or the fit's
+        # own residuals (a model that misfits when residual_lag1 is far from 0).
+        row["interval_from"] = "sequences" if curve_replicates is not None else "residuals"
     # Every segment of the fit, "first step: slope per e-fold": where the other changes are.
     row["fit"] = "; ".join(f"{int(steps[b])}: {rate:+.4g}" for b, rate in found.fit)
     if found.first >= 0:
@@ -131,15 +138,21 @@ def curve_onsets(
     replicates: int = 0,
     seed: int = 0,
     count_replicates: dict[tuple[str, str], np.ndarray] | None = None,
+    heldout_replicates: dict[str, np.ndarray] | None = None,
 ) -> pd.DataFrame:
     """The changepoints of the held-out MLM loss (the reference) and accuracy at every evaluation
     recorded, of the SAS and of each task's role counts, each with its interval and its relation
-    to the loss's (`count_replicates`: the counts under the paired resampling of sequences)."""
+    to the loss's (`count_replicates`: the counts under the paired resampling of sequences;
+    `heldout_replicates`: the held-out curves at every evaluation under resampling of the held-out
+    sequences, `analysis.heads.events.heldout_replicates`, which replace the residual bootstrap)."""
     rows = []
     for curve, falling in ((LOSS_CURVE, True), (ACCURACY_CURVE, False)):
         if heldout is not None and curve in heldout:
-            values = heldout[curve].dropna()
-            rows.append(curve_row(curve, "", values.index.to_numpy(), values.to_numpy(), falling, replicates, seed))
+            present = heldout[curve].notna().to_numpy()
+            values = heldout[curve][present]
+            reps = (heldout_replicates or {}).get(curve)
+            rows.append(curve_row(curve, "", values.index.to_numpy(), values.to_numpy(), falling,
+                                  replicates if reps is None else 0, seed, None if reps is None else reps[:, present]))  # fmt: skip
     if sas is not None:
         rows.append(curve_row(SAS_CURVE, "", sas.index.to_numpy(), sas.to_numpy(), False, replicates, seed))
     for task in pd.unique(track["task"]):

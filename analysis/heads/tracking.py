@@ -27,6 +27,7 @@ import pandas as pd
 from analysis.attention import sas as sas_lib
 from analysis.common import changepoint
 from analysis.common import figures as common_figures
+from analysis.common import heldout as heldout_io
 from analysis.common.examples import Inputs, check_sources, fit_max_length, prepare_inputs
 from analysis.common.figures import (
     FigureCache,
@@ -34,15 +35,23 @@ from analysis.common.figures import (
     select_figures,
     select_formats,
 )
-from analysis.common.forward import Devices
+from analysis.common.forward import Devices, at_precision
+from analysis.heads import events, intervals, onset, robustness, seeds, tracking_figures
 from analysis.heads import figures as heads_figures
-from analysis.heads import intervals, onset, seeds, tracking_figures
 from analysis.heads.config import TRACK_FIGURES as FIGURES
 from analysis.heads.config import RolesConfig, TrackConfig, config_tasks, parse_steps  # noqa: F401 — the names callers import from here
 from analysis.heads.figures import about_line
 from analysis.heads.report import readable_checkpoint
-from analysis.heads.scoring import TaskScores, gather_scores, make_scorer, score_sequences, test_roles
+from analysis.heads.scoring import (
+    TaskScores,
+    gather_scores,
+    make_scorer,
+    reference_length,
+    score_sequences,
+    test_roles,
+)
 from analysis.heads.series import Member, check_series, member_identity, run_members, series_members
+from analysis.heads.summary import DEFAULT_COARSE
 from analysis.heads.tracking_figures import format_fractions, plot_emergence, plot_mean_beta, plot_role_fractions
 from bertjax import distributed, runinfo
 from bertjax.errors import UserError
@@ -83,6 +92,8 @@ def settings_key(config: RolesConfig, data_files: dict, tokenizer: str, parser) 
         "tokenizer": tokenizer,  # `tokenizer_digest`: its files' hash
         # Keyed only off its default, so that the weights' entries cached before the flag still serve.
         **({"attention": config.attention} if config.attention != "weights" else {}),
+        **precision_key(config),
+        **({"score": config.score} if config.score != "beta" else {}),
     }
 
 
@@ -97,7 +108,15 @@ def sas_settings_key(config: TrackConfig, data_file: dict, tokenizer: str) -> di
         "max_length": rc.max_length,
         "batch_size": rc.batch_size,
         "tokenizer": tokenizer,
+        **precision_key(rc),
     }
+
+
+def precision_key(config: RolesConfig) -> dict:
+    """`--precision` in a cache key, only off its default, so that the CPU's entries cached before
+    the flag (float32 products, as now) still serve. A cache filled on a GPU before the flag holds
+    TF32 scores under the float32 key: docs/precision.md says to start a new one."""
+    return {"precision": config.precision} if config.precision != "float32" else {}
 
 
 def cache_path(cache_dir: Path, settings: dict, identity: dict, kind: str = "step") -> Path:
@@ -228,6 +247,13 @@ class TrackRun:
     track: pd.DataFrame
     onsets: pd.DataFrame
     curves: pd.DataFrame
+    events: pd.DataFrame
+    curve_events: pd.DataFrame
+    lead_lag: pd.DataFrame
+    # What lead_lag's intervals come from (`events.group_earliest`, the reference curve's events),
+    # stored beside it; None without a reference curve.
+    lead_lag_behind: tuple | None
+    robustness: pd.DataFrame
     sas: pd.DataFrame | None
     heldout: pd.DataFrame | None
     taus: dict[int, float]
@@ -269,6 +295,16 @@ class TrackRun:
             lines.append(f"curve changepoints (steps, 90% intervals; the {len(self.curves) - len(found)} curves without one are in "
                          f"{onset.CURVE_ONSETS_CSV}):")  # fmt: skip
             lines.append(found.drop(columns="fit").to_string(index=False))
+        if not self.lead_lag.empty:
+            lines.append(f"event times against the {onset.REFERENCE_CURVE} ({events.LEAD_LAG_CSV}; each role group's "
+                         "earliest head, the difference's 90% interval; events of every head in "
+                         f"{events.EVENTS_CSV}):")  # fmt: skip
+            lines.append(self.lead_lag.drop(columns=["curve", "joint"]).to_string(index=False))
+        if not self.robustness.empty:
+            lines.append(f"robustness ({robustness.ROBUSTNESS_CSV}: τ {', '.join(f'{t:g}' for t in robustness.TAUS)}, "
+                         "both held-out curves, changepoint caps "
+                         f"{robustness.CAPS[0]}–{robustness.CAPS[-1]}):")  # fmt: skip
+            lines += robustness.summary_lines(self.robustness)
         return "\n".join(lines)
 
 
@@ -322,12 +358,14 @@ def prepare(config: TrackConfig) -> tuple[TrackConfig, list[Member]]:
     return config, members
 
 
-def run(config: TrackConfig, say: Say = print) -> tuple[TrackRun, dict] | None:
+def run(config: TrackConfig, say: Say = print, into: Path | None = None) -> tuple[TrackRun, dict] | None:
     """The CLI's path: analyses the series' checkpoints (cached ones from the cache) and writes
     --out (atomically); returns the run and the run.json written. A shard (`config.shard`) scores
     its uncached members into the cache, writes nothing into --out and returns None. In a job of
     several processes each scores its share of every uncached step, and process 0 alone fills the
-    cache and writes --out (the others return None). `say` gets the progress lines."""
+    cache and writes --out (the others return None). `say` gets the progress lines. `into`: where
+    to write instead, inside a larger output being written (`run_seeds`' temporary), --out then
+    naming where it will be once that output is moved in."""
     started = time.perf_counter()
     config, members = prepare(config)
     out = Path(config.roles.out).expanduser().resolve()
@@ -336,8 +374,9 @@ def run(config: TrackConfig, say: Say = print) -> tuple[TrackRun, dict] | None:
         # A shard writes only into the cache; in a multi-process job process 0 writes --out.
         compute_members(config, members, config.cache_dir, started, say)
         return None
+    target = out if into is None else into
     # Re-running into the same --out is the point of the cache: a previous track output may go.
-    with runinfo.atomic_out(out, config.roles.overwrite or (out / TRACK_CSV).is_file()) as tmp:
+    with runinfo.atomic_out(target, config.roles.overwrite or (target / TRACK_CSV).is_file()) as tmp:
         result = compute_members(config, members, config.cache_dir, started, say)
         info = write(result, tmp, config.cache_dir)
     return result, info
@@ -355,6 +394,7 @@ def compute(config: TrackConfig, cache: Path | None = None, say: Say = _quiet) -
     return compute_members(config, members, cache, started, say)
 
 
+@at_precision("roles.precision")
 def compute_members(
     config: TrackConfig, members: list[Member], cache: Path | None, started: float, say: Say
 ) -> TrackRun | None:
@@ -429,6 +469,7 @@ class StepTester:
             intervals.PairedResampler(rc.bootstrap, rc.bootstrap_seed) if writes_outputs and rc.bootstrap else None
         )
         self.replicate_p: dict[int, np.ndarray] = {}
+        self.replicate_means: dict[int, np.ndarray] = {}
         # With the series as the family, each step is tested uncorrected and corrected once all are in.
         self.step_config = dataclasses.replace(rc, correction="none") if config.correction_scope == "series" else rc
 
@@ -439,6 +480,7 @@ class StepTester:
             clock = time.perf_counter()
             alpha = rc.alpha if rc.correction == "none" else None
             self.replicate_p[step] = self.resampler.pvalues(scores, self.tested[step][1], rc.test, alpha)
+            self.replicate_means[step] = self.resampler.means(scores)
             self.timings["intervals"] = self.timings.get("intervals", 0.0) + time.perf_counter() - clock
 
 
@@ -497,7 +539,9 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
         model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
         if step in work.todo:
             with distributed.all_ok(f"scoring step {step}"):
-                scorer = make_scorer(model, devices=work.devices, readings=(rc.attention,))
+                scorer = make_scorer(
+                    model, devices=work.devices, readings=(rc.attention,), reference=reference_length(rc)
+                )
                 results = score_sequences(scorer, sequences, rc, {})
             results = gather_scores(results, work.inputs.n_sequences)
             if work.held is not None:
@@ -541,16 +585,35 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
         )[["step", *depattn.SAS_COLUMNS]]
     clock_intervals = time.perf_counter()
     interval_table, count_replicates = None, None
+    rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
     if work.tester.resampler is not None:
-        rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
         held_p = intervals.decide(
             [work.tester.replicate_p[s] for s in steps], rc.correction, config.correction_scope, rc.alpha
         )
         interval_table = intervals.onset_interval_table(held_p, rows, steps, config.persistence)
         count_replicates = intervals.replicate_counts(held_p, rows)
     curve = None if sas_table is None else sas_curve(sas_table)
-    curves = onset.curve_onsets(track, heldout, curve, rc.bootstrap, rc.bootstrap_seed, count_replicates)
+    sequences = None if config.series else heldout_io.read_heldout_sequences(Path(rc.ckpt).expanduser())
+    heldout_reps = events.heldout_replicates(heldout, sequences, rc.bootstrap, rc.bootstrap_seed)
+    curves = onset.curve_onsets(track, heldout, curve, rc.bootstrap, rc.bootstrap_seed, count_replicates,
+                                heldout_reps)  # fmt: skip
     onsets = onset.relate_onsets(onset.role_onsets(track, config.persistence, interval_table), curves, steps)
+    head_events, curve_events, lead_lag, lead_lag_behind = timing_events(
+        config, work, rows, steps, heldout, heldout_reps
+    )
+    robust = robustness.robustness(
+        track,
+        head_events,
+        heldout,
+        heldout_reps,
+        config.persistence,
+        rc.alpha,
+        rc.correction,
+        rc.test,
+        rc.bootstrap,
+        rc.bootstrap_seed,
+        dict(DEFAULT_COARSE),
+    )
     timings["intervals"] = timings.get("intervals", 0.0) + time.perf_counter() - clock_intervals
     timings["tests"] = time.perf_counter() - clock
 
@@ -588,8 +651,35 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
             "cache": None,
         },
     }
-    return TrackRun(config, members, track, onsets, curves, sas_table, heldout, taus, inputs.n_sequences, work.keys,
+    return TrackRun(config, members, track, onsets, curves, events.events_table(head_events), curve_events, lead_lag, lead_lag_behind, robust,
+                    sas_table, heldout, taus, inputs.n_sequences, work.keys,
                     work.cache, work.held, work.sas_counts, info, timings, started)  # fmt: skip
+
+
+def timing_events(config: TrackConfig, work: Work, rows: pd.DataFrame, steps: list[int],
+                  heldout: pd.DataFrame | None, heldout_reps: dict[str, np.ndarray]) -> tuple:  # fmt: skip
+    """The threshold-free event times (`analysis.heads.events`): every head's and role's, the held-out
+    curves' over the analysed steps' window (resampling the held-out sequences when the run
+    recorded them, drawn jointly with the analysis sequences: replicate b of each), and each
+    role group's earliest event against the reference curve's: (the heads' `Trajectories`, the
+    curves' events table, lead_lag.csv's table, what its intervals are computed from or None)."""
+    tested = work.tester.tested
+    means = np.stack([tested[s][0]["mean"].to_numpy(np.float64) for s in steps])
+    replicates = None
+    if work.tester.resampler is not None:
+        replicates = np.stack([work.tester.replicate_means[s] for s in steps], axis=1)
+    heads = events.trajectories(rows, steps, means, replicates)
+    curves = events.heldout_curves(heldout, heldout_reps, steps)
+    held_last = tested[steps[-1]][0]["assigned"].fillna(False).astype(bool).to_numpy()
+    members = held_last & (heads.status != "no_rise")
+    reference = curves.get(onset.REFERENCE_CURVE)
+    lead_lag, behind = pd.DataFrame(columns=events.LEAD_LAG_COLUMNS), None
+    if reference is not None:
+        behind = (events.group_earliest(heads, members, dict(DEFAULT_COARSE)), events.curve_steps(reference))
+        lead_lag = events.lead_lag(*behind, onset.REFERENCE_CURVE)
+    curve_table = (pd.concat([events.events_table(found) for found in curves.values()], ignore_index=True)
+                   if curves else pd.DataFrame(columns=["curve", *events.EVENT_COLUMNS[4:]]))  # fmt: skip
+    return heads, curve_table, lead_lag, behind
 
 
 def write(result: TrackRun, directory: Path, cache: Path) -> dict:
@@ -611,6 +701,12 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
         result.sas.to_csv(directory / SAS_CSV, index=False)
     result.onsets.to_csv(directory / onset.ONSET_CSV, index=False)
     result.curves.to_csv(directory / onset.CURVE_ONSETS_CSV, index=False)
+    result.events.to_csv(directory / events.EVENTS_CSV, index=False)
+    result.curve_events.to_csv(directory / events.CURVE_EVENTS_CSV, index=False)
+    result.lead_lag.to_csv(directory / events.LEAD_LAG_CSV, index=False)
+    if result.lead_lag_behind is not None:
+        events.save_lead_lag_replicates(directory / events.LEAD_LAG_REPLICATES, *result.lead_lag_behind)
+    result.robustness.to_csv(directory / robustness.ROBUSTNESS_CSV, index=False)
 
     clock = time.perf_counter()
     figures = draw_figures(result, directory, cache / "figures")
@@ -710,36 +806,58 @@ def shard_text(shard: tuple[int, int]) -> str:
     return f"{shard[0]}/{shard[1]}"
 
 
+# What marks an across-seed output (`run_seeds`): `--overwrite` replaces only another of these.
+SEEDS_OUTPUT = "across-seed track output"
+
+
 def run_seeds(config: TrackConfig, workdirs: list[str], say: Say = print) -> pd.DataFrame:
     """Several runs of one recipe (`--run` repeated): each tracked into `<out>/<its name>/` with the
-    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`.
+    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`. The
+    whole of `<out>` is one output (`runinfo.atomic_out`, of its own kind): written into a temporary
+    and moved in when complete, replacing only an earlier across-seed output. Each run's steps are
+    cached under `<scores cache>/<its name>` (default `<out>.cache/<its name>`, beside `<out>`).
     `say` gets each run's lines and the summary's."""
     out = Path(config.roles.out).expanduser().resolve()
-    names = [Path(w).expanduser().resolve().name for w in workdirs]
+    resolved = [Path(w).expanduser().resolve() for w in workdirs]
+    for i, path in enumerate(resolved):
+        if path in resolved[:i]:
+            raise UserError(f"--run {path} is given twice (as {workdirs[resolved.index(path)]} and {workdirs[i]}); "
+                            "each seed's run once")  # fmt: skip
+    names = [path.name for path in resolved]
     if len(set(names)) < len(names):
         names = [f"{i}-{name}" for i, name in enumerate(names)]
-    directories = {}
-    for name, workdir in zip(names, workdirs, strict=True):
-        member_out = out / name
-        cache = None if config.scores_cache is None else str(Path(config.scores_cache).expanduser() / name)
-        say(f"track: run {workdir} → {member_out}")
-        done = run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
-                                       scores_cache=cache), say)  # fmt: skip
-        if done is not None:
-            say(done[0].text())
-        directories[name] = member_out
+    caches = {name: config.cache_dir / name for name in names}
     if config.shard is not None or jax.process_index() != 0:
+        # A shard (or a process other than the first) scores into the caches and writes no --out.
+        for name, workdir in zip(names, workdirs, strict=True):
+            _track_seed(config, workdir, out / name, caches[name], say)
         return pd.DataFrame()
-    table, tracks = seeds.summarize(directories)
-    with runinfo.atomic_file(out / seeds.SEEDS_CSV, overwrite=True) as f:
-        table.to_csv(f, index=False)
-    if "onset" in select_figures(config.roles.figures, FIGURES):
-        with figure_formats(select_formats(config.roles.figure_format)):
-            for task in pd.unique(next(iter(tracks.values()))["task"]):
-                seeds.plot_seeds(tracks, task, out, f"{task}_seeds")
+    # Re-running into the same --out is the point of the caches: an earlier across-seed output may go.
+    with runinfo.atomic_out(out, config.roles.overwrite or (out / seeds.SEEDS_CSV).is_file(), SEEDS_OUTPUT) as tmp:
+        prepare_cache(config.cache_dir, out)  # the runs' caches are under it: not inside --out
+        directories = {}
+        for name, workdir in zip(names, workdirs, strict=True):
+            _track_seed(config, workdir, out / name, caches[name], say, into=tmp / name)
+            directories[name] = tmp / name
+        table, tracks = seeds.summarize(directories)
+        table.to_csv(tmp / seeds.SEEDS_CSV, index=False)
+        if "onset" in select_figures(config.roles.figures, FIGURES):
+            with figure_formats(select_formats(config.roles.figure_format)):
+                for task in pd.unique(next(iter(tracks.values()))["task"]):
+                    seeds.plot_seeds(tracks, task, tmp, f"{task}_seeds")
     say(seeds_text(table, len(workdirs)))
     say(f"wrote {out / seeds.SEEDS_CSV}")
     return table
+
+
+def _track_seed(config: TrackConfig, workdir: str, member_out: Path, cache: Path, say: Say,
+                into: Path | None = None) -> None:  # fmt: skip
+    """One seed's run tracked as `member_out` (written into `into`, if given: `run`)."""
+    say(f"track: run {workdir} → {member_out}")
+    done = run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
+                                   scores_cache=str(cache)), say, into)  # fmt: skip
+    if done is not None:
+        say(done[0].text())
 
 
 def seeds_text(table: pd.DataFrame, runs: int) -> str:
@@ -747,7 +865,7 @@ def seeds_text(table: pd.DataFrame, runs: int) -> str:
     lines = [f"across {runs} seeds (earliest onset: median [min, max]; heads at the last step: median [min, max]):"]
     for row in table[table["seed"] == "all"].itertuples():
         lines.append(f"  {row.task} {row.role}: onset {_median_range(row.earliest_onset_median, row.earliest_onset_min, row.earliest_onset_max)} "
-                     f"in {row.seeds_with_onset} of {row.seeds} seeds; heads at last step {row.heads_at_last_step_median:g} "
+                     f"in {row.seeds_with_onset:.0f} of {row.seeds:.0f} seeds; heads at last step {row.heads_at_last_step_median:g} "
                      f"[{row.heads_at_last_step_min:g}, {row.heads_at_last_step_max:g}]")  # fmt: skip
     return "\n".join(lines)
 
