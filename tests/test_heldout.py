@@ -1,8 +1,10 @@
-"""Held-out MLM/NSP metrics at every checkpoint of a pre-training run, and resized presets."""
+"""Held-out MLM/NSP metrics at every checkpoint of a pre-training run, the per-sequence sums
+behind them, and resized presets."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +14,14 @@ import numpy as np
 import pytest
 
 import bertjax
+from analysis.common.heldout import read_heldout_sequences, resampled_curves
 from bertjax.errors import UserError
 from train import pretrain
 from train.corpora import CorpusConfig
 from train.data import PretrainingData
-from train.heldout import check_disjoint
-from train.losses import pretraining_loss
+from train.heldout import SEQUENCES_DIR, check_disjoint
+from train.instances import MaskingSpec, mask_batch
+from train.losses import batch_sums, pretraining_loss, pretraining_terms, sequence_sums
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_BOOKS = ("carroll-alice.txt", "shakespeare-caesar.txt")
@@ -48,6 +52,9 @@ def heldout_run(shared_data, tmp_path_factory) -> Path:
         "train.global_batch_size": "8",
         "train.log_every": "2",
         "optimizer.warmup_steps": "2",
+        # Fast enough that the model predicts some held-out masked tokens by step 3 (in 3 runs of
+        # 3; the trained vocabulary varies from run to run), so the recorded hits are not all 0.
+        "optimizer.learning_rate": "0.1",
         "checkpoint.every": "0",
         "checkpoint.keep": "null",
         "checkpoint.log_spaced": "0",
@@ -101,6 +108,172 @@ def test_heldout_metrics_are_the_losses_of_the_fixed_heldout_batches(heldout_run
         # Both batches were scored: their count, not their means (two batches' mean losses can agree
         # to 3e-6, as they once did in CI, so a dropped batch need not move the mean).
         assert row["heldout_sequences"] == 16
+
+
+U = 2.0**-24  # float32's unit roundoff
+
+
+def test_the_sequence_sums_are_each_sequences_own_and_add_up_to_the_batch_sums():
+    """`sequence_sums` against a float64 loop over each sequence's masked slots, on a random model,
+    with a correct prediction planted in every sequence (a fresh model predicts none)."""
+    vocab, length, predictions, (pad, cls, sep, mask) = 101, 16, 4, (0, 2, 3, 4)
+    model = bertjax.init_model(bertjax.preset("tiny", vocab_size=vocab, hidden_size=32, num_attention_heads=2,
+                                              intermediate_size=64, max_position_embeddings=length),
+                               bertjax.BertForPreTraining, seed=0)  # fmt: skip
+    model.eval()
+    rng = np.random.default_rng(0)
+    lengths = np.array([16, 12, 9, 7])
+    input_ids = np.where(np.arange(length) < lengths[:, None], rng.integers(5, vocab, (4, length)), pad)
+    input_ids[:, 0], input_ids[np.arange(4), lengths - 1] = cls, sep
+    spec = MaskingSpec(vocab, mask, (cls, sep, pad), masked_lm_prob=0.3, max_predictions=predictions)
+    batch = mask_batch(input_ids.astype(np.int32), lengths, spec, rng)
+    batch |= {"attention_mask": (np.arange(length) < lengths[:, None]).astype(np.int32),
+              "token_type_ids": np.zeros((4, length), np.int32), "nsp_labels": np.array([0, 1, 1, 0], np.int32)}  # fmt: skip
+    weights = batch["masked_weights"]
+    assert weights.min() == 0 and weights.sum(axis=1).min() >= 1, "padding predictions and real ones"
+    out = model(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"],
+                masked_positions=batch["masked_positions"])  # fmt: skip
+    logits = np.asarray(out.prediction_logits, np.float64)
+    batch["masked_ids"][:, 0] = logits[:, 0].argmax(-1)  # slot 0 is a real prediction in every row
+
+    per = jax.tree.map(np.asarray, sequence_sums(pretraining_terms(model, batch)))
+    lse = np.log(np.exp(logits).sum(-1))
+    pair = np.asarray(out.seq_relationship_logits, np.float64)
+    for row in range(4):
+        slots = [p for p in range(predictions) if weights[row, p]]
+        labels = batch["masked_ids"][row]
+        assert per["masked"][row] == len(slots)
+        assert per["mlm_hits"][row] == sum(logits[row, p].argmax() == labels[p] for p in slots) >= 1
+        # Each float32 cross-entropy: a log-sum-exp of V exponentials (≤ (V + 4) u of 1 + |lse|),
+        # then P of them summed. Leaving out one slot moves the sum by its ~4.6.
+        atol = predictions * (vocab + 4 + predictions) * U * (1 + np.abs(lse[row]).max())
+        expected = sum(lse[row, p] - logits[row, p, labels[p]] for p in slots)
+        np.testing.assert_allclose(per["mlm_loss"][row], expected, rtol=0, atol=atol)
+        label = batch["nsp_labels"][row]
+        np.testing.assert_allclose(per["pair_loss"][row], np.log(np.exp(pair[row]).sum()) - pair[row, label],
+                                   rtol=0, atol=6 * U * (1 + np.abs(pair[row]).max()))  # fmt: skip
+        assert per["pair_hits"][row] == (pair[row].argmax() == label)
+    totals = jax.tree.map(np.asarray, batch_sums(pretraining_terms(model, batch)))
+    assert totals["sequences"] == 4
+    for name in ("masked", "mlm_hits", "pair_hits"):
+        assert totals[name] == per[name].sum(), name
+    # Both float32 sums of the same 16 non-negative terms, in two orders.
+    np.testing.assert_allclose(totals["mlm_loss"], per["mlm_loss"].sum(), rtol=2 * 16 * U)
+
+
+@pytest.mark.slow  # the `heldout_run` fixture, when run alone
+def test_each_evaluation_records_its_sequences_sums_which_add_up_to_its_metrics(heldout_run):
+    seqs = read_heldout_sequences(heldout_run)
+    rows = _heldout_rows(heldout_run)
+    assert seqs.steps.tolist() == sorted(rows) == [1, 3, 6]
+    assert seqs.loss.shape == seqs.hits.shape == seqs.pair_loss.shape == (3, 16) and seqs.masked.shape == (16,)
+    with np.load(heldout_run / SEQUENCES_DIR / "step-000000006.npz") as stored:
+        assert {name: str(stored[name].dtype) for name in stored.files} == {
+            "mlm_loss": "float32", "mlm_hits": "int32", "masked": "int32", "pair_loss": "float32", "pair_hits": "int32",
+        }  # fmt: skip
+    loss, accuracy = resampled_curves(seqs, np.ones((1, 16)))
+    metric = np.array([rows[step]["heldout_mlm_loss"] for step in seqs.steps])
+    # The same 16 × 10 masked cross-entropies (≥ 0), summed in float32 per batch of B·P = 80 for the
+    # metrics and per sequence of P = 10 for the files: relative errors ≤ 79 u and 9 u; the terms
+    # themselves, evaluated in two fusions of one program, may differ by a few u (measured: ≤ 3.5 u
+    # of the total). A dropped sequence moves the mean by 1/15 of its distance from it (here ≥ 5e-4).
+    rtol = (80 + 10 + 8) * U
+    np.testing.assert_allclose(loss[0], metric, rtol=rtol)
+    dropped, _ = resampled_curves(seqs, np.r_[0.0, np.ones(15)][None])
+    assert (np.abs(dropped[0] / metric - 1) > 10 * rtol).all()
+    # Counts: exact integers in float32, so the ratios are the metrics' own.
+    assert accuracy[0].tolist() == [rows[step]["heldout_mlm_accuracy"] for step in seqs.steps]
+    assert (seqs.pair_hits.mean(axis=1)).tolist() == [rows[step]["heldout_nsp_accuracy"] for step in seqs.steps]
+    # 8 pair losses per batch sum: ≤ 7 u, and the terms' own few u.
+    np.testing.assert_allclose(seqs.pair_loss.mean(axis=1), [rows[s]["heldout_nsp_loss"] for s in seqs.steps],
+                               rtol=(8 + 8) * U)  # fmt: skip
+
+
+@pytest.mark.slow  # the `heldout_run` fixture, when run alone
+def test_the_recorded_sums_are_each_fixed_heldout_sequences_own_in_order(heldout_run):
+    """Recomputed per sequence from each checkpoint on the held-out batches, in their order: the
+    files hold the same sequences at every evaluation, so that resampling them pairs across steps."""
+    data = PretrainingData(heldout_run / "heldout-T64", 8, seed=0, process_index=0, process_count=1, epochs=1)
+    batches = [jax.tree.map(np.asarray, next(data)) for _ in range(2)]
+    seqs = read_heldout_sequences(heldout_run)
+    for row, step in enumerate(seqs.steps):
+        model = bertjax.from_pretrained(heldout_run, bertjax.BertForPreTraining, step=int(step))
+        model.eval()
+        sums = [sequence_sums(pretraining_terms(model, batch)) for batch in batches]
+        recomputed = {name: np.concatenate([np.asarray(s[name]) for s in sums]) for name in sums[0]}
+        np.testing.assert_array_equal(seqs.masked, recomputed["masked"])
+        np.testing.assert_array_equal(seqs.hits[row], recomputed["mlm_hits"])
+        np.testing.assert_array_equal(seqs.pair_hits[row], recomputed["pair_hits"])
+        # Another XLA program's float32 forward pass: as the batch means above, 1e-5 relative.
+        np.testing.assert_allclose(seqs.loss[row], recomputed["mlm_loss"], rtol=1e-5)
+        np.testing.assert_allclose(seqs.pair_loss[row], recomputed["pair_loss"], rtol=1e-5)
+
+
+@pytest.mark.slow  # re-trains steps 4 to 6 in a subprocess
+def test_a_resumed_run_replaces_the_files_of_the_steps_it_evaluates_again(heldout_run, tmp_path):
+    """Killed after evaluating step 6 but before its checkpoint: the resume from step 3 evaluates
+    step 6 again, and its file is the new evaluation's, written whole."""
+    workdir = tmp_path / "run"
+    # The training shards by link: the held-out shards' settings name their vocabulary's real path.
+    shutil.copytree(heldout_run, workdir, symlinks=True, ignore=shutil.ignore_patterns("data-T64"))
+    (workdir / "data-T64").symlink_to(heldout_run / "data-T64")
+    shutil.rmtree(workdir / "checkpoints" / "6")
+    recorded = workdir / SEQUENCES_DIR / "step-000000006.npz"
+    shutil.copyfile(workdir / SEQUENCES_DIR / "step-000000001.npz", recorded)  # what step 6 is not
+    command = [sys.executable, "-m", "train.pretrain", "--config", str(workdir / "config.yaml"),
+               "--workdir", str(workdir)]  # fmt: skip
+    subprocess.run(command, check=True, cwd=ROOT, timeout=600, capture_output=True)
+    resumed, original = read_heldout_sequences(workdir), read_heldout_sequences(heldout_run)
+    assert resumed.steps.tolist() == [1, 3, 6]
+    for name in ("loss", "hits", "masked", "pair_loss", "pair_hits"):
+        np.testing.assert_array_equal(getattr(resumed, name), getattr(original, name), err_msg=name)
+    assert not np.array_equal(resumed.loss[2], resumed.loss[0])
+    assert sorted(p.name for p in (workdir / SEQUENCES_DIR).iterdir()) == [
+        "step-000000001.npz", "step-000000003.npz", "step-000000006.npz",
+    ]  # fmt: skip
+
+
+SHARDED_EVALUATION = r"""
+import sys, jax, numpy as np
+from pathlib import Path
+from bertjax import sharding
+from bertjax.model import BertForPreTraining
+from train.checkpoints import CheckpointConfig
+from train.config import HeldOutConfig
+from train.heldout import HeldOutEvaluator
+from train.losses import pretraining_loss
+from train.optim import OptimizerConfig
+from train.pretrain import ModelSettings, model_config
+from train.trainer import LoopConfig, Trainer
+
+assert jax.device_count() == 8
+heldout_dir, work = Path(sys.argv[1]), Path(sys.argv[2])
+config = model_config(ModelSettings(max_position_embeddings=64, hidden_size=64), 1000)
+for name, devices, data, fsdp in (("single", jax.devices()[:1], 1, 1), ("sharded", jax.devices(), 2, 4)):
+    trainer = Trainer(workdir=work / name, model_config=config, model_cls=BertForPreTraining, loss_fn=pretraining_loss,
+                      optimizer=OptimizerConfig(), loop=LoopConfig(steps=1, global_batch_size=8),
+                      checkpoint=CheckpointConfig(every=0),
+                      mesh=sharding.make_mesh(sharding.MeshConfig(data, fsdp), devices), run_config={}, tokenizer="tokenizer")
+    state, _ = trainer.restore_or_init()
+    HeldOutEvaluator(HeldOutConfig(sequences=16, batch_size=8), heldout_dir, trainer)(7, state["params"])
+"""
+
+
+@pytest.mark.slow  # two evaluators compiled in a subprocess with 8 fake devices
+def test_a_sharded_evaluation_records_the_sequences_of_a_single_device_one(heldout_run, fake_devices, tmp_path):
+    """Over a data × fsdp = 2 × 4 mesh the per-sequence sums ([batch], sharded over the devices in
+    the forward pass) come back whole and in the batch's order."""
+    fake_devices(SHARDED_EVALUATION, str(heldout_run / "heldout-T64"), str(tmp_path), timeout=300)
+    single, sharded = (read_heldout_sequences(tmp_path / name) for name in ("single", "sharded"))
+    assert single.steps.tolist() == sharded.steps.tolist() == [7] and single.loss.shape == (1, 16)
+    np.testing.assert_array_equal(sharded.masked, single.masked)
+    np.testing.assert_array_equal(sharded.pair_hits, single.pair_hits)
+    np.testing.assert_array_equal(sharded.hits, single.hits)
+    # The same float32 forward pass with its contractions split over 4 devices: 1e-5, as above.
+    np.testing.assert_allclose(sharded.loss, single.loss, rtol=1e-5)
+    # Any two sequences' losses differ by more (here ≥ 1.6e-4): a misordering fails the above.
+    gaps = np.abs(single.loss[0][:, None] / single.loss[0][None] - 1)[~np.eye(16, dtype=bool)]
+    assert gaps.min() > 1e-5
 
 
 def test_heldout_text_is_not_trained_on(tmp_path):

@@ -5,6 +5,9 @@ NSP) into `heldout-T<len>/` of the workdir; the evaluation set is the first `seq
 a fixed permutation with fixed masks (`PretrainingData` makes a batch a pure function of its
 position and seed), so every checkpoint is scored on exactly the same masked tokens and role onset
 can be read against learning.
+
+Each evaluation also writes its per-sequence sums (`SEQUENCES_DIR`), the same sequences in the same
+order every time, so that analyses can resample held-out sequences, paired across evaluations.
 """
 
 from __future__ import annotations
@@ -13,13 +16,16 @@ import time
 from pathlib import Path
 
 import jax
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
-from bertjax import sharding
+from bertjax import runinfo, sharding
 from bertjax.errors import UserError
 from train.config import CorpusConfig, HeldOutConfig
 from train.data import PretrainingData, load_meta, num_examples
-from train.losses import pretraining_sums
+from train.losses import batch_sums, pretraining_terms, sequence_sums
+
+SEQUENCES_DIR = "heldout-sequences"
 
 
 def check_disjoint(heldout: list[CorpusConfig], training: list[CorpusConfig]) -> None:
@@ -63,19 +69,28 @@ class HeldOutEvaluator:
         self.batches = [next(data) for _ in range(config.sequences // config.batch_size)]
         self.trainer = trainer
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
-        self.forward = jax.jit(
-            lambda params, batch: pretraining_sums(trainer.model(params), batch), out_shardings=replicated
-        )
+        self.forward = jax.jit(self._sums, out_shardings=replicated)
         self.pair_task = pair_task
         self.seconds = 0.0
+
+    def _sums(self, params, batch):
+        # One forward pass for both; the metrics are read from the batch sums, as they were before
+        # the per-sequence sums were kept (fused beside them, a total can move in its last float32 bits).
+        terms = pretraining_terms(self.trainer.model(params), batch)
+        return batch_sums(terms), sequence_sums(terms)
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
         started = time.perf_counter()
         totals: dict[str, float] = {}
+        parts: dict[str, list[np.ndarray]] = {}
         for batch in self.batches:
-            sums = jax.device_get(self.forward(params, sharding.global_batch(batch, self.trainer.mesh)))
+            sums, per_sequence = jax.device_get(self.forward(params, sharding.global_batch(batch, self.trainer.mesh)))
             for key, value in sums.items():
                 totals[key] = totals.get(key, 0.0) + float(value)
+            for key, value in per_sequence.items():
+                parts.setdefault(key, []).append(value)
+        if self.trainer.is_main:
+            self._write_sequences(step, {key: np.concatenate(values) for key, values in parts.items()})
         self.seconds += time.perf_counter() - started
         masked, sequences = max(totals["masked"], 1.0), totals["sequences"]
         row = {
@@ -87,3 +102,22 @@ class HeldOutEvaluator:
             row[f"heldout_{self.pair_task}_loss"] = totals["pair_loss"] / sequences
             row[f"heldout_{self.pair_task}_accuracy"] = totals["pair_hits"] / sequences
         return row
+
+    def _write_sequences(self, step: int, sums: dict[str, np.ndarray]) -> None:
+        """`heldout-sequences/step-<step>.npz`: each sequence's summed MLM loss (float32) and its
+        hits and masked count (int32, counts summed exactly in float32), and the pair task's loss
+        and hit when it is on. Replaced whole: a resumed run evaluates again the steps after its
+        checkpoint, some of which it may have written before."""
+        arrays = {
+            "mlm_loss": sums["mlm_loss"].astype(np.float32),
+            "mlm_hits": sums["mlm_hits"].astype(np.int32),
+            "masked": sums["masked"].astype(np.int32),
+        }
+        if self.pair_task != "none":
+            arrays["pair_loss"] = sums["pair_loss"].astype(np.float32)
+            arrays["pair_hits"] = sums["pair_hits"].astype(np.int32)
+        path = self.trainer.workdir / SEQUENCES_DIR / f"step-{step:09d}.npz"
+        with runinfo.log_write(path, "the held-out sequences' sums"):
+            path.parent.mkdir(exist_ok=True)
+            with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
+                np.savez_compressed(f, **arrays)  # the counts compress: 2.3 kB, not 6.9, for 512 sequences
