@@ -23,6 +23,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import emergence_events
 import emergence_family
 import emergence_lengths
 import emergence_seeds
@@ -406,6 +407,8 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "seeds-convention": convention_change,
     "seeds-corrected": series_corrected,
     "seeds-lengths": lambda: emergence_lengths.lengths(glue_dir()),
+    "seeds-tau": emergence_events.tau_table,
+    "seeds-events": emergence_events.events_table,
     "family": family,
     "family-verdict": family_verdict,
     "synthetic": synthetic,
