@@ -24,7 +24,8 @@ finds every step cached and writes the outputs.
 Outputs (written into a temporary sibling of `--out` and renamed when complete): `track.csv` (the
 `roles.csv` columns plus `step`), `onset.csv` (when each head takes on each role: `analysis.heads.onset`),
 with `--sas` `sas.csv` (per step and relation, the best head's UAS and the best offset baseline:
-`analysis.attention.sas`), `curve_onsets.csv` (the steepest change and the onset of the held-out MLM
+`analysis.attention.sas`) and `sas_margin.csv` (that head against that offset, each chosen on half the
+trees and scored on the other, with an interval: `sieves.depattn.sas_against_offsets`), `curve_onsets.csv` (the steepest change and the onset of the held-out MLM
 loss, the SAS and each role's count of heads), per task the figures `role_fractions`, `emergence`,
 `mean_beta` and `onset` (the run's held-out MLM loss when it recorded one, the SAS when tracked and
 the heads holding each role, on one step axis), and `run.json` (with the series: each member's

@@ -71,6 +71,37 @@ def test_sas_csv_equals_scoring_each_checkpoint_directly(tracked, run_dir):
         assert expected["count"].iloc[0] == kept < sum(len(words) for _, words in sentences)
 
 
+def test_sas_margin_csv_equals_the_margins_of_each_checkpoint_scored_directly(tracked, run_dir, tmp_path):
+    out, _, conllu = tracked
+    table = pd.read_csv(out / tracking.SAS_MARGIN_CSV)
+    assert list(table.columns) == ["step", *depattn.MARGIN_COLUMNS] and sorted(pd.unique(table["step"])) == list(STEPS)
+    sentences = read_conllu(conllu, limit=SAS_N)
+    seqs = encode_batch(load_tokenizer(run_dir), [(t,) for t, _ in sentences], [(w,) for _, w in sentences], 32)
+    for step in STEPS:
+        counts = sas.score_sas(from_pretrained(run_dir, step=step), seqs, 8, 32)
+        assert counts.sentences == SAS_N
+        # The run's --bootstrap and --bootstrap-seed (their defaults), through the same CSV writer.
+        depattn.sas_against_offsets(counts, 0, 1000).to_csv(tmp_path / "expected.csv", index=False)
+        rows = table[table["step"] == step].drop(columns="step").reset_index(drop=True)
+        pd.testing.assert_frame_equal(rows, pd.read_csv(tmp_path / "expected.csv"), check_exact=True)
+    line = tracking.margin_line(table)
+    for row in table[table["relation"] == "all"].itertuples():
+        verdict = "beats" if row.beats_offsets else "does not beat"
+        assert f"{row.step}: {row.margin:+.3f} [{row.low:+.3f}, {row.high:+.3f}] {verdict}" in line
+
+
+def test_a_sas_entry_without_per_sentence_counts_is_computed_again(tracked, tmp_path):
+    # An entry of the format before per-sentence counts, found under a current name: read_cached
+    # reports it and the step is computed again, as for any entry it cannot read whole.
+    out, _, _ = tracked
+    (entry, *_) = (out.parent / f"{out.name}.cache").glob("sas-*.npz")
+    assert tracking.read_cached(entry, tracking.load_sas) is not None
+    with np.load(entry) as stored:
+        old = {k: stored[k] for k in stored.files if "sentence" not in k}
+    np.savez(tmp_path / entry.name, **old)
+    assert tracking.read_cached(tmp_path / entry.name, tracking.load_sas) is None
+
+
 def test_curve_onsets_and_the_onset_figure(tracked):
     out, _, _ = tracked
     curves = pd.read_csv(out / onset.CURVE_ONSETS_CSV)
@@ -100,9 +131,8 @@ def test_a_rerun_takes_the_sas_from_the_cache(tracked, monkeypatch, tmp_path):
     monkeypatch.setattr(tracking, "from_pretrained", lambda *a, **k: pytest.fail("a checkpoint loaded again"))
     cache = out.parent / f"{out.name}.cache"
     track.main([*argv, "--out", str(tmp_path / "again"), "--scores-cache", str(cache), "--no-figures"])
-    pd.testing.assert_frame_equal(
-        pd.read_csv(tmp_path / "again" / tracking.SAS_CSV), pd.read_csv(out / tracking.SAS_CSV), check_exact=True
-    )
+    for name in (tracking.SAS_CSV, tracking.SAS_MARGIN_CSV):  # the per-sentence counts come back too
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "again" / name), pd.read_csv(out / name), check_exact=True)
 
 
 def test_a_missing_conllu_is_one_line(run_dir, tmp_path, cli_error):

@@ -208,7 +208,8 @@ class TrackConfig:
     # `--sas FILE`: also the SAS (analysis.attention.sas) of each step on the first `sas_n` trees.
     sas: str | None = setting(None, metavar="CONLLU",
                               help="also the syntactic attention structure (Chen et al. 2023) of each step on this "
-                                   "CoNLL-U file's gold trees (e.g. UD English-EWT dev): sas.csv and the onset figure")  # fmt: skip
+                                   "CoNLL-U file's gold trees (e.g. UD English-EWT dev): sas.csv, sas_margin.csv "
+                                   "(against the offsets, held out) and the onset figure")  # fmt: skip
     sas_n: int = setting(1000, help="with --sas: the first N trees of the file")
     # An onset needs the role held at this many consecutive analysed steps (analysis.heads.onset).
     persistence: int = setting(PERSISTENCE, metavar="K",

@@ -63,10 +63,11 @@ from sieves.parse import read_conllu
 
 TRACK_CSV = "track.csv"
 SAS_CSV = "sas.csv"
+SAS_MARGIN_CSV = "sas_margin.csv"
 
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
-SAS_FORMAT = 2  # 2: an entry stores what it holds ("about"), checked as a scores entry is
+SAS_FORMAT = 3  # 2: an entry stores what it holds ("about"), checked as a scores entry is; 3: per-sentence counts
 
 
 log = logging.getLogger(__name__)
@@ -231,11 +232,11 @@ def _quiet(line: str) -> None:
 
 @dataclasses.dataclass(eq=False)
 class TrackRun:
-    """A track run held in memory: the tables (`track` is track.csv; `onsets`, `curves`, `sas`:
-    onset.csv, curve_onsets.csv, sas.csv), what the figures read beside them (held-out metrics,
-    τ per step, each task's N), `info` (run.json's provenance and settings, without the cache's
-    files, the figures and the environment, which the writer adds), the timings so far and the
-    clock the run started at.
+    """A track run held in memory: the tables (`track` is track.csv; `onsets`, `curves`, `sas`,
+    `sas_margin`: onset.csv, curve_onsets.csv, sas.csv, sas_margin.csv), what the figures read
+    beside them (held-out metrics, τ per step, each task's N), `info` (run.json's provenance and
+    settings, without the cache's files, the figures and the environment, which the writer adds),
+    the timings so far and the clock the run started at.
 
     The per-sequence scores live in the scores cache (`cache`: where each step's entry was read or
     written) or, for a run given no cache (an API call without `out`), in memory (`held`), as the
@@ -255,6 +256,7 @@ class TrackRun:
     lead_lag_behind: tuple | None
     robustness: pd.DataFrame
     sas: pd.DataFrame | None
+    sas_margin: pd.DataFrame | None
     heldout: pd.DataFrame | None
     taus: dict[int, float]
     n_examples: dict[str, int]
@@ -285,6 +287,7 @@ class TrackRun:
                 "SAS (best head's UAS, all words) by step: "
                 + ", ".join(f"{s}: {v:.3f}" for s, v in sas_curve(self.sas).items())
             )
+            lines.append(margin_line(self.sas_margin))
         found = self.curves[self.curves["changepoint_step"].notna()]
         steps = len(self.taus)
         if found.empty:  # a table of <NA> says less than this line (a short or flat series)
@@ -330,6 +333,15 @@ class CacheKeys:
 def sas_curve(sas: pd.DataFrame) -> pd.Series:
     """The best head's UAS over all words, by step: the SAS curve the onsets relate to."""
     return sas[sas["relation"] == "all"].set_index("step")["uas"]
+
+
+def margin_line(margin: pd.DataFrame) -> str:
+    """Per step, whether the `all` row's best head beats the best offset held out."""
+    rows = margin[margin["relation"] == depattn.ALL_RELATIONS]
+    return (f"SAS against the best offset ({SAS_MARGIN_CSV}: `all`, head and offset chosen on half the trees, "
+            "margin on the other half, 90% interval) by step: "
+            + ", ".join(f"{r.step}: {r.margin:+.3f} [{r.low:+.3f}, {r.high:+.3f}] "
+                        + ("beats" if r.beats_offsets else "does not beat") for r in rows.itertuples()))  # fmt: skip
 
 
 def prepare(config: TrackConfig) -> tuple[TrackConfig, list[Member]]:
@@ -578,11 +590,15 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
     tests = test_count(track, rc, config.correction_scope)
     # Held-out metrics are a bertjax pre-training workdir's; a --ckpt series has no workdir.
     heldout = None if config.series else onset.read_heldout(Path(rc.ckpt).expanduser())
-    sas_table = None
+    sas_table, sas_margin = None, None
     if config.sas is not None:
         sas_table = pd.concat(
             [depattn.sas_table(work.sas_counts[step]).assign(step=step) for step in steps], ignore_index=True
         )[["step", *depattn.SAS_COLUMNS]]
+        sas_margin = pd.concat(
+            [depattn.sas_against_offsets(work.sas_counts[step], rc.bootstrap_seed, rc.bootstrap).assign(step=step)
+             for step in steps], ignore_index=True,
+        )[["step", *depattn.MARGIN_COLUMNS]]  # fmt: skip
     clock_intervals = time.perf_counter()
     interval_table, count_replicates = None, None
     rows = tested[steps[0]][0][["task", "layer", "head", "role"]].reset_index(drop=True)
@@ -652,7 +668,7 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
         },
     }
     return TrackRun(config, members, track, onsets, curves, events.events_table(head_events), curve_events, lead_lag, lead_lag_behind, robust,
-                    sas_table, heldout, taus, inputs.n_sequences, work.keys,
+                    sas_table, sas_margin, heldout, taus, inputs.n_sequences, work.keys,
                     work.cache, work.held, work.sas_counts, info, timings, started)  # fmt: skip
 
 
@@ -699,6 +715,7 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
     result.track.to_csv(directory / TRACK_CSV, index=False)
     if result.sas is not None:
         result.sas.to_csv(directory / SAS_CSV, index=False)
+        result.sas_margin.to_csv(directory / SAS_MARGIN_CSV, index=False)
     result.onsets.to_csv(directory / onset.ONSET_CSV, index=False)
     result.curves.to_csv(directory / onset.CURVE_ONSETS_CSV, index=False)
     result.events.to_csv(directory / events.EVENTS_CSV, index=False)
