@@ -69,6 +69,7 @@ def tau_table() -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for recipe, names in RECIPES.items():
         for task in TASKS:
+
             def pick(tau, cap, curve, task=task, names=names):
                 out = []
                 for name in names:
@@ -103,7 +104,9 @@ def events_table() -> str:
                         loss.setdefault(event, []).append(int(row["curve_step"].iloc[0]))
                 cells.append(_median_range(values))
             steps = " / ".join(str(int(np.median(loss[e]))) if e in loss else "–" for e in EVENT_READINGS)
-            lines.append(f"| {recipe} | {task.upper() if task != 'sst2' else 'SST-2'} | " + " | ".join(cells) + f" | {steps} |")
+            lines.append(
+                f"| {recipe} | {task.upper() if task != 'sst2' else 'SST-2'} | " + " | ".join(cells) + f" | {steps} |"
+            )
     return "\n".join(lines)
 
 
