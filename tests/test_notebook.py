@@ -28,7 +28,7 @@ def executed(shared_data, minilm_path, tmp_path_factory) -> nbformat.NotebookNod
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     # The kernel imports this checkout (not an installed copy) and reads the staged data; 32 pairs
     # keep the run to seconds (and are not a small N, which warns).
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "BERTJAX_SHARED_DATA": str(shared_data), "QUICKSTART_N": "32"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "BERTJAX_DATA": str(shared_data), "QUICKSTART_N": "32"}
     client = NotebookClient(notebook, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(NOTEBOOK.parent)}})  # fmt: skip
     client.execute(env=env)

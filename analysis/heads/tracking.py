@@ -432,7 +432,7 @@ def compute_members(
     mine = steps if config.shard is None else [m.step for m in distributed.shard_members(members, *config.shard)]
     writes_outputs = config.shard is None and jax.process_index() == 0
     tester = StepTester(config, writes_outputs, timings)
-    sas_counts = read_cached_steps(config, mine, keys, cache, tester) if cache is not None else {}
+    sas_counts = read_cached_steps(config, mine, keys, cache, tester, inputs.n_sequences) if cache is not None else {}
     todo = [s for s in mine if s not in tester.tested]
     sas_todo = [s for s in mine if config.sas is not None and s not in sas_counts]
     check_same_work(todo, cache)
@@ -516,16 +516,36 @@ class Work:
     timings: dict[str, float]
 
 
-def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cache: Path, tester: StepTester) -> dict:
-    """Tests the steps whose scores the cache holds; returns the SAS counts it holds."""
+def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cache: Path, tester: StepTester,
+                      sequences: dict[str, int]) -> dict:  # fmt: skip
+    """Tests the steps whose scores the cache holds; returns the SAS counts it holds. An entry whose
+    tasks or sequences are not the run's (`sequences`: each task's count; e.g. 10 of 20) is
+    reported and its step scored again, as an unreadable one is."""
     for step in mine:
-        if (cached := read_cached(keys.path(cache, step), expected=keys.expected(step))) is not None:
+        path = keys.path(cache, step)
+        if (cached := read_cached(path, expected=keys.expected(step))) is not None:
+            if (problem := incomplete(cached, sequences)) is not None:
+                log.warning("scores cache entry %s %s; its step is scored again", path, problem)
+                continue
             tester.test(step, cached)
     sas_counts = {}
     for step in mine if config.sas is not None else []:
         if (counts := read_cached(keys.sas_path(cache, step), load_sas, keys.expected(step, sas=True))) is not None:
             sas_counts[step] = counts
     return sas_counts
+
+
+def incomplete(cached: dict[str, TaskScores], sequences: dict[str, int]) -> str | None:
+    """What a cache entry lacks against the run's tasks and their sequence counts, or None."""
+    if set(cached) != set(sequences):
+        return f"holds the tasks {sorted(cached)}, not the run's {sorted(sequences)}"
+    for task, result in cached.items():
+        if result.n_sequences != sequences[task]:
+            return f"holds {result.n_sequences} of {task}'s {sequences[task]} sequences"
+        for role, scores in result.scores.items():
+            if scores.shape[0] != np.asarray(result.indices[role]).size:
+                return f"holds {task} {role} scores that do not match their sequences"
+    return None
 
 
 def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> None:
