@@ -6,6 +6,7 @@ writer), and /dev/zero to read until the memory ran out; every reader of a named
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 
@@ -68,13 +69,13 @@ def test_a_cache_entry_holding_part_of_the_sequences_is_scored_again(shared_data
     argv = ["--run", str(run), "--scores-cache", str(tmp_path / "cache"), "--no-figures", "--bootstrap", "0",
             *_flags(shared_data, tmp_path / "parses")]  # fmt: skip
     track.main([*argv, "--out", str(tmp_path / "first")])
-    entry = sorted((tmp_path / "cache").glob("step-000000003-*.npz"))[0]
+    entry = min((tmp_path / "cache").glob("step-000000003-*.npz"))
     stored = tracking.load_scores(entry)
     with np.load(entry) as f:
         about = f["about"]
     for result in stored.values():
         result.n_sequences = 10
-    settings_and_identity = __import__("json").loads(str(about))
+    settings_and_identity = json.loads(str(about))
     tracking.save_scores(entry, stored, settings_and_identity["settings"], settings_and_identity["checkpoint"])
     track.main([*argv, "--out", str(tmp_path / "second")])
     assert any("sequences; its step is scored again" in r.getMessage() for r in caplog.records)
