@@ -29,7 +29,7 @@ from train.metrics import flops_per_token, peak_flops
 def parts(step: BertjaxStep) -> dict[str, tuple]:
     trainer, batch = step.trainer, step.batch
     params, key = step.state["params"], jax.random.key(1)
-    loss = lambda p, k: trainer._loss(p, batch, k)[0]
+    loss = lambda p, k: trainer._loss(p, batch, k, step.state["step"])[0]
     update = lambda p, o, g: optax.apply_updates(p, trainer.tx.update(g, o, p)[0])
     return {
         "forward": (jax.jit(loss), (params, key)),

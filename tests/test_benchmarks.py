@@ -44,6 +44,20 @@ def test_train_step_runs_on_a_tiny_shape(capsys):
     assert speedup["torch_median_s"] == steps["torch"]["median_s"]
 
 
+def test_train_step_times_the_steered_step_beside_the_plain_one(capsys):
+    from benchmarks import train_step
+
+    argv = ["--preset", "tiny", "--batch-size", "2", "--seq-len", "32", "--repeat", "1", "--warmup", "0",
+            "--backends", "bertjax,bertjax-steered"]  # fmt: skip
+    train_step.main(argv)
+    records = json_lines(capsys.readouterr().out)
+    steps = {r["backend"]: r for r in records if "cost" not in r}
+    assert set(steps) == {"bertjax", "bertjax-steered"}
+    assert steps["bertjax"]["params"] == steps["bertjax-steered"]["params"]
+    (cost,) = [r for r in records if "cost" in r]
+    assert cost["cost"] == pytest.approx(steps["bertjax-steered"]["median_s"] / steps["bertjax"]["median_s"])
+
+
 def test_sieve_kernel_runs_on_a_tiny_shape(capsys):
     from benchmarks import sieve_kernel
 

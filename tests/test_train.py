@@ -107,9 +107,24 @@ def test_a_run_says_what_it_does_and_hides_library_info_lines(smoke_run):
     lines = (smoke_run.parent / "smoke.log").read_bytes().decode().rstrip("\n").split("\n")
     assert "INFO train.pretraining: pre-training a tiny BERT for 12 steps of 8 sequences (T = 64)" in lines[0]
     assert library_info_lines("\n".join(lines)) == []
-    # The first line, phase 1's, the progress bar's and one per evaluation: orbax alone wrote
-    # about 40 lines per checkpoint (3 here).
-    assert len(lines) <= 8, "\n".join(lines)
+    # The last says where the checkpoints are (issue 52: no line did).
+    assert lines[-1] == f"checkpoints in {smoke_run / 'checkpoints'} (3 saved, steps 4 to 12)"
+    # The first line, phase 1's, the progress bar's, one per evaluation and the last: orbax alone
+    # wrote about 40 lines per checkpoint (3 here).
+    assert len(lines) <= 9, "\n".join(lines)
+
+
+def test_the_last_line_names_the_checkpoints_saved(tmp_path):
+    from train.checkpoints import saved_line
+
+    directory = tmp_path / ckpt.CHECKPOINTS
+    assert saved_line(tmp_path) == f"no checkpoint saved in {directory}"
+    (directory / "30" / ckpt.META).mkdir(parents=True)
+    (directory / "7.orbax-checkpoint-tmp-1").mkdir()  # a partial save is no step
+    assert saved_line(tmp_path) == f"checkpoints in {directory} (1 saved, step 30)"
+    for step in (100, 4):
+        (directory / str(step) / ckpt.META).mkdir(parents=True)
+    assert saved_line(tmp_path) == f"checkpoints in {directory} (3 saved, steps 4 to 100)"
 
 
 @pytest.mark.slow  # a pre-training subprocess: ~17 s of CPU
@@ -418,6 +433,57 @@ def test_probe_and_heldout_settings_may_change_on_a_resume_the_recipe_may_not():
     assert setting_changes(before, now) == []
     changed = setting_changes(before, {**now, "model": {"layer_norm_position": "pre"}})
     assert len(changed) == 1 and "model.layer_norm_position" in changed[0]
+
+
+@pytest.mark.slow  # two 2-step runs in this process: ~15 s of CPU
+def test_matmul_precision_is_recorded_and_float32_trains_as_the_default_on_a_cpu(corpus, prepared, tmp_path):
+    """`model.matmul_precision` lands in run.json and config.yaml; on a CPU, where JAX's default is
+    true float32, `float32` trains bit for bit as `default` (every run before the setting)."""
+    import json
+
+    params = {}
+    for precision in ("default", "float32"):
+        workdir = tmp_path / precision
+        pretrain.main(["--config", str(ROOT / "configs/pretrain/tiny.yaml"), "--workdir", str(workdir),
+                       *_overrides(corpus, 2, data_dir=str(prepared), **{"model.matmul_precision": precision})])  # fmt: skip
+        assert json.loads((workdir / "run.json").read_text())["config"]["model"]["matmul_precision"] == precision
+        assert f"matmul_precision: {precision}" in (workdir / "config.yaml").read_text()
+        params[precision] = _params(workdir)
+    for name, value in params["default"].items():
+        np.testing.assert_array_equal(params["float32"][name], value, err_msg=name, strict=True)
+
+
+def test_a_run_recorded_before_matmul_precision_resumes_at_default_only():
+    from train.checkpoints import setting_changes
+
+    before = {"model": {"dtype": "float32"}}
+    assert setting_changes(before, {"model": {"dtype": "float32", "matmul_precision": "default"}}) == []
+    changed = setting_changes(before, {"model": {"dtype": "float32", "matmul_precision": "float32"}})
+    assert changed == ["model.matmul_precision: 'default' vs 'float32'"]
+    assert setting_changes({"dtype": "auto"}, {"dtype": "auto", "matmul_precision": "default"}) == []
+
+
+@pytest.mark.parametrize(
+    "precision,expected", [("default", None), ("float32", "highest"), ("bfloat16", "BF16_BF16_F32")]
+)
+def test_the_trainer_runs_under_its_matmul_precision(precision, expected, monkeypatch):
+    """Everything `Trainer.run` calls (the step, the evaluations, the probes) is traced under the
+    run's precision, jit keying its cache on it; "default" leaves JAX's own."""
+    from train.trainer import Trainer
+
+    seen = []
+    monkeypatch.setattr(Trainer, "_run", lambda self, make_data, **hooks: seen.append(jax.config.jax_default_matmul_precision))  # fmt: skip
+    trainer = object.__new__(Trainer)
+    trainer.matmul_precision = precision
+    trainer.run(None, evaluate=None)
+    assert seen == [expected] and jax.config.jax_default_matmul_precision is None
+
+
+def test_an_unknown_matmul_precision_is_one_line():
+    with pytest.raises(
+        UserError, match=r"^model.matmul_precision: 'tf16' is not one of default, float32, tf32, bfloat16$"
+    ):
+        bertjax_config(["model.matmul_precision=tf16"])
 
 
 @pytest.mark.slow  # prepares and trains two phases: ~21 s of CPU

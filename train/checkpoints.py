@@ -53,6 +53,8 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
 # what it trains (runs from before held-out evaluation or probes existed record no such settings).
 RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", "seeds", "data.eval_batch_size",
                       "data.segment_workers", "data.shard_size", "heldout.", "probe.")  # fmt: skip
+# Settings added since runs were first recorded, at the value a run that records none trained with.
+ADDED_SETTINGS = {"model.matmul_precision": "default", "matmul_precision": "default", "intervene": []}
 
 
 def setting_changes(
@@ -73,6 +75,7 @@ def setting_changes(
         return out
 
     old, new = flat(json.loads(json.dumps(stored))), flat(json.loads(json.dumps(current)))
+    old = {key: value for key, value in ADDED_SETTINGS.items() if key in new} | old
     keys = [k for k in dict.fromkeys([*new, *old]) if not k.startswith(ignore)]
     return [f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
@@ -95,6 +98,16 @@ def check_resumable(workdir: Path, run_config: dict[str, Any]) -> None:
                 "resume with the run's own config or use a new --workdir"
             )
         return
+
+
+def saved_line(workdir: Path) -> str:
+    """The last line of a training run: where its checkpoints are, and their first and last step."""
+    directory = Path(workdir).expanduser().resolve() / ckpt.CHECKPOINTS
+    steps = ckpt.available_steps(directory) if directory.is_dir() else []
+    if not steps:
+        return f"no checkpoint saved in {directory}"
+    which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"
+    return f"checkpoints in {directory} ({len(steps)} saved, {which})"
 
 
 def tree_signature(tree: Any) -> str:

@@ -308,6 +308,24 @@ class ProbeConfig:
     )
 
 
+# -- steering head roles (train.interventions) ---------------------------------------------------
+
+
+@dataclasses.dataclass
+class InterventionConfig:
+    """One penalty on a role's sieve bias β, added to the training loss (docs/pretraining.md). Checked
+    with the model's shape by `train.interventions.check_config`, before any data work."""
+
+    role: str = setting("", help="the role whose β is steered (required): local, prev, next, block, cls, sep or delimiter")  # fmt: skip
+    mode: str = setting("suppress", help="suppress: push β to chance (1) or below; promote: pull it up to `target`")
+    weight: float = setting(1.0, help="the penalty's weight in the loss")
+    target: float = setting(3.0, help="promote's β target (the role tests' τ); suppress's is chance, 1")
+    layers: list[int] | None = setting(None, help="the layers (0-based) steered; null: every layer")
+    heads: list[int] | None = setting(None, help="the heads (0-based) steered in each of those layers; null: every head")  # fmt: skip
+    start: int = setting(0, help="the first step steered: the update from step `start` to `start` + 1")
+    stop: int | None = setting(None, help="steered before this step, not from it; null: to the end of the run")
+
+
 # -- the commands' configs -----------------------------------------------------------------------
 
 
@@ -340,6 +358,11 @@ class PretrainConfig:
     heldout: HeldOutConfig = setting(default_factory=HeldOutConfig, help="the held-out evaluation")
     distributed: bool = setting(False, help="call jax.distributed.initialize() (multi-host TPU pods, SLURM)")
     probe: ProbeConfig = setting(default_factory=ProbeConfig, help="role probes during training (off while probe.task is null)")  # fmt: skip
+    intervene: list[InterventionConfig] = setting(
+        default_factory=list,
+        help="penalties that steer head roles during training, e.g. intervene=[{role: prev, mode: suppress}]; "
+        "empty: none (docs/pretraining.md)",
+    )
 
 
 @dataclasses.dataclass

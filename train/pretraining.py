@@ -29,6 +29,8 @@ from train.checkpoints import check_resumable, setting_changes
 from train.config import LoopConfig, ModelSettings, OptimizerConfig, PrepareConfig, PretrainConfig
 from train.data import PretrainingData, load_meta, num_examples
 from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences
+from train.interventions import Interventions
+from train.interventions import check_config as check_interventions
 from train.losses import pretraining_loss
 from train.prepare import prepare
 from train.probe import ProbeSet, RoleProbe, check_config, read_probe_set
@@ -179,6 +181,7 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
     if config.train.steps < 1:
         raise UserError(f"train.steps must be at least 1, got {config.train.steps}")
     model = model_config(config.model, config.data.vocab_size)  # BertConfig checks the model's settings
+    check_interventions(config.intervene, model.num_hidden_layers, model.num_attention_heads)
     lengths = [("data.max_seq_length", config.data.max_seq_length)]
     check_batch(config.train, mesh)
     p2 = config.phase2
@@ -322,6 +325,9 @@ def train_phases(
     outcome (None when every phase had finished before)."""
     start, outcome = 0, None
     probe_sequences = None
+    shape = model_config(config.model, config.data.vocab_size)
+    steerings = check_interventions(config.intervene, shape.num_hidden_layers, shape.num_attention_heads)
+    interventions = Interventions(tuple(steerings)) if steerings else None
     for index, (phase_data, phase) in enumerate(zip(prepared, phases, strict=True), start=1):
         data_dir, heldout_dir, data_config = phase_data
         meta = load_meta(data_dir)
@@ -330,7 +336,7 @@ def train_phases(
             workdir=workdir,
             model_config=model_config(config.model, meta["vocab_size"]),
             model_cls=BertForPreTraining,
-            loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task),
+            loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task, interventions=interventions),
             optimizer=phase.optimizer,
             loop=phase.loop,
             checkpoint=config.checkpoint,

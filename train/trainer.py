@@ -39,7 +39,8 @@ from train.optim import make_optimizer, schedule
 
 log = logging.getLogger(__name__)
 
-LossFn = Callable[[nnx.Module, dict[str, jax.Array], jax.Array | None], tuple[jax.Array, dict[str, jax.Array]]]
+# (model, batch, dropout key, step=the updates made before this one) → (loss, metrics).
+LossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 
 
 def check_batch(loop: LoopConfig, mesh: jax.sharding.Mesh, name: str = "train.global_batch_size") -> None:
@@ -232,8 +233,8 @@ class Trainer:
 
     # -- the step ----------------------------------------------------------------------------
 
-    def _loss(self, params, batch, key):
-        return self.loss_fn(self.model(params), batch, key)
+    def _loss(self, params, batch, key, step):
+        return self.loss_fn(self.model(params), batch, key, step=step)
 
     def _train_step(self, state, batch, key):
         accum = self.loop.grad_accum_steps
@@ -241,17 +242,17 @@ class Trainer:
         params = state["params"]
         step_key = jax.random.fold_in(key, state["step"])
         if accum == 1:
-            (loss, metrics), grads = grad_fn(params, batch, step_key)
+            (loss, metrics), grads = grad_fn(params, batch, step_key, state["step"])
         else:
             micro = jax.tree.map(lambda x: x.reshape(accum, x.shape[0] // accum, *x.shape[1:]), batch)
 
             def body(carry, inputs):
                 i, one = inputs
-                (loss, metrics), grads = grad_fn(params, one, jax.random.fold_in(step_key, i))
+                (loss, metrics), grads = grad_fn(params, one, jax.random.fold_in(step_key, i), state["step"])
                 return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
 
             (loss_shape, metrics_shape), grads_shape = jax.eval_shape(
-                grad_fn, params, jax.tree.map(lambda x: x[0], micro), step_key
+                grad_fn, params, jax.tree.map(lambda x: x[0], micro), step_key, state["step"]
             )
             zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), (loss_shape, metrics_shape, grads_shape))
             (loss, metrics, grads), _ = jax.lax.scan(body, zeros, (jnp.arange(accum), micro))
