@@ -114,3 +114,68 @@ def _median_range(values: list[int]) -> str:
     if not values:
         return "–"
     return f"{int(np.median(values)):+d} [{min(values):+d}, {max(values):+d}]"
+
+
+# A run tracked with the event tools from the start (this CPU, the emergence recipe, MLM only):
+# its held-out sequences recorded, so that every interval below is a joint one.
+EVENTS_RUN = SEEDS.parent / "events" / "mlm-s0"
+RUN_EVENTS = ("rise_start", "rise_10", "rise_50")
+
+
+def run_lead_lag() -> pd.DataFrame:
+    """The run's lead_lag.csv, its intervals computed again from the replicates stored beside it
+    (checked equal to the file: the page's intervals regenerate from committed files)."""
+    track = EVENTS_RUN / "track"
+    table = pd.read_csv(track / events.LEAD_LAG_CSV, keep_default_na=False, na_values=[""])
+    found, curve = events.load_lead_lag_replicates(track / events.LEAD_LAG_REPLICATES)
+    again = events.lead_lag(found, curve, onset.REFERENCE_CURVE)
+    for column in ("earliest_low", "earliest_high", "low", "high"):
+        if not again[column].astype("Float64").equals(table[column].astype("Float64")):
+            raise SystemExit(f"{track / events.LEAD_LAG_CSV}: {column} differs from its replicates")
+    return table
+
+
+def run_events() -> str:
+    """Per task and role group of the run: each event of the earliest head against the held-out
+    loss's, the difference's 90% interval (jointly drawn replicates) and its relation."""
+    table = run_lead_lag()
+    header = ["task", "group", "heads", *[f"{e}: heads − loss [90%]" for e in RUN_EVENTS]]
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    for (task, group), part in table.groupby(["task", "group"], sort=False):
+        part = part.set_index("event")
+        cells = []
+        for event in RUN_EVENTS:
+            r = part.loc[event]
+            if pd.isna(r["difference"]):
+                cells.append("–")
+                continue
+            bounds = "–" if pd.isna(r["low"]) or pd.isna(r["high"]) else f"{int(r['low']):+d}, {int(r['high']):+d}"
+            cells.append(f"{int(r['difference']):+d} [{bounds}] {r['relation'] or 'open'}")
+        lines.append(f"| {task} | {group} | {int(part['heads'].iloc[0])} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_curves() -> str:
+    """The run's held-out loss: its events (intervals from resampling held-out sequences) and its
+    changepoint with the model's misfit."""
+    track = EVENTS_RUN / "track"
+    curve_events = pd.read_csv(track / events.CURVE_EVENTS_CSV)
+    loss = curve_events[curve_events["curve"] == onset.REFERENCE_CURVE].set_index("event")
+    cells = [f"{e} {int(loss.loc[e, 'step'])} [{int(loss.loc[e, 'low'])}–{int(loss.loc[e, 'high'])}]"
+             for e in events.EVENTS]  # fmt: skip
+    changes = pd.read_csv(track / onset.CURVE_ONSETS_CSV)
+    ref = changes[changes["curve"] == onset.REFERENCE_CURVE].iloc[0]
+    return (
+        f"- held-out loss events: {'; '.join(cells)} (steps, 90% intervals from {ref['interval_from']} resampled)\n"
+        f"- its changepoint: {int(ref['changepoint_step'])} [{int(ref['changepoint_low'])}–{int(ref['changepoint_high'])}], "
+        f"{int(ref['segments'])} segments (the cap bound: {str(bool(ref['cap_bound'])).lower()}), residual lag-1 "
+        f"autocorrelation {ref['residual_lag1']:+.2f}"
+    )
+
+
+def run_robustness() -> str:
+    """The run's printed robustness lines (robustness.csv)."""
+    table = pd.read_csv(EVENTS_RUN / "track" / robustness.ROBUSTNESS_CSV, keep_default_na=False, na_values=[""])
+    table["relation"] = table["relation"].fillna("")
+    keep = table[table["group"].isin(["local", "syntactic", "delimiter"])]
+    return "\n".join(f"- {line.strip()}" for line in robustness.summary_lines(keep))
