@@ -122,7 +122,6 @@ class Trajectories:
     the step of its peak."""
 
     rows: pd.DataFrame
-    steps: np.ndarray
     point: np.ndarray
     replicates: np.ndarray | None
     status: np.ndarray
@@ -141,7 +140,7 @@ def trajectories(rows: pd.DataFrame, steps, means: np.ndarray, replicates: np.nd
     reps = None if replicates is None else event_positions(x, np.moveaxis(replicates, 1, 2), falling)
     shown = -trajectory if falling else trajectory
     peak = steps[np.argmax(np.where(np.isfinite(shown), shown, -np.inf), axis=1)]
-    return Trajectories(rows.reset_index(drop=True), steps, event_positions(x, trajectory, falling), reps,
+    return Trajectories(rows.reset_index(drop=True), event_positions(x, trajectory, falling), reps,
                         statuses(trajectory, falling), trajectory[:, 0], trajectory[:, -1], peak)  # fmt: skip
 
 
