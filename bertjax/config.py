@@ -4,19 +4,24 @@ One config class covers the families bertjax models (`model_type`): BERT, RoBERT
 under other names, positions counted from after the padding id), ELECTRA (BERT's layers behind a
 projection of narrower embeddings) and ModernBERT (its own layers: `bertjax.modernbert`). A family
 reads only the fields that describe it; the others keep their defaults and are not written to its
-`config.json`."""
+`config.json`. Each family's config adapter (below: reading and writing its `config.json`, checking
+its own fields) is named by its entry in `bertjax.families.FAMILIES`."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
 from bertjax.errors import UserError
+
+if TYPE_CHECKING:
+    from bertjax.families import Family
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,7 +58,7 @@ class BertConfig:
     # "sinusoidal" (Vaswani et al. 2017's table, scaled to the same RMS), which hands the model
     # relative offsets from step 1 (Cramming and Bietti et al. 2023 use sin/cos positions).
     position_embedding_init: str = "normal"
-    # HF's model_type: "bert", "roberta", "electra" or "modernbert".
+    # HF's model_type: a family of `bertjax.families.FAMILIES` ("bert", "roberta", "electra", "modernbert").
     model_type: str = "bert"
     # ELECTRA only: the width of its embeddings, projected to hidden_size (None: hidden_size).
     embedding_size: int | None = None
@@ -84,21 +89,18 @@ class BertConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise UserError(f"hidden_act {self.hidden_act!r} is not one of {sorted(ACTIVATIONS)}")
-        if self.model_type not in MODEL_TYPES:
-            raise UserError(f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-        if self.model_type == "modernbert":
-            _check_modernbert(self)
-        elif self.layer_types is not None:
-            raise UserError(f"layer_types is a ModernBERT field; model_type {self.model_type!r} has none")
+        self.family.check(self)
         if self.embedding_size is not None and (
-            self.model_type != "electra" or not isinstance(self.embedding_size, int) or self.embedding_size < 1
+            not self.family.narrow_embeddings or not isinstance(self.embedding_size, int) or self.embedding_size < 1
         ):
             raise UserError(f"embedding_size must be an integer ≥ 1 of an ELECTRA config, got {self.embedding_size!r}")
-        if self.model_type == "roberta" and self.max_sequence_length < 1:
-            raise UserError(
-                f"max_position_embeddings {self.max_position_embeddings} leaves no position after RoBERTa's "
-                f"offset of pad_token_id + 1 = {self.pad_token_id + 1}"
-            )
+
+    @property
+    def family(self) -> Family:
+        """The registry entry of `model_type` (`bertjax.families`), or a UserError naming the families."""
+        from bertjax.families import family  # the registry imports this module's config adapters
+
+        return family(self.model_type)
 
     @property
     def head_dim(self) -> int:
@@ -108,7 +110,7 @@ class BertConfig:
     def max_sequence_length(self) -> int:
         """The longest sequence the model embeds: RoBERTa's positions start at pad_token_id + 1
         (fairseq's numbering), so its table holds that many fewer."""
-        if self.model_type == "roberta":
+        if self.family.positions_after_padding:
             return self.max_position_embeddings - self.pad_token_id - 1
         return self.max_position_embeddings
 
@@ -120,7 +122,7 @@ class BertConfig:
     def has_token_types(self) -> bool:
         """Whether token_type_ids reach the model: RoBERTa has one type and ModernBERT none, so
         their segments exist only in the separators (the model ignores token_type_ids)."""
-        return self.model_type != "modernbert" and self.type_vocab_size > 1
+        return self.family.token_types and self.type_vocab_size > 1
 
     def is_global(self, layer: int) -> bool:
         """Whether a layer attends over the whole sequence (always, outside ModernBERT)."""
@@ -142,59 +144,19 @@ class BertConfig:
         return dataclasses.replace(self, **changes)
 
     def to_hf_dict(self, architecture: str = "BertModel") -> dict[str, Any]:
-        if self.model_type == "modernbert":
-            return self._to_modernbert_dict(architecture)
-        own = (*MODERNBERT_FIELDS, *(() if self.model_type == "electra" else ("embedding_size",)))
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in own}
-        fields.pop("dtype")
-        fields.pop("param_dtype")
-        num_labels = fields.pop("num_labels")
-        if self.model_type in ("roberta", "electra"):
-            architecture = architecture.replace("Bert", self.model_type.capitalize(), 1)
-        hf = {"architectures": [architecture], **fields}
-        hf["position_embedding_type"] = "absolute"
-        hf["tie_word_embeddings"] = True
-        hf["dtype"] = self.param_dtype
-        if architecture.endswith("ForSequenceClassification"):
-            hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
-            hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
-        return hf
-
-    def _to_modernbert_dict(self, architecture: str) -> dict[str, Any]:
-        same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "max_position_embeddings", "initializer_range", "pad_token_id", "classifier_dropout",
-                "model_type", *MODERNBERT_FIELDS)  # fmt: skip
-        hf = {"architectures": [architecture.replace("Bert", "ModernBert", 1)]}
-        hf.update({name: getattr(self, name) for name in same})
-        hf["layer_types"] = list(self.layer_types)
-        hf["hidden_activation"] = self.hidden_act
-        hf["norm_eps"] = self.layer_norm_eps
-        hf["attention_dropout"] = self.attention_probs_dropout_prob
-        hf["mlp_dropout"] = self.hidden_dropout_prob
-        hf["num_labels"] = self.num_labels
-        hf["dtype"] = self.param_dtype
-        return hf
+        """This config as its family's HF `config.json`, for bertjax's class `architecture`."""
+        return self.family.write_hf(self, architecture)
 
     @classmethod
     def from_hf_dict(cls, hf: dict[str, Any], source: str = "config", **overrides: Any) -> BertConfig:
         """Reads the fields bertjax models; rejects variants it does not implement."""
-        model_type = hf.get("model_type", "bert")
-        if model_type not in MODEL_TYPES:
-            raise UserError(f"{source}: model_type {model_type!r} is not one of {', '.join(MODEL_TYPES)}")
-        if model_type == "modernbert":
-            hf = _modernbert_fields(hf, source)
-        else:
-            position = hf.get("position_embedding_type", "absolute")
-            if position != "absolute":
-                raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
-            if hf.get("tie_word_embeddings", True) is False:
-                # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
-                raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
-            hf = {k: v for k, v in hf.items() if k not in MODERNBERT_FIELDS}
-            if model_type == "electra" and hf.get("embedding_size") == hf.get("hidden_size", cls.hidden_size):
-                hf.pop("embedding_size")  # no projection: one config for one model
-            elif model_type != "electra":
-                hf.pop("embedding_size", None)
+        from bertjax.families import family  # the registry imports this module's config adapters
+
+        try:
+            read_hf = family(hf.get("model_type", "bert")).read_hf
+        except UserError as e:
+            raise UserError(f"{source}: {e}") from None
+        hf = read_hf(hf, source)
         names = {f.name for f in dataclasses.fields(cls)} - {"dtype", "param_dtype", "num_labels"}
         kwargs: dict[str, Any] = {k: hf[k] for k in names if k in hf}
         if "id2label" in hf:
@@ -273,7 +235,75 @@ def _check_fields(config: BertConfig) -> None:
             raise bad(name, "a string")
 
 
-def _check_modernbert(config: BertConfig) -> None:
+# The config adapters of the families (`bertjax.families`): BERT's serves RoBERTa and ELECTRA too.
+
+
+def check_bert(config: BertConfig) -> None:
+    family = config.family
+    if config.layer_types is not None:
+        raise UserError(f"layer_types is a ModernBERT field; model_type {config.model_type!r} has none")
+    if family.positions_after_padding and config.max_sequence_length < 1:
+        raise UserError(
+            f"max_position_embeddings {config.max_position_embeddings} leaves no position after {family.title}'s "
+            f"offset of pad_token_id + 1 = {config.pad_token_id + 1}"
+        )
+
+
+def bert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+    """A BERT-like config.json's fields (those of BERT, RoBERTa, ELECTRA), refusing the variants
+    bertjax does not implement."""
+    from bertjax.families import family
+
+    narrow = family(hf.get("model_type", "bert")).narrow_embeddings
+    position = hf.get("position_embedding_type", "absolute")
+    if position != "absolute":
+        raise UserError(f"{source}: position_embedding_type {position!r} is not supported")
+    if hf.get("tie_word_embeddings", True) is False:
+        # bertjax's MLM decoder is the word-embedding table; an untied one would be dropped.
+        raise UserError(f"{source}: tie_word_embeddings false (an untied MLM decoder) is not supported")
+    hf = {k: v for k, v in hf.items() if k not in MODERNBERT_FIELDS}
+    if narrow and hf.get("embedding_size") == hf.get("hidden_size", BertConfig.hidden_size):
+        hf.pop("embedding_size")  # no projection: one config for one model
+    elif not narrow:
+        hf.pop("embedding_size", None)
+    return hf
+
+
+def bert_hf_dict(config: BertConfig, architecture: str) -> dict[str, Any]:
+    family = config.family
+    own = (*MODERNBERT_FIELDS, *(() if family.narrow_embeddings else ("embedding_size",)))
+    fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.name not in own}
+    fields.pop("dtype")
+    fields.pop("param_dtype")
+    num_labels = fields.pop("num_labels")
+    architecture = architecture.replace("Bert", family.architecture, 1)
+    hf = {"architectures": [architecture], **fields}
+    hf["position_embedding_type"] = "absolute"
+    hf["tie_word_embeddings"] = True
+    hf["dtype"] = config.param_dtype
+    if architecture.endswith("ForSequenceClassification"):
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(num_labels)}
+    return hf
+
+
+def modernbert_hf_dict(config: BertConfig, architecture: str) -> dict[str, Any]:
+    same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "max_position_embeddings", "initializer_range", "pad_token_id", "classifier_dropout",
+            "model_type", *MODERNBERT_FIELDS)  # fmt: skip
+    hf = {"architectures": [architecture.replace("Bert", config.family.architecture, 1)]}
+    hf.update({name: getattr(config, name) for name in same})
+    hf["layer_types"] = list(config.layer_types)
+    hf["hidden_activation"] = config.hidden_act
+    hf["norm_eps"] = config.layer_norm_eps
+    hf["attention_dropout"] = config.attention_probs_dropout_prob
+    hf["mlp_dropout"] = config.hidden_dropout_prob
+    hf["num_labels"] = config.num_labels
+    hf["dtype"] = config.param_dtype
+    return hf
+
+
+def check_modernbert(config: BertConfig) -> None:
     # Set here (the dataclass is frozen) so that every reader sees the layers' kinds, as a tuple:
     # configs key caches, so they must hash.
     if config.layer_types is None:
@@ -312,7 +342,7 @@ def every_nth_global(layers: int, every: int) -> tuple[str, ...]:
     return tuple("sliding_attention" if i % every else "full_attention" for i in range(layers))
 
 
-def _modernbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
+def modernbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
     """A ModernBERT config.json's fields under bertjax's names. transformers ≥ 5 writes
     `layer_types` and `rope_parameters`; earlier versions (and the hub's checkpoints)
     `global_attn_every_n_layers` and `global_rope_theta` / `local_rope_theta`: both are read."""
@@ -349,8 +379,21 @@ def _modernbert_fields(hf: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
-# The families (HF model_type) and ModernBERT's own fields (written only to its config.json).
-MODEL_TYPES = ("bert", "roberta", "electra", "modernbert")
+@dataclasses.dataclass(frozen=True)
+class ConfigAdapter:
+    """A family's config side (`bertjax.families.Family.config_adapter` names one): its HF
+    config.json's fields under `BertConfig`'s names (`read_hf(hf, source)`), a config as that
+    config.json (`write_hf(config, architecture)`), and the checks of the family's own fields."""
+
+    read_hf: Callable[[dict[str, Any], str], dict[str, Any]]
+    write_hf: Callable[[BertConfig, str], dict[str, Any]]
+    check: Callable[[BertConfig], None]
+
+
+BERT_ADAPTER = ConfigAdapter(bert_fields, bert_hf_dict, check_bert)
+MODERNBERT_ADAPTER = ConfigAdapter(modernbert_fields, modernbert_hf_dict, check_modernbert)
+
+# ModernBERT's own fields (written only to its config.json).
 MODERNBERT_FIELDS = ("layer_types", "local_attention", "global_rope_theta", "local_rope_theta", "norm_bias",
                      "attention_bias", "mlp_bias")  # fmt: skip
 LAYER_TYPES = ("full_attention", "sliding_attention")

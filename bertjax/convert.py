@@ -1,4 +1,4 @@
-"""HF state dicts (BERT, RoBERTa, ModernBERT) ↔ bertjax parameter trees.
+"""HF state dicts (BERT, RoBERTa, ELECTRA, ModernBERT) ↔ bertjax parameter trees.
 
 The Flax trees mirror HF's module trees (see `bertjax.model`, `bertjax.modernbert`), so a name
 converts by joining the path and swapping the leaf name through `LEAF_NAMES`; the only other
@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
-from flax import nnx
 
 from bertjax.errors import UserError
+
+if TYPE_CHECKING:
+    from flax import nnx
 
 # bertjax leaf → (HF leaf, transpose?). Linear kernels are [in, out] in Flax, [out, in] in torch.
 LEAF_NAMES: dict[str, tuple[str, bool]] = {
@@ -41,8 +44,9 @@ HEAD_PREFIXES = ("cls.", "classifier.")
 
 
 @dataclasses.dataclass(frozen=True)
-class Family:
-    """How one family's HF checkpoints name what bertjax's tree holds."""
+class Rules:
+    """How one family's HF checkpoints name what bertjax's tree holds (its entry in
+    `bertjax.families.FAMILIES` names its rules)."""
 
     encoder_prefix: str  # of the encoder's tensors in a headed model's state dict
     head_prefixes: tuple[str, ...]  # tensors a model class may lack or not use
@@ -50,27 +54,25 @@ class Family:
     ignored: tuple[str, ...] = IGNORED_HF_NAMES
 
 
-FAMILIES: dict[str, Family] = {
-    "bert": Family(ENCODER_PREFIX, HEAD_PREFIXES),
-    # RoBERTa's MLM head is BERT's under other names (its decoder tied, like BERT's).
-    "roberta": Family(
-        "roberta.",
-        HEAD_PREFIXES,
-        renames=(
-            ("lm_head.dense.", "cls.predictions.transform.dense."),
-            ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
-            ("lm_head.bias", "cls.predictions.bias"),
-        ),
-        ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids", "lm_head.decoder.weight", "lm_head.decoder.bias"),
+BERT_RULES = Rules(ENCODER_PREFIX, HEAD_PREFIXES)
+# RoBERTa's MLM head is BERT's under other names (its decoder tied, like BERT's).
+ROBERTA_RULES = Rules(
+    "roberta.",
+    HEAD_PREFIXES,
+    renames=(
+        ("lm_head.dense.", "cls.predictions.transform.dense."),
+        ("lm_head.layer_norm.", "cls.predictions.transform.LayerNorm."),
+        ("lm_head.bias", "cls.predictions.bias"),
     ),
-    # bertjax models ELECTRA's and ModernBERT's encoders only: their heads are not read.
-    "electra": Family(
-        "electra.",
-        ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier."),
-        ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids"),
-    ),
-    "modernbert": Family("model.", ("head.", "decoder.", "classifier.")),
-}
+    ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids", "lm_head.decoder.weight", "lm_head.decoder.bias"),
+)
+# bertjax models ELECTRA's and ModernBERT's encoders only: their heads are not read.
+ELECTRA_RULES = Rules(
+    "electra.",
+    ("discriminator_predictions.", "generator_predictions.", "generator_lm_head.", "classifier."),
+    ignored=(*IGNORED_HF_NAMES, "embeddings.token_type_ids"),
+)
+MODERNBERT_RULES = Rules("model.", ("head.", "decoder.", "classifier."))
 
 
 def hf_name(path: tuple) -> tuple[str, bool]:
@@ -84,17 +86,19 @@ def hf_name(path: tuple) -> tuple[str, bool]:
 def normalize_hf_names(tensors: Mapping[str, np.ndarray], model_type: str = "bert") -> dict[str, np.ndarray]:
     """Drops the family's encoder prefix, legacy names and non-parameters, and renames its head,
     so that any checkpoint of the family compares equal."""
-    family = FAMILIES[model_type]
+    from bertjax.families import family  # the registry, which imports this module, holds the rules
+
+    rules = family(model_type).rules
     out = {}
     for name, value in tensors.items():
-        name = name.removeprefix(family.encoder_prefix)
+        name = name.removeprefix(rules.encoder_prefix)
         for old, new in LEGACY_NAMES.items():
             if name.endswith(old):
                 name = name[: -len(old)] + new
-        for old, new in family.renames:
+        for old, new in rules.renames:
             if name.startswith(old):
                 name = new + name[len(old) :]
-        if name in family.ignored:
+        if name in rules.ignored:
             continue
         out[name] = value
     return out
@@ -102,6 +106,8 @@ def normalize_hf_names(tensors: Mapping[str, np.ndarray], model_type: str = "ber
 
 def to_hf(state: nnx.State, headed: bool) -> dict[str, np.ndarray]:
     """A bertjax parameter state → HF tensors (with the `bert.` prefix when the model has heads)."""
+    from flax import nnx  # not at the top: the family registry reads this module's rules, flax-free
+
     tensors = {}
     for path, variable in nnx.to_flat_state(state):
         name, transpose = hf_name(path)
@@ -127,6 +133,8 @@ def from_hf(
     """
     available = normalize_hf_names(tensors, model_type)
     leaves, missing, used = {}, [], set()
+    from flax import nnx
+
     for path, variable in nnx.to_flat_state(abstract_state):
         name, transpose = hf_name(path)
         used.add(name)
@@ -142,11 +150,11 @@ def from_hf(
                 f"{source}: tensor {name} has shape {list(value.shape)}, the config needs {list(expected.shape)}"
             )
         leaves[path] = value.astype(expected.dtype)
-    heads = FAMILIES[model_type].head_prefixes
+    from bertjax.families import family
+
+    heads = family(model_type).rules.head_prefixes
     unexplained = sorted(n for n in available if n not in used and not n.startswith(heads))
     if unexplained:
-        what = {"bert": "a BERT", "roberta": "a RoBERTa", "electra": "an ELECTRA", "modernbert": "a ModernBERT"}[
-            model_type
-        ]
+        what = family(model_type).described
         raise UserError(f"{source}: tensor {unexplained[0]} is not part of {what} with this config")
     return leaves, missing

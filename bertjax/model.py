@@ -18,21 +18,26 @@ implementation: JAX picks no fused kernel by itself), which never hands the prob
 head mask ξ multiplies the probabilities; on that path it multiplies the head's output instead,
 which is the same product (ξ·P)V = ξ·(PV).
 
-`attention_norms=True` also returns, per layer, the norms ‖f_h(x_j)‖ of what each head passes on
-from each key (Kobayashi et al. 2020, `value_norms`); `norm_weighted` turns them and the weights
-into their norm-weighted attention. Left False, the forward pass is exactly the one without them.
+What a call records is a static `Capture` (the attentions; the norms ‖f_h(x_j)‖ of what each head
+passes on from each key, Kobayashi et al. 2020, `bertjax.readings`), what it changes on the heads
+one `Interventions` value sliced per layer; every family's layers run in one loop (`run_layers`)
+that returns a `LayerRecord` per layer. Recording nothing, the forward pass is exactly the one
+without the records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict, Unpack
 
 import jax
 import jax.numpy as jnp
 from flax import nnx, struct
 
+from bertjax import readings
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
 
@@ -211,8 +216,8 @@ def check_length(config: BertConfig, length: int) -> None:
     limit = config.max_sequence_length
     if length <= limit:
         return
-    if config.model_type == "roberta":
-        where = f"max_position_embeddings {config.max_position_embeddings} less RoBERTa's offset of {config.pad_token_id + 1}"
+    if config.family.positions_after_padding:
+        where = f"max_position_embeddings {config.max_position_embeddings} less {config.family.title}'s offset of {config.pad_token_id + 1}"
         raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions ({where})")
     raise UserError(f"sequences of {length} tokens exceed the model's {limit} positions (max_position_embeddings)")
 
@@ -226,15 +231,103 @@ def roberta_position_ids(input_ids: Array, real: Array, pad_token_id: int) -> Ar
     return jnp.cumsum(counted, axis=-1, dtype=jnp.int32) * counted + pad_token_id
 
 
-def attend(cfg: BertConfig, q, k, v, allowed, head_mask, disable, output_attentions, rngs, offsets):
+@dataclasses.dataclass(frozen=True)
+class Capture:
+    """What a forward pass records beside its output, per layer. Static: each setting is a pass of
+    its own (under `jax.jit`, a compilation of its own), and the default records nothing.
+    `value_norms` (Kobayashi et al.'s ‖f_h(x_j)‖, `readings.value_norms`) brings the attentions
+    with it: the norms are read against the weights."""
+
+    attentions: bool = False
+    value_norms: bool = False
+
+    @property
+    def probabilities(self) -> bool:
+        return self.attentions or self.value_norms
+
+
+@struct.dataclass
+class Interventions:
+    """What a forward pass changes on the heads, one value for the whole model; a field left None
+    changes nothing. head_mask [L, H] floats multiply each head's attention; disable [L, H] bool
+    replaces a head's attention by a uniform one over the keys it may attend (Kovaleva et al.);
+    offsets [L, B, H, T, T] are added to the attention probabilities (at zeros nothing changes,
+    and the gradient with respect to them is the gradient with respect to the probabilities).
+    `layer(i)` is layer i's slice, the same type without the leading L axis."""
+
+    head_mask: Array | None = None
+    disable: Array | None = None
+    offsets: Array | None = None
+
+    def layer(self, index: int) -> Interventions:
+        return dataclasses.replace(
+            self,
+            **{f.name: None if (a := getattr(self, f.name)) is None else a[index] for f in dataclasses.fields(self)},
+        )
+
+
+@struct.dataclass
+class LayerRecord:
+    """What one layer recorded under a `Capture`: its attention probabilities [B, H, T, T] and its
+    `value_norms` [B, H, T], each None when not captured."""
+
+    attentions: Array | None = None
+    value_norms: Array | None = None
+
+
+class ModelOptions(TypedDict, total=False):
+    """The keyword arguments of an encoder's call besides its inputs: `interventions` and `capture`,
+    or the same under HF's and bertjax's earlier argument names (head_mask, disable_heads,
+    attention_offsets; output_attentions, attention_norms), which `model_options` turns into them."""
+
+    interventions: Interventions
+    capture: Capture
+    head_mask: Array | None
+    disable_heads: Array | None
+    attention_offsets: Array | None
+    output_attentions: bool
+    attention_norms: bool
+
+
+_SEPARATE = {"head_mask": "head_mask", "disable_heads": "disable", "attention_offsets": "offsets"}
+
+
+def model_options(options: ModelOptions) -> tuple[Interventions, Capture]:
+    """The `Interventions` and `Capture` of a call's keyword arguments (`ModelOptions`)."""
+    unknown = sorted(set(options) - set(ModelOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unexpected keyword argument {unknown[0]!r}")
+    separate = {ours: options[theirs] for theirs, ours in _SEPARATE.items() if options.get(theirs) is not None}
+    if separate and "interventions" in options:
+        raise TypeError(f"pass {', '.join(separate)} inside interventions=, not beside it")
+    flags = {
+        "attentions": options.get("output_attentions", False),
+        "value_norms": options.get("attention_norms", False),
+    }
+    if any(flags.values()) and "capture" in options:
+        raise TypeError("pass output_attentions/attention_norms inside capture=, not beside it")
+    interventions = options.get("interventions") or Interventions(**separate)
+    return interventions, options.get("capture") or Capture(**flags)
+
+
+def attend(
+    cfg: BertConfig,
+    qkv: tuple[Array, Array, Array],
+    allowed: Array,
+    edit: Interventions,
+    capture: Capture,
+    rngs: nnx.Rngs | None,
+) -> tuple[Array, Array | None]:
     """Scaled dot-product attention of q, k, v [B, T, H, d_head] over the keys `allowed` (bool,
     broadcastable to [B, 1, T, T]: the real keys, and for a local layer those in its band) →
-    (context [B, T, H·d_head], the probabilities [B, H, T, T] or None). head_mask [H], disable
-    [H] bool and offsets [B, H, T, T] as in `BertModel.__call__`."""
+    (context [B, T, H·d_head], the probabilities [B, H, T, T] when `capture` asks, else None).
+    `edit` is one layer's `Interventions` (head_mask [H], disable [H], offsets [B, H, T, T])."""
+    q, k, v = qkv
+    head_mask, disable, offsets = edit.head_mask, edit.disable, edit.offsets
     batch, length = q.shape[:2]
     dropout_active = rngs is not None and cfg.attention_probs_dropout_prob > 0.0
 
-    if not (output_attentions or dropout_active or disable is not None or offsets is not None):
+    if not (capture.probabilities or dropout_active or disable is not None or offsets is not None):
         context = jax.nn.dot_product_attention(q, k, v, mask=allowed)
         if head_mask is not None:
             context = context * head_mask.astype(context.dtype)[None, None, :, None]
@@ -255,93 +348,7 @@ def attend(cfg: BertConfig, q, k, v, allowed, head_mask, disable, output_attenti
         probs = probs * head_mask.astype(jnp.float32)[None, :, None, None]
     used = _dropout(probs, cfg.attention_probs_dropout_prob, rngs)
     context = jnp.einsum("bhqk,bkhd->bqhd", used.astype(v.dtype), v)
-    return context.reshape(batch, length, -1), probs if output_attentions else None
-
-
-def value_norms(v: Array, output: nnx.Linear) -> Array:
-    """‖f_h(x_j)‖ [B, H, T] in float32 (Kobayashi et al. 2020, "Attention is Not Only a Weight"):
-    f_h(x) = (x W_V^h + b_V^h) W_O^h is what head h passes on from key j to the residual stream,
-    from its values v [B, T, H, d_head] (bias included) and W_O^h, the d_head rows of the output
-    projection `output`'s kernel [H·d_head, d] that head h's slice of the context feeds.
-
-    The output bias b_O is left out, as in the paper: it is added once to the sum over heads, not
-    per head or per key, so it belongs to no head's transfer. What head h adds at query i is
-    Σ_j α_ij f_h(x_j), so ‖α_ij f_h(x_j)‖ is key j's share; since α_ij ≥ 0, ‖α_ij f_h(x_j)‖ =
-    α_ij ‖f_h(x_j)‖ exactly, so one norm per (head, key) and a product with the weights give every
-    (query, key) norm without a [B, H, T, T, d] tensor.
-
-    W_O^h is [d_head, d]: its transpose factors as Q_h R_h (QR, Q_h [d, d_head] with orthonormal
-    columns, R_h [d_head, d_head]), so f_h(x) = v_h R_hᵀ Q_hᵀ and ‖f_h(x)‖ = ‖v_h R_hᵀ‖: a d_head ×
-    d_head product per head and key instead of d_head × d (12× fewer operations at BERT's shapes,
-    and no [B, T, H, d] transient). It is as exact as the product itself: Householder QR is backward
-    stable (R_h is the factor of W_O^h within a few d·u of its size) and Q_h preserves norms. The
-    Gram form ‖f‖² = v_h (W_O^h W_O^hᵀ) v_hᵀ, as cheap, is not: it squares, and loses the small norms
-    (the sink tokens' f, the ones the measure is about) to cancellation. The d_head × d_head factors
-    come from the weights in every call, a few MFLOP, so a model whose weights change (training,
-    the probes) needs nothing recomputed by hand; `householder_r` computes them in XLA's own ops."""
-    heads, head_dim = v.shape[2], v.shape[3]
-    kernel = output.kernel[...].astype(jnp.float32).reshape(heads, head_dim, -1)
-    r = householder_r(jnp.swapaxes(kernel, 1, 2))  # [H, d_head, d_head]
-    # HIGHEST: a float32 product must not be rounded to TF32 or bf16 passes on an accelerator.
-    reduced = jnp.einsum("bthd,hed->bhte", v.astype(jnp.float32), r, precision=jax.lax.Precision.HIGHEST)
-    return jnp.sqrt(jnp.sum(jnp.square(reduced), axis=-1))
-
-
-def householder_r(a: Array) -> Array:
-    """The R factor [..., n, n] of the QR decomposition of a [..., m, n] (m ≥ n, float32), up to the
-    signs of its rows: one Householder reflection per column, in XLA's own ops. Not
-    `jnp.linalg.qr`: on a CPU that is LAPACK's geqrf in OpenBLAS, whose threads, on a shared 2-core
-    machine, took a median 8 ms and a tenth of the calls over 50 ms for one MiniLM layer's factors
-    (12 heads of 384 × 32), 0.7 ms on one thread; six layers a batch made the norms cost what the
-    load said. These ops take 2 ms there, loaded or not. Householder QR is backward stable either
-    way. A zero column gets no reflection."""
-    m, n = a.shape[-2:]
-    rows = jnp.arange(m)
-
-    def reflect(k, a):
-        x = jnp.where(rows >= k, jnp.take(a, k, axis=-1), 0.0)
-        # x goes to alpha e_k, alpha of the sign opposite x_k's, so v = x − alpha e_k never cancels.
-        head = jnp.take(x, k, axis=-1)
-        alpha = -jnp.where(head >= 0, 1.0, -1.0) * jnp.sqrt(jnp.sum(x * x, axis=-1))
-        v = x - jnp.where(rows == k, alpha[..., None], 0.0)
-        vv = jnp.sum(v * v, axis=-1)
-        scale = jnp.where(vv > 0, 2.0 / jnp.where(vv > 0, vv, 1.0), 0.0)
-        projected = jnp.einsum("...m,...mn->...n", v, a, precision=jax.lax.Precision.HIGHEST)
-        return a - scale[..., None, None] * v[..., :, None] * projected[..., None, :]
-
-    return jnp.triu(jax.lax.fori_loop(0, n, reflect, a)[..., :n, :n])
-
-
-def norm_weighted(attention: Array, norms: Array) -> Array:
-    """Kobayashi et al.'s norm-weighted attention: α_ij ‖f_h(x_j)‖ [..., H, T, T] from the weights
-    α [..., H, T, T] and `value_norms` [..., H, T], each query row divided by its sum so that it is a
-    distribution over the keys as the weights are (what β and every other weight statistic read).
-    A row whose sum is 0 (a head masked to zero) stays 0 rather than 0/0."""
-    raw = attention * norms[..., None, :]
-    total = jnp.sum(raw, axis=-1, keepdims=True)
-    return raw / jnp.where(total > 0, total, 1.0)
-
-
-# What an analysis can read as a head's attention: the weights α, or their norm-weighted attention.
-ATTENTION_READINGS = ("weights", "norms")
-
-
-def attention_reading(out: Any, reading: str) -> tuple[Array, ...]:
-    """L × [B, H, T, T]: the weights of `out` (`reading` "weights") or their norm-weighted attention
-    ("norms": `out` from a call with attention_norms=True)."""
-    if reading == "weights":
-        return out.attentions
-    return tuple(norm_weighted(a, n) for a, n in zip(out.attentions, out.value_norms, strict=True))
-
-
-def attention_rows(out: Any, reading: str) -> tuple[Array, Array | None]:
-    """`reading` of `out` as unnormalised rows: the weights α [L, B, H, T, T] and, for "norms", the
-    per-key weights `value_norms` [L, B, H, T] that multiply them (None for "weights"). For a
-    statistic that each row's scale leaves alone (β: `sieves.kernel.sieve_scores(...,
-    key_weights=...)`), this is the norm-weighted attention without the [L, B, H, T, T] product
-    and renormalisation of `attention_reading`: two passes fewer over the attention."""
-    attentions = jnp.stack(out.attentions)
-    return attentions, jnp.stack(out.value_norms) if reading == "norms" else None
+    return context.reshape(batch, length, -1), probs if capture.probabilities else None
 
 
 class BertSelfAttention(nnx.Module):
@@ -351,23 +358,6 @@ class BertSelfAttention(nnx.Module):
         self.query = _dense(config, d, d, rngs)
         self.key = _dense(config, d, d, rngs)
         self.value = _dense(config, d, d, rngs)
-
-    def __call__(
-        self,
-        x: Array,
-        real: Array,
-        head_mask: Array | None,
-        disable: Array | None,
-        output_attentions: bool,
-        rngs: nnx.Rngs | None,
-        offsets: Array | None = None,
-    ) -> tuple[Array, Array | None]:
-        """x [B, T, d]; real [B, T] bool (non-padding keys); head_mask [H]; disable [H] bool;
-        offsets [B, H, T, T] added to the attention probabilities (its gradient is ∂loss/∂α)."""
-        q, k, v = self.project(x)
-        return attend(
-            self.config, q, k, v, real[:, None, None, :], head_mask, disable, output_attentions, rngs, offsets
-        )
 
     def project(self, x: Array) -> tuple[Array, Array, Array]:
         """The queries, keys and values [B, T, H, d_head] of x [B, T, d]."""
@@ -407,16 +397,14 @@ class BertAttention(nnx.Module):
         self.self = BertSelfAttention(config, rngs=rngs)
         self.output = BertSelfOutput(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
-        """→ (output, probabilities or None, `value_norms` [B, H, T] when `norms` else None)."""
+    def __call__(
+        self, x: Array, allowed: Array, edit: Interventions, capture: Capture, rngs: nnx.Rngs | None
+    ) -> tuple[Array, LayerRecord]:
         attended = _sublayer_input(self.output, x)
-        if not norms:
-            context, probs = self.self(attended, real, head_mask, disable, output_attentions, rngs, offsets)
-            return self.output(context, x, rngs), probs, None
         q, k, v = self.self.project(attended)
-        allowed = real[:, None, None, :]
-        context, probs = attend(self.self.config, q, k, v, allowed, head_mask, disable, True, rngs, offsets)
-        return self.output(context, x, rngs), probs, value_norms(v, self.output.dense)
+        context, probs = attend(self.self.config, (q, k, v), allowed, edit, capture, rngs)
+        norms = readings.value_norms(v, self.output.dense) if capture.value_norms else None
+        return self.output(context, x, rngs), LayerRecord(probs, norms)
 
 
 class BertIntermediate(nnx.Module):
@@ -444,11 +432,13 @@ class BertLayer(nnx.Module):
         self.intermediate = BertIntermediate(config, rngs=rngs)
         self.output = BertOutputBlock(config, rngs=rngs)
 
-    def __call__(self, x, real, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
-        attended, probs, value_norm = self.attention(
-            x, real, head_mask, disable, output_attentions, rngs, offsets, norms
-        )
-        return self.output(self.intermediate(_sublayer_input(self.output, attended)), attended, rngs), probs, value_norm
+    def __call__(
+        self, x: Array, allowed: Array, edit: Interventions, capture: Capture, rngs: nnx.Rngs | None
+    ) -> tuple[Array, LayerRecord]:
+        """x [B, T, d]; allowed [B, 1, 1, T] bool (the real keys); `edit` this layer's slice of the
+        model's `Interventions`."""
+        attended, record = self.attention(x, allowed, edit, capture, rngs)
+        return self.output(self.intermediate(_sublayer_input(self.output, attended)), attended, rngs), record
 
 
 class BertEncoder(nnx.Module):
@@ -458,26 +448,42 @@ class BertEncoder(nnx.Module):
         self.LayerNorm = _layer_norm(config, rngs) if config.layer_norm_position == "pre" else None
 
     def __call__(
-        self, x, real, head_mask, disable_heads, output_attentions, rngs=None, attention_offsets=None, norms=False
-    ):
-        """→ (hidden states, L attentions or None, L `value_norms` or None)."""
-        attentions, norm_list = [], []
-        for i, layer in enumerate(self.layer):
-            x, probs, value_norm = layer(
-                x,
-                real,
-                None if head_mask is None else head_mask[i],
-                None if disable_heads is None else disable_heads[i],
-                output_attentions,
-                rngs,
-                None if attention_offsets is None else attention_offsets[i],
-                norms,
-            )
-            attentions.append(probs)
-            norm_list.append(value_norm)
+        self, x: Array, real: Array, interventions: Interventions, capture: Capture, rngs: nnx.Rngs | None
+    ) -> tuple[Array, tuple[LayerRecord, ...]]:
+        allowed = real[:, None, None, :]
+        x, records = run_layers(self.layer, x, [allowed] * len(self.layer), interventions, capture, rngs)
         if self.LayerNorm is not None:
             x = self.LayerNorm(x)
-        return x, tuple(attentions) if output_attentions or norms else None, tuple(norm_list) if norms else None
+        return x, records
+
+
+def run_layers(
+    layers: Sequence[nnx.Module],
+    x: Array,
+    sites: Sequence[Any],
+    interventions: Interventions,
+    capture: Capture,
+    rngs: nnx.Rngs | None,
+) -> tuple[Array, tuple[LayerRecord, ...]]:
+    """The encoder loop of every family: layer i is called as `layer(x, sites[i], edit, capture,
+    rngs)`, where sites[i] is what the family's layer needs besides the stream (BERT's allowed keys;
+    ModernBERT's keys and rotary tables, which differ by layer) and `edit` is layer i's slice of
+    `interventions`. → (the last layer's output, one `LayerRecord` per layer)."""
+    records = []
+    for i, (layer, site) in enumerate(zip(layers, sites, strict=True)):
+        x, record = layer(x, site, interventions.layer(i), capture, rngs)
+        records.append(record)
+    return x, tuple(records)
+
+
+def encoder_output(hidden: Array, pooled: Array | None, records: Sequence[LayerRecord], capture: Capture) -> BertOutput:
+    """An encoder's output, with the per-layer records `capture` asked for as L-tuples."""
+    return BertOutput(
+        last_hidden_state=hidden,
+        pooler_output=pooled,
+        attentions=tuple(r.attentions for r in records) if capture.probabilities else None,
+        value_norms=tuple(r.value_norms for r in records) if capture.value_norms else None,
+    )
 
 
 class BertPooler(nnx.Module):
@@ -502,7 +508,7 @@ class BertModel(nnx.Module):
         )
         self.encoder = BertEncoder(config, rngs=rngs)
         # ELECTRA's encoder has no pooler.
-        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer and config.model_type != "electra" else None
+        self.pooler = BertPooler(config, rngs=rngs) if add_pooling_layer and config.family.pooler else None
 
     def __call__(
         self,
@@ -511,35 +517,28 @@ class BertModel(nnx.Module):
         token_type_ids: Array | None = None,
         position_ids: Array | None = None,
         *,
-        head_mask: Array | None = None,
-        disable_heads: Array | None = None,
-        output_attentions: bool = False,
         dropout_rng: Array | None = None,
-        attention_offsets: Array | None = None,
-        attention_norms: bool = False,
+        **options: Unpack[ModelOptions],
     ) -> BertOutput:
-        """input_ids [B, T]; attention_mask [B, T] (1 = real token); head_mask [L, H] floats that
-        multiply each head's attention; disable_heads [L, H] bool, heads replaced by uniform
-        attention over the real tokens; dropout_rng enables dropout (training); attention_offsets
-        [L, B, H, T, T] are added to the attention probabilities — at zeros the outputs are unchanged
-        and the gradient with respect to them is the gradient with respect to the probabilities.
-        attention_norms (static): also return `value_norms`, and the attentions with them."""
+        """input_ids [B, T]; attention_mask [B, T] (1 = real token); dropout_rng enables dropout
+        (training); `options`: what the call changes on the heads (`interventions=Interventions(...)`)
+        and what it records (`capture=Capture(...)`, static), or the same as separate arguments
+        (`ModelOptions`)."""
+        interventions, capture = model_options(options)
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = jnp.zeros_like(input_ids)
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=dropout_rng)
         real = attention_mask.astype(bool)
-        if position_ids is None and self.config.model_type == "roberta":
+        if position_ids is None and self.config.family.positions_after_padding:
             position_ids = roberta_position_ids(input_ids, real, self.config.pad_token_id)
         x = self.embeddings(input_ids, token_type_ids, position_ids, rngs)
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)
-        x, attentions, norms = self.encoder(
-            x, real, head_mask, disable_heads, output_attentions, rngs, attention_offsets, attention_norms
-        )
+        x, records = self.encoder(x, real, interventions, capture, rngs)
         pooled = None if self.pooler is None else self.pooler(x)
-        return BertOutput(last_hidden_state=x, pooler_output=pooled, attentions=attentions, value_norms=norms)
+        return encoder_output(x, pooled, records, capture)
 
 
 class BertPredictionHeadTransform(nnx.Module):
@@ -613,10 +612,3 @@ class BertForSequenceClassification(nnx.Module):
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=jax.random.fold_in(dropout_rng, 1))
         pooled = _dropout(out.pooler_output, self.config.classifier_dropout_prob, rngs)
         return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions, out.value_norms)
-
-
-MODEL_CLASSES: dict[str, type[nnx.Module]] = {
-    "BertModel": BertModel,
-    "BertForPreTraining": BertForPreTraining,
-    "BertForSequenceClassification": BertForSequenceClassification,
-}

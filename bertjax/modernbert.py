@@ -16,14 +16,21 @@ path, which unpads the batch, computes the same function in another order.
 
 from __future__ import annotations
 
+from typing import Unpack
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from bertjax import readings
 from bertjax.config import BertConfig
 from bertjax.model import (
     BertOutput,
+    Capture,
+    Interventions,
+    LayerRecord,
+    ModelOptions,
     _activation,
     _dense,
     _dropout,
@@ -31,11 +38,15 @@ from bertjax.model import (
     _layer_norm,
     attend,
     check_length,
+    encoder_output,
     lookup,
-    value_norms,
+    model_options,
+    run_layers,
 )
 
 Array = jax.Array
+# What a layer attends over: the keys it may attend [B, 1, T, T] and RoPE's (cos, sin) of its kind.
+Site = tuple[Array, tuple[Array, Array]]
 
 
 def rotary_tables(positions: Array, theta: float, head_dim: int) -> tuple[Array, Array]:
@@ -75,16 +86,19 @@ class ModernBertAttention(nnx.Module):
         self.Wqkv = _dense(config, d, 3 * d, rngs, use_bias=config.attention_bias)
         self.Wo = _dense(config, d, d, rngs, use_bias=config.attention_bias)
 
-    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
-        """→ (output, probabilities or None, `value_norms` [B, H, T] through Wo when `norms` else None)."""
+    def __call__(
+        self, x: Array, site: Site, edit: Interventions, capture: Capture, rngs: nnx.Rngs | None
+    ) -> tuple[Array, LayerRecord]:
+        """→ (output, the layer's record: `value_norms` [B, H, T] through Wo)."""
         cfg = self.config
+        allowed, rotary = site
         batch, length, _ = x.shape
         # HF's Wqkv output is [q | k | v], each [H, d_head].
         qkv = self.Wqkv(x).reshape(batch, length, 3, cfg.num_attention_heads, cfg.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         q, k = rotate(q, *rotary), rotate(k, *rotary)
-        context, probs = attend(cfg, q, k, v, allowed, head_mask, disable, output_attentions or norms, rngs, offsets)
-        return self.Wo(context), probs, value_norms(v, self.Wo) if norms else None
+        context, probs = attend(cfg, (q, k, v), allowed, edit, capture, rngs)
+        return self.Wo(context), LayerRecord(probs, readings.value_norms(v, self.Wo) if capture.value_norms else None)
 
 
 class ModernBertMLP(nnx.Module):
@@ -110,13 +124,13 @@ class ModernBertEncoderLayer(nnx.Module):
         self.mlp_norm = _layer_norm(config, rngs, use_bias=config.norm_bias)
         self.mlp = ModernBertMLP(config, rngs=rngs)
 
-    def __call__(self, x, allowed, rotary, head_mask, disable, output_attentions, rngs=None, offsets=None, norms=False):
+    def __call__(
+        self, x: Array, site: Site, edit: Interventions, capture: Capture, rngs: nnx.Rngs | None
+    ) -> tuple[Array, LayerRecord]:
         attended = x if self.attn_norm is None else self.attn_norm(x)
-        out, probs, value_norm = self.attn(
-            attended, allowed, rotary, head_mask, disable, output_attentions, rngs, offsets, norms
-        )
+        out, record = self.attn(attended, site, edit, capture, rngs)
         x = x + out
-        return x + self.mlp(self.mlp_norm(x), rngs), probs, value_norm
+        return x + self.mlp(self.mlp_norm(x), rngs), record
 
 
 class ModernBertModel(nnx.Module):
@@ -136,16 +150,13 @@ class ModernBertModel(nnx.Module):
         token_type_ids: Array | None = None,
         position_ids: Array | None = None,
         *,
-        head_mask: Array | None = None,
-        disable_heads: Array | None = None,
-        output_attentions: bool = False,
         dropout_rng: Array | None = None,
-        attention_offsets: Array | None = None,
-        attention_norms: bool = False,
+        **options: Unpack[ModelOptions],
     ) -> BertOutput:
         """As `BertModel.__call__`; position_ids (default 0 … T-1 in every row, padding or not,
         as in HF) are RoPE's positions."""
         del token_type_ids  # ModernBERT has no segment embedding
+        interventions, capture = model_options(options)
         cfg = self.config
         length = input_ids.shape[-1]
         check_length(cfg, length)
@@ -161,27 +172,6 @@ class ModernBertModel(nnx.Module):
         theta = {"full_attention": cfg.global_rope_theta, "sliding_attention": cfg.local_rope_theta}
         rotary = {kind: rotary_tables(position_ids, theta[kind], cfg.head_dim) for kind in set(cfg.layer_types)}
         x = self.embeddings(input_ids, rngs)
-        attentions, norms = [], []
-        for i, layer in enumerate(self.layers):
-            kind = cfg.layer_types[i]
-            allowed = real if cfg.is_global(i) else real & band
-            x, probs, value_norm = layer(
-                x,
-                allowed,
-                rotary[kind],
-                None if head_mask is None else head_mask[i],
-                None if disable_heads is None else disable_heads[i],
-                output_attentions,
-                rngs,
-                None if attention_offsets is None else attention_offsets[i],
-                attention_norms,
-            )
-            attentions.append(probs)
-            norms.append(value_norm)
-        x = self.final_norm(x)
-        return BertOutput(
-            last_hidden_state=x,
-            pooler_output=None,
-            attentions=tuple(attentions) if output_attentions or attention_norms else None,
-            value_norms=tuple(norms) if attention_norms else None,
-        )
+        sites = [(real if cfg.is_global(i) else real & band, rotary[kind]) for i, kind in enumerate(cfg.layer_types)]
+        x, records = run_layers(self.layers, x, sites, interventions, capture, rngs)
+        return encoder_output(self.final_norm(x), None, records, capture)

@@ -1,8 +1,9 @@
 """The device mesh (data × fsdp) and the shardings of params, optimizer state and batches.
 
 Batches are split over both axes (every device gets different examples). With fsdp > 1 each
-array with an axis divisible by the fsdp size is split along its largest such axis (ZeRO-3 style:
-params, gradients and optimizer moments are all partitioned); XLA inserts the all-gathers.
+array of at least `MIN_SHARDED_BYTES` with an axis divisible by the fsdp size is split along its
+largest such axis (ZeRO-3 style: params, gradients and optimizer moments are all partitioned); XLA
+inserts the all-gathers. Smaller arrays stay whole on every device, as big_vision leaves them.
 
 Training builds one mesh over every device of every process (`make_mesh`, `global_batch`). The
 analyses build one per process over its own devices (`analysis_mesh`): each process scores its
@@ -12,6 +13,7 @@ scores meet on the hosts (`bertjax.distributed`).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -22,6 +24,9 @@ from bertjax.errors import UserError
 from bertjax.mesh_config import MeshConfig
 
 BATCH_AXES = ("data", "fsdp")
+# Below this an array is replicated: splitting it saves less memory than its all-gathers cost in
+# latency (big_vision's floor). Read at each call, so that a test can split arrays of a few KB.
+MIN_SHARDED_BYTES = 4 * 2**20
 
 
 def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
@@ -33,8 +38,9 @@ def make_mesh(config: MeshConfig, devices: list | None = None) -> Mesh:
     return Mesh(np.asarray(devices).reshape(data, fsdp), BATCH_AXES)
 
 
-def array_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
-    if fsdp == 1:
+def array_spec(shape: tuple[int, ...], fsdp: int, nbytes: int) -> PartitionSpec:
+    """How an array of `shape` and `nbytes` splits over `fsdp` devices."""
+    if fsdp == 1 or nbytes < MIN_SHARDED_BYTES:
         return PartitionSpec()
     candidates = [axis for axis, size in enumerate(shape) if size % fsdp == 0]
     if not candidates:
@@ -45,7 +51,11 @@ def array_spec(shape: tuple[int, ...], fsdp: int) -> PartitionSpec:
 
 def state_shardings(mesh: Mesh, abstract_tree):
     fsdp = mesh.shape["fsdp"]
-    return jax.tree.map(lambda x: NamedSharding(mesh, array_spec(tuple(x.shape), fsdp)), abstract_tree)
+    return jax.tree.map(lambda x: NamedSharding(mesh, array_spec(tuple(x.shape), fsdp, _nbytes(x))), abstract_tree)
+
+
+def _nbytes(x: Any) -> int:
+    return math.prod(x.shape) * np.dtype(x.dtype).itemsize
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:

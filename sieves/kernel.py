@@ -48,10 +48,10 @@ def sieve_scores(
 
     `key_weights` float[L, B, H, T], ≥ 0: score the rows α(t,s)·k(s) (each row of a head weighted
     by that head's key weights: Kobayashi et al.'s norm-weighted attention, with
-    `bertjax.model.value_norms` as k) as if each were divided by its sum first. Both sums of β run
+    `bertjax.readings.value_norms` as k) as if each were divided by its sum first. Both sums of β run
     over the same row, so that division cancels and is never made: no renormalised tensor, and
     the same passes over the attention as without key weights. A row whose weighted sum is 0 scores
-    NaN, as its renormalised row (0: `bertjax.model.norm_weighted`) does.
+    NaN, as its renormalised row (0: `bertjax.readings.norm_weighted`) does.
 
     `reference_length` N (`REFERENCE_LENGTH` for `--score share`): the row mass is divided by N
     instead of n_b, so each row scores share(t) · N / |S(t)|, share(t) = Σ_{s∈S(t)} α(t,s) /

@@ -26,11 +26,11 @@ from test_probe import CONFIG as PRETRAIN_CONFIG
 from test_probe import language, overrides, trees  # noqa: F401 — `language` and `trees` are fixtures
 
 import bertjax
-from bertjax import model as bertjax_model
-from bertjax.model import norm_weighted
+from bertjax import readings
+from bertjax.readings import norm_weighted
 
 # Bounds, float32 (u = 2⁻²⁴ ≈ 6e-8) against float64.
-# A norm ‖f_h(x_j)‖ is computed as ‖v_h R_hᵀ‖ (bertjax.model.value_norms): the value projection (d
+# A norm ‖f_h(x_j)‖ is computed as ‖v_h R_hᵀ‖ (bertjax.readings.value_norms): the value projection (d
 # terms), the product with the d_head × d_head QR factor R_h of W_O^h (d_head terms), the sum of
 # squares (d_head terms), and R_h itself, within ~d·d_head·u of W_O^h (Householder's backward
 # error, worst case); each contraction errs by at most n·u of its terms' size: (384 + 32 + 32 +
@@ -157,9 +157,9 @@ def _without_output_projection(v, output):
 def test_planted_defects_fail_the_norm_bound(plant, monkeypatch, minilm, minilm_batch, minilm_reference):
     """Measured relative errors: 0.72 (no W_O), 3.0 (no b_V): far past the bound, on the norms alone
     (the model's forward pass is left as it is)."""
-    correct = bertjax_model.value_norms
+    correct = readings.value_norms
     if plant == "output projection left out":
-        monkeypatch.setattr(bertjax_model, "value_norms", _without_output_projection)
+        monkeypatch.setattr(readings, "value_norms", _without_output_projection)
     else:
         biases = iter([layer.attention.self.value.bias[...] for layer in minilm.encoder.layer])
 
@@ -167,7 +167,7 @@ def test_planted_defects_fail_the_norm_bound(plant, monkeypatch, minilm, minilm_
             bias = next(biases).reshape(v.shape[2], v.shape[3]).astype(v.dtype)
             return correct(v - bias, output)
 
-        monkeypatch.setattr(bertjax_model, "value_norms", without_bias)
+        monkeypatch.setattr(readings, "value_norms", without_bias)
     out = _forward(minilm, minilm_batch)
     norms, _ = minilm_reference
     assert _norm_error(out, norms, minilm_batch["attention_mask"].astype(bool)) > NORM_BOUND
@@ -245,10 +245,10 @@ def test_householder_r_is_the_r_factor_of_qr():
         r = np.asarray(r, np.float64)
         return np.abs(np.einsum("hin,hik->hnk", r, r) - gram).max() / np.abs(gram).max()
 
-    r = np.asarray(bertjax_model.householder_r(jnp.asarray(a)))
+    r = np.asarray(readings.householder_r(jnp.asarray(a)))
     assert np.all(np.tril(r, -1) == 0) and gram_error(r) <= bound
     a[:, :, 4] = 0.0
-    dropped = np.asarray(bertjax_model.householder_r(jnp.asarray(a)))
+    dropped = np.asarray(readings.householder_r(jnp.asarray(a)))
     assert np.isfinite(dropped).all() and gram_error(dropped) > bound
 
 
@@ -572,8 +572,8 @@ def test_probe_attention_is_checked(language, trees, tmp_path):  # noqa: F811
 def test_the_parsers_spell_the_readings_as_the_model_does():
     from analysis.common import flags
 
-    assert flags.ONE_READING == bertjax_model.ATTENTION_READINGS
-    assert (*bertjax_model.ATTENTION_READINGS, "both") == flags.ATTENTION_SOURCES
+    assert flags.ONE_READING == readings.ATTENTION_READINGS
+    assert (*readings.ATTENTION_READINGS, "both") == flags.ATTENTION_SOURCES
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ import bertjax
 from analysis import prune
 from analysis.ablation import evaluation, michel
 from analysis.ablation import figures as ablation_figures
+from bertjax.model import Capture, Interventions
 
 N_LAYERS, N_HEADS, VOCAB = 2, 4, 50
 
@@ -43,10 +44,10 @@ def _loss_through_head_outputs(model, ids, token_types, label, layer):
     """
     bert, cfg = model.bert, model.config
     length = ids.shape[1]
-    real = jnp.ones((1, length), bool)
+    allowed = jnp.ones((1, 1, 1, length), bool)
     x = bert.embeddings(ids, token_types, jnp.arange(length)[None])
     for below in bert.encoder.layer[:layer]:
-        x = below(x, real, None, None, False)[0]
+        x = below(x, allowed, Interventions(), Capture(), None)[0]
     block = bert.encoder.layer[layer]
     attention = block.attention.self
     split = lambda y: y.reshape(1, length, cfg.num_attention_heads, cfg.head_dim)
@@ -58,7 +59,7 @@ def _loss_through_head_outputs(model, ids, token_types, label, layer):
         attended = block.attention.output(o.reshape(1, length, -1), x)
         y = block.output(block.intermediate(attended), attended)
         for above in bert.encoder.layer[layer + 1 :]:
-            y = above(y, real, None, None, False)[0]
+            y = above(y, allowed, Interventions(), Capture(), None)[0]
         logits = model.classifier(bert.pooler(y))
         return optax.softmax_cross_entropy_with_integer_labels(logits, label)[0]
 

@@ -13,7 +13,7 @@ from flax import nnx
 
 import bertjax
 from bertjax.errors import UserError
-from bertjax.model import sinusoidal_positions
+from bertjax.model import Capture, Interventions, attend, sinusoidal_positions
 from train.optim import OptimizerConfig, schedule
 
 # float32 through 2 small layers, compared with the same float32 pieces composed by hand in another
@@ -46,7 +46,8 @@ def pre_ln_by_hand(model, ids, mask):
     real = mask.astype(bool)
     for layer in bert.encoder.layer:
         attention = layer.attention
-        context, _ = attention.self(attention.output.LayerNorm(x), real, None, None, False, None)
+        q, k, v = attention.self.project(attention.output.LayerNorm(x))
+        context, _ = attend(attention.self.config, (q, k, v), real[:, None, None, :], Interventions(), Capture(), None)
         x = x + attention.output.dense(context)
         x = x + layer.output.dense(layer.intermediate(layer.output.LayerNorm(x)))
     return bert.encoder.LayerNorm(x)

@@ -38,6 +38,14 @@ def test_an_fsdp_size_that_does_not_divide_the_devices_is_one_line():
         sharding.analysis_mesh(1, fsdp=2)
 
 
+def test_arrays_under_the_floor_stay_whole_and_larger_ones_split():
+    floor = sharding.MIN_SHARDED_BYTES
+    assert sharding.array_spec((512, 1024), 4, floor) == jax.sharding.PartitionSpec(None, "fsdp")
+    assert sharding.array_spec((1024, 1023), 4, floor) == jax.sharding.PartitionSpec("fsdp", None)
+    assert sharding.array_spec((1024, 1024), 4, floor - 1) == jax.sharding.PartitionSpec()
+    assert sharding.array_spec((1024, 1024), 1, floor) == jax.sharding.PartitionSpec()
+
+
 def test_shard_batch_keeps_structure_values_and_each_arrays_batch_axis():
     mesh = sharding.analysis_mesh()
     batch = {"ids": np.arange(6).reshape(3, 2), "sieves": np.ones((4, 3, 2, 2), bool)}
@@ -59,6 +67,7 @@ assert len(jax.local_devices()) == 8
 rng = np.random.default_rng(0)
 R, T, D = 3, 6, 16
 w = rng.standard_normal((D, D)).astype(np.float32)
+sharding.MIN_SHARDED_BYTES = 0  # w is 1 KB: split it anyway, to test the split
 
 
 @jax.jit

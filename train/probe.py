@@ -39,8 +39,9 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import checkpoint as ckpt
 from bertjax import glue
 from bertjax.errors import UserError
-from bertjax.model import ATTENTION_READINGS, BertModel, attention_rows
+from bertjax.model import BertModel
 from bertjax.pretrained import abstract_model
+from bertjax.readings import ATTENTION_READINGS, attention_rows
 from sieves import depattn, stats
 from sieves.align import MIN_LENGTH, EncodedSequence, batches, bucketed, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles

@@ -29,7 +29,7 @@ from sieves.align import EncodedSequence
 KEY_KINDS = ("cls", "sep", "punct", "other")
 MASK_RATE = 0.15
 # The MLM transform is what an encoder-only export (sentence-transformers) lacks; RoBERTa's is
-# lm_head.dense (bertjax reads it as BERT's, `bertjax.convert.FAMILIES`).
+# lm_head.dense (bertjax reads it as BERT's, `bertjax.convert.ROBERTA_RULES`).
 MLM_TENSOR = "cls.predictions.transform.dense.weight"
 MLM_TENSORS = (MLM_TENSOR, "lm_head.dense.weight")
 
