@@ -28,9 +28,14 @@ from flax import nnx
 
 from bertjax.errors import UserError
 
-CHECKPOINTS = "checkpoints"
+# The folders' layout is bertjax.steps' (no JAX there), named here too as the callers always have.
+from bertjax.steps import CHECKPOINTS as CHECKPOINTS
+from bertjax.steps import META as META
+from bertjax.steps import available_steps as available_steps
+from bertjax.steps import checkpoint_dir as checkpoint_dir
+from bertjax.steps import resolve_step as resolve_step
+
 PARAMS = "params"
-META = "meta"
 SEP = "/"
 
 
@@ -65,41 +70,6 @@ def path_key(path: tuple) -> str:
     return SEP.join(str(p) for p in path)
 
 
-def checkpoint_dir(path: Path) -> Path | None:
-    """The orbax manager directory for a run workdir or the directory itself; None if neither."""
-    for candidate in (path / CHECKPOINTS, path):
-        if candidate.is_dir() and any(_step_of(c) is not None for c in candidate.iterdir()):
-            return candidate
-    return None
-
-
-def _step_of(folder: Path) -> int | None:
-    if folder.is_dir() and folder.name.isdigit() and (folder / META).is_dir():
-        return int(folder.name)
-    return None
-
-
-def available_steps(directory: Path) -> list[int]:
-    return sorted(s for s in (_step_of(c) for c in directory.iterdir()) if s is not None)
-
-
-def resolve_step(path: Path, step: int | None) -> tuple[Path, int]:
-    """(manager directory, step) for a workdir, a checkpoints directory or one step's folder."""
-    if _step_of(path) is not None:
-        if step is not None and step != int(path.name):
-            raise UserError(f"{path} is the checkpoint of step {path.name}, not of step {step}")
-        return path.parent, int(path.name)
-    directory = checkpoint_dir(path)
-    if directory is None:
-        raise UserError(f"{path}: no bertjax checkpoints found (expected {CHECKPOINTS}/<step>/)")
-    steps = available_steps(directory)
-    if step is None:
-        return directory, steps[-1]
-    if step not in steps:
-        raise UserError(f"{directory}: no checkpoint for step {step}; available: {steps}")
-    return directory, step
-
-
 def _orbax_race(unraisable) -> bool:
     """Whether an unraisable error is what orbax and TensorStore report after a read or write has
     failed: orbax closes its event loop while other arrays' operations are in flight, and each
@@ -131,9 +101,38 @@ def orbax_race_reports_held() -> Iterator[None]:
 def read_meta(directory: Path, step: int) -> dict[str, Any]:
     manager = ocp.CheckpointManager(directory, item_names=(META,), options=_read_only())
     try:
-        return manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
+        meta = manager.restore(step, args=ocp.args.Composite(**{META: ocp.args.JsonRestore()}))[META]
     except (FileNotFoundError, ValueError, KeyError) as e:
         raise UserError(f"{directory / str(step)}: unreadable checkpoint metadata ({e})") from None
+    problem = _meta_problem(meta)
+    if problem:
+        raise UserError(f"{directory / str(step)}: unreadable checkpoint metadata ({problem})")
+    return meta
+
+
+def _meta_problem(meta: Any) -> str | None:
+    """What makes a step's meta unlike `make_meta`'s, in the fields the loaders read, or None: an
+    edited or corrupt meta was a TypeError or AttributeError traceback wherever it was first read."""
+    if not isinstance(meta, dict):
+        return f"a JSON {type(meta).__name__}, not an object"
+    if not isinstance(meta.get("param_shapes"), dict):
+        return f"param_shapes is {type(meta['param_shapes']).__name__ if 'param_shapes' in meta else 'missing'}, not a JSON dict"
+    # A loader needs the model's config (`pretrained.load_config` says so when it is missing); a
+    # training step's own checks need only the shapes.
+    for key, kind in (("model_config", dict), ("tokenizer", str)):
+        if key in meta and not isinstance(meta[key], kind):
+            return f"{key} is {type(meta[key]).__name__}, not a JSON {kind.__name__}"
+    if not isinstance(meta.get("run_config"), dict | None):
+        return f"run_config is {type(meta['run_config']).__name__}, not a JSON object"
+    for name, entry in meta["param_shapes"].items():
+        shape, dtype = entry if isinstance(entry, list) and len(entry) == 2 else (None, None)
+        if not (isinstance(shape, list) and all(isinstance(n, int) and n >= 0 for n in shape)):
+            return f"param_shapes[{name!r}] is not [shape, dtype]"
+        try:
+            jax.numpy.dtype(dtype if isinstance(dtype, str) else "not a name")
+        except TypeError:
+            return f"param_shapes[{name!r}] has dtype {dtype!r}, which numpy does not know"
+    return None
 
 
 def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeStruct]) -> dict[str, Any]:

@@ -23,11 +23,10 @@ import numpy as np
 from flax import nnx
 
 from bertjax import checkpoint as ckpt
-from bertjax import convert, runinfo
+from bertjax import convert, families, runinfo
 from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
-from bertjax.model import MODEL_CLASSES, BertModel
-from bertjax.modernbert import ModernBertModel
+from bertjax.model import BertModel
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ def resolve(
     if revision == "":
         raise UserError(f"{path_or_id}: no revision after {REVISION_MARK!r} (REPO{REVISION_MARK}BRANCH, TAG or COMMIT)")
     if not is_hub_id(repo_id):
-        raise UserError(f"{path_or_id}: no such checkpoint directory")
+        raise UserError(f"{path_or_id}: no such checkpoint directory (not a local path, nor a hub repository id)")
     if step is not None:
         raise UserError(
             f"{path_or_id}: a hub checkpoint has no step to choose; name its revision ({repo_id}{REVISION_MARK}REVISION)"
@@ -180,8 +179,18 @@ def hub_file(repo_id: str, filename: str) -> Path:
 
 
 def is_hub_id(text: str) -> bool:
-    """Whether a path that does not exist may name a hub repository (`owner/name` or `name`)."""
-    return not text.startswith((".", "/", "~")) and text.count("/") <= 1
+    """Whether a path that does not exist may name a hub repository (`owner/name` or `name`, as the
+    hub spells them). `runs/nope` where `runs/` is a local folder is a local path, not a repository
+    of a user `runs`: asking the hub about it named a missing folder a failed download."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    owner, slash, _ = text.partition("/")
+    return not (slash and Path(owner).expanduser().is_dir())
 
 
 def _from_hub(repo_id: str, revision: str | None, fetch: Callable[[], Path]) -> Path:
@@ -220,35 +229,28 @@ def cached_hub_repos() -> dict[str, list[str]]:
     repos = {}
     for folder in sorted(Path(constants.HF_HUB_CACHE).glob("models--*")):
         refs = folder / "refs"
-        named = {str(p.relative_to(refs)): p.read_text().strip() for p in refs.rglob("*") if p.is_file()}
+        # errors="replace": a ref file of other bytes names no snapshot, and must not turn every
+        # failed hub lookup into a UnicodeDecodeError.
+        named = {
+            str(p.relative_to(refs)): p.read_text(errors="replace").strip() for p in refs.rglob("*") if p.is_file()
+        }
         commits = sorted(p.name for p in (folder / "snapshots").glob("*") if p.name not in named.values())
         repos[folder.name.removeprefix("models--").replace("--", "/")] = sorted(named) + commits
     return repos
 
 
 def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) -> type[nnx.Module]:
-    """The class named, as the config's family has it: the bare encoder (`BertModel`, what every
-    analysis asks for) of a ModernBERT config is `ModernBertModel`, its only class here."""
+    """The class named, as the config's family has it (`bertjax.families`): the bare encoder
+    (`BertModel`, what every analysis asks for) of a ModernBERT config is `ModernBertModel`, its
+    only class here."""
+    known = families.class_names()
+    asked = name if isinstance(name, str) else name.__name__
+    if isinstance(name, str) and name not in known:
+        raise UserError(f"unknown model class {name!r}; choose from {', '.join(known)}")
+    if config is not None:
+        return config.family.model_class(name)
     if isinstance(name, str):
-        classes = {**MODEL_CLASSES, "ModernBertModel": ModernBertModel}
-        if name not in classes:
-            raise UserError(f"unknown model class {name!r}; choose from {', '.join(classes)}")
-        name = classes[name]
-    if config is None:
-        return name
-    if config.model_type == "modernbert" and name in (BertModel, ModernBertModel):
-        return ModernBertModel
-    if config.model_type == "modernbert":
-        raise UserError(
-            f"{name.__name__} is not available for model_type 'modernbert': bertjax has its encoder only "
-            "(BertModel, which loads as ModernBertModel)"
-        )
-    if config.model_type == "electra" and name is not BertModel:
-        raise UserError(
-            f"{name.__name__} is not available for model_type 'electra': bertjax has its encoder only (BertModel)"
-        )
-    if name is ModernBertModel:
-        raise UserError(f"ModernBertModel is not a class of model_type {config.model_type!r}; load it as BertModel")
+        return next(f.model_class(asked) for f in families.FAMILIES.values() if asked in f.classes)
     return name
 
 
@@ -260,6 +262,8 @@ def load_config(source: Source, **overrides: Any) -> BertConfig:
     if source.kind == "hf":
         return BertConfig.from_json_file(source.path / "config.json", **overrides)
     meta = ckpt.read_meta(source.path, source.step)
+    if "model_config" not in meta:
+        raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (model_config is missing)")
     return BertConfig.from_hf_dict(meta["model_config"], source=str(source.path), **overrides)
 
 
@@ -298,16 +302,10 @@ def from_pretrained(
     source = resolve(path_or_id, step, revision)
     config = load_config(source, **config_overrides)
     cls = model_class(cls, config)
-    if source.kind == "hf":
-        file, tensors = _read_hf_tensors(source.path)
-        names = convert.normalize_hf_names(tensors, config.model_type)
-        check_weights(file, config, {n: (v.shape, v.dtype) for n, v in names.items()})
-    else:
-        file = source.path / str(source.step)
-        stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
-        check_weights(file, config, {n: (tuple(s), np.dtype(d)) for n, (s, d) in stored.items()})
+    file = check_structure(source, config)
     graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
+        _, tensors = _read_hf_tensors(source.path)
         leaves, missing = convert.from_hf(abstract_state, tensors, str(file), config.model_type)
     else:
         leaves, missing = _read_orbax_leaves(source, abstract_state)
@@ -334,23 +332,84 @@ def from_pretrained(
 
 # A stored tensor's name: `encoder.layer.3.…` (HF) or `bert/encoder/layer/3/…` (a bertjax step).
 _LAYER = re.compile(r"(?:^|[./])(?:encoder[./]layer|layers)[./](\d+)[./]")
+# The token-embedding table (ModernBERT's is `tok_embeddings`), named as `_LAYER`'s tensors are.
+_TOKEN_TABLE = re.compile(r"(?:^|[./])embeddings[./](?:word|tok)_embeddings[./](?:weight|embedding)$")
+# safetensors' dtype names (a file's header) → numpy's.
+_SAFETENSORS_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint16", "I16": "int16",
+                       "U32": "uint32", "I32": "int32", "U64": "uint64", "I64": "int64", "F16": "float16",
+                       "BF16": "bfloat16", "F32": "float32", "F64": "float64", "F8_E4M3": "float8_e4m3fn",
+                       "F8_E5M2": "float8_e5m2"}  # fmt: skip
+
+
+def check_structure(source: Source, config: BertConfig) -> Path:
+    """`check_weights` over the shapes a checkpoint stores, read without its values (the safetensors
+    headers, or an orbax step's meta): what every command that builds or traces a model from a
+    checkpoint's config runs first. Returns the file the weights are in."""
+    if source.kind == "orbax":
+        stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
+        file, shapes = source.path / str(source.step), {n: (tuple(s), d) for n, (s, d) in stored.items()}
+    else:
+        file, shapes = _stored_hf_shapes(source.path)
+        shapes = convert.normalize_hf_names(shapes, config.model_type)
+    check_weights(file, config, shapes)
+    return file
+
+
+def _stored_hf_shapes(directory: Path) -> tuple[Path, dict[str, tuple[tuple, str]]]:
+    """(weights file, {name: (shape, dtype)}) of a HF-format directory, from the safetensors
+    headers (a pytorch_model.bin has none: it is read)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = []
+    try:
+        if (directory / SAFETENSORS).is_file():
+            file, files = directory / SAFETENSORS, [directory / SAFETENSORS]
+        elif (directory / SAFETENSORS_INDEX).is_file():
+            file = directory / SAFETENSORS_INDEX
+            index = read_hf_json(file).get("weight_map")
+            if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
+                raise UserError(f"{file}: no weight_map of tensor names to shard files")
+            files = [directory / shard for shard in sorted(set(index.values()))]
+        shapes = {}
+        for shard in files:
+            with safe_open(shard, framework="numpy") as f:
+                for name in f.keys():  # noqa: SIM118 (a safetensors file is not iterable)
+                    dtype = f.get_slice(name).get_dtype()
+                    shapes[name] = (tuple(f.get_slice(name).get_shape()), _SAFETENSORS_DTYPES.get(dtype, dtype))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{directory}: unreadable safetensors ({e})") from None
+    if files:
+        return file, shapes
+    file, tensors = _read_hf_tensors(directory)
+    return file, {n: (v.shape, v.dtype.name) for n, v in tensors.items()}
 
 
 def check_weights(file: Path, config: BertConfig, stored: dict[str, tuple[tuple, Any]]) -> None:
-    """The stored tensors' dtypes, and the config's layer count against the layers they hold,
+    """The stored tensors' dtypes, and the config's layer count and vocabulary against the tensors,
     before any model is built from the config: an int8 or bool weight was cast to float without a
-    word, and a config.json claiming 100,000 layers over 2 layers of weights kept the loader
-    tracing them for 15+ minutes. (Widths cost nothing to trace; a shape that disagrees is named
-    once the weights are matched to the model.)"""
+    word, and a config.json claiming 100,000 layers over 2 layers of weights (or over none: an
+    embeddings-only file) kept the loader tracing them for 15+ minutes. (Other widths cost nothing
+    to trace; a shape that disagrees is named once the weights are matched to the model.)"""
     for name, (_, dtype) in stored.items():
-        if not jnp.issubdtype(dtype, jnp.floating):
-            raise UserError(f"{file}: tensor {name} is {np.dtype(dtype).name}, not floating point; refusing to load it")
+        try:
+            kind = jnp.dtype(dtype)
+        except TypeError:  # a safetensors dtype numpy has no name for
+            kind = None
+        if kind is None or not jnp.issubdtype(kind, jnp.floating):
+            name_of = str(dtype) if kind is None else kind.name
+            raise UserError(f"{file}: tensor {name} is {name_of}, not floating point; refusing to load it")
     layers = [int(m.group(1)) for name in stored if (m := _LAYER.search(name))]
-    if layers and config.num_hidden_layers > max(layers) + 1:
+    held = max(layers) + 1 if layers else 0
+    if config.num_hidden_layers > held:
         raise UserError(
-            f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, "
-            f"the weights hold {max(layers) + 1} layers"
+            f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, the weights hold {held} layers"
         )
+    needed = (config.vocab_size, config.embedding_width)
+    for name, (shape, _) in stored.items():
+        if _TOKEN_TABLE.search(name) and tuple(shape) != needed:
+            raise UserError(
+                f"{file}: tensor {name} has shape {list(shape)}, the config's vocab_size and width need {list(needed)}"
+            )
 
 
 def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = False) -> None:
@@ -454,7 +513,7 @@ def save_pretrained(model: nnx.Module, directory: str | Path, overwrite: bool = 
     already there are replaced only with `overwrite`."""
     from safetensors.numpy import save
 
-    if model.config.model_type != "bert":
+    if not model.config.family.exportable:
         raise UserError(
             f"{directory}: bertjax writes HF's format for BERT only, not model_type {model.config.model_type!r}"
         )
@@ -480,7 +539,10 @@ def tokenizer_directory(source: Source) -> Path:
     bertjax run's step names."""
     if source.kind == "hf":
         return source.path
-    location = Path(ckpt.read_meta(source.path, source.step)["tokenizer"])
+    meta = ckpt.read_meta(source.path, source.step)
+    if "tokenizer" not in meta:
+        raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (tokenizer is missing)")
+    location = Path(meta["tokenizer"])
     return location if location.is_absolute() else source.path.parent / location
 
 
@@ -503,7 +565,7 @@ def _tokenizer_class(location: Path):
     where torch is installed, a second and a half of every analysis's start. Any other class
     named in tokenizer_config.json goes through AutoTokenizer as before."""
     config = location / "tokenizer_config.json"
-    named = json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") if config.is_file() else None
+    named = read_hf_json(config).get("tokenizer_class") if config.is_file() else None
     # Unnamed (roberta-base's tokenizer_config.json names none): the model's type says, as for AutoTokenizer.
     model = location / "config.json"
     model_type = read_hf_json(model).get("model_type", "bert") if named is None and model.is_file() else "bert"
@@ -516,6 +578,18 @@ def _tokenizer_class(location: Path):
     return AutoTokenizer
 
 
+def _check_tokenizer_json(file: Path) -> None:
+    """The top-level fields transformers reads from a tokenizer.json before `tokenizers` parses it:
+    a file of another schema was a `KeyError: 'added_tokens'` traceback."""
+    if not file.is_file():
+        return
+    content = read_hf_json(file)
+    if not isinstance(content.get("added_tokens"), list) or not isinstance(content.get("model"), dict):
+        raise UserError(
+            f"{file}: not a tokenizer.json of the tokenizers library (no list of added_tokens and model object)"
+        )
+
+
 def load_tokenizer(path_or_id: str | Path, step: int | None = None, revision: str | None = None):
     """The fast tokenizer stored with a checkpoint (offsets are needed for alignment); a hub id's
     `revision` as in `from_pretrained` (only the tokenizer and config files are fetched)."""
@@ -526,9 +600,15 @@ def load_tokenizer(path_or_id: str | Path, step: int | None = None, revision: st
     # Without these files transformers builds a 5-token tokenizer and every word becomes [UNK].
     if location.is_dir() and not any((location / name).is_file() for name in (*TOKENIZER_FILES, BPE_FILES[0])):
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
+    _check_tokenizer_json(location / TOKENIZER_FILES[0])
     try:
         tokenizer = _tokenizer_class(location).from_pretrained(str(location))
     except (OSError, ValueError) as e:
+        raise UserError(f"{location}: no usable tokenizer ({e})") from None
+    except Exception as e:
+        # The tokenizers library's parse errors are bare Exceptions; anything more specific is a bug.
+        if type(e) is not Exception:
+            raise
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     if not tokenizer.is_fast:
         raise UserError(f"{location}: the tokenizer is not a fast tokenizer (no offsets)")

@@ -393,8 +393,6 @@ def test_a_report_of_a_hub_series(hub, models, work, fast, tmp_path):
 def test_ettin_series_of_modernbert_models_under_tags(hub, work, fast, shared_data, tmp_path):
     """The documented Ettin command over tiny random ModernBERTs (transformers' ModernBertForMaskedLM,
     as Ettin's checkpoints are saved) with a byte-level BPE tokenizer in ModernBERT's layout."""
-    if "modernbert" not in getattr(bertjax.config, "MODEL_TYPES", ("bert",)):
-        pytest.skip("bertjax has no ModernBERT model yet (issue 39's model half, branch wt-39a)")
     import torch
     import transformers
     from test_sieves_tokenizers import train_bpe

@@ -278,7 +278,7 @@ def test_loads_of_one_architecture_share_its_traced_shapes_and_keep_their_own_we
         ),
         (
             lambda t: t.update({"embeddings.word_embeddings.weight": np.zeros((49, 128), np.float32)}),
-            r"tensor embeddings\.word_embeddings\.weight has shape \[49, 128\], the config needs \[50, 128\]",
+            r"tensor embeddings\.word_embeddings\.weight has shape \[49, 128\], the config's vocab_size and width need \[50, 128\]",
         ),
         (
             lambda t: t.update({"encoder.layer.2.output.dense.bias": np.zeros(128, np.float32)}),

@@ -44,12 +44,18 @@ from analysis.ablation.patterns import (
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
 from analysis.common.figures import select_formats
+from analysis.common.finite import check_finite
 from analysis.common.forward import Devices, at_precision, compiled, padded_batches
 from analysis.common.writing import write_tables_run
+from analysis.heads.finetuning import shape_differences
 from bertjax import glue, runinfo
+from bertjax.errors import UserError
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
+
+# What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
+ABLATE_OUTPUT = "ablate output"
 
 # The analyses that read the classifier's predictions, so need one trained for the task.
 CLASSIFIER_ANALYSES = ("disable", "mask")
@@ -95,9 +101,11 @@ def summarise_sequences(
     shape: tuple[int, int],
     thresholds: PatternThresholds = DEFAULT_THRESHOLDS,
     desc: str = "attention",
+    allowed: bool = False,
 ) -> AttentionSummary:
     """Streams the sequences through `summariser`; features only when `word_texts` (by example
-    index) are given."""
+    index) are given. A pattern quantity that is not finite stops the run (`finite.check_finite`,
+    `allowed` its)."""
     counts = np.zeros((*shape, len(PATTERNS)), np.int64)
     sums = {f: np.zeros(shape) for f in FEATURES}
     present = dict.fromkeys(FEATURES, 0)
@@ -112,6 +120,8 @@ def summarise_sequences(
         used = slice(0, len(chunk))
         paired = np.array([seq.num_segments == 2 for seq in chunk])[None, :, None]
         v, d, b = (np.asarray(x)[:, used] for x in (v, d, b))
+        for quantity in (v, d, b):  # [L, B, H]
+            check_finite(np.moveaxis(quantity, 1, 0), "an attention pattern's quantity", desc, allowed=allowed)
         codes = classify_patterns(v, d, b, paired, thresholds)
         counts += (codes[..., None] == np.arange(len(PATTERNS))).sum(axis=1)
         if word_texts is not None:
@@ -157,7 +167,7 @@ def run(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> tup
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+    with runinfo.atomic_out(config.out, config.overwrite, ABLATE_OUTPUT) as tmp:
         result = _compute(config, tasks, started, model, tokenizer, compare)
         info = write(result, tmp)
     return result, info
@@ -237,6 +247,7 @@ def _attention_analyses(
             config.max_length,
             shape,
             desc=f"{task} attention ({label})",
+            allowed=config.allow_nonfinite,
         )
     result: dict = {}
     if "patterns" in config.analyses:
@@ -274,7 +285,7 @@ def _classifier_analyses(
 ) -> dict:
     """`disable` and `mask` on one evaluator: one baseline pass, one compile per batch shape."""
     eval_set, _ = load_eval_set(tokenizer, task, config.split, glue_dir, config.n, config.max_length, config.batch_size)
-    evaluator = MaskedEvaluator(model, eval_set, devices)
+    evaluator = MaskedEvaluator(model, eval_set, devices, config.allow_nonfinite)
     baseline = evaluator.score()
     split, alpha, names = config.split, config.alpha, eval_set.metric_names
     result: dict = {"baseline": baseline.metrics}
@@ -315,6 +326,21 @@ def _classifier_analyses(
     return result
 
 
+def check_comparable(config: KovalevaConfig, model_config, tokenizer, other_config, other_tokenizer) -> None:
+    """The features are compared head by head, on sequences each model encodes: of two sizes or
+    two vocabularies, the comparison had no meaning and was made without a word."""
+    differ = shape_differences(model_config, other_config)
+    if differ:
+        raise UserError(
+            f"--compare-ckpt {config.compare_ckpt}: a model of another size than --ckpt {config.ckpt} "
+            f"({', '.join(differ)}); compare a model with its own pre-trained start"
+        )
+    if tokenizer.get_vocab() != other_tokenizer.get_vocab():
+        raise UserError(
+            f"--compare-ckpt {config.compare_ckpt}: its tokenizer's vocabulary differs from --ckpt {config.ckpt}'s"
+        )
+
+
 @at_precision()
 def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, tokenizer, compare) -> KovalevaRun:
     timings: dict[str, float] = {}
@@ -333,6 +359,7 @@ def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, to
     if compares(config):
         if compare is None:
             compare = _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)
+        check_comparable(config, model.config, tokenizer, compare[0].config, compare[1])
         checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": compare}
     timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_sequence_length for m, _ in checkpoints.values()))

@@ -22,6 +22,7 @@ from matplotlib.figure import Figure
 
 from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tasks
 from analysis.common.figures import save_figure, select_figures, select_formats
+from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.forward import DataParallel, Devices, at_precision, compiled
 from analysis.common.writing import write_tables_run
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
@@ -36,9 +37,10 @@ from analysis.heads.scoring import (
 )
 from analysis.heads.summary import layer_groups
 from bertjax import distributed, glue, runinfo
+from bertjax.config import BertConfig
 from bertjax.errors import UserError
-from bertjax.model import attention_reading, attention_rows
 from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
+from bertjax.readings import attention_reading, attention_rows
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES, present_roles
 from sieves.kernel import sieve_scores
@@ -48,6 +50,9 @@ BARS: tuple[tuple[str, str], ...] = (
     ("local", "coarse"), ("syntactic", "coarse"), ("block", "coarse"), ("delimiter", "coarse"),
     ("cls", "fine"), ("sep", "fine"),
 )  # fmt: skip
+
+# What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
+EFFECT_OUTPUT = "finetune_effect output"
 
 SHAPE_FIELDS = ("num_hidden_layers", "num_attention_heads", "hidden_size", "vocab_size", "max_position_embeddings")
 
@@ -188,10 +193,11 @@ def _jit_comparer(pre_graph, post_graph, reading, reference):
         (a, pre_keys), (b, post_keys) = attention_rows(pre_out, reading), attention_rows(post_out, reading)
         pre_scores, counts = sieve_scores(a, real, rows, sieves, key_weights=pre_keys, reference_length=reference)
         post_scores, _ = sieve_scores(b, real, rows, sieves, key_weights=post_keys, reference_length=reference)
+        silent = (silent_heads(a, pre_keys, real), silent_heads(b, post_keys, real))
         if reading == "norms":
             # β ignores each row's scale, a whole map's cosine does not: it compares the renormalised rows.
             a, b = (jnp.stack(attention_reading(out, reading)) for out in (pre_out, post_out))
-        return pre_scores, post_scores, counts, attention_cosine(a, b, real)
+        return pre_scores, post_scores, counts, attention_cosine(a, b, real), *silent
 
     return compare
 
@@ -204,17 +210,30 @@ def compare_task(
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     before, after = ScoreCollector(config.roles, present), ScoreCollector(config.roles, present)
     total = 0.0
-    for chunk, (pre_scores, post_scores, counts, cosine) in scored_batches(comparer, seqs, present, config, desc):
-        before.add(chunk, pre_scores, counts)
-        after.add(chunk, post_scores, counts)
-        total = total + cosine[:, : len(chunk)].astype(np.float64).sum(axis=1)
+    for chunk, (pre_scores, post_scores, counts, cosine, pre_silent, post_silent) in scored_batches(
+        comparer, seqs, present, config, desc
+    ):
+        allowed = config.allow_nonfinite
+        before.add(chunk, pre_scores, counts, pre_silent, f"{desc} (pre)", allowed)
+        after.add(chunk, post_scores, counts, post_silent, f"{desc} (post)", allowed)
+        silent = (pre_silent | post_silent)[:, : len(chunk)]
+        check_finite(np.moveaxis(cosine[:, : len(chunk)], 1, 0), "the cosine", desc, np.moveaxis(silent, 1, 0), allowed)
+        # An undefined head's map has no cosine: NaN, not the 0 of its all-zero rows.
+        total = total + np.where(silent, np.nan, cosine[:, : len(chunk)]).astype(np.float64).sum(axis=1)
+    warn_undefined(before.silent | after.silent, desc, "their scores and cosines are")
     return before.result(absent, len(seqs)), after.result(absent, len(seqs)), total
 
 
+def shape_differences(one: BertConfig, other: BertConfig) -> list[str]:
+    """The sizes in which two models differ, as `field one vs other`: models compared head by head
+    (or token by token) must have none."""
+    return [
+        f"{f} {getattr(one, f)} vs {getattr(other, f)}" for f in SHAPE_FIELDS if getattr(one, f) != getattr(other, f)
+    ]
+
+
 def check_same_shape(pre: str, post: str) -> None:
-    pre_config, post_config = load_config(resolve(pre)), load_config(resolve(post))
-    differ = [f"{f} {getattr(pre_config, f)} vs {getattr(post_config, f)}" for f in SHAPE_FIELDS
-              if getattr(pre_config, f) != getattr(post_config, f)]  # fmt: skip
+    differ = shape_differences(load_config(resolve(pre)), load_config(resolve(post)))
     if differ:
         raise UserError(
             f"--pre {pre} and --post {post} have different shapes ({', '.join(differ)}); compare a model with its own fine-tuned copy"
@@ -279,7 +298,11 @@ def run(
     started = time.perf_counter()
     config = prepare(config, post_models)
     writes = jax.process_index() == 0
-    with runinfo.atomic_out(config.data.out, config.data.overwrite) if writes else contextlib.nullcontext() as tmp:
+    with (
+        runinfo.atomic_out(config.data.out, config.data.overwrite, EFFECT_OUTPUT)
+        if writes
+        else contextlib.nullcontext() as tmp
+    ):
         result = _compute(config, started, model, tokenizer, post_models)
         if tmp is None:  # not process 0: its shares are in process 0's output
             return None
