@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.ablation.options import KovalevaConfig
+from analysis.common.flags import refuse_early
 from bertjax import cli, settings
 
 
@@ -45,6 +46,7 @@ def parse_args(argv: list[str] | None) -> KovalevaConfig:
 
 
 def run(config: KovalevaConfig) -> None:
+    refuse_early(config)
     from analysis.api.ablation import run_ablate  # after parsing: --help and flag errors need no JAX
 
     result = run_ablate(config)  # computed and written

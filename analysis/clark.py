@@ -19,6 +19,7 @@ import dataclasses
 from typing import TYPE_CHECKING
 
 from analysis.attention.options import ANALYSES, ClarkConfig
+from analysis.common.flags import refuse_early
 from bertjax import cli, settings
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
 
 
 def run(config: ClarkConfig) -> ClarkResult:
+    refuse_early(config)
     from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
 
     result = run_clark(config)  # computed and written

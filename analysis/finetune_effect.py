@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from analysis.common.flags import refuse_early
 from analysis.heads.config import EFFECT_SKIP, EFFECT_TOOL, RolesConfig, add_roles_flags
 from bertjax import cli, settings
 
@@ -34,14 +35,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> EffectConfig:
+def _parse(argv: list[str] | None) -> tuple[list[str], RolesConfig]:
+    """The --post checkpoints and the roles settings, parsed without JAX."""
     p = build_parser()
     a = p.parse_args(argv)
-    from analysis.heads.finetuning import effect_config  # after parsing: --help and flag errors need no JAX
-
     data = settings.from_flags(RolesConfig, p, a, argv, skip=EFFECT_SKIP, ckpt=a.pre)
     settings.print_config_if_asked(a, data, skip=EFFECT_SKIP)
-    return effect_config(a.post, data)
+    return a.post, data
+
+
+def _config(post: list[str], data: RolesConfig) -> EffectConfig:
+    from analysis.heads.finetuning import effect_config  # JAX takes seconds to load
+
+    return effect_config(post, data)
+
+
+def parse_args(argv: list[str] | None) -> EffectConfig:
+    return _config(*_parse(argv))
 
 
 def run(config: EffectConfig) -> None:
@@ -57,7 +67,9 @@ def run(config: EffectConfig) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+    post, data = _parse(argv)
+    refuse_early(data)  # before JAX loads
+    run(_config(post, data))
 
 
 if __name__ == "__main__":

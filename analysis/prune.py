@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.ablation.options import MichelConfig
+from analysis.common.flags import refuse_early
 from bertjax import cli, settings
 
 
@@ -36,6 +37,7 @@ def parse_args(argv: list[str] | None) -> MichelConfig:
 
 
 def run(config: MichelConfig) -> None:
+    refuse_early(config)
     from analysis.api.ablation import run_prune  # after parsing: --help and flag errors need no JAX
 
     result = run_prune(config)  # computed and written

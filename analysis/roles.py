@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 
+from analysis.common.flags import refuse_early
 from analysis.heads.config import ROLES_TOOL, RolesConfig, add_roles_flags
 from bertjax import cli, settings
 
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None) -> RolesConfig:
 
 
 def run(config: RolesConfig) -> None:
+    refuse_early(config)
     from analysis.api.heads import run_roles  # after parsing: --help and flag errors need no JAX
     from analysis.heads.pipeline import write_html
 

@@ -36,7 +36,16 @@ from __future__ import annotations
 
 import argparse
 
-from analysis.heads.config import TRACK_SKIP, TRACK_TOOL, RolesConfig, TrackConfig, add_roles_flags
+from analysis.common.flags import refuse_early
+from analysis.heads.config import (
+    SEEDS_CSV,
+    TRACK_CSV,
+    TRACK_SKIP,
+    TRACK_TOOL,
+    RolesConfig,
+    TrackConfig,
+    add_roles_flags,
+)
 from bertjax import cli, settings
 from bertjax.settings import add_flags
 
@@ -71,6 +80,8 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
 
 
 def run(config: TrackConfig) -> None:
+    # A shard writes only into the cache.
+    refuse_early(config.roles, writes_out=config.shard is None, replaces=TRACK_CSV)
     from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
     from analysis.heads.pipeline import write_html
 
@@ -85,6 +96,7 @@ def run(config: TrackConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     config, runs = parse_args(argv)
     if len(runs) > 1:
+        refuse_early(config.roles, replaces=SEEDS_CSV)
         from analysis.heads.tracking import run_seeds
 
         run_seeds(config, runs)

@@ -6,7 +6,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from bertjax import cli
 from bertjax.errors import UserError
+
+cli.library_logging()
 
 # The package's names by the module that defines them, imported on first use: every entry point
 # imports `bertjax.cli`, and its `--help` should not wait for JAX and flax to load.

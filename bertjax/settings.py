@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import io
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -213,7 +214,7 @@ def add_flags(
         kwargs: dict[str, Any] = {"dest": field.name, "help": spec["help"]}
         if not names[0].startswith("-"):  # a positional argument, named by its metavar
             names, kwargs = [field.name], {"metavar": names[0], "help": spec["help"], "type": _converter(schema, field)}
-            parser.add_argument(*names, **kwargs)
+            _config_may_supply(parser.add_argument(*names, **kwargs))
             continue
         if kinds[field.name] is bool:
             kwargs.update(action="store_false" if default is True else "store_true", default=default)
@@ -227,7 +228,13 @@ def add_flags(
                 kwargs.update(default=None, help=f"{spec['help']} (default: {spec['shown']})")
             else:  # a list as its flag's text, which argparse converts as it would the flag's
                 kwargs["default"] = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        parser.add_argument(*names, **kwargs)
+        _config_may_supply(parser.add_argument(*names, **kwargs))
+
+
+def _config_may_supply(action: argparse.Action) -> None:
+    """Marks a required setting's flag as one a `--config` file may give instead
+    (`bertjax.cli.Parser` reads the mark), so that what `--print-config` writes reads back."""
+    action.config_may_supply = action.required
 
 
 def tool_defaults(tool: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -322,8 +329,11 @@ def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Seque
     if unknown:
         raise UserError(f"--config {path}: unknown setting {unknown[0]!r} (choose from {', '.join(sorted(known))})")
     names = {f.name for f in flag_fields(schema)}
-    mine = OmegaConf.masked_copy(data, sorted(names & set(data.keys())))
     try:
+        # Resolved before the masking, so that `${oc.env:HOME}` and a reference to another key
+        # mean what they mean in a training config.
+        OmegaConf.resolve(data)
+        mine = OmegaConf.masked_copy(data, sorted(names & set(data.keys())))
         merged = OmegaConf.merge(OmegaConf.structured(_flag_schema(schema)), mine)
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
@@ -528,17 +538,45 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
 _MISSING = object()
 
 
+# OmegaConf's words for a document its aliases expand past the node budget `_load_yaml` gives.
+_ALIAS_BOMB = ("YAML node expansion exceeds", "YAML aliases expand the document")
+
+
 def _load_yaml(path: Path) -> Any:
+    """A config file as OmegaConf reads it; text that is not UTF-8, not YAML, not a mapping or
+    list, or whose aliases expand it far beyond its size is one line naming the file, and so is a
+    key left `???` (OmegaConf's missing value, which a merge would silently take for the default)."""
     import yaml
     from omegaconf import OmegaConf
 
     try:
-        return OmegaConf.load(path)
+        raw = runinfo.read_input(path)
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); save the config file as UTF-8") from None
+    try:
+        # OmegaConf caps the nodes a document expands to at 10 000, aliases or not: a long list
+        # written out was refused as an alias bomb. Every node takes at least a character of the
+        # text, so this budget passes any document without aliases and still stops one whose
+        # aliases multiply it (OmegaConf also refuses a hundredfold expansion whatever the budget).
+        cfg = OmegaConf.load(io.StringIO(text), max_yaml_expanded_nodes=10_000 + len(text))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        if problem.startswith(_ALIAS_BOMB):
+            raise UserError(f"{path}: its YAML aliases expand it far beyond its size (an alias bomb?); "
+                            "write the values out") from None  # fmt: skip
         raise UserError(f"{path}: not valid YAML ({where}{problem})") from None
+    except OSError:  # nothing is read from a file here: OmegaConf's word for a lone scalar
+        raise UserError(f"{path}: expected a mapping of settings, one per line (key: value)") from None
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise UserError(f"{path}: {missing[0]}: ??? (a missing value) is no setting; give a value or leave the key out")
+    return cfg
 
 
 def _is_open(cfg: Any, key: str) -> bool:

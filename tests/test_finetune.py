@@ -337,6 +337,7 @@ def test_bad_input_gives_one_line(case, expected, tiny_ckpt, shared_data, tmp_pa
         (glue_dir / "MRPC").mkdir(parents=True)
         header = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         (glue_dir / "MRPC" / "train.tsv").write_text(header + "1\t1\t2\tA b.\tC d.\n2\t3\t4\tE f.\tG h.\n")
+        (glue_dir / "MRPC" / "dev.tsv").write_text(header + "1\t1\t2\tA b.\tC d.\n")
     elif case == "vocab_size":
         init = _hf_checkpoint(tmp_path / "small_vocab", shared_data, vocab_size=1000)
     elif case == "bad_metric":

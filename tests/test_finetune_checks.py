@@ -36,10 +36,14 @@ REFUSED = [
 @pytest.mark.parametrize(("override", "line"), REFUSED, ids=[o for o, _ in REFUSED])
 def test_a_bad_setting_is_refused_before_the_data_is_read(tiny_hf, tmp_path, cli_error, override, line):
     workdir = tmp_path / "w"
-    argv = ["--task", "mrpc", "--ckpt", str(tiny_hf), "--workdir", str(workdir),
-            "--glue-dir", str(tmp_path / "no-glue"), override]  # fmt: skip
+    # The files exist (train.finetune checks that before its heavy imports), but reading them fails.
+    glue = tmp_path / "glue"
+    (glue / "MRPC").mkdir(parents=True)
+    for split in ("train", "dev"):
+        (glue / "MRPC" / f"{split}.tsv").write_text("not\ta GLUE header\n")
+    argv = ["--task", "mrpc", "--ckpt", str(tiny_hf), "--workdir", str(workdir), "--glue-dir", str(glue), override]
     assert cli_error(finetune.main, argv) == line
-    assert list(tmp_path.iterdir()) == []
+    assert list(tmp_path.iterdir()) == [glue]
 
 
 def test_with_good_settings_the_missing_data_is_what_is_refused(tiny_hf, tmp_path, cli_error):

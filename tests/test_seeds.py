@@ -13,6 +13,7 @@ from test_track import write_run
 
 from analysis import track
 from analysis.heads import onset, seeds, tracking
+from analysis.heads.config import SEEDS_CSV
 from bertjax.errors import UserError
 
 STEPS = [1, 10, 100, 1000]
@@ -118,14 +119,14 @@ def test_the_summary_never_replaces_files_it_did_not_write(seed_runs, shared_dat
     replaced without `--overwrite`; now `--out` is one output, written as a one-run track's is."""
     out = tmp_path / "out"
     out.mkdir()
-    (out / seeds.SEEDS_CSV).write_text("mine\n")
+    (out / SEEDS_CSV).write_text("mine\n")
     (out / "mrpc_seeds.png").write_bytes(b"my figure")
     argv = ["--run", str(seed_runs[0]), "--run", str(seed_runs[1]), "--out", str(out), "--figures", "onset",
             *_seed_flags(shared_data, tmp_path / "parses")]  # fmt: skip
     for overwrite in ([], ["--overwrite"]):
         message = cli_error(track.main, [*argv, *overwrite])
         assert message.startswith(f"error: --out {out} is not an earlier {tracking.SEEDS_OUTPUT}")
-    assert (out / seeds.SEEDS_CSV).read_text() == "mine\n" and (out / "mrpc_seeds.png").read_bytes() == b"my figure"
+    assert (out / SEEDS_CSV).read_text() == "mine\n" and (out / "mrpc_seeds.png").read_bytes() == b"my figure"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no cache, lock or temporary made
 
 
@@ -136,7 +137,7 @@ def test_an_across_seed_output_is_written_whole_and_replaced_by_its_next_run(see
     track.main(argv)
     first = capsys.readouterr().out
     assert "from the cache" in first and re.search(r"in \d+ of 2 seeds", first), first
-    assert (out / seeds.SEEDS_CSV).is_file() and (out / "mrpc_seeds.png").is_file()
+    assert (out / SEEDS_CSV).is_file() and (out / "mrpc_seeds.png").is_file()
     assert (out / "s0" / "track.csv").is_file() and (out / "s1" / "track.csv").is_file()
     # Each run's run.json names where its output is, not the temporary it was written into.
     assert json.loads((out / "s1" / "run.json").read_text())["config"]["roles"]["out"] == str(out / "s1")
@@ -146,7 +147,7 @@ def test_an_across_seed_output_is_written_whole_and_replaced_by_its_next_run(see
     track.main(argv)  # the same command again: its own kind of output, replaced, every step from the cache
     again = capsys.readouterr().out
     assert "track: 2 checkpoints, 2 from the cache" in again
-    assert not (out / "stale.txt").exists() and (out / seeds.SEEDS_CSV).is_file()
+    assert not (out / "stale.txt").exists() and (out / SEEDS_CSV).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.cache", "parses"]
 
 

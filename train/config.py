@@ -13,15 +13,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 from bertjax import cli
 from bertjax.errors import UserError
+from bertjax.glue import TASKS, TaskSpec
 from bertjax.mesh_config import MeshConfig
 from bertjax.precision import TRAINING_PRECISIONS
 from bertjax.settings import describe_keys, setting
 from sieves.builders import DEFAULT_ROLES
 
 # -- the data: corpora and their preparation (train.prepare) ------------------------------------
+
+
+# The splits a fine-tuning run may evaluate (GLUE's test split has no labels).
+EVAL_SPLITS = ("dev", "validation", "train")
 
 
 @dataclasses.dataclass
@@ -395,6 +401,16 @@ class FinetuneCheckpoints:
         help="also keep this many log-spaced steps in [1, last step] (as pre-training's checkpoint.log_spaced), "
         "for analysis.track --run WORKDIR",
     )
+
+
+# Each task's fine-tuning config, read when --config names none.
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
+
+
+def task_spec(task: str) -> TaskSpec:
+    if task not in TASKS:
+        raise UserError(f"unknown task {task!r} (--task): choose one of {', '.join(TASKS)}")
+    return TASKS[task]
 
 
 @dataclasses.dataclass

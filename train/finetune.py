@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_intermixed_args(argv)  # flags may follow the overrides
     from bertjax import settings as config_lib
-    from train.finetuning import CONFIG_DIR, describe, task_spec
+    from bertjax.glue import glue_files
+    from train.config import CONFIG_DIR, EVAL_SPLITS, task_spec
 
     task_spec(args.task)  # before looking for its config file
     config = config_lib.load_config(FinetuneConfig, args.config or CONFIG_DIR / f"{args.task}.yaml", args.overrides)
@@ -56,6 +57,12 @@ def main(argv: list[str] | None = None) -> None:
         config.data.glue_dir = args.glue_dir
     if args.seeds is not None:
         config.seeds = args.seeds
+    if config.data.glue_dir is not None:  # before the heavy imports (the run reads the files later)
+        # A split that is no evaluation split is the settings' check's to refuse, with its own line.
+        for split in ("train", *[config.data.eval_split] * (config.data.eval_split in EVAL_SPLITS)):
+            glue_files(config.task, split, Path(config.data.glue_dir))
+    from train.finetuning import describe
+
     result = run(config, Path(args.workdir))
     if result is not None:
         print(describe(result))

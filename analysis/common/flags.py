@@ -26,7 +26,7 @@ DEFAULT_FORMATS = ("png",)
 # al.'s norm-weighted attention α_ij‖f_h(x_j)‖ with rows renormalised, or both from one forward pass.
 ATTENTION_SOURCES = ("weights", "norms", "both")
 # The sources of the analyses that read one of them per run (all but analysis.roles): the readings
-# of `bertjax.model.ATTENTION_READINGS`, spelled here too so that no parser imports JAX (a test
+# of `bertjax.readings.ATTENTION_READINGS`, spelled here too so that no parser imports JAX (a test
 # keeps the two equal).
 ONE_READING = ("weights", "norms")
 
@@ -43,6 +43,33 @@ def check_device_count(devices: int | None) -> None:
     process has that many is checked when the mesh is built."""
     if devices is not None and devices < 1:
         raise UserError(f"--devices must be at least 1, got {devices}")
+
+
+def refuse_early(config: Any, writes_out: bool = True, replaces: str | None = None) -> None:
+    """The mistakes that need no model, refused by a CLI before it imports JAX, flax and
+    transformers (13-26 s on a laptop): a `--out` that is a file or not empty without `--overwrite`
+    (where the command writes one; a `--out` holding the file `replaces`, the mark of the tool's
+    own earlier output, is replaced without it), an unknown GLUE `--task`, a `--glue-dir` without
+    the task's split, a `--step` the run never saved. The run checks each again where it acts on
+    it. `config` is any analysis' settings; the fields of these flags have the same names in every
+    tool, and those it has are read."""
+    from pathlib import Path
+
+    from bertjax import glue, runinfo, steps
+    from sieves.parse import TEXT_PREFIX
+
+    if writes_out:
+        own = replaces is not None and (Path(config.out).expanduser() / replaces).is_file()
+        runinfo.check_out(config.out, config.overwrite or own)
+    task, glue_dir = getattr(config, "task", None), getattr(config, "glue_dir", None)
+    if task is not None and getattr(config, "parser", None) != "conllu":
+        parts = [part.strip() for part in task.split(",") if part.strip()]
+        tasks = [t for part in parts if not part.startswith(TEXT_PREFIX) for t in glue.resolve_tasks(part)]
+        for name in tasks if glue_dir is not None else ():
+            glue.glue_files(name, config.split, Path(glue_dir))
+    step, ckpt = getattr(config, "step", None), Path(getattr(config, "ckpt", "") or "").expanduser()
+    if step is not None and ckpt.is_dir() and (steps.step_of(ckpt) is not None or steps.checkpoint_dir(ckpt)):
+        steps.resolve_step(ckpt, step)
 
 
 # -- the shared settings, declared once: each tool's config takes its field from these -----------

@@ -38,6 +38,11 @@ from bertjax.errors import UserError
 from bertjax.settings import add_config_flags, add_flags, check, default_of, internal, setting
 from sieves.builders import DEFAULT_ROLES, get_role
 
+# A track's table and an across-seed summary's: what marks an earlier output of each, which a run
+# replaces without --overwrite (here, for the CLI's checks before its heavy imports).
+TRACK_CSV = "track.csv"
+SEEDS_CSV = "seeds_onsets.csv"
+
 log = logging.getLogger(__name__)
 
 # The figure kinds `plot_all` draws per task, in drawing order (heaviest first, which balances the
@@ -230,6 +235,10 @@ class TrackConfig:
             raise UserError(f"--sas-n must be at least 1, got {self.sas_n}")
         if self.persistence < 1:
             raise UserError(f"--persistence must be an integer ≥ 1, got {self.persistence}")
+        if self.shard is not None and not 0 <= self.shard[0] < self.shard[1]:  # a config's [I, N] skips --shard's parse
+            raise UserError(
+                f"shard {list(self.shard)}: give [I, N] with 0 ≤ I < N (as --shard I/N), e.g. [0, 4] … [3, 4]"
+            )
         if self.roles.attention not in ONE_READING:
             raise UserError(
                 f"--attention must be one of {', '.join(ONE_READING)} in analysis.track, got {self.roles.attention!r}"

@@ -24,12 +24,10 @@ from matplotlib.ticker import MaxNLocator
 
 from analysis.common.figures import save_figure, step_axis
 from analysis.heads import onset
+from analysis.heads.config import TRACK_CSV
 from analysis.heads.figures import role_colours
 from analysis.heads.summary import ordered_roles
 from bertjax.errors import UserError
-
-SEEDS_CSV = "seeds_onsets.csv"
-TRACK_CSV = "track.csv"
 
 
 def read_track(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:

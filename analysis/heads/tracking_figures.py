@@ -21,8 +21,6 @@ from analysis.common.figures import (
 from analysis.heads.figures import NO_DATA, NOT_HELD, all_positive, role_colours, titled
 from analysis.heads.summary import layer_groups, ordered_roles
 
-TRACK_CSV = "track.csv"
-
 # Bump when the cached arrays or the way they are computed change: old entries are then ignored.
 SCORES_FORMAT = 1
 
