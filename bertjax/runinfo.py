@@ -238,7 +238,9 @@ def log_write(path: str | Path, what: str) -> Iterator[None]:
 
 
 # Names what made an output directory, so that --overwrite can tell an earlier output of the same
-# kind from anything else that holds a run.json (a training workdir does).
+# kind from anything else that holds a run.json (a training workdir does). Each tool names its own
+# kind ("roles output", "track output", ...): a roles run's --overwrite once replaced a track
+# output. ANALYSIS_OUTPUT is the one kind every analysis wrote before; it replaces no tool's now.
 OUTPUT_MARKER = ".bertjax-output"
 ANALYSIS_OUTPUT = "analysis output"
 
@@ -300,14 +302,15 @@ _NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 def no_space(error: BaseException) -> str | None:
     """The reason (`os.strerror`) when `error`, or an exception it was raised from, is a write
     that failed for lack of room; None otherwise. TensorStore (orbax's array writes) raises a
-    ValueError whose text carries the errno as `[os_error_code='28']`."""
+    ValueError whose text carries the errno as `[os_error_code='28']`, the tokenizers library a bare
+    Exception reading Rust's `File too large (os error 27)`."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, OSError) and error.errno in _NO_SPACE:
             return error.strerror
         for code in _NO_SPACE:
-            if f"[os_error_code='{code}']" in str(error):
+            if f"[os_error_code='{code}']" in str(error) or f"(os error {code})" in str(error):
                 return os.strerror(code)
         error = error.__cause__ or error.__context__
     return None
@@ -317,15 +320,33 @@ def no_space(error: BaseException) -> str | None:
 _TMP = ".tmp-"
 
 
-def _check_replaceable(out: Path, overwrite: bool, kind: str) -> None:
+def check_out(out: str | Path, overwrite: bool) -> None:
+    """`atomic_out`'s first refusals (a file, or a non-empty directory without `overwrite`), for a
+    command to make before its heavy imports; `atomic_out` checks again, and the output's kind."""
+    out = Path(out).expanduser().resolve()
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
+
+
+def _check_replaceable(out: Path, overwrite: bool, kind: str) -> None:
+    check_out(out, overwrite)
     if out.is_dir() and any(out.iterdir()):
-        if not overwrite:
-            raise UserError(f"--out {out} is not empty; pass --overwrite to replace it")
-        if _marked(out) != kind:
+        marked = _marked(out)
+        if marked is None:
             raise UserError(
                 f"--out {out} is not an earlier {kind} (it has no {OUTPUT_MARKER} saying so); --overwrite replaces only those"
+            )
+        if marked == ANALYSIS_OUTPUT != kind:
+            raise UserError(
+                f"--out {out} is an analysis output of an earlier bertjax, which did not record which tool made it; "
+                f"--overwrite replaces only an earlier {kind} (remove it yourself, or choose another --out)"
+            )
+        if marked != kind:
+            raise UserError(
+                f"--out {out} holds another kind of output ({marked}), not an earlier {kind}; --overwrite replaces "
+                "only an output of the same kind (choose another --out)"
             )
 
 

@@ -32,10 +32,10 @@ from bertjax import pretrained, runinfo, sharding
 from bertjax import settings as config_lib
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
-from bertjax.glue import TASKS, TaskSpec, classification_metrics, encode, glue_files, load_glue
+from bertjax.glue import TaskSpec, classification_metrics, encode, glue_files, load_glue
 from bertjax.model import BertForSequenceClassification
 from train.checkpoints import check_resumable
-from train.config import CheckpointConfig, FinetuneConfig, LoopConfig, OptimizerConfig
+from train.config import EVAL_SPLITS, CheckpointConfig, FinetuneConfig, LoopConfig, OptimizerConfig, task_spec
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
 from train.pretraining import TOKENIZER_DIR, compute_dtype, write_tokenizer
@@ -43,16 +43,9 @@ from train.trainer import Trainer, check_batch
 
 log = logging.getLogger(__name__)
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "finetune"
 EVAL_ROWS = "eval.jsonl"
 EVAL_SUMMARY = "eval.json"
 SEEDS_SUMMARY = "seeds.json"
-
-
-def task_spec(task: str) -> TaskSpec:
-    if task not in TASKS:
-        raise UserError(f"unknown task {task!r} (--task): choose one of {', '.join(TASKS)}")
-    return TASKS[task]
 
 
 def best_metric(config: FinetuneConfig, spec: TaskSpec) -> str:
@@ -139,7 +132,6 @@ class Prepared:
 
 
 # The splits an evaluation can score: GLUE's test labels are hidden.
-EVAL_SPLITS = ("dev", "validation", "train")
 
 
 def seed_runs(config: FinetuneConfig, workdir: Path) -> list[tuple[FinetuneConfig, Path]]:
@@ -206,6 +198,9 @@ def prepare(config: FinetuneConfig) -> Prepared:
     model_config = pretrained.load_config(
         source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype, "dtype")
     )
+    # Before the trainer traces a model of this config: a config.json claiming 100,000 layers over
+    # 2 layers of weights kept it tracing for minutes before `from_pretrained` looked at them.
+    pretrained.check_structure(source, model_config)
     tokenizer = pretrained.load_tokenizer(config.init, config.init_step)
     if len(tokenizer) != model_config.vocab_size:
         raise UserError(
@@ -286,7 +281,7 @@ def finetune(
     evaluator = Evaluator(trainer, prepared.eval_set, prepared.spec, config.data.eval_split,
                           config.data.eval_batch_size, data.batches_per_epoch)  # fmt: skip
     if jax.process_index() == 0:
-        write_run_start(config, workdir, prepared.tokenizer)
+        write_run_start(config, workdir, prepared.tokenizer, resumed=bool(trainer.checkpointer.steps()))
     log.info("%s: %d epochs × %d steps of %d from %s", prepared.spec.name, loop.epochs, data.batches_per_epoch,
              loop.global_batch_size, config.init)  # fmt: skip
     outcome = trainer.run(make_data, evaluate=evaluator, eval_every=data.batches_per_epoch)
@@ -342,12 +337,12 @@ def kept_checkpoints(config: FinetuneConfig, batches_per_epoch: int, metric: str
     )
 
 
-def write_run_start(config: FinetuneConfig, workdir: Path, tokenizer: Any) -> None:
-    """The workdir, its resolved config.yaml and (once) the tokenizer, before the first step."""
+def write_run_start(config: FinetuneConfig, workdir: Path, tokenizer: Any, resumed: bool) -> None:
+    """The workdir, its resolved config.yaml and the tokenizer (a resumed run's kept), before the
+    first step."""
     workdir.mkdir(parents=True, exist_ok=True)
     config_lib.save_resolved(config, workdir / "config.yaml")
-    if not (workdir / TOKENIZER_DIR).is_dir():
-        write_tokenizer(tokenizer, workdir / TOKENIZER_DIR)
+    write_tokenizer(tokenizer, workdir / TOKENIZER_DIR, resumed)
 
 
 def summarise_seeds(task: str, seeds: list[int], summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -58,26 +58,56 @@ def throughput(
     return rates
 
 
+def _keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrites the metrics log `path` without its rows after `step` and without a last line that a
+    kill cut short (the next row was appended to it); a log that needs neither is left untouched."""
+    if path.is_symlink() or not path.is_file():
+        return  # nothing yet; a link is refused when it is opened for appending
+    lines = path.read_bytes().splitlines(keepends=True)
+    kept = []
+    for line in lines:
+        try:
+            row = json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and isinstance(row.get("step"), int) and row["step"] <= step:
+            kept.append(line)
+    if len(kept) < len(lines):
+        with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
+            f.writelines(kept)
+
+
 class MetricsWriter:
     """Appends one JSON object per logged step to `metrics.jsonl` and its scalars to a TensorBoard
     event file, both written and flushed in the caller's thread: tensorboardX's `SummaryWriter`
     writes from a thread of its own, and when a full disk ended that thread the trainer waited on
     its queue forever. A write that fails stops the run with one line."""
 
-    def __init__(self, workdir: Path, enabled: bool):
+    def __init__(self, workdir: Path, enabled: bool, start: int = 0):
+        """`start`: the step the run starts from (the restored checkpoint's, 0 for a new run). The
+        rows after it were logged by a run killed before its next checkpoint, and are logged again
+        now: dropped from metrics.jsonl (with a line torn by the kill) and purged from TensorBoard's
+        view, so each step has its rows once."""
         self.enabled = enabled
         self.failed = False
         if not enabled:
             return
         from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event, SessionLog
 
         self.jsonl_path = Path(workdir) / "metrics.jsonl"
+        with self._stop_on_error(self.jsonl_path):
+            _keep_rows_up_to(self.jsonl_path, start)
         self.jsonl = runinfo.open_append(self.jsonl_path)
         directory = Path(workdir) / "tensorboard"
         with self._stop_on_error(directory):
             directory.mkdir(exist_ok=True)
             # SummaryWriter's file name: tensorboard/events.out.tfevents.<time>.<host>
             self.events = EventsWriter(str(directory / "events"))
+            # tensorboardX's `purge_step`: TensorBoard hides the earlier files' events from this step on.
+            self.events.write_event(Event(step=start + 1, file_version="brain.Event:2"))
+            self.events.write_event(Event(step=start + 1, session_log=SessionLog(status=SessionLog.START)))
+            self.events.flush()
 
     @contextlib.contextmanager
     def _stop_on_error(self, path: Path) -> Iterator[None]:

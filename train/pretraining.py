@@ -20,13 +20,15 @@ from typing import Any, NamedTuple
 
 import jax
 
-from bertjax import runinfo, sharding
+from bertjax import checkpoint as ckpt
+from bertjax import pretrained, runinfo, sharding
 from bertjax import settings as config_lib
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
 from train.checkpoints import check_resumable, setting_changes
 from train.config import LoopConfig, ModelSettings, OptimizerConfig, PrepareConfig, PretrainConfig
+from train.corpora import corpus_files
 from train.data import PretrainingData, load_meta, num_examples
 from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences
 from train.interventions import Interventions
@@ -80,12 +82,38 @@ def prepared_data(config: PrepareConfig, directory: Path, explicit: str | None) 
 def check_prepared_with(config: PrepareConfig, directory: Path) -> None:
     """Shards prepared under other settings (whole-word masking, corpora, the prediction cap, …)
     would train silently on the old data: refuse them, naming what differs."""
-    differ = setting_changes(load_meta(directory).get("config"), dataclasses.asdict(config), ignore=LAYOUT_ONLY)
+    meta = load_meta(directory)
+    differ = setting_changes(meta.get("config"), dataclasses.asdict(config), ignore=LAYOUT_ONLY)
+    differ += changed_corpus_files(meta)
     if differ:
         raise UserError(
             f"{directory}: prepared with other data settings ({'; '.join(differ)}); delete it to prepare "
             "again, or set data_dir to shards prepared with these settings"
         )
+
+
+def changed_corpus_files(meta: dict[str, Any]) -> list[str]:
+    """The local corpus files that are not, by their list and sizes, those the shards were prepared
+    from: a corpus rewritten at the same path (a new vocabulary of the same size with it) was
+    trained on as the old text. Sizes, not hashes, so that a resume does not read the corpora
+    again; a corpus not present here (shards prepared on another machine) is not compared."""
+    changed = []
+    for corpus in meta.get("corpora") or []:
+        root = Path(str(corpus.get("path")))
+        if corpus.get("source") != "local" or "files" not in corpus or not root.exists():
+            continue
+        then = {f["path"]: f["bytes"] for f in corpus["files"]}
+        now = {str(f): f.stat().st_size for f in corpus_files(root)}
+        changed += [
+            f"{path}: {_size(then.get(path))} then, {_size(now.get(path))} now"
+            for path in sorted(then.keys() | now.keys())
+            if then.get(path) != now.get(path)
+        ]
+    return changed
+
+
+def _size(count: int | None) -> str:
+    return "absent" if count is None else f"{count} bytes"
 
 
 def check_batch_fits(setting: str, batch_size: int, data_dir: Path) -> None:
@@ -131,26 +159,43 @@ def make_tokenizer(data_dir: Path, lowercase: bool):
     return BertTokenizer(vocab=str(data_dir / "vocab.txt"), do_lower_case=lowercase)
 
 
-def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path) -> None:
+def save_tokenizer(data_dir: Path, lowercase: bool, workdir: Path, resumed: bool) -> None:
     target = workdir / TOKENIZER_DIR
-    if jax.process_index() == 0 and not target.is_dir():
+    if jax.process_index() == 0:
         vocab_file = data_dir / "vocab.txt"
         tokenizer = make_tokenizer(data_dir, lowercase)
         expected = len(vocab_file.read_text(encoding="utf-8").splitlines())
         if len(tokenizer) != expected:
             raise RuntimeError(f"{vocab_file}: tokenizer has {len(tokenizer)} tokens, the file {expected}")
-        write_tokenizer(tokenizer, target)
+        write_tokenizer(tokenizer, target, resumed)
 
 
-def write_tokenizer(tokenizer, target: Path) -> None:
-    """`tokenizer.save_pretrained` into a new directory of its own, renamed to `target` once
-    whole, so that nothing planted at a fixed name in the workdir is written into."""
+def write_tokenizer(tokenizer, target: Path, resumed: bool) -> None:
+    """The run's tokenizer at `target` (the workdir's `tokenizer`). A resumed run keeps the one its
+    checkpoints were trained with; any other writes its own over what a re-used workdir holds:
+    another run's vocabulary of the same size is told apart by nothing else, and every analysis
+    of the run reads this one. `tokenizer.save_pretrained` goes into a new directory of its own,
+    renamed to `target` once whole, so that nothing planted at a fixed name in the workdir (a
+    link) is written into. A full disk is one line."""
+    if resumed and target.is_dir():
+        return
     partial = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         tokenizer.save_pretrained(str(partial))
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            log.warning("replacing %s, left in the workdir by an earlier run, with this run's tokenizer", target)
+            aside = Path(tempfile.mkdtemp(prefix=f".{target.name}.old.", dir=target.parent))
+            target.rename(aside / target.name)
+            shutil.rmtree(aside)
         partial.rename(target)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(partial, ignore_errors=True)
+        reason = runinfo.no_space(e)
+        if reason is not None:
+            raise UserError(f"no space left writing the tokenizer into {target} ({reason}); make room and run the "
+                            "same command again") from None  # fmt: skip
         raise
 
 
@@ -213,6 +258,11 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
         if length > model.max_position_embeddings:
             raise UserError(f"{name} {length} exceeds model.max_position_embeddings {model.max_position_embeddings}")
     check_config(config.probe, config.model.max_position_embeddings)
+    # The checkpoint's config against its weights before any data is prepared (a run that resumes
+    # never reads it): `from_pretrained` checks it too, but only after the data and the trainer.
+    if config.train.init_from and not (workdir / ckpt.CHECKPOINTS).is_dir():
+        source = pretrained.resolve(config.train.init_from, config.train.init_step)
+        pretrained.check_structure(source, pretrained.load_config(source))
 
 
 class Phase(NamedTuple):
@@ -331,7 +381,6 @@ def train_phases(
     for index, (phase_data, phase) in enumerate(zip(prepared, phases, strict=True), start=1):
         data_dir, heldout_dir, data_config = phase_data
         meta = load_meta(data_dir)
-        save_tokenizer(data_dir, data_config.lowercase, workdir)
         trainer = Trainer(
             workdir=workdir,
             model_config=model_config(config.model, meta["vocab_size"]),
@@ -346,6 +395,7 @@ def train_phases(
             start_step=start,
             matmul_precision=config.model.matmul_precision,
         )
+        save_tokenizer(data_dir, data_config.lowercase, workdir, resumed=bool(trainer.checkpointer.steps()))
         start = trainer.end
         if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:
             continue  # a later phase has started: this one finished in an earlier invocation

@@ -11,6 +11,7 @@ the shardings and orbax all see one simple tree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import signal
@@ -100,12 +101,17 @@ class _Window:
     def restart(self) -> None:
         self.metrics, self.tokens, self.flops, self.start = [], 0.0, 0.0, time.perf_counter()
 
+    def means(self) -> dict[str, float]:
+        """The window's mean metrics, once its steps are done."""
+        fetched = jax.device_get(self.metrics)
+        return {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
+
     def summary(self, batch_size: int, peak: float | None) -> dict[str, float]:
         """The window's mean metrics and its throughput."""
-        fetched = jax.device_get(self.metrics)
+        means = self.means()
         elapsed = time.perf_counter() - self.start
-        means = {k: float(np.mean([m[k] for m in fetched])) for k in fetched[0]}
-        return means | throughput(len(fetched), elapsed, batch_size, self.tokens, self.flops, peak, jax.device_count())
+        steps = len(self.metrics)
+        return means | throughput(steps, elapsed, batch_size, self.tokens, self.flops, peak, jax.device_count())
 
 
 class Trainer:
@@ -353,7 +359,7 @@ class Trainer:
         # The flag `cli.run` also sets (in place here for callers other than the CLIs): read after
         # each step, which then saves a checkpoint and ends the loop.
         previous = signal.signal(signal.SIGTERM, cli.on_signal)
-        writer = MetricsWriter(self.workdir, self.is_main)
+        writer = MetricsWriter(self.workdir, self.is_main, start)
         hooks = _Hooks(evaluate, eval_every, eval_at_saves, probe, probe_every)
         peak = peak_flops(jax.devices()[0])
         timings = {"setup_s": time.perf_counter() - started}
@@ -362,6 +368,7 @@ class Trainer:
         last_good = max(self.checkpointer.steps(), default=None)
         step = start
         progress = tqdm(total=self.end, initial=start, desc="train", unit="step", disable=not self.is_main)
+        reading = contextlib.ExitStack()
         try:
             while step < self.end:
                 host_batch = next(data)
@@ -371,21 +378,28 @@ class Trainer:
                 step += 1
                 tokens = self.loop.global_batch_size * seq_len
                 window.add(metrics, tokens, flops_per_token(self.config, self.n_params, seq_len) * tokens)
-                if window.start is None:  # the first step compiles: keep it out of the rates
-                    jax.block_until_ready(metrics)
-                    timings["first_step_s"] = time.perf_counter() - started - timings["setup_s"]
-                    window.restart()
-                elif step % self.loop.log_every == 0 or step == self.end:
+                first = window.start is None
+                if first or step % self.loop.log_every == 0 or step == self.end:
                     self._check_finite(state, last_good)
-                    last_metrics = window.summary(self.loop.global_batch_size, peak)
+                    # The first step (a run's first point, or a resume's) compiles: logged without
+                    # rates, and its time is kept out of the next window's.
+                    last_metrics = window.means() if first else window.summary(self.loop.global_batch_size, peak)
+                    if first:
+                        timings["first_step_s"] = time.perf_counter() - started - timings["setup_s"]
                     writer.write(step, last_metrics)
                     progress.set_postfix(loss=f"{last_metrics['loss']:.3f}")
                     window.restart()
                 last_good = self._after_step(step, state, data, key, hooks, writer, last_good)
+                if first:
+                    # From now on every step is followed by a read of the flag (SIGTERM's checkpoint),
+                    # however long it takes; in the first, tracing and compiling, a signal is raised
+                    # where it comes (`cli.GRACE_S`): no step since the last checkpoint is lost.
+                    reading.enter_context(cli.reading_the_flag())
                 progress.update(1)
                 if self._preempted:
                     break
         finally:
+            reading.close()
             progress.close()
             writer.close()
             signal.signal(signal.SIGTERM, previous)
