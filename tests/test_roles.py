@@ -349,7 +349,8 @@ def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_dat
 
     def scorer(input_ids, attention_mask, token_type_ids, rows, sieves):
         shapes.append(sieves.shape)
-        return np.zeros(rows.shape[:2] + (2, 2), np.float32), rows.sum(axis=-1)
+        silent = np.zeros((2, rows.shape[1], 2), bool)  # [L, B, H]: no head's reading undefined
+        return np.zeros(rows.shape[:2] + (2, 2), np.float32), rows.sum(axis=-1), silent
 
     results = {}
     for task in ("mrpc", "sst2"):
@@ -470,7 +471,7 @@ def test_overwrite_replaces_only_an_earlier_output(tiny_run, tmp_path, cli_error
             (foreign / name).write_text("keep me")
         message = cli_error(roles_cli.main, argv[:out_at] + [str(foreign)] + argv[out_at + 1 :] + ["--overwrite"])
         assert message == (
-            f"error: --out {foreign} is not an earlier analysis output (it has no .bertjax-output saying so); "
+            f"error: --out {foreign} is not an earlier roles output (it has no .bertjax-output saying so); "
             "--overwrite replaces only those"
         )
         assert sorted(p.name for p in foreign.iterdir()) == sorted(files)

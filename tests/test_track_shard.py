@@ -19,6 +19,7 @@ from analysis import track
 from analysis.common import examples
 from analysis.heads import tracking
 from bertjax import cli
+from bertjax.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -145,7 +146,7 @@ def test_a_failed_cache_write_leaves_no_temporary(tmp_path, monkeypatch):
 
     monkeypatch.setattr(np, "savez", torn)
     entry = tmp_path / "step-000000001-0.npz"
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="no space left writing the scores cache entry"):
         tracking.save_scores(entry, {}, {}, {"step": 1})
     assert list(tmp_path.iterdir()) == []
 

@@ -28,6 +28,7 @@ import pandas as pd
 from flax import nnx
 from scipy import stats
 
+from analysis.common.finite import check_finite, check_finite_output
 from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
@@ -134,10 +135,14 @@ class MaskedEvaluator:
 
     `forward_passes` and `gradient_passes` count the passes over the whole eval set so far. With
     `devices`, the model is replicated on each and every batch, put there once, split along its
-    rows (topped up with invalid rows to a multiple of the devices)."""
+    rows (topped up with invalid rows to a multiple of the devices). Logits or gradients that are
+    not finite stop the run (`finite.check_finite`), unless `allow_nonfinite` (its `allowed`)."""
 
-    def __init__(self, model: nnx.Module, eval_set: EvalSet, devices: Devices | None = None):
+    def __init__(
+        self, model: nnx.Module, eval_set: EvalSet, devices: Devices | None = None, allow_nonfinite: bool = False
+    ):
         config = model.config
+        self.allow_nonfinite = allow_nonfinite
         self.n_layers, self.n_heads = config.num_hidden_layers, config.num_attention_heads
         self.eval_set = eval_set
         self.forward_passes = self.gradient_passes = self.compiles = 0
@@ -165,7 +170,9 @@ class MaskedEvaluator:
         head_mask, disable = self._masks(head_mask, disable)
         self.forward_passes += 1
         outputs = [self._counted(self.logits_fn, batch, head_mask, disable) for batch in self._batches]
-        return np.concatenate([np.asarray(o)[valid] for o, valid in zip(outputs, self._valid, strict=True)])
+        logits = np.concatenate([np.asarray(o)[valid] for o, valid in zip(outputs, self._valid, strict=True)])
+        check_finite_output(logits, "the classifier's logits", "evaluation", self.allow_nonfinite)
+        return logits
 
     def score(self, head_mask=None, disable=None) -> Scored:
         """The task's metrics (accuracy, and F1 for MRPC/QQP), the mean cross-entropy, and the
@@ -183,7 +190,9 @@ class MaskedEvaluator:
         head_mask, disable = self._masks(head_mask, disable)
         self.gradient_passes += 1
         total = sum(self._counted(self.gradients_fn, batch, head_mask, disable) for batch in self._batches)
-        return np.asarray(total, np.float64) / self.eval_set.size
+        gradients = np.asarray(total, np.float64) / self.eval_set.size
+        check_finite(gradients, "the head-mask gradient", "head importance", allowed=self.allow_nonfinite)
+        return gradients
 
     def _counted(self, fn, *arrays):
         cached = fn._cache_size()

@@ -31,6 +31,9 @@ from bertjax import runinfo
 from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from bertjax.progress import tqdm
 
+# What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
+PRUNE_OUTPUT = "prune output"
+
 
 def normalise_per_layer(importance: np.ndarray) -> np.ndarray:
     """Each layer's row scaled to unit L2 norm (an all-zero row stays zero)."""
@@ -152,7 +155,7 @@ def run(config: MichelConfig, model=None, tokenizer=None) -> tuple[MichelRun, di
     sibling first) by `write`; returns the run and the run.json written."""
     started = time.perf_counter()
     select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite) as tmp:
+    with runinfo.atomic_out(config.out, config.overwrite, PRUNE_OUTPUT) as tmp:
         result = _compute(config, started, model, tokenizer)
         info = write(result, tmp)
     return result, info
@@ -255,14 +258,14 @@ def evaluators_of(config: MichelConfig, model, tokenizer, devices: Devices):
     metric_set, files = load_eval_set(
         tokenizer, config.task, config.split, glue_dir, config.n, config.max_length, config.batch_size
     )  # fmt: skip
-    evaluator = MaskedEvaluator(model, metric_set, devices)
+    evaluator = MaskedEvaluator(model, metric_set, devices, config.allow_nonfinite)
     if config.importance_split == config.split and config.importance_n == config.n:
         return evaluator, evaluator, files
     importance_set, more = load_eval_set(
         tokenizer, config.task, config.importance_split, glue_dir, config.importance_n,
         config.max_length, config.batch_size,
     )  # fmt: skip
-    return evaluator, MaskedEvaluator(model, importance_set, devices), files + more
+    return evaluator, MaskedEvaluator(model, importance_set, devices, config.allow_nonfinite), files + more
 
 
 def prune_orders(config: MichelConfig, importance: np.ndarray, shape: tuple[int, int], evaluator,

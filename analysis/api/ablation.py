@@ -41,6 +41,7 @@ class AblateResult(TablesResult):
     output: Output | None = dataclasses.field(default=None, repr=False)
     kind = "ablate"
     writer = staticmethod(kovaleva.write)
+    output_kind = kovaleva.ABLATE_OUTPUT
 
 
 @dataclasses.dataclass(eq=False)
@@ -59,6 +60,7 @@ class PruneResult(TablesResult):
     output: Output | None = dataclasses.field(default=None, repr=False)
     kind = "prune"
     writer = staticmethod(michel.write)
+    output_kind = michel.PRUNE_OUTPUT
 
     @property
     def curve(self):

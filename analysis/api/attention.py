@@ -38,6 +38,7 @@ class ClarkResult(TablesResult):
     output: Output | None = dataclasses.field(default=None, repr=False)
     kind = "clark"
     writer = staticmethod(pipeline.write)
+    output_kind = pipeline.CLARK_OUTPUT
 
     @staticmethod
     def tables_of(run: pipeline.ClarkRun) -> dict[str, pd.DataFrame]:

@@ -16,7 +16,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pandas as pd
 from flax import nnx
@@ -124,6 +124,12 @@ def check_given(model, ckpt: str, step: int | None, allow_nonfinite: bool) -> No
     if differ:
         raise UserError(f"model: not the model of {ckpt} ({', '.join(differ)}); pass the checkpoint it was "
                         "loaded from as the first argument, or leave model out")  # fmt: skip
+    check_given_finite(model, allow_nonfinite)
+
+
+def check_given_finite(model, allow_nonfinite: bool) -> None:
+    """A model passed in refused (or, with `allow_nonfinite`, warned about) for NaN or ±Inf weights,
+    as a loaded file's are."""
     params = nnx.to_flat_state(nnx.state(model, nnx.Param))
     check_finite(
         Path("model (passed in)"), [(path, variable.get_value()) for path, variable in params], allow_nonfinite
@@ -239,6 +245,8 @@ class TablesResult(HeldResult):
     info: dict
     run: Any
 
+    output_kind: ClassVar[str]  # what `.bertjax-output` says of it (`runinfo.atomic_out`), its module's
+
     @staticmethod
     def writer(run, directory: Path) -> dict:
         raise NotImplementedError
@@ -256,7 +264,7 @@ class TablesResult(HeldResult):
 
     def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
         run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
-        with runinfo.atomic_out(str(out), overwrite) as tmp:
+        with runinfo.atomic_out(str(out), overwrite, self.output_kind) as tmp:
             self.writer(run, tmp)
 
     def _figures(self) -> dict[str, list[FigureFile]]:

@@ -16,6 +16,7 @@ from analysis.api.common import (
     HeldResult,
     Output,
     check_given,
+    check_given_finite,
     check_model,
     collect_garbage,
     drawn,
@@ -102,7 +103,7 @@ class RolesResult(_Result):
         config = dataclasses.replace(self.run.config, out=str(out))
         if not page:
             config = dataclasses.replace(config, figures="none", html=False)
-        with runinfo.atomic_out(str(out), overwrite) as tmp:
+        with runinfo.atomic_out(str(out), overwrite, pipeline.ROLES_OUTPUT) as tmp:
             pipeline.write(dataclasses.replace(self.run, config=config), tmp)
         if config.html:
             pipeline.write_html(str(out))
@@ -167,7 +168,7 @@ class TrackResult(_Result):
         if not page:
             roles = dataclasses.replace(roles, figures="none", html=False)
         run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
-        with runinfo.atomic_out(str(out), overwrite) as tmp:
+        with runinfo.atomic_out(str(out), overwrite, tracking.TRACK_OUTPUT) as tmp:
             tracking.write(run, tmp, cache)
         if roles.html:
             pipeline.write_html(str(out))
@@ -302,7 +303,7 @@ class FinetuneEffectResult(HeldResult):
         data = dataclasses.replace(self.run.config.data, out=str(out))
         if not page:
             data = dataclasses.replace(data, figures="none", html=False)
-        with runinfo.atomic_out(str(out), overwrite) as tmp:
+        with runinfo.atomic_out(str(out), overwrite, finetuning.EFFECT_OUTPUT) as tmp:
             finetuning.write(dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data)), tmp)
         if data.html:
             pipeline.write_html(str(out))
@@ -422,17 +423,19 @@ def head_view(
     card draws it: the line view with `role`'s sieve marked from its first scored token, and the β
     of every role on this input. `model_or_ckpt`: a checkpoint source, or a loaded model with its
     `tokenizer`. Other keyword arguments are the sieve flags (window, special_rows,
-    block_first_sep, max_length, spacy_model, cache_dir)."""
-    allowed = ("window", "special_rows", "block_first_sep", "max_length", "spacy_model", "cache_dir")
+    block_first_sep, max_length, spacy_model, cache_dir, allow_nonfinite: weights that are NaN or
+    ±Inf are refused, as every analysis refuses them, unless allowed)."""
+    allowed = ("window", "special_rows", "block_first_sep", "max_length", "spacy_model", "cache_dir", "allow_nonfinite")
     given = not isinstance(model_or_ckpt, (str, Path))
     skip = [f.name for f in flag_fields(RolesConfig) if f.name not in allowed]
     config = roles_config("the model given" if given else str(model_or_ckpt), settings, {}, skip)
     head_view_lib.check_request(text, layer, head, role)
     if given:
         check_model(model_or_ckpt, "model_or_ckpt")
+        check_given_finite(model_or_ckpt, config.allow_nonfinite)
         model = model_or_ckpt
     else:  # kept for the next call, as the analyses keep theirs: a view is redrawn cell after cell
-        ((model, kept_tokenizer),) = loaded([Checkpoint(config.ckpt)])
+        ((model, kept_tokenizer),) = loaded([Checkpoint(config.ckpt, allow_nonfinite=config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     page = head_view_lib.page_data(model, tokenizer, text, layer, head, role, config)
     return HeadView(render(page), page)

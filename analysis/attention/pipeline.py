@@ -24,6 +24,7 @@ from analysis.common.examples import fit_max_length
 from analysis.common.figures import save_figure, select_formats
 from analysis.common.forward import at_precision
 from analysis.common.writing import write_tables_run
+from analysis.heads.report import readable_checkpoint
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
@@ -31,6 +32,9 @@ from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
 from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
+
+# What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
+CLARK_OUTPUT = "clark output"
 
 EWT_FILES = {split: f"en_ewt-ud-{split}.conllu" for split in ("train", "dev", "test")}
 
@@ -168,7 +172,7 @@ def run(config: ClarkConfig, model=None, tokenizer=None) -> tuple[ClarkRun, dict
     sibling first) by `write`; returns the run and the run.json written."""
     started = time.perf_counter()
     source, gradients_ok = prepare(config)
-    with runinfo.atomic_out(Path(config.out).expanduser().resolve(), config.overwrite) as tmp:
+    with runinfo.atomic_out(Path(config.out).expanduser().resolve(), config.overwrite, CLARK_OUTPUT) as tmp:
         result = _compute(config, source, gradients_ok, model, tokenizer, started)
         info = write(result, tmp)
     return result, info
@@ -267,25 +271,31 @@ def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, to
         clock = time.perf_counter()
         means = surface.surface_statistics(
             encoder, seqs, punct_ids, config.batch_size, config.max_length, config.surface_weighting,
-            config.attention,
+            config.attention, config.allow_nonfinite,
         )  # fmt: skip
         got.tables["surface"] = surface_table(means)
-        got.figures["surface_by_layer"] = (plot_surface, "surface", (config.inputs,))
-        got.figures["entropy_by_layer"] = (plot_entropy, "surface", (config.inputs,))
+        got.figures["surface_by_layer"] = (plot_surface, "surface", (config.inputs, about(config, len(seqs))))
+        got.figures["entropy_by_layer"] = (plot_entropy, "surface", (config.inputs, about(config, len(seqs))))
         got.results["surface_sequences"] = len(seqs)
         got.timings["surface"] = time.perf_counter() - clock
     if "cluster" in wanted:
         clock = time.perf_counter()
         chosen = seqs[: config.cluster_n]
-        js = surface.head_js_divergence(encoder, chosen, config.batch_size, config.max_length, config.attention)
+        js = surface.head_js_divergence(
+            encoder, chosen, config.batch_size, config.max_length, config.attention, config.allow_nonfinite
+        )
         labels = head_labels(layers, heads)
         got.tables["head_js_divergence"] = pd.DataFrame(js, index=labels, columns=labels).rename_axis("head")
-        # MDS needs a metric; the square root of the JS divergence is one.
-        coords = surface.classical_mds(np.sqrt(np.clip(js, 0.0, None)))
+        # MDS needs a metric; the square root of the JS divergence is one. A head whose attention
+        # is undefined (`finite.silent_heads`) has no distances and no place in the map.
+        defined = np.isfinite(js).all(axis=1)
+        coords = np.full((len(js), 2), np.nan)
+        if defined.any():
+            coords[defined] = surface.classical_mds(np.sqrt(np.clip(js[np.ix_(defined, defined)], 0.0, None)))
         got.tables["head_mds"] = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads),
                                                "head": np.tile(np.arange(heads), layers),
                                                "x": coords[:, 0], "y": coords[:, 1]})  # fmt: skip
-        got.figures["head_mds"] = (plot_mds, "head_mds", (len(chosen),))
+        got.figures["head_mds"] = (plot_mds, "head_mds", (len(chosen), about(config, len(chosen))))
         got.results["cluster_sequences"] = len(chosen)
         got.timings["cluster"] = time.perf_counter() - clock
     if "gradients" in wanted:
@@ -296,7 +306,11 @@ def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, to
         )
         table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
         got.tables["gradient_importance"] = table
-        got.figures["gradient_importance"] = (plot_gradients, "gradient_importance", (len(chosen),))
+        got.figures["gradient_importance"] = (
+            plot_gradients,
+            "gradient_importance",
+            (len(chosen), about(config, len(chosen))),
+        )
         got.results["gradient_sequences"] = len(chosen)
         got.timings["gradients"] = time.perf_counter() - clock
 
@@ -380,9 +394,15 @@ def _coref_analysis(config: ClarkConfig, encoder, tokenizer, got: _Collected) ->
     best = coref.best_head(table)
     got.results["coref_best_head"] = {k: (int(v) if k in ("layer", "head", "dev_n", "test_n") else float(v))
                                       for k, v in best.items()}  # fmt: skip
-    got.figures["coref_accuracy"] = (plot_coref, "coref_heads", (config.coref_target, config.coref_mentions))
+    got.figures["coref_accuracy"] = (plot_coref, "coref_heads", (config.coref_target, config.coref_mentions,
+                                                                   readable_checkpoint(config.ckpt)))  # fmt: skip
     got.lines.append(coref.format_summary(table, baseline_table))
     got.timings["coref"] = time.perf_counter() - clock
+
+
+def about(config: ClarkConfig, n: int) -> str:
+    """The line under a figure's title: the model and the sequences it read."""
+    return f"{readable_checkpoint(config.ckpt)} · N = {n} sequences"
 
 
 def surface_table(means: np.ndarray) -> pd.DataFrame:
@@ -404,7 +424,7 @@ def _layer_strip(ax, table: pd.DataFrame, column: str, title: str, rng: np.rando
     ax.set_xlabel("layer")
 
 
-def plot_surface(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
+def plot_surface(table: pd.DataFrame, out_dir: Path, inputs: str, about: str) -> list[Path]:
     """Paper Figs. 1–2: per head, mean attention to special tokens, punctuation and neighbours."""
     panels = (
         ("cls", "to [CLS]"), ("sep", "to [SEP]"), ("punct", 'to "." and ","'),
@@ -417,11 +437,11 @@ def plot_surface(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
         _layer_strip(ax, table, column, title, rng)
     for ax in axes[::3]:
         ax.set_ylabel("mean attention")
-    fig.suptitle(f"{inputs}: average attention per head (dot), layer mean (bar)")
+    fig.suptitle(f"{inputs}: average attention per head (dot), layer mean (bar)\n{about}")
     return save_figure(fig, out_dir, "surface_by_layer")
 
 
-def plot_entropy(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
+def plot_entropy(table: pd.DataFrame, out_dir: Path, inputs: str, about: str) -> list[Path]:
     """Paper Fig. 4: per-head attention entropy by layer against uniform attention's entropy."""
     fig = Figure(figsize=(11, 4), layout="constrained")
     axes = fig.subplots(1, 2, sharey=True)
@@ -432,11 +452,39 @@ def plot_entropy(table: pd.DataFrame, out_dir: Path, inputs: str) -> list[Path]:
         ax.axhline(table[uniform].iloc[0], color="#d62728", linestyle="--", label="uniform attention")
         ax.legend(fontsize=8)
     axes[0].set_ylabel("mean entropy (nats)")
-    fig.suptitle(f"{inputs}: attention entropy per head")
+    fig.suptitle(f"{inputs}: attention entropy per head\n{about}")
     return save_figure(fig, out_dir, "entropy_by_layer")
 
 
-def plot_mds(mds: pd.DataFrame, out_dir: Path, sequences: int) -> list[Path]:
+# Where a head's label may go, in points from its dot, tried in this order; a label moved off the
+# first place gets a thin line back to its dot.
+LABEL_OFFSETS = ((2, 2), (2, -7), (-13, 2), (-13, -7), (5, 9), (5, -14), (-18, 9), (-18, -14), (10, 0), (-24, 0))
+# A label's box ("11-11" at 5 pt) and the MDS panel's size, in points: enough to tell overlaps apart.
+LABEL_BOX = (13.0, 6.0)
+PANEL_POINTS = (330.0, 330.0)
+
+
+def label_offsets(points: np.ndarray) -> list[tuple[int, int]]:
+    """A label offset (points) per point: the first of `LABEL_OFFSETS` whose box overlaps no label
+    placed before it, else the first (a simple repel: in a dense cloud of heads the labels
+    stacked into an unreadable blot)."""
+    span = np.ptp(points, axis=0)
+    scaled = (points - points.min(axis=0)) / np.where(span > 0, span, 1.0) * np.array(PANEL_POINTS)
+    placed: list[tuple[float, float]] = []
+    chosen = []
+    for x, y in scaled:
+        for dx, dy in LABEL_OFFSETS:
+            left, bottom = x + dx, y + dy
+            if all(abs(left - px) >= LABEL_BOX[0] or abs(bottom - py) >= LABEL_BOX[1] for px, py in placed):
+                break
+        else:
+            dx, dy = LABEL_OFFSETS[0]
+        placed.append((x + dx, y + dy))
+        chosen.append((dx, dy))
+    return chosen
+
+
+def plot_mds(mds: pd.DataFrame, out_dir: Path, sequences: int, about: str) -> list[Path]:
     """Paper Fig. 6: heads embedded in 2-D by MDS of √JS, coloured by layer."""
     layers = int(mds["layer"].max()) + 1
     fig = Figure(figsize=(6.5, 5.5), layout="constrained")
@@ -445,16 +493,19 @@ def plot_mds(mds: pd.DataFrame, out_dir: Path, sequences: int) -> list[Path]:
         mds["x"], mds["y"], c=mds["layer"], cmap=colormaps["viridis"].resampled(layers),
         norm=BoundaryNorm(np.arange(layers + 1) - 0.5, layers), s=30, edgecolor="black", linewidth=0.3,
     )  # fmt: skip
-    for row in mds.itertuples():
-        ax.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=5, xytext=(2, 2), textcoords="offset points")
+    for row, (dx, dy) in zip(mds.itertuples(), label_offsets(mds[["x", "y"]].to_numpy()), strict=True):
+        ax.annotate(f"{row.layer}-{row.head}", (row.x, row.y), fontsize=5, xytext=(dx, dy), textcoords="offset points",
+                    arrowprops={"arrowstyle": "-", "lw": 0.3, "color": "grey"} if (dx, dy) != LABEL_OFFSETS[0] else None)  # fmt: skip
     fig.colorbar(points, ax=ax, ticks=range(layers), label="layer")
     ax.set_xlabel("MDS dimension 1")
     ax.set_ylabel("MDS dimension 2")
-    ax.set_title(f"classical MDS of √(Jensen–Shannon divergence) between heads ({sequences} sequences)", fontsize=9)
+    ax.set_title(
+        f"classical MDS of √(Jensen–Shannon divergence) between heads ({sequences} sequences)\n{about}", fontsize=9
+    )
     return save_figure(fig, out_dir, "head_mds")
 
 
-def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int) -> list[Path]:
+def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int, about: str) -> list[Path]:
     """Paper Fig. 3: mean |∂MLM loss/∂α| per layer for attention to each kind of key."""
     fig = Figure(figsize=(6.5, 4), layout="constrained")
     ax = fig.add_subplot()
@@ -464,11 +515,11 @@ def plot_gradients(table: pd.DataFrame, out_dir: Path, sequences: int) -> list[P
     ax.set_xlabel("layer")
     ax.set_ylabel("mean |∂ MLM loss / ∂ attention|")
     ax.legend()
-    ax.set_title(f"gradient-based importance of attention ({sequences} masked sequences)", fontsize=9)
+    ax.set_title(f"gradient-based importance of attention ({sequences} masked sequences)\n{about}", fontsize=9)
     return save_figure(fig, out_dir, "gradient_importance")
 
 
-def plot_coref(table: pd.DataFrame, out_dir: Path, target: str, mentions: str) -> list[Path]:
+def plot_coref(table: pd.DataFrame, out_dir: Path, target: str, mentions: str, model: str) -> list[Path]:
     """Test accuracy of every head (layer × head), the head chosen on dev framed."""
     layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
     grid = table.sort_values(["layer", "head"])["test_accuracy"].to_numpy().reshape(layers, heads)
@@ -488,7 +539,7 @@ def plot_coref(table: pd.DataFrame, out_dir: Path, target: str, mentions: str) -
     which = "any mention" if mentions == "all" else "marked mention"
     ax.set_title(
         f"GAP test: pronoun → candidate ({which}, {target}) accuracy per head, n = {int(best['test_n'])}; "
-        "framed: chosen on dev",
+        f"framed: chosen on dev\n{model}",
         fontsize=9,
     )
     return save_figure(fig, out_dir, "coref_accuracy")

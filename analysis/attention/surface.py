@@ -23,8 +23,9 @@ import numpy as np
 from flax import nnx
 
 from analysis.attention.options import SURFACE_WEIGHTINGS as WEIGHTINGS
+from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.forward import compiled, padded_batches
-from bertjax.model import attention_reading
+from bertjax.readings import attention_reading, attention_rows
 from sieves.align import EncodedSequence
 
 STATISTICS = (
@@ -130,7 +131,8 @@ def _attention_fn(model: nnx.Module, reduce, reading: str, *options):
     """Jitted forward whose stacked attention [L, B, H, T, T] of `reading` (`--attention`: the
     weights or the norm-weighted attention) goes straight into `reduce(attention, arrays,
     *options)` (`reduce` a module-level function: part of the key of the compiled function, as
-    `reading` and `options` are)."""
+    `reading` and `options` are); returns what `reduce` does and `finite.silent_heads` [L, B, H],
+    whose attention is NaN in the reduction (undefined, not the 0 of its all-zero rows)."""
     run, (state,) = compiled(_jit_attention_fn, model, static=(reduce, reading, *options))
     return lambda arrays: run(state, arrays)
 
@@ -142,7 +144,9 @@ def _jit_attention_fn(graphdef, reduce, reading, *options):
             arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True,
             attention_norms=reading == "norms",
         )  # fmt: skip
-        return reduce(jnp.stack(attention_reading(out, reading)), arrays, *options)
+        silent = silent_heads(*attention_rows(out, reading), arrays["real"].astype(bool))
+        attention = jnp.where(silent[..., None, None], jnp.nan, jnp.stack(attention_reading(out, reading)))
+        return reduce(attention, arrays, *options), silent
 
     return run
 
@@ -163,28 +167,48 @@ def surface_statistics(
     max_length: int,
     weighting: str = "tokens",
     reading: str = "weights",
+    allowed: bool = False,
 ) -> np.ndarray:
     """Means [L, H, S] of the STATISTICS over every real row of every sequence (`weighting`, see
-    the module docstring) of `reading`'s attention, streamed by batch."""
+    the module docstring) of `reading`'s attention, streamed by batch. A statistic that is not
+    finite stops the run (`finite.check_finite`, `allowed` its) unless its head's norm-weighted
+    attention is undefined (NaN, with a warning)."""
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     run = _attention_fn(model, _surface_reduce, reading, weighting)
-    total_sums, total_counts = 0.0, 0.0
+    total_sums, total_counts, silent = 0.0, 0.0, False
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):
-        sums, counts = run(arrays)
+        (sums, counts), batch_silent = run(arrays)
         total_sums = total_sums + np.asarray(sums, np.float64)
         total_counts = total_counts + np.asarray(counts, np.float64)
-    return total_sums / np.maximum(total_counts, 1.0)
+        silent = silent | np.asarray(batch_silent).any(axis=1)
+    means = total_sums / np.maximum(total_counts, 1.0)
+    check_finite(np.moveaxis(means, -1, 0), "a surface statistic", "surface", silent, allowed)
+    warn_undefined(silent, "surface", "their statistics are")
+    return means
 
 
 def head_js_divergence(
-    model: nnx.Module, seqs: Sequence[EncodedSequence], batch_size: int, max_length: int, reading: str = "weights"
+    model: nnx.Module,
+    seqs: Sequence[EncodedSequence],
+    batch_size: int,
+    max_length: int,
+    reading: str = "weights",
+    allowed: bool = False,
 ) -> np.ndarray:
     """[L·H, L·H] JS divergence between heads' `reading` rows (nats), averaged over every real row
-    of `seqs`."""
+    of `seqs` (NaN for a pair with a head whose attention is undefined; `allowed` as
+    `surface_statistics`')."""
     run = _attention_fn(model, _js_reduce, reading)
-    total, rows = 0.0, 0.0
+    total, rows, silent = 0.0, 0.0, False
     for arrays in key_flag_batches(seqs, batch_size, max_length, (), "head distances"):
-        total = total + np.asarray(run(arrays), np.float64)
+        sums, batch_silent = run(arrays)
+        total = total + np.asarray(sums, np.float64)
         rows += float(arrays["real"].sum())
-    return total / rows
+        silent = silent | np.asarray(batch_silent).any(axis=1)
+    js = total / rows
+    # A pair is undefined when either head is: [L·H, L, H], the second head last.
+    pairs = np.asarray(silent).reshape(-1)[:, None, None] | silent
+    check_finite(js.reshape(pairs.shape), "the JS divergence", "head distances", pairs, allowed)
+    warn_undefined(silent, "head distances", "their divergences are")
+    return js

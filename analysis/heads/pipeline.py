@@ -41,6 +41,9 @@ from sieves.builders import ROLES
 
 log = logging.getLogger(__name__)
 
+# What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
+ROLES_OUTPUT = "roles output"
+
 COARSE = {name: role.coarse for name, role in ROLES.items()}
 
 
@@ -83,7 +86,7 @@ def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[R
     select_formats(config.figure_format)
     writes = jax.process_index() == 0
     with (
-        runinfo.atomic_out(config.out, config.overwrite) if writes else contextlib.nullcontext() as tmp,
+        runinfo.atomic_out(config.out, config.overwrite, ROLES_OUTPUT) if writes else contextlib.nullcontext() as tmp,
         # Started before the model loads, so that the workers' imports overlap the loading.
         FigurePool(pool_size(len(config_tasks(config)) * len(kinds)) if writes else 0) as pool,
     ):

@@ -78,8 +78,19 @@ def format_counts(comparison: pd.DataFrame) -> str:
     """The end-of-run lines of a `both` run: per task and role, heads held on each reading."""
     counts = held_counts(comparison)
     columns = list(counts.columns[2:])
+    # A reading no head of a role has a mean on (every head undefined) is not a count of 0.
+    means = [c for c in comparison.columns if c.startswith("mean_")]
+    tested = comparison.groupby(["task", "role"], sort=False)[means].agg(lambda c: c.notna().any()).reset_index()
+    tested = tested.rename(columns={c: c.removeprefix("mean_") for c in means}).assign(both=tested[means].all(axis=1))
+
+    def count(row: pd.Series, done: pd.Series, column: str) -> str:
+        return str(int(row[column])) if done[column] else "untested"
+
     lines = [f"heads holding each role on the {' / '.join(columns)}:"]
     for task, rows in counts.groupby("task", sort=False):
-        held = (f"{row['role']} {' / '.join(str(int(row[c])) for c in columns)}" for _, row in rows.iterrows())
+        held = (
+            f"{row['role']} {' / '.join(count(row, done, c) for c in columns)}"
+            for (_, row), (_, done) in zip(rows.iterrows(), tested[tested["task"] == task].iterrows(), strict=True)
+        )
         lines.append(f"  {task}: " + "; ".join(held))
     return "\n".join(lines)

@@ -19,10 +19,11 @@ import numpy as np
 import pandas as pd
 from flax import nnx
 
+from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
-from bertjax.model import attention_rows
+from bertjax.readings import attention_rows
 from sieves import stats
 from sieves.align import EncodedSequence
 from sieves.builders import SieveOptions, arc_row_weights, build_batch, present_roles
@@ -83,16 +84,17 @@ def _jit_scorer(graphdef, readings):
             input_ids, attention_mask, token_type_ids, output_attentions=True, attention_norms="norms" in readings
         )
         real = attention_mask.astype(bool)
-        scored = []
+        scored, silent = [], []
         for reading in readings:
             attentions, key_weights = attention_rows(out, reading)
             scored.append(
                 sieve_scores(attentions, real, rows, sieves, row_weights, entropy_roles, key_weights, reference_length)
             )
+            silent.append(silent_heads(attentions, key_weights, real))
         if len(scored) == 1:
-            return scored[0]
+            return (*scored[0], silent[0])
         # The counts are the masks', the same for every reading.
-        return jnp.stack([scores for scores, _ in scored]), scored[0][1]
+        return jnp.stack([scores for scores, _ in scored]), scored[0][1], jnp.stack(silent)
 
     return score
 
@@ -133,10 +135,25 @@ class ScoreCollector:
         self.present = list(present)
         self.scores: dict[str, list[np.ndarray]] = {r: [] for r in present}
         self.indices: dict[str, list[np.ndarray]] = {r: [] for r in present}
+        self.silent: np.ndarray | bool = False  # [L, H]: undefined in some sequence
 
-    def add(self, chunk: Sequence[EncodedSequence], scores: np.ndarray, counts: np.ndarray) -> None:
-        """scores [R, B, L, H] and counts [R, B] of a padded batch whose first rows are `chunk`,
-        one slot per role of `roles`."""
+    def add(
+        self,
+        chunk: Sequence[EncodedSequence],
+        scores: np.ndarray,
+        counts: np.ndarray,
+        silent: np.ndarray,
+        desc: str,
+        allowed: bool = False,
+    ) -> None:
+        """scores [R, B, L, H], counts [R, B] and `finite.silent_heads` [L, B, H] of a padded batch
+        whose first rows are `chunk`, one slot per role of `roles`. A score that is not finite
+        where a head is not silent stops the run (`finite.check_finite`; `allowed` its)."""
+        silent = np.moveaxis(silent[:, : len(chunk)], 1, 0)  # [B, L, H]
+        scored = (counts[:, : len(chunk)] > 0)[..., None, None]
+        for r, b in np.argwhere((~np.isfinite(scores[:, : len(chunk)]) & scored & ~silent).any(axis=(2, 3)))[:1]:
+            check_finite(scores[r, b], "β", f"{desc}, example {chunk[b].index}", silent[b], allowed)
+        self.silent = self.silent | silent.any(axis=0)
         index = np.array([s.index for s in chunk])
         for role, r in self.slots.items():
             kept = counts[r, : len(chunk)] > 0
@@ -164,9 +181,13 @@ def score_task_readings(
     """One `TaskScores` per reading of a scorer made with `readings` of them."""
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     collectors = [ScoreCollector(config.roles, present) for _ in range(readings)]
-    for chunk, (scores, counts) in scored_batches(scorer, seqs, present, config, desc):
-        for collector, reading_scores in zip(collectors, scores if readings > 1 else [scores], strict=True):
-            collector.add(chunk, reading_scores, counts)
+    for chunk, (scores, counts, silent) in scored_batches(scorer, seqs, present, config, desc):
+        for collector, reading_scores, reading_silent in zip(
+            collectors, *((scores, silent) if readings > 1 else ([scores], [silent])), strict=True
+        ):
+            collector.add(chunk, reading_scores, counts, reading_silent, desc, config.allow_nonfinite)
+    for collector in collectors:
+        warn_undefined(collector.silent, desc, "their scores are")
     return [collector.result(absent, len(seqs)) for collector in collectors]
 
 
