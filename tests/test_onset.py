@@ -115,10 +115,22 @@ def test_the_onset_figure_draws_every_evaluation_and_the_intervals(monkeypatch, 
     assert list(sas_axis.lines[-1].get_xdata()) == [3, 3]
     # two prev onsets (steps 3 and 10), each an interval line and a dot; the open one an arrow
     assert [t.get_text() for t in interval_axis.get_yticklabels()] == ["prev 0-0", "prev 0-1"]
-    assert "syntactic attention" in figures[0].axes[0].get_title()
+    assert "syntactic attention" in figures[0].get_suptitle()
     figures.clear()
-    onset.plot_onset(track, "mrpc", tmp_path, "mrpc_onset")
-    assert len(figures[0].axes) == 1 and "syntactic" not in figures[0].axes[0].get_title()
+    onset.plot_onset(track, "mrpc", tmp_path, "mrpc_onset", about="tiny · N = 6 sequences · τ = 3")
+    assert len(figures[0].axes) == 1 and "syntactic" not in figures[0].get_suptitle()
+    assert figures[0].get_suptitle().splitlines()[1] == "tiny · N = 6 sequences · τ = 3"
+
+
+def test_equal_onset_counts_are_drawn_apart_and_marked():
+    """Roles held by the same number of heads at every step were one line (the last drawn):
+    they are spread around their value, each with its own marker."""
+    counts = pd.DataFrame({"prev": [0, 1], "next": [0, 1], "sep": [2, 2], "cls": [0, 1]}, index=[1, 2])
+    offsets = onset.equal_curve_offsets(counts)
+    assert offsets["sep"] == 0.0
+    assert sorted(offsets[r] for r in ("prev", "next", "cls")) == pytest.approx(
+        [-onset.EQUAL_OFFSET, 0, onset.EQUAL_OFFSET]
+    )
 
 
 # -- onset intervals: paired resampling -------------------------------------------------------

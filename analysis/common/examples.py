@@ -154,6 +154,14 @@ def load_tasks(config: ExampleSettings, tasks: Sequence[str]) -> dict[str, TaskD
             raise UserError(
                 f"--roles {','.join(config.roles)}: no requested role is defined for {task} ({', '.join(absent)} {verb} sentence pairs)"
             )
+        pairs = sum(len(segments) == 2 for segments in d.segments)
+        if absent and pairs:
+            # "absent" alone reads as a bug when the file does hold pairs.
+            log.warning(
+                "%s: %s not scored: its examples mix %d sentence pairs and %d single sentences, and a pair role "
+                "needs every example to be a pair (put the pairs in a text: file of their own)",
+                task, ", ".join(absent), pairs, len(d.segments) - pairs,
+            )  # fmt: skip
         if len(d.indices) < SMALL_N:
             log.warning(
                 "%s: N = %d examples, fewer than %d: its tests have little power and its shares of heads move in large steps",
@@ -275,23 +283,28 @@ def encode_tasks(
                 encoded += encode_batch(tokenizer, d.segments[part], parses, config.max_length, d.indices[part])
                 progress.update(len(d.segments[part]))
         sequences[task] = encoded
-        share = unknown_share(tokenizer, encoded)
-        if share > UNKNOWN_SHARE:
-            log.warning(
-                "%s: %.0f%% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above %.0f%%): "
-                "the roles describe attention over [UNK], not over this text",
-                task, 100 * share, 100 * UNKNOWN_SHARE,
-            )  # fmt: skip
-        ratio = pieces_per_word(tokenizer, d.segments)
-        if ratio > PIECES_PER_WORD:
-            log.warning(
-                "%s: %.1f text pieces per word (warned above %.1f; a vocabulary of the text's language gives "
-                "1.2-1.5): the model's vocabulary spells this text out in fragments, and the roles describe "
-                "attention inside its words",
-                task, ratio, PIECES_PER_WORD,
-            )  # fmt: skip
+        warn_unknown_text(task, tokenizer, encoded, pieces_per_word(tokenizer, d.segments))
         timings[f"{task}/prepare"] = time.perf_counter() - clock
     return sequences
+
+
+def warn_unknown_text(task: str, tokenizer, encoded: Sequence[EncodedSequence], ratio: float) -> None:
+    """The warnings of a task whose text the model's vocabulary does not cover ([UNK], or words
+    spelled out in fragments: `ratio` is `pieces_per_word`'s)."""
+    share = unknown_share(tokenizer, encoded)
+    if share > UNKNOWN_SHARE:
+        log.warning(
+            "%s: %.0f%% of the text's pieces are unknown to the model's vocabulary ([UNK]; warned above %.0f%%): "
+            "the roles describe attention over [UNK], not over this text",
+            task, 100 * share, 100 * UNKNOWN_SHARE,
+        )  # fmt: skip
+    if ratio > PIECES_PER_WORD:
+        log.warning(
+            "%s: %.1f text pieces per word (warned above %.1f; a vocabulary of the text's language gives "
+            "1.2-1.5): the model's vocabulary spells this text out in fragments, and the roles describe "
+            "attention inside its words",
+            task, ratio, PIECES_PER_WORD,
+        )  # fmt: skip
 
 
 def fit_max_length(config: C, positions: int) -> C:

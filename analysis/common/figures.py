@@ -31,7 +31,7 @@ import matplotlib
 import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from analysis.common.flags import DEFAULT_FORMATS, FIGURE_FORMATS
 from bertjax import cli, runinfo
@@ -128,6 +128,10 @@ def step_axis(ax: Axes, steps: np.ndarray) -> None:
     step 0 stays linear)."""
     if steps.size > 1 and (steps > 0).all():
         log_scale(ax, "x")
+        # A step is a whole number: a sub-decade tick such as 0.9 would read as one.
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}" if float(value).is_integer() else ""))
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("step")
 
 

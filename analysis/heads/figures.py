@@ -290,9 +290,10 @@ def plot_score_distributions(
     names = list(means.columns)
     colours = role_colours(names)
     # A fixed layout: constrained layout was a third of this figure's drawing time.
-    fig = Figure(figsize=(16, 4.6))
+    # Room above the panels' titles for the two lines of the figure's (they ran into panel (b)'s).
+    fig = Figure(figsize=(16, 5.0))
     ax_cdf, ax_p, ax_seq = fig.subplots(
-        1, 3, gridspec_kw={"left": 0.05, "right": 0.99, "bottom": 0.12, "top": 0.86, "wspace": 0.2}
+        1, 3, gridspec_kw={"left": 0.05, "right": 0.99, "bottom": 0.11, "top": 0.80, "wspace": 0.2}
     )
 
     every_mean = means.to_numpy(dtype=float)

@@ -283,11 +283,14 @@ def plot_onset(
     sas: pd.DataFrame | None = None,
     curves: pd.DataFrame | None = None,
     onsets: pd.DataFrame | None = None,
+    *,
+    about: str = "",
 ) -> list[Path]:
     """On one step axis, top to bottom: the run's held-out MLM loss at every evaluation (when it
     recorded one), the SAS with its best offset baseline (when tracked; `sas` is the `sas.csv`
     table), per role the number of heads holding it, and each head's onset with its interval (when
-    `onsets` has intervals). The loss's changepoint interval (`curves`) is shaded on every panel."""
+    `onsets` has intervals). The loss's changepoint interval (`curves`) is shaded on every panel.
+    `about`: the model · N · τ line under the title."""
     counts = heads_holding(track, task)
     steps = counts.index.to_numpy()
     loss = None if heldout is None or LOSS_CURVE not in heldout else heldout[LOSS_CURVE].dropna()
@@ -319,11 +322,14 @@ def plot_onset(
             if sas_point is not None and sas_point[0] is not None:
                 ax.axvline(sas_point[0], color="#1f77b4", linestyle="--", linewidth=1)
         elif panel == "roles":
-            for role in counts.columns:
-                ax.plot(steps, counts[role], marker="o", markersize=3, color=colours[role], label=role)
+            offsets = equal_curve_offsets(counts)
+            for i, role in enumerate(counts.columns):
+                ax.plot(steps, counts[role] + offsets[role], marker=MARKERS[i % len(MARKERS)], markersize=4,
+                        markerfacecolor="none", color=colours[role], label=role)  # fmt: skip
             ax.set_ylabel(f"heads holding the role\n(of {track_heads(track, task)})")
             ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.set_ylim(-0.3, max(1, int(counts.to_numpy().max())) + 0.3)
+            spread = max(abs(v) for v in offsets.values())
+            ax.set_ylim(-0.3 - spread, max(1, int(counts.to_numpy().max())) + 0.3 + spread)
             ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
         else:
             _plot_onset_intervals(ax, task_onsets, steps, colours)
@@ -343,8 +349,32 @@ def plot_onset(
     what = ", ".join(
         ["held-out loss"] * ("loss" in panels) + ["syntactic attention"] * ("sas" in panels) + ["head roles"]
     )
-    axes[0].set_title(f"{task}: {what} during training\n" + "; ".join(x for x in notes if x), fontsize=9)
+    if any(offsets.values()):
+        notes.append("equal counts drawn apart")
+    # A figure title, not the top panel's: constrained layout keeps it and the y labels inside the
+    # figure, where a long axes title ran past both edges.
+    fig.suptitle(f"{task}: {what} during training\n" + (f"{about}\n" if about else "")
+                 + "; ".join(x for x in notes if x), fontsize=9)  # fmt: skip
     return save_figure(fig, out_dir, stem)
+
+
+# Markers of the role curves, so that curves on the same counts stay told apart.
+MARKERS = ("o", "s", "^", "v", "D", "P", "X", "<", ">", "p", "h", "*")
+# How far apart curves of equal counts are drawn, in heads.
+EQUAL_OFFSET = 0.06
+
+
+def equal_curve_offsets(counts: pd.DataFrame) -> dict[str, float]:
+    """Per role, a small vertical offset that spreads the curves of equal counts around their value
+    (0 for a curve no other one equals): drawn exactly, they hid each other."""
+    offsets = dict.fromkeys(counts.columns, 0.0)
+    groups: dict[tuple, list[str]] = {}
+    for role in counts.columns:
+        groups.setdefault(tuple(counts[role].tolist()), []).append(role)
+    for roles in groups.values():
+        for j, role in enumerate(roles):
+            offsets[role] = (j - (len(roles) - 1) / 2) * EQUAL_OFFSET if len(roles) > 1 else 0.0
+    return offsets
 
 
 def _changepoint(curves: pd.DataFrame | None, curve: str, task: str):

@@ -5,6 +5,7 @@ them, the example attention computed from its checkpoint, and the page written a
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import logging
@@ -23,8 +24,8 @@ from analysis.heads.report_page import GENERATOR, render
 from analysis.heads.scoring import reference_length
 from bertjax import runinfo
 from bertjax.errors import UserError
-from bertjax.model import attention_reading
 from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.readings import attention_reading
 from bertjax.settings import field_types, fits, spelled
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 # The table that says which analysis wrote a directory.
 TABLES = {"roles": "roles.csv", "track": "track.csv", "effect": "head_means.csv"}
+
+# The example attention a track records at each step (`step_examples`), read by its report.
+EXAMPLES_JSON = "examples.json"
 
 # Per-head GAP coreference accuracy (`analysis.clark --analyses coref`), shown on the head cards.
 COREF_TABLE = "coref_heads.csv"
@@ -410,28 +414,75 @@ def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], token
     computed = {m.name: attention_and_scores(model, seqs, settings, present) for m, model in loaded}
     _, first_scores, counts, rows, sieves = computed[loaded[0][0].name]
     pool = pick_pool(first_scores, counts, held_roles(run, task, present, layers, heads), size)
-    shown = []
-    for c in pool:
-        seq = seqs[c]
-        n = seq.length
-        shown.append(
-            {
-                "index": int(seq.index),
-                "tokens": tokenizer.convert_ids_to_tokens(seq.input_ids.tolist()),
-                "segments": seq.token_type_ids.tolist(),
-                "attention": {name: _quantised(att[:, c, :, :n, :n]) for name, (att, *_) in computed.items()},
-                "beta": {
-                    name: {
-                        role: None if cnt[r, c] == 0 else _numbers(sc[r, c].astype(np.float64).ravel())
-                        for r, role in enumerate(present)
-                    }
-                    for name, (_, sc, cnt, _, _) in computed.items()
-                },
-                "rows": {role: np.flatnonzero(rows[r, c, :n]).tolist() for r, role in enumerate(present)},
-                "sieves": {role: _pack(sieves[r, c, :n, :n]) for r, role in enumerate(present)},
-            }
-        )
+    shown = [sequence_entry(tokenizer, seqs[c], c, computed, present, rows, sieves) for c in pool]
     return {"sequences": shown, "absent": absent, "models": [m.name for m, _ in loaded]}
+
+
+def sequence_entry(
+    tokenizer, seq: EncodedSequence, c: int, computed: dict, present: Sequence[str], rows, sieves
+) -> dict:
+    """The page's record of batch item `c` (`seq`): its tokens, each model's attention and β
+    (`computed`: name → `attention_and_scores`' arrays), its scored rows and sieves."""
+    n = seq.length
+    return {
+        "index": int(seq.index),
+        "tokens": tokenizer.convert_ids_to_tokens(seq.input_ids.tolist()),
+        "segments": seq.token_type_ids.tolist(),
+        "attention": {name: _quantised(att[:, c, :, :n, :n]) for name, (att, *_) in computed.items()},
+        "beta": {
+            name: {
+                role: None if cnt[r, c] == 0 else _numbers(sc[r, c].astype(np.float64).ravel())
+                for r, role in enumerate(present)
+            }
+            for name, (_, sc, cnt, _, _) in computed.items()
+        },
+        "rows": {role: np.flatnonzero(rows[r, c, :n]).tolist() for r, role in enumerate(present)},
+        "sieves": {role: _pack(sieves[r, c, :n, :n]) for r, role in enumerate(present)},
+    }
+
+
+def step_examples(model, tokenizer, sequences: dict[str, Sequence[EncodedSequence]], settings: RolesConfig) -> dict:
+    """What a track records of one step for its report (`EXAMPLES_JSON`): per task, one example
+    (its first sequence short enough to draw, else its shortest; the same at every step) with
+    this step's attention and β. One sequence, not the report's pool: the pool is chosen from the
+    last step's roles, unknown while the steps are scored, and a pool at every step would make a
+    long series' page tens of megabytes."""
+    recorded = {}
+    for task, seqs in sequences.items():
+        if not seqs:
+            continue
+        present, absent = present_roles((s.num_segments for s in seqs), settings.roles)
+        seq = next((s for s in seqs if s.length <= MAX_SHOWN_TOKENS), None) or min(seqs, key=lambda s: s.length)
+        attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], settings, present)
+        entry = sequence_entry(
+            tokenizer, seq, 0, {"model": (attention, scores, counts, rows, sieves)}, present, rows, sieves
+        )
+        recorded[task] = {"sequence": entry, "absent": absent}
+    return recorded
+
+
+def recorded_examples(path: Path, tasks: Sequence[str], size: int) -> tuple[dict, str | None]:
+    """A track run's examples from the attention it recorded at each step (`EXAMPLES_JSON`, as
+    `step_examples` wrote them), as `examples_data` gives them, named `step S`: the page then
+    draws the step its slider shows, and needs no checkpoint."""
+    if size == 0:
+        return {}, "no example sequences were asked for (--examples 0)"
+    try:
+        by_step = json.loads(path.read_text())
+        examples = {}
+        for step in sorted(by_step, key=int):
+            for task, recorded in by_step[step].items():
+                if task not in tasks:
+                    continue
+                entry = recorded["sequence"]
+                page = examples.setdefault(task, {"sequences": [dict(entry, attention={}, beta={})],
+                                                  "absent": recorded["absent"], "models": [], "per_step": True})  # fmt: skip
+                page["sequences"][0]["attention"][f"step {step}"] = entry["attention"]["model"]
+                page["sequences"][0]["beta"][f"step {step}"] = entry["beta"]["model"]
+                page["models"].append(f"step {step}")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return _missing(f"{path} is not the example attention analysis.track records ({type(e).__name__}: {e})")
+    return examples, None
 
 
 def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str | None]:
@@ -549,7 +600,11 @@ def report_data(run: Run, config: ReportConfig) -> dict:
     layers, heads = run.layers, run.heads
     tasks = [str(t) for t in pd.unique(table["task"])]
     stats = stats_data(run, layers, heads)
-    examples, missing = examples_data(run, tasks, config.examples)
+    recorded = run.directory / EXAMPLES_JSON
+    if run.kind == "track" and recorded.is_file():
+        examples, missing = recorded_examples(recorded, tasks, config.examples)
+    else:
+        examples, missing = examples_data(run, tasks, config.examples)
     info = run.info
     tau = info.get("tau")
     return {
@@ -610,13 +665,18 @@ def _is_report(path: Path) -> bool:
 def write_report(config: ReportConfig) -> Path:
     """Reads the run, computes the example attention and writes the page (atomically)."""
     path = check_target(config)
-    run = read_run(config.run_dir)
-    data = report_data(run, config)
-    try:
-        with runinfo.atomic_file(path, overwrite=True) as f:  # as check_target allowed
-            f.write(render(data))
-    except OSError as e:
-        raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
+    run_dir = Path(config.run_dir).expanduser().resolve()
+    inside = path.resolve().parent == run_dir
+    # A page written into a run's folder holds that folder's lock, as the run did (`runinfo.exclusive`):
+    # a run replacing the folder meanwhile would drop the page, or the page land in the old one.
+    with runinfo.exclusive(run_dir, "run directory") if inside else contextlib.nullcontext():
+        run = read_run(config.run_dir)
+        data = report_data(run, config)
+        try:
+            with runinfo.atomic_file(check_target(config), overwrite=True) as f:  # as check_target allowed
+                f.write(render(data))
+        except OSError as e:
+            raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
     return path
 
 

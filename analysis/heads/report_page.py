@@ -260,8 +260,8 @@ function examples() {
   const box = $("card-examples"); box.innerHTML = "";
   if (D.examples_missing) { box.appendChild(el("p", { class: "note", id: "examples-missing" }, D.examples_missing)); return; }
   const ex = D.examples[S.task]; if (!ex || !ex.sequences.length) { box.appendChild(el("p", { class: "note" }, "No example sequences for this task.")); return; }
-  const [l, h] = S.head, first = ex.models[0];
-  const score = (q) => { const b = q.beta[first][S.role]; return b ? b[idx(l, h)] : null; };
+  const [l, h] = S.head, names = shownModels(ex), first = names[0];
+  const score = (q) => { const b = (q.beta[first] || {})[S.role]; return b ? b[idx(l, h)] : null; };
   const order = ex.sequences.map((q, i) => i).sort((a, b) => (score(ex.sequences[b]) ?? -Infinity) - (score(ex.sequences[a]) ?? -Infinity));
   // Until a sequence is picked, the one this head scores highest on the role.
   if (S.seq === null) S.seq = order[0];
@@ -281,9 +281,12 @@ function examples() {
   box.appendChild(el("p", { class: "meta" }, `Click (or Tab + Enter) a token on the left to see its attention; its ${S.role} sieve is marked orange on the right. Underlined: rows scored for ${S.role}. Lines grow with the attention; hover one for its value.` +
     (q.rows[S.role] ? "" : ` ${S.role} is not defined for this sequence.`)));
   const views = el("div", { class: "views" });
-  for (const name of ex.models) views.appendChild(lineView(q, name, l, h, n));
+  for (const name of names) views.appendChild(q.attention[name] ? lineView(q, name, l, h, n) :
+    el("p", { class: "note" }, `No example attention was recorded at ${name}: its scores came from a scores-cache entry written before the track recorded it.`));
   box.appendChild(views);
 }
+// A track's examples recorded at each step: the step the slider shows.
+function shownModels(ex) { return ex.per_step ? [`step ${D.steps[S.step]}`] : ex.models; }
 function lineView(q, name, l, h, n) {
   const att = bytes(q.attention[name]), base = ((l * D.heads + h) * n) * n, rowH = 15, W = 340, xl = 110, xr = 230;
   const sieve = q.sieves[S.role] ? bytes(q.sieves[S.role]) : null, scored = new Set(q.rows[S.role] || []);
@@ -334,7 +337,8 @@ function setup() {
   }
   if (D.posts) { $("post-box").hidden = false; options($("post"), D.posts.map((p) => [p, p]), S.post);
     $("post").addEventListener("change", (e) => { S.post = e.target.value; paintGrid(); if (S.head) openCard(...S.head); }); }
-  if (D.kind === "track") $("examples-note").textContent = `The example attention is that of the last checkpoint (step ${D.steps[D.steps.length - 1]}).`;
+  if (D.kind === "track") $("examples-note").textContent = Object.values(D.examples).some((e) => e.per_step) ?
+    "The example attention is that of the checkpoint the slider shows." : `The example attention is that of the last checkpoint (step ${D.steps[D.steps.length - 1]}).`;
   if (!D.open && D.kind !== "effect") { S.colour = splittingRole(); $("colour-by").value = S.colour; }
   buildGrid();
   // A head view (analysis.api.head_view) opens its head on its role, the sieve of the role's first

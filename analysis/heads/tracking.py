@@ -38,10 +38,10 @@ from analysis.common.figures import (
 from analysis.common.forward import Devices, at_precision
 from analysis.heads import events, intervals, onset, robustness, seeds, tracking_figures
 from analysis.heads import figures as heads_figures
+from analysis.heads.config import SEEDS_CSV, TRACK_CSV, RolesConfig, TrackConfig, config_tasks, parse_steps  # noqa: F401 — the names callers import from here
 from analysis.heads.config import TRACK_FIGURES as FIGURES
-from analysis.heads.config import RolesConfig, TrackConfig, config_tasks, parse_steps  # noqa: F401 — the names callers import from here
 from analysis.heads.figures import about_line
-from analysis.heads.report import readable_checkpoint
+from analysis.heads.report import EXAMPLES_JSON, readable_checkpoint, step_examples
 from analysis.heads.scoring import (
     TaskScores,
     gather_scores,
@@ -61,7 +61,8 @@ from sieves import depattn, stats
 from sieves.align import encode_batch
 from sieves.parse import read_conllu
 
-TRACK_CSV = "track.csv"
+# What `.bertjax-output` says of a track's `--out` (`runinfo.atomic_out`).
+TRACK_OUTPUT = "track output"
 SAS_CSV = "sas.csv"
 SAS_MARGIN_CSV = "sas_margin.csv"
 
@@ -144,7 +145,10 @@ def prepare_cache(cache_dir: Path, out: Path) -> None:
         raise UserError(f"--scores-cache {cache_dir}: cannot write there ({e.strerror})") from None
 
 
-def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict) -> None:
+def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict,
+                examples: dict | None = None) -> None:  # fmt: skip
+    """`examples`: the step's example attention for the report (`step_examples`), kept beside its
+    scores so that a step read from the cache has it too."""
     arrays = {}
     for task, result in results.items():
         for role, scores in result.scores.items():
@@ -158,14 +162,22 @@ def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, iden
         "checkpoint": identity,
     }
     arrays["about"] = np.array(json.dumps(about))
+    if examples is not None:
+        arrays["examples"] = np.array(json.dumps(examples))
     save_npz(path, arrays)
 
 
 def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # A temporary of its own (a random name), so that two runs scoring the same step, also on a
     # cache shared between hosts, never write one file.
-    with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
-        np.savez(f, **arrays)
+    try:
+        with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
+            np.savez(f, **arrays)
+    except OSError as e:
+        # The cache is often on another disk than --out: a full one is named, not --out.
+        if (reason := runinfo.no_space(e)) is None:
+            raise
+        raise UserError(f"no space left writing the scores cache entry {path} ({reason}); make room there") from None
 
 
 def load_scores(path: Path) -> dict[str, TaskScores]:
@@ -180,6 +192,16 @@ def load_scores(path: Path) -> dict[str, TaskScores]:
             )
             for task, info in about["tasks"].items()
         }
+
+
+def load_examples(path: Path) -> dict | None:
+    """The example attention a cache entry holds, or None (an entry written before it was recorded,
+    or an unreadable one, which `read_cached` has reported)."""
+    try:
+        with np.load(path) as stored:
+            return json.loads(str(stored["examples"])) if "examples" in stored.files else None
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile):
+        return None
 
 
 def load_sas(path: Path):
@@ -267,6 +289,9 @@ class TrackRun:
     info: dict
     timings: dict[str, float]
     started: float
+    # Each step's example attention (`step_examples`; None for a cache entry written before it was
+    # recorded), written to EXAMPLES_JSON for the report's step slider.
+    examples: dict[int, dict | None] = dataclasses.field(default_factory=dict)
 
     def scores(self, step: int) -> dict[str, TaskScores]:
         """The per-sequence scores of `step`, from memory or from the cache."""
@@ -388,7 +413,7 @@ def run(config: TrackConfig, say: Say = print, into: Path | None = None) -> tupl
         return None
     target = out if into is None else into
     # Re-running into the same --out is the point of the cache: a previous track output may go.
-    with runinfo.atomic_out(target, config.roles.overwrite or (target / TRACK_CSV).is_file()) as tmp:
+    with runinfo.atomic_out(target, config.roles.overwrite or (target / TRACK_CSV).is_file(), TRACK_OUTPUT) as tmp:
         result = compute_members(config, members, config.cache_dir, started, say)
         info = write(result, tmp, config.cache_dir)
     return result, info
@@ -514,6 +539,8 @@ class Work:
     sas_sentences: list
     devices: Devices
     timings: dict[str, float]
+    # The example attention of the steps scored here (`step_examples`), for the report.
+    examples: dict[int, dict] = dataclasses.field(default_factory=dict)
 
 
 def read_cached_steps(config: TrackConfig, mine: list[int], keys: CacheKeys, cache: Path, tester: StepTester,
@@ -574,12 +601,18 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
                 scorer = make_scorer(
                     model, devices=work.devices, readings=(rc.attention,), reference=reference_length(rc)
                 )
-                results = score_sequences(scorer, sequences, rc, {})
+                try:
+                    results = score_sequences(scorer, sequences, rc, {})
+                except UserError as e:  # a β that is not finite (`finite.check_finite`): at which checkpoint
+                    raise UserError(f"step {step}: {e}") from None
             results = gather_scores(results, work.inputs.n_sequences)
+            if jax.process_index() == 0:
+                work.examples[step] = step_examples(model, tokenizer, sequences, rc)
             if work.held is not None:
                 work.held[step] = results
             elif jax.process_index() == 0:
-                save_scores(work.keys.path(work.cache, step), results, work.keys.settings, work.keys.identities[step])
+                save_scores(work.keys.path(work.cache, step), results, work.keys.settings, work.keys.identities[step],
+                            work.examples[step])  # fmt: skip
             work.tester.test(step, results)
         if step in work.sas_todo:
             work.sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
@@ -687,9 +720,11 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
             "cache": None,
         },
     }
+    recorded = {s: work.examples[s] if s in work.examples else load_examples(work.keys.path(work.cache, s))
+                for s in steps} if work.cache is not None else dict(work.examples)  # fmt: skip
     return TrackRun(config, members, track, onsets, curves, events.events_table(head_events), curve_events, lead_lag, lead_lag_behind, robust,
                     sas_table, sas_margin, heldout, taus, inputs.n_sequences, work.keys,
-                    work.cache, work.held, work.sas_counts, info, timings, started)  # fmt: skip
+                    work.cache, work.held, work.sas_counts, info, timings, started, recorded)  # fmt: skip
 
 
 def timing_events(config: TrackConfig, work: Work, rows: pd.DataFrame, steps: list[int],
@@ -728,7 +763,7 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
     if result.held is not None:
         for step in steps:
             save_scores(result.keys.path(cache, step), result.held[step], result.keys.settings,
-                        result.keys.identities[step])  # fmt: skip
+                        result.keys.identities[step], result.examples.get(step))  # fmt: skip
         for step in steps if config.sas is not None else []:
             save_sas(result.keys.sas_path(cache, step), result.sas_counts[step], result.keys.sas_settings,
                      result.keys.identities[step])  # fmt: skip
@@ -744,6 +779,9 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
     if result.lead_lag_behind is not None:
         events.save_lead_lag_replicates(directory / events.LEAD_LAG_REPLICATES, *result.lead_lag_behind)
     result.robustness.to_csv(directory / robustness.ROBUSTNESS_CSV, index=False)
+    recorded = {str(s): result.examples[s] for s in steps if result.examples.get(s) is not None}
+    if recorded:
+        (directory / EXAMPLES_JSON).write_text(json.dumps(recorded))
 
     clock = time.perf_counter()
     figures = draw_figures(result, directory, cache / "figures")
@@ -793,7 +831,7 @@ def draw_figures(result: TrackRun, directory: Path, figure_cache: Path) -> list[
         for kind in select_figures(rc.figures, FIGURES):
             for task in pd.unique(track["task"]):
                 stem = f"{task}_{kind}"
-                line = about[task] if kind != "onset" else ""
+                line = about[task]
                 content = track[track["task"] == task].to_csv(index=False).encode() + shared + line.encode()
                 draw_one = functools.partial(
                     draw[kind], track, task, out_dir=directory, stem=stem, **({"about": line} if line else {})
@@ -870,20 +908,20 @@ def run_seeds(config: TrackConfig, workdirs: list[str], say: Say = print) -> pd.
             _track_seed(config, workdir, out / name, caches[name], say)
         return pd.DataFrame()
     # Re-running into the same --out is the point of the caches: an earlier across-seed output may go.
-    with runinfo.atomic_out(out, config.roles.overwrite or (out / seeds.SEEDS_CSV).is_file(), SEEDS_OUTPUT) as tmp:
+    with runinfo.atomic_out(out, config.roles.overwrite or (out / SEEDS_CSV).is_file(), SEEDS_OUTPUT) as tmp:
         prepare_cache(config.cache_dir, out)  # the runs' caches are under it: not inside --out
         directories = {}
         for name, workdir in zip(names, workdirs, strict=True):
             _track_seed(config, workdir, out / name, caches[name], say, into=tmp / name)
             directories[name] = tmp / name
         table, tracks = seeds.summarize(directories)
-        table.to_csv(tmp / seeds.SEEDS_CSV, index=False)
+        table.to_csv(tmp / SEEDS_CSV, index=False)
         if "onset" in select_figures(config.roles.figures, FIGURES):
             with figure_formats(select_formats(config.roles.figure_format)):
                 for task in pd.unique(next(iter(tracks.values()))["task"]):
                     seeds.plot_seeds(tracks, task, tmp, f"{task}_seeds")
     say(seeds_text(table, len(workdirs)))
-    say(f"wrote {out / seeds.SEEDS_CSV}")
+    say(f"wrote {out / SEEDS_CSV}")
     return table
 
 
