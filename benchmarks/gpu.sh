@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# One GPU session: every accelerator row of BENCHMARKS.md and the GPU emergence run, in one call of
-# at most 9 minutes. Run from the repository root:
+# One GPU session: every accelerator row of BENCHMARKS.md and the GPU emergence run, each set in one
+# call of at most 8 minutes. Run from the repository root:
 #
-#   bash benchmarks/gpu.sh prepare      # here, once: needs spaCy and the package registry
-#   bash benchmarks/gpu.sh run OUT      # there: the device machine, with .gpu carried
+#   bash benchmarks/gpu.sh prepare             # here, once: needs spaCy and the package registry
+#   bash benchmarks/gpu.sh run OUT [SET]       # there: the device machine, with .gpu carried
+#
+# SET `bench` (the default; issue 50's rows): 6a, bertjax's step beside the torch baseline (eager
+# and torch.compile, bf16 autocast, SDPA, fused AdamW) in one process; 6b, the 4-task analysis cold
+# then warm, each with its stages' seconds; 8, the scoring stage on 1 device and on all. SET
+# `emergence`: the GPU emergence run and its track. `all`: both, one after the other (more than one
+# call's 10 minutes at full size: run the sets in two calls there).
 #
 # `prepare` fills .gpu/ (git-ignored; a few tens of MiB, so that it travels with the working tree):
 # the staged GLUE and vocabulary, the parses of every text analysed there (no spaCy there), the
@@ -32,22 +38,25 @@ steps=${EMERGENCE_STEPS:-2000}
 
 if [[ -n $tiny ]]; then
   analysis_tasks=(mrpc:train) analysis_n=8 preset=tiny track=(--task mrpc --n 8)
-  step_args=(--tiny --repeat 2) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
+  step_args=(--tiny --repeat 2 --backends bertjax,torch,torch-compile) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
   # One small book trains and another is held out, so that preparing takes seconds.
   emergence=(model.preset=tiny train.steps=3 train.global_batch_size=4 train.log_every=1 data.vocab_size=1000
     "data.corpora=[{name: alice, source: local, path: $data/gutenberg/carroll-alice.txt, kind: gutenberg}]"
     "heldout.corpora=[{name: blake, source: local, path: $data/gutenberg/blake-poems.txt, kind: gutenberg}]"
     heldout.sequences=8 heldout.batch_size=4 checkpoint.log_spaced=2)
   # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
-  budget=(6a=600 6b-cold=600 6b-warm=600 8=600 emergence=600 track=600)
+  budget=(6a=900 6b-cold=600 6b-warm=600 8=600 emergence=600 track=600)
 else
   analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
-  step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20) scale_args=(--repeat 3) roles_repeat=3
+  step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20 --backends bertjax,torch,torch-compile)
+  scale_args=(--repeat 3) roles_repeat=3
   # The recipe's first 12,000 documents of the mixed stream (weights keep both corpora in
   # proportion): ~10 M tokens, whose shards (~25 MiB) travel within the 64 MiB the device takes.
   emergence=(train.steps="$steps" data.max_documents=12000)
-  # Seconds per stage, 510 in all: 30 s of the 9 minutes are left for the set-up and the transfers.
-  budget=(6a=70 6b-cold=140 6b-warm=60 8=70 emergence=110 track=60)
+  # Seconds per stage, 450 for `bench` (6a: bertjax's ~40 s compile, torch.compile's, 3 × 22 steps;
+  # 6b: a cold first run took 48 s, a warm one 5.4 s) and 170 for `emergence`: 30 s of each call's
+  # 8 minutes are left for the set-up and the transfers.
+  budget=(6a=200 6b-cold=120 6b-warm=60 8=70 emergence=110 track=60)
 fi
 emergence_config=(--config configs/pretrain/emergence-gpu.yaml --workdir "$work/emergence-gpu" "${emergence[@]}")
 # The parses there: a spaCy model directory holding only meta.json names the cache's keys, and a
@@ -96,7 +105,9 @@ stage() {
 }
 
 run() {
-  out=${1:?usage: bash benchmarks/gpu.sh run OUT}
+  out=${1:?usage: bash benchmarks/gpu.sh run OUT [bench|emergence|all]}
+  set=${2:-bench}
+  [[ $set == @(bench|emergence|all) ]] || { echo "error: unknown set $set (bench, emergence or all)" >&2; exit 2; }
   mkdir -p "$out" "$work"
   exec 2> >(tee -a "$out/log.txt" >&2)
   failed=0
@@ -108,15 +119,22 @@ run() {
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   "$py" - "$out/env.json" <<'EOF'
 import importlib.metadata as m, json, sys, jax
-names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
+names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "torch", "numpy")
 env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) for n in names}}
 open(sys.argv[1], "w").write(json.dumps(env) + "\n")
 print(json.dumps(env), file=sys.stderr)
 EOF
   command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv >&2
   vocab=$carry/vocab.txt glue=$carry/glue
-  # 6a: BERT-base T = 128 bf16 pre-training steps (MFU).
-  stage 6a "$py" -m benchmarks.train_step --backends bertjax "${step_args[@]}"
+  [[ $set == emergence ]] || bench
+  [[ $set == bench ]] || emergence_run
+  return "$failed"
+}
+
+bench() {
+  # 6a: BERT-base T = 128 bf16 pre-training steps (MFU), and the same step in HF's PyTorch as its
+  # users run it, eager and compiled, timed interleaved: the rows are ratios to it.
+  stage 6a "$py" -m benchmarks.train_step "${step_args[@]}"
   # 6b: the 4-task analysis twice, in fresh processes sharing a fresh compilation cache: the first's
   # first_run_s is a cold process's, the second's a new process's with the programs on disk.
   roles=("$py" -m benchmarks.roles_overhead --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue"
@@ -127,6 +145,9 @@ EOF
   # 8: the scoring stage on 1 device and on all (positional roles: no parser needed).
   stage 8 "$py" -m benchmarks.scale --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue" \
     --roles local,prev,next,block,cls,sep,delimiter "${scale_args[@]}"
+}
+
+emergence_run() {
   # The emergence run on the shards prepared here (a stage out of time saves a checkpoint and
   # stops, on SIGTERM), then its roles over the checkpoints it saved.
   rm -rf "$work/emergence-gpu" "$work/track"
@@ -136,11 +157,10 @@ EOF
     "${parse_args[@]}" --out "$work/track"
   tar czf "$out/emergence.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
     --exclude='*.npz' emergence-gpu $([[ -d $work/track ]] && echo track)
-  return "$failed"
 }
 
 case $mode in
   prepare) prepare ;;
-  run) run "${2:-}" ;;
+  run) run "${2:-}" "${3:-}" ;;
   *) echo "error: unknown mode $mode (prepare or run)" >&2; exit 2 ;;
 esac

@@ -1,12 +1,15 @@
 """`python -m benchmarks.train_step`: one BERT pre-training step (forward + backward + AdamW update,
-dropout on), bertjax's compiled step against HF transformers' eager PyTorch, on the same batch.
+dropout on), bertjax's compiled step against HF transformers' PyTorch, on the same batch.
 
 bertjax runs `train.trainer.Trainer`'s own compiled step (donated state fed back in, as `Trainer.run`
-does); torch runs `transformers.BertForPreTraining` in train mode with `torch.optim.AdamW` and
-global-norm clipping to 1.0, the settings bertjax's AdamW uses. The two backends' timed calls are
-interleaved (A B A B ...) so that machine noise hits both alike. One JSON line per backend, then one
-`speedup` line (torch median / bertjax median). Run it on an otherwise idle machine: under CPU
-contention torch's OpenMP threads slow down far more than XLA's, which inflates the speedup.
+does); torch runs `transformers.BertForPreTraining` in train mode as a PyTorch user runs it: SDPA
+attention, `torch.autocast` to bf16 under `--dtype bfloat16`, `torch.optim.AdamW` (fused on CUDA)
+and global-norm clipping to 1.0, the settings bertjax's AdamW uses; `torch-compile` is the same
+under `torch.compile` (its first call compiles and is reported as `compile_s`). The backends' timed
+calls are interleaved (A B A B ...) so that machine noise hits all alike. One JSON line per backend,
+then one `speedup` line per torch backend (its median / bertjax's). Run it on an otherwise idle
+machine: under CPU contention torch's OpenMP threads slow down far more than XLA's, which inflates
+the speedup.
 
 `bertjax-steered` is bertjax's step with one `intervene` entry (prev suppressed on every head,
 `train.interventions`): `--backends bertjax,bertjax-steered` gives the penalty's cost per step.
@@ -39,7 +42,8 @@ from bertjax.config import PRESETS, BertConfig, preset
 from bertjax.errors import UserError
 from train.metrics import flops_per_token, peak_flops
 
-BACKENDS = ("bertjax", "torch", "bertjax-steered")
+BACKENDS = ("bertjax", "torch", "torch-compile", "bertjax-steered")
+TORCH_BACKENDS = ("torch", "torch-compile")
 MASK_FRACTION = 0.15  # of the real tokens, as in BERT
 CLS, SEP, MASK = 101, 102, 103  # bert-base-uncased's special ids; any ids below the vocabulary do
 LEARNING_RATE = 1e-3  # OptimizerConfig's default; bertjax's schedule barely decays it over the run
@@ -164,11 +168,10 @@ class BertjaxStep:
 
 
 class TorchStep:
-    """HF `BertForPreTraining`, eager, train mode; AdamW with bertjax's hyper-parameters."""
+    """HF `BertForPreTraining` in train mode with SDPA attention, eager or under `torch.compile`;
+    AdamW with bertjax's hyper-parameters; bf16 autocast when `dtype` is bfloat16."""
 
-    name = "torch"
-
-    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray]):
+    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], compiled: bool = False):
         try:
             import torch
             import transformers
@@ -176,18 +179,24 @@ class TorchStep:
             raise UserError(f"the torch backend needs torch and transformers ({e}); pass --backends bertjax") from None
         from train.optim import OptimizerConfig
 
+        self.name = "torch-compile" if compiled else "torch"
         self.torch = torch
         torch.set_num_threads(os.cpu_count() or 1)
         torch.manual_seed(0)
         on_gpu = jax.devices()[0].platform == "gpu" and torch.cuda.is_available()
         self.device = torch.device("cuda" if on_gpu else "cpu")
         self.on_accelerator = on_gpu
+        # Params stay in their storage dtype (fp32); bf16 compute is autocast's, as torch users run it.
+        self.autocast_dtype = torch.bfloat16 if config.dtype == "bfloat16" else None
         hf_config = transformers.BertConfig.from_dict(
-            config.to_hf_dict("BertForPreTraining"), attn_implementation="eager"
+            config.to_hf_dict("BertForPreTraining"), attn_implementation="sdpa"
         )
         self.model = transformers.BertForPreTraining(hf_config).to(self.device).train()
         self.n_params = sum(p.numel() for p in self.model.parameters())
+        self.forward = torch.compile(self.model) if compiled else self.model
         opt = OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE)
+        # The fused kernel exists for CUDA tensors only.
+        self.fused = self.device.type == "cuda"
         # Weight decay skips biases and LayerNorm, as `train.optim.decay_mask` does.
         named = list(self.model.named_parameters())
         no_decay = [p for n, p in named if n.endswith("bias") or "LayerNorm" in n]
@@ -197,6 +206,7 @@ class TorchStep:
             lr=opt.learning_rate,
             betas=(opt.b1, opt.b2),
             eps=opt.eps,
+            fused=self.fused,
         )
         self.max_grad_norm = opt.max_grad_norm
         labels = np.full(batch["input_ids"].shape, -100, np.int64)
@@ -214,7 +224,8 @@ class TorchStep:
 
     def __call__(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
-        loss = self.model(**self.inputs).loss
+        with self.torch.autocast(self.device.type, self.autocast_dtype, enabled=self.autocast_dtype is not None):
+            loss = self.forward(**self.inputs).loss
         loss.backward()
         self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self.optimizer.step()
@@ -262,8 +273,12 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
                     # The first call compiles; it is reported, not timed with the rest.
                     extra[backend] = {"compile_s": common.time_calls(runner, repeat=1, warmup=0)[0]}
                 else:
-                    runners.append(TorchStep(config, batch))
-                    extra[backend] = {"threads": runners[-1].torch.get_num_threads()}
+                    runner = TorchStep(config, batch, compiled=backend == "torch-compile")
+                    runners.append(runner)
+                    extra[backend] = {"threads": runner.torch.get_num_threads(), "attention": "sdpa",
+                                      "autocast": str(runner.autocast_dtype), "fused_adamw": runner.fused}  # fmt: skip
+                    if backend == "torch-compile":
+                        extra[backend]["compile_s"] = common.time_calls(runner, repeat=1, warmup=0)[0]
                 common.time_calls(runners[-1], repeat=0, warmup=args.warmup)
             common.log(f"{name}: timing {' / '.join(args.backends)} interleaved, {args.repeat} runs each")
             all_times = interleaved(runners, args.repeat)
@@ -287,18 +302,19 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
                     "times_s": [round(t, 4) for t in times],
                 }
                 records.append(common.emit("train_step", **record))
-            if "bertjax" in medians and "torch" in medians:
-                records.append(
-                    common.emit(
-                        "train_step",
-                        **settings,
-                        backend="bertjax",
-                        baseline="torch",
-                        speedup=medians["torch"] / medians["bertjax"],
-                        bertjax_median_s=medians["bertjax"],
-                        torch_median_s=medians["torch"],
+            for baseline in TORCH_BACKENDS:
+                if "bertjax" in medians and baseline in medians:
+                    records.append(
+                        common.emit(
+                            "train_step",
+                            **settings,
+                            backend="bertjax",
+                            baseline=baseline,
+                            speedup=medians[baseline] / medians["bertjax"],
+                            bertjax_median_s=medians["bertjax"],
+                            torch_median_s=medians[baseline],
+                        )
                     )
-                )
             if "bertjax" in medians and "bertjax-steered" in medians:
                 records.append(
                     common.emit(
@@ -326,7 +342,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         "--dtype",
         choices=("float32", "bfloat16"),
         default="float32",
-        help="bertjax compute dtype over fp32 params; bfloat16 is bertjax only",
+        help="compute dtype over fp32 params (torch: bf16 autocast)",
     )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per backend (after bertjax's compile)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch")
@@ -348,10 +364,12 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     unknown = set(args.backends) - set(BACKENDS)
     if unknown or not args.backends:
         raise UserError(f"--backends: {', '.join(sorted(unknown)) or 'none given'}; choose from {', '.join(BACKENDS)}")
-    if args.dtype == "bfloat16" and "torch" in args.backends:
-        raise UserError("--dtype bfloat16 applies to bertjax only; pass --backends bertjax")
     if args.seq_len < 8 or args.repeat < 1 or args.warmup < 0 or (args.batch_size is not None and args.batch_size < 1):
         raise UserError("--seq-len must be at least 8, --repeat and --batch-size at least 1, --warmup at least 0")
+    # Both frameworks share one GPU: JAX would otherwise take 75% of its memory at start, and the
+    # torch backends' first step would run out. Set before JAX starts its client, as this is.
+    if set(args.backends) & set(TORCH_BACKENDS):
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.45")
     # Before anything starts JAX's CPU client, so that its threads allocate from the one heap.
     if args.reuse_freed_memory and not reuse_freed_memory():
         raise UserError("--reuse-freed-memory needs glibc's mallopt")

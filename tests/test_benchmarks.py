@@ -8,6 +8,7 @@ import tarfile
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,6 +59,42 @@ def test_train_step_times_the_steered_step_beside_the_plain_one(capsys):
     assert cost["cost"] == pytest.approx(steps["bertjax-steered"]["median_s"] / steps["bertjax"]["median_s"])
 
 
+def test_train_step_runs_torch_as_its_users_do_in_bf16(capsys):
+    """The torch baseline a GPU user runs: SDPA attention and bf16 autocast over fp32 params (fused
+    AdamW is CUDA's alone), beside bertjax's bf16 step, with the ratio of their medians."""
+    from benchmarks import train_step
+
+    argv = ["--tiny", "--repeat", "1", "--warmup", "0", "--dtype", "bfloat16", "--backends", "bertjax,torch"]
+    train_step.main(argv)
+    records = json_lines(capsys.readouterr().out)
+    steps = {r["backend"]: r for r in records if "speedup" not in r}
+    torch_step = steps["torch"]
+    assert (torch_step["attention"], torch_step["autocast"]) == ("sdpa", "torch.bfloat16")
+    assert torch_step["fused_adamw"] is False and "compile_s" not in torch_step
+    assert 5 < torch_step["loss"] < 15 and steps["bertjax"]["params"] == torch_step["params"]
+    [speedup] = [r for r in records if "speedup" in r]
+    assert speedup["baseline"] == "torch"
+    assert speedup["speedup"] == pytest.approx(torch_step["median_s"] / steps["bertjax"]["median_s"])
+
+
+def test_the_compiled_torch_backend_is_the_same_model_under_torch_compile():
+    """`torch-compile` wraps the eager backend's model in `torch.compile` (compiling BERT on a CPU
+    takes minutes: the GPU script's tiny dry run steps it, tests/test_benchmarks.py's slow test)."""
+    import torch
+
+    from benchmarks import train_step
+    from bertjax.config import preset
+
+    config = preset("tiny")
+    batch = train_step.make_batch(config, 2, 32)
+    eager, compiled = (train_step.TorchStep(config, batch, compiled=c) for c in (False, True))
+    assert (eager.name, compiled.name) == ("torch", "torch-compile")
+    assert eager.forward is eager.model
+    assert isinstance(compiled.forward, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled.forward._orig_mod is compiled.model
+    assert compiled.n_params == eager.n_params
+
+
 def test_sieve_kernel_runs_on_a_tiny_shape(capsys):
     from benchmarks import sieve_kernel
 
@@ -104,6 +141,23 @@ def test_roles_overhead_runs_on_exported_parses(shared_data, random_tiny, tmp_pa
     for stages in (end_to_end["first_run_stages_s"], end_to_end["stages_s"]):
         assert {"load_model", "prepare", "score", "tests_and_tables"} <= set(stages)
     assert ratio["overhead"] == pytest.approx(end_to_end["median_s"] / forward["median_s"] - 1)
+
+
+def test_host_stages_compares_two_trees_stage_by_stage(shared_data, random_tiny, tmp_path, capsys):
+    """This tree against itself as the baseline: both sides' stages, the host stages' sum without
+    the scoring, their ratio, and the outputs found identical."""
+    from benchmarks import host_stages
+
+    ckpt, _ = random_tiny
+    host_stages.main(["--baseline", str(ROOT), "--ckpt", ckpt, "--glue-dir", str(shared_data / "glue"), "--task",
+                      "mrpc", "--n", "4", "--repeat", "1", "--cache-dir", str(tmp_path / "cache")])  # fmt: skip
+    this, baseline, ratio = json_lines(capsys.readouterr().out)
+    assert (this["tree"], baseline["tree"], ratio["side"]) == ("this", "baseline", "ratio")
+    for side in (this, baseline):
+        assert {"load_model", "mrpc/prepare", "mrpc/score", "tests_and_tables", "figures"} <= set(side["stages_s"])
+        host = sum(v for k, v in side["stages_s"].items() if k not in ("mrpc/score", "total"))
+        assert side["host_s"] == pytest.approx(host) and side["runs"] == 1
+    assert ratio["identical"] is True and ratio["host_ratio"] == pytest.approx(this["host_s"] / baseline["host_s"])
 
 
 def test_attention_norms_runs_on_a_tiny_shape(shared_data, random_tiny, tmp_path, capsys):
@@ -208,7 +262,7 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
         "PYTHON": sys.executable,
         "JAX_PLATFORMS": "cpu",
     }
-    for argv in (["prepare"], ["run", str(tmp_path / "out")]):
+    for argv in (["prepare"], ["run", str(tmp_path / "out"), "all"]):
         result = subprocess.run(["bash", "benchmarks/gpu.sh", *argv], cwd=ROOT, env=env, capture_output=True,
                                 text=True, timeout=1800, check=False)  # fmt: skip
         assert result.returncode == 0, result.stderr[-4000:]
@@ -220,7 +274,11 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     rows = {name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()] for name in
             ("6a", "6b", "8")}  # fmt: skip
     assert [row["side"] for row in rows["6b"]].count("ratio") == 2, rows["6b"]  # the cold and the warm process
-    assert rows["6a"] and rows["8"]
+    assert all(row["stages_s"] for row in rows["6b"] if row["side"] == "roles_end_to_end")
+    # bertjax beside both torch baselines, in one process: a step line each, and a ratio to each.
+    assert {row["backend"] for row in rows["6a"] if "speedup" not in row} == {"bertjax", "torch", "torch-compile"}
+    assert sorted(row["baseline"] for row in rows["6a"] if "speedup" in row) == ["torch", "torch-compile"]
+    assert rows["8"]
     with tarfile.open(out / "emergence.tar.gz") as tar:
         names = tar.getnames()
     assert "emergence-gpu/run.json" in names and any(name.startswith("track/") for name in names), names
@@ -242,7 +300,8 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
         "JAX_PLATFORMS": "cpu",
     }
     runs = [({}, ["prepare"]), ({}, ["run", str(tmp_path / "out")]),
-            ({"BERTJAX_SEEDS_SET": "pre-ln", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")])]  # fmt: skip
+            ({"BERTJAX_SEEDS_SET": "pre-ln", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")]),
+            ({"BERTJAX_SEEDS_SET": "steering", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")])]  # fmt: skip
     for extra, argv in runs:
         result = subprocess.run(["bash", "benchmarks/emergence_seeds.sh", *argv], cwd=ROOT, env=env | extra,
                                 capture_output=True, text=True, timeout=1800, check=False)  # fmt: skip
@@ -257,6 +316,16 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
         assert not any("checkpoints" in n for n in names), name
         assert ("layer_norm_position: pre" in config) == (name == "preln-s0"), config
         assert ("pair_task: nsp" in config) == (name == "nsp-s0"), config
+    # The steering set: one seed unsteered and under each intervention, tracked from the window's
+    # first step, with the held-out sums its paired comparisons need.
+    for name, role in (("plain-s0", None), ("positional-s0", "next"), ("cls-s0", "cls")):
+        with tarfile.open(tmp_path / "out" / f"{name}.tar.gz") as tar:
+            names = set(tar.getnames())
+            config = tar.extractfile(f"{name}/config.yaml").read().decode()
+            steps = pd.read_csv(tar.extractfile(f"{name}/track/track.csv"))["step"].unique()
+        assert f"{name}/track/events.csv" in names and any(n.startswith(f"{name}/heldout-sequences/") for n in names)
+        assert ("intervene:" in config and f"role: {role}" in config) if role else "role: " not in config, config
+        assert min(steps) == 4, steps
 
 
 def test_cli_start_times_help_against_a_baseline_tree(capsys):

@@ -1,0 +1,111 @@
+"""`python -m benchmarks.host_stages`: the host stages of `analysis.roles` (loading, preparing,
+tests and tables, figures: every stage of run.json's `timings_s` but the scoring), this tree
+against a baseline tree, side by side.
+
+Each run is the CLI itself, `python -m analysis.roles`, in a fresh process started in its tree, on
+the same tasks with one cache directory (the parses, and the encoded tasks of a tree that keeps
+them), filled by an untimed run of each tree first, which also compiles. The timed runs alternate (this, baseline, this, …) so that a noisy stretch of a shared
+machine hits both; each stage's median per tree is reported, and the host stages' sum. The two
+trees' outputs are compared byte for byte (run.json aside: it holds timings and paths), so a
+speed-up that changed a number shows as `identical: false`.
+
+    git archive COMMIT | tar -x -C /tmp/baseline
+    python -m benchmarks.host_stages --baseline /tmp/baseline --glue-dir ../shared/data/glue --repeat 3
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from benchmarks import common
+from bertjax import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def host_stage(name: str) -> bool:
+    """run.json's stages but the scoring (`TASK/score`) and the whole (`total`)."""
+    return not name.endswith("/score") and name != "total"
+
+
+def analyse(tree: Path, args, out: Path) -> dict[str, float]:
+    """One `analysis.roles` run in `tree`, writing into `out`; its run.json's stage seconds."""
+    command = [sys.executable, "-m", "analysis.roles", "--ckpt", args.ckpt, "--task", args.task, "--glue-dir",
+               args.glue_dir, "--split", args.split, "--n", str(args.n), "--cache-dir", args.cache_dir, "--out",
+               str(out), "--overwrite"]  # fmt: skip
+    done = subprocess.run(command, cwd=tree, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"analysis.roles in {tree}: exit status {done.returncode}: {done.stderr.strip()[-2000:]}")
+    return json.loads((out / "run.json").read_text())["timings_s"]
+
+
+def same_outputs(a: Path, b: Path) -> bool:
+    """Every file of both runs but run.json, byte for byte."""
+    files = lambda d: sorted(p.relative_to(d) for p in d.rglob("*") if p.is_file() and p.name != "run.json")
+    return files(a) == files(b) and all((a / f).read_bytes() == (b / f).read_bytes() for f in files(a))
+
+
+def run(args) -> list[dict]:
+    trees = {"this": ROOT, "baseline": Path(args.baseline).resolve()}
+    with tempfile.TemporaryDirectory(prefix="bench-host-") as scratch:
+        scratch = Path(scratch)
+        args.cache_dir = args.cache_dir or str(scratch / "parses")
+        for side, tree in trees.items():
+            common.log(f"untimed run in {tree}: parses into the cache, compiles")
+            analyse(tree, args, scratch / side)
+        timings: dict[str, list[dict[str, float]]] = {side: [] for side in trees}
+        for i in range(args.repeat):
+            for side, tree in trees.items():
+                common.log(f"run {i + 1}/{args.repeat} in {side}")
+                timings[side].append(analyse(tree, args, scratch / side))
+        # The last runs': read back from the caches the untimed runs filled, as a re-run reads them.
+        identical = same_outputs(scratch / "this", scratch / "baseline")
+    settings = {"model": args.ckpt, "task": args.task, "split": args.split, "n": args.n, "identical": identical}
+    records, host = [], {}
+    for side, runs in timings.items():
+        stages = {name: statistics.median(run[name] for run in runs) for name in runs[0]}
+        host_runs = [sum(v for k, v in run.items() if host_stage(k)) for run in runs]
+        host[side] = statistics.median(host_runs)
+        records.append(
+            common.emit(
+                "host_stages", tree=side, path=str(trees[side]), **settings, stages_s=stages,
+                host_s=host[side], host_times_s=[round(t, 3) for t in host_runs], runs=len(runs),
+            )
+        )  # fmt: skip
+    records.append(
+        common.emit("host_stages", side="ratio", **settings, host_ratio=host["this"] / host["baseline"], target=0.5)
+    )
+    return records
+
+
+def parse_args(argv: list[str] | None):
+    p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
+    p.add_argument("--baseline", required=True, help="another tree to compare with (e.g. `git archive` of a commit)")
+    p.add_argument("--ckpt", help="checkpoint (default: all-MiniLM-L6-v2 from the test extra)")
+    p.add_argument("--glue-dir", required=True)
+    p.add_argument("--task", default="all")
+    p.add_argument("--split", default="dev")
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the untimed runs)")
+    a = p.parse_args(argv)
+    a.ckpt = a.ckpt or common.minilm_checkpoint()
+    # The runs start in their trees: paths given relative to here must not move with them.
+    a.glue_dir = str(Path(a.glue_dir).resolve())
+    if Path(a.ckpt).exists():
+        a.ckpt = str(Path(a.ckpt).resolve())
+    if a.cache_dir:
+        a.cache_dir = str(Path(a.cache_dir).resolve())
+    return a
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return run(parse_args(argv))
+
+
+if __name__ == "__main__":
+    cli.run(main)
