@@ -12,6 +12,11 @@
 #   BERTJAX_SEEDS_SET=pre-ln bash benchmarks/emergence_seeds.sh run OUT
 #       # the same, 3 MLM-only seeds of pre-LN with sinusoidal position initialisation (preln-s0..2):
 #       # the post-LN / pre-LN comparison across seeds (docs/emergence.md), in a call of its own
+#   BERTJAX_SEEDS_SET=steering bash benchmarks/emergence_seeds.sh run OUT
+#       # issue 49's real-text experiment, in a call of its own: MLM-only seeds 0 and 1 unsteered
+#       # (plain-s0, plain-s1), with prev and next suppressed on every head (positional-s0, -s1) and
+#       # with [CLS] suppressed (cls-s0, -s1); tracked from step 1000, on the loss's plateau (the rule
+#       # fixed before the runs, docs/emergence.md), each tarball with its per-sequence held-out sums
 #
 # The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
@@ -48,11 +53,17 @@ fi
 if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET; fi
 if [[ ${BERTJAX_SEEDS_SET:-} == pre-ln ]]; then
   train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
+elif [[ ${BERTJAX_SEEDS_SET:-} == steering ]]; then
+  nsp_seeds=() mlm_name=plain steering=(positional cls)
+  # The events' window starts on the plateau, after the first (unigram) descent.
+  if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then window_from=4; else mlm_seeds=(0 1) window_from=1000; fi
 elif [[ -n ${BERTJAX_SEEDS_SET:-} ]]; then
-  echo "error: BERTJAX_SEEDS_SET must be pre-ln or unset, got ${BERTJAX_SEEDS_SET}" >&2; exit 2
+  echo "error: BERTJAX_SEEDS_SET must be pre-ln, steering or unset, got ${BERTJAX_SEEDS_SET}" >&2; exit 2
 else
   mlm_name=mlm
 fi
+declare -A interventions=([positional]="[{role: prev, mode: suppress}, {role: next, mode: suppress}]"
+                          [cls]="[{role: cls, mode: suppress}]")
 nsp_args=(data.pair_task=nsp data.train_vocab=false "data.vocab_file=$prepared/mlm/data-T64/vocab.txt")
 parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
 
@@ -82,8 +93,9 @@ prepare() {
 
 # Each run: pretrain (resumable; a stage out of time saves a checkpoint on SIGTERM), then track.
 one_run() {
-  local name=$1 objective=$2 seed=$3 extra=()
+  local name=$1 objective=$2 seed=$3 condition=${4:-} extra=() steps=()
   [[ $objective == nsp ]] && extra=("${nsp_args[@]}")
+  [[ -n $condition ]] && extra+=("intervene=${interventions[$condition]}")
   # The shards stay where they were prepared (data_dir); the held-out shards, which name that
   # vocabulary by absolute path, are the workdir's own copy.
   if [[ ! -d $work/$name/checkpoints ]]; then
@@ -93,13 +105,17 @@ one_run() {
     --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" train.seed="$seed" \
     "data_dir=$prepared/$objective/data-T64" \
     "probe.task=conllu:$(realpath "$ewt")" >"$work/$name.train.log" 2>&1 || echo "$name: pretrain exit $?" >>"$work/$name.train.log"
+  if [[ -n ${window_from:-} && -d $work/$name/checkpoints ]]; then
+    steps=(--steps "$(ls "$work/$name/checkpoints" | grep -E '^[0-9]+$' | sort -n | awk -v from="$window_from" \
+      '$1 >= from' | paste -sd,)")
+  fi
   for scope in none series; do
     local correction=() out=track
     [[ $scope == series ]] && correction=(--correction holm --correction-scope series) out=track-holm-series
     # The second pass reads every step from the cache: tests and figures only.
     timeout --signal=TERM --kill-after=20 "$([[ $scope == none ]] && echo "$budget_track" || echo 60)" \
       "$py" -m analysis.track --run "$work/$name" \
-      --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length 64 "${track_args[@]}" --sas "$ewt" \
+      --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length 64 "${track_args[@]}" "${steps[@]+"${steps[@]}"}" --sas "$ewt" \
       "${parse_args[@]}" "${correction[@]}" --scores-cache "$work/$name.cache" --out "$work/$name/$out" \
       >"$work/$name.$out.log" 2>&1 || echo "$name: $out exit $?" >>"$work/$name.$out.log"
   done
@@ -126,6 +142,9 @@ EOF
   local pids=() names=() runs=()
   for seed in "${mlm_seeds[@]}"; do runs+=("$mlm_name-s$seed mlm $seed"); done
   for seed in "${nsp_seeds[@]+"${nsp_seeds[@]}"}"; do runs+=("nsp-s$seed nsp $seed"); done
+  for condition in "${steering[@]+"${steering[@]}"}"; do
+    for seed in "${mlm_seeds[@]}"; do runs+=("$condition-s$seed mlm $seed $condition"); done
+  done
   for spec in "${runs[@]}"; do
     set -- $spec
     names+=("$1")
@@ -133,8 +152,10 @@ EOF
   done
   for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
   for name in "${names[@]}"; do
+    # The steering set keeps the per-sequence held-out sums: its comparisons pair held-out sequences.
     tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
-      --exclude='*.npz' --exclude=tokenizer --exclude=tensorboard "$name" $(cd "$work" && echo "$name".*.log)
+      $([[ -n ${steering+x} ]] || echo "--exclude=*.npz") --exclude=tokenizer --exclude=tensorboard "$name" \
+      $(cd "$work" && echo "$name".*.log)
   done
   tail -n 3 "$work"/*.log
 }

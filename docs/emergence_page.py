@@ -27,6 +27,7 @@ import emergence_events
 import emergence_family
 import emergence_lengths
 import emergence_seeds
+import emergence_steering
 
 from analysis.heads import onset, seeds
 from sieves import stats
@@ -414,6 +415,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "events-run-robustness": emergence_events.run_robustness,
     "family": family,
     "family-verdict": family_verdict,
+    "steering": lambda: emergence_steering.table(pd.read_csv(emergence_steering.COMMITTED / "summary.csv")),
     "synthetic": synthetic,
     "history-heldout": history_heldout,
     "history-roles": history_roles,

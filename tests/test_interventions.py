@@ -309,7 +309,7 @@ def steered_run(corpus, prepared, tmp_path_factory) -> Path:  # noqa: F811 — f
 def test_a_steered_run_logs_each_penalty_and_its_beta(steered_run):
     lines = [json.loads(line) for line in (steered_run / "metrics.jsonl").read_text().splitlines()]
     logged = {row["step"]: row for row in lines if "intervene/0-prev" in row}
-    assert sorted(logged) == [2, 4, 6, 8, 10, 12]
+    assert sorted(logged) == [1, 2, 4, 6, 8, 10, 12]  # the first step, then every log_every
     for step, row in logged.items():
         assert row["intervene/0-prev/beta"] > 0 and row["intervene/1-cls/beta"] > 0
         # Steps 5 and 6 are the updates from steps 4 and 5, inside [0, 6); 7 on are outside.
@@ -372,17 +372,26 @@ def synthetic_run(text: Path, workdir: Path, *extra: str) -> dict:
     return last
 
 
-@pytest.mark.slow  # two runs of the synthetic recipe: 40 s and 74 s of CPU on 2 shared cores
+@pytest.mark.slow  # three runs of the synthetic recipe: 40 s, 74 s and 74 s of CPU on 2 shared cores
 def test_suppressing_prev_and_next_keeps_the_positional_heads_from_forming(language, tmp_path):  # noqa: F811
     plain = synthetic_run(language, tmp_path / "plain")
-    steered = synthetic_run(language, tmp_path / "steered", f"data_dir={tmp_path / 'plain' / 'data-T32'}",
+    data = f"data_dir={tmp_path / 'plain' / 'data-T32'}"
+    steered = synthetic_run(language, tmp_path / "steered", data,
                             "intervene=[{role: prev, mode: suppress}, {role: next, mode: suppress}]")  # fmt: skip
-    heads = {name: sum(run[f"probe/{role}/heads"] for role in POSITIONAL) for name, run in (("plain", plain), ("steered", steered))}  # fmt: skip
+    # The control: a role the language does not need, suppressed the same way.
+    control = synthetic_run(language, tmp_path / "control", data, "intervene=[{role: cls, mode: suppress}]")
+    runs = (("plain", plain), ("steered", steered), ("control", control))
+    heads = {name: sum(run[f"probe/{role}/heads"] for role in POSITIONAL) for name, run in runs}
     assert heads["plain"] >= 2, heads  # the unsteered run forms them (else the comparison says nothing)
     assert heads["steered"] <= 1 and heads["steered"] < heads["plain"], heads
+    # With [CLS] suppressed they still form: here one head holding next and local (β 3.5 and 3.8 on
+    # the probe), against none steered. At least one, not a count: at this size the count moves with
+    # the float rounding of another CPU; docs/emergence.md's 1b gives the across-seed answer.
+    assert heads["control"] >= 1, heads
+    assert control["intervene/0-cls/beta"] < 1.05, control
     # Without the heads the loss drop does not come within the budget.
     assert steered["heldout_mlm_loss"] > plain["heldout_mlm_loss"] + 0.5, (plain, steered)
     assert steered["intervene/0-prev/beta"] < 1.05 and steered["intervene/1-next/beta"] < 1.05
     # What docs/pretraining.md quotes (`pytest -rP` shows it).
     print({name: {key: run[key] for key in sorted(run) if key.startswith(("probe/", "heldout_mlm_loss", "intervene/"))}
-           for name, run in (("plain", plain), ("steered", steered))})  # fmt: skip
+           for name, run in runs})  # fmt: skip
