@@ -311,14 +311,20 @@ def print_config_if_asked(args: argparse.Namespace, *configs: Any, skip: Sequenc
         raise SystemExit(0)
 
 
+def _check_config_file(path: Path, flag: str = "") -> None:
+    if not path.exists():
+        raise UserError(f"{flag}{path}: config file does not exist")
+    if not path.is_file():  # a FIFO would block the read; a directory or device is no config
+        raise UserError(f"{flag}{path}: not a regular file (a pipe, device or directory); give the file itself")
+
+
 def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Sequence[str]) -> dict[str, Any]:
     """A --config file's settings of `schema`, typed and checked against its annotations by
     OmegaConf; a key that is no setting of `schema` or `others` is refused by name."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    if not path.is_file():
-        raise UserError(f"--config {path}: config file does not exist")
+    _check_config_file(path, "--config ")
     data = _load_yaml(path)
     if data is None:
         return {}
@@ -515,8 +521,7 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
     try:
         if path is not None:
             where = f"{path}: "
-            if not Path(path).is_file():
-                raise UserError(f"{path}: config file does not exist")
+            _check_config_file(Path(path))
             cfg = OmegaConf.merge(cfg, _load_yaml(Path(path)))
         for item in overrides:
             where = f"override {item!r}: "

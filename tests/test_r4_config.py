@@ -59,6 +59,24 @@ def test_a_config_file_that_is_not_utf8_is_one_line_in_training(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+def test_a_config_that_is_a_pipe_or_a_directory_is_refused_as_such(tmp_path):
+    """Before: a FIFO given as --config was called a file that does not exist."""
+    import os
+
+    from analysis import roles
+    from train import pretrain
+
+    fifo = tmp_path / "config.yaml"
+    os.mkfifo(fifo)
+    for path in (fifo, tmp_path):
+        with pytest.raises(UserError, match=r"not a regular file \(a pipe, device or directory\)"):
+            roles.parse_args(["--ckpt", "c", "--config", str(path)])
+        with pytest.raises(UserError, match=r"not a regular file \(a pipe, device or directory\)"):
+            pretrain.main(["--config", str(path), "--workdir", str(tmp_path / "w")])
+    with pytest.raises(UserError, match="config file does not exist"):
+        roles.parse_args(["--ckpt", "c", "--config", str(tmp_path / "none.yaml")])
+
+
 @pytest.mark.parametrize("shard", ["[5, 2]", "[2, 2]", "[-1, 2]"])
 def test_a_track_config_with_a_shard_out_of_range_is_one_line(shard, tmp_path):
     from analysis import track

@@ -306,6 +306,33 @@ def test_metrics_are_truncated_to_the_resumed_step_without_a_torn_line(tmp_path)
     assert steps == [1, 2, 2, 3]
 
 
+def test_a_resumed_finetunings_first_evaluation_drops_the_killed_runs_rows(tmp_path, monkeypatch):
+    """eval.jsonl, like metrics.jsonl: the rows a run killed after its checkpoint wrote, and a line
+    the kill tore, are not kept beside the resumed run's (summarise_evaluations refused the torn one)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from train import finetuning
+
+    rows = [{"task": "mrpc", "split": "dev", "step": s, "accuracy": 0.5} for s in (10, 20, 30)]
+    path = tmp_path / finetuning.EVAL_ROWS
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"task": "mrpc", "st')
+    evaluator = finetuning.Evaluator.__new__(finetuning.Evaluator)
+    labels = np.array([0, 1])
+    evaluator.__dict__.update(
+        trainer=SimpleNamespace(is_main=True, workdir=tmp_path, mesh=None), arrays={"labels": labels},
+        spec=SimpleNamespace(name="mrpc", metrics=("accuracy",)), split="dev", batch_size=2, batches_per_epoch=10,
+        seconds=0.0, first=True, forward=lambda params, batch: np.eye(2, dtype=np.float32),
+    )  # fmt: skip
+    monkeypatch.setattr(finetuning, "eval_batches", lambda *a: [{}])
+    monkeypatch.setattr(finetuning.sharding, "global_batch", lambda batch, mesh: batch)
+    evaluator(20, {})  # resumed from step 10: its first evaluation is at 20
+    evaluator(30, {})
+    steps = [json.loads(line)["step"] for line in path.read_text().splitlines()]
+    assert steps == [10, 20, 30]
+
+
 def _purges(workdir: Path) -> list[int]:
     """The steps of the TensorBoard restarts (`SessionLog.START`: TensorBoard hides the earlier
     files' events from that step on), in the order of the event files."""

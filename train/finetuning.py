@@ -38,6 +38,7 @@ from train.checkpoints import check_resumable
 from train.config import EVAL_SPLITS, CheckpointConfig, FinetuneConfig, LoopConfig, OptimizerConfig, task_spec
 from train.glue_data import ClassificationData, eval_batches
 from train.losses import classification_loss
+from train.metrics import keep_rows_up_to
 from train.pretraining import TOKENIZER_DIR, compute_dtype, write_tokenizer
 from train.trainer import Trainer, check_batch
 
@@ -74,9 +75,15 @@ class Evaluator:
             out_shardings=replicated,  # every host gets all logits
         )
         self.seconds = 0.0
+        self.first = True
 
     def __call__(self, step: int, params: dict[str, jax.Array]) -> dict[str, float]:
         started = time.perf_counter()
+        if self.first and self.trainer.is_main:
+            # A resumed run's first evaluation is the first one after its checkpoint: the rows from
+            # there on (and a line torn by the kill) came from the run killed before its next save.
+            keep_rows_up_to(self.trainer.workdir / EVAL_ROWS, step - 1)
+        self.first = False
         batches = eval_batches(self.arrays, self.batch_size, jax.process_index(), jax.process_count())
         logits = [jax.device_get(self.forward(params, sharding.global_batch(b, self.trainer.mesh))) for b in batches]
         labels = self.arrays["labels"]

@@ -58,8 +58,8 @@ def throughput(
     return rates
 
 
-def _keep_rows_up_to(path: Path, step: int) -> None:
-    """Rewrites the metrics log `path` without its rows after `step` and without a last line that a
+def keep_rows_up_to(path: Path, step: int) -> None:
+    """Rewrites the row log `path` (metrics.jsonl, eval.jsonl) without its rows after `step` and without a last line that a
     kill cut short (the next row was appended to it); a log that needs neither is left untouched."""
     if path.is_symlink() or not path.is_file():
         return  # nothing yet; a link is refused when it is opened for appending
@@ -97,7 +97,7 @@ class MetricsWriter:
 
         self.jsonl_path = Path(workdir) / "metrics.jsonl"
         with self._stop_on_error(self.jsonl_path):
-            _keep_rows_up_to(self.jsonl_path, start)
+            keep_rows_up_to(self.jsonl_path, start)
         self.jsonl = runinfo.open_append(self.jsonl_path)
         directory = Path(workdir) / "tensorboard"
         with self._stop_on_error(directory):
