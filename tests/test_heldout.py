@@ -176,11 +176,13 @@ def test_each_evaluation_records_its_sequences_sums_which_add_up_to_its_metrics(
     # The same 16 × 10 masked cross-entropies (≥ 0), summed in float32 per batch of B·P = 80 for the
     # metrics and per sequence of P = 10 for the files: relative errors ≤ 79 u and 9 u; the terms
     # themselves, evaluated in two fusions of one program, may differ by a few u (measured: ≤ 3.5 u
-    # of the total). A dropped sequence moves the mean by 1/15 of its distance from it (here ≥ 5e-4).
+    # of the total). A dropped sequence moves the mean by 1/15 of its distance from it: at every
+    # evaluation the bound sees the drop of the sequence farthest from the mean (a given one may sit
+    # near it at some step: the first sequence, at step 3, moved it by 5e-5 in a CI run).
     rtol = (80 + 10 + 8) * U
     np.testing.assert_allclose(loss[0], metric, rtol=rtol)
-    dropped, _ = resampled_curves(seqs, np.r_[0.0, np.ones(15)][None])
-    assert (np.abs(dropped[0] / metric - 1) > 10 * rtol).all()
+    dropped, _ = resampled_curves(seqs, 1.0 - np.eye(16))
+    assert (np.abs(dropped / metric - 1).max(axis=0) > 10 * rtol).all()
     # Counts: exact integers in float32, so the ratios are the metrics' own.
     assert accuracy[0].tolist() == [rows[step]["heldout_mlm_accuracy"] for step in seqs.steps]
     assert (seqs.pair_hits.mean(axis=1)).tolist() == [rows[step]["heldout_nsp_accuracy"] for step in seqs.steps]
