@@ -302,10 +302,14 @@ def from_pretrained(
     source = resolve(path_or_id, step, revision)
     config = load_config(source, **config_overrides)
     cls = model_class(cls, config)
-    file = check_structure(source, config)
+    tensors = None
+    if source.kind == "hf" and not _safetensors_files(source.path):
+        _, tensors = _read_hf_tensors(source.path)  # a pytorch_model.bin has no header: read once
+    file = check_structure(source, config, tensors)
     graphdef, abstract_state = abstract_model(cls, config)
     if source.kind == "hf":
-        _, tensors = _read_hf_tensors(source.path)
+        if tensors is None:
+            _, tensors = _read_hf_tensors(source.path)
         leaves, missing = convert.from_hf(abstract_state, tensors, str(file), config.model_type)
     else:
         leaves, missing = _read_orbax_leaves(source, abstract_state)
@@ -341,13 +345,16 @@ _SAFETENSORS_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint
                        "F8_E5M2": "float8_e5m2"}  # fmt: skip
 
 
-def check_structure(source: Source, config: BertConfig) -> Path:
+def check_structure(source: Source, config: BertConfig, tensors: dict[str, np.ndarray] | None = None) -> Path:
     """`check_weights` over the shapes a checkpoint stores, read without its values (the safetensors
-    headers, or an orbax step's meta): what every command that builds or traces a model from a
-    checkpoint's config runs first. Returns the file the weights are in."""
+    headers, or an orbax step's meta; `tensors`, a pytorch_model.bin's already read): what every
+    command that builds or traces a model from a checkpoint's config runs first. Returns the file
+    the weights are in."""
     if source.kind == "orbax":
         stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
         file, shapes = source.path / str(source.step), {n: (tuple(s), d) for n, (s, d) in stored.items()}
+    elif tensors is not None:
+        file, shapes = source.path / TORCH_BIN, {n: (v.shape, v.dtype.name) for n, v in tensors.items()}
     else:
         file, shapes = _stored_hf_shapes(source.path)
         shapes = convert.normalize_hf_names(shapes, config.model_type)
@@ -355,21 +362,27 @@ def check_structure(source: Source, config: BertConfig) -> Path:
     return file
 
 
+def _safetensors_files(directory: Path) -> tuple[Path, list[Path]] | None:
+    """(the file that names the weights, the safetensors files holding them) of a HF directory, or
+    None where it has no safetensors."""
+    if (directory / SAFETENSORS).is_file():
+        return directory / SAFETENSORS, [directory / SAFETENSORS]
+    if (directory / SAFETENSORS_INDEX).is_file():
+        file = directory / SAFETENSORS_INDEX
+        index = read_hf_json(file).get("weight_map")
+        if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
+            raise UserError(f"{file}: no weight_map of tensor names to shard files")
+        return file, [directory / shard for shard in sorted(set(index.values()))]
+    return None
+
+
 def _stored_hf_shapes(directory: Path) -> tuple[Path, dict[str, tuple[tuple, str]]]:
     """(weights file, {name: (shape, dtype)}) of a HF-format directory, from the safetensors
     headers (a pytorch_model.bin has none: it is read)."""
     from safetensors import SafetensorError, safe_open
 
-    files = []
     try:
-        if (directory / SAFETENSORS).is_file():
-            file, files = directory / SAFETENSORS, [directory / SAFETENSORS]
-        elif (directory / SAFETENSORS_INDEX).is_file():
-            file = directory / SAFETENSORS_INDEX
-            index = read_hf_json(file).get("weight_map")
-            if not isinstance(index, dict) or not all(isinstance(v, str) for v in index.values()):
-                raise UserError(f"{file}: no weight_map of tensor names to shard files")
-            files = [directory / shard for shard in sorted(set(index.values()))]
+        file, files = _safetensors_files(directory) or (None, [])
         shapes = {}
         for shard in files:
             with safe_open(shard, framework="numpy") as f:
