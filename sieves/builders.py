@@ -1,4 +1,4 @@
-"""Sieve builders (DESIGN.md "Sieves") and the role registry.
+"""Sieve builders (the sieve table of docs/roles.md) and the role registry.
 
 A builder turns one `EncodedSequence` into `(rows, sieve)`: `rows[t]` marks the scored rows and
 `sieve[t, s]` marks S(t). Adding a role is one builder decorated with `register_role`.
@@ -194,8 +194,8 @@ def build_batch(seqs: Sequence[EncodedSequence], roles: Sequence[str], options: 
     """Masks for every role and sequence, padded to `length`: rows bool[R, B, length] and sieves
     bool[R, B, length, length]. Padding rows and columns are False.
 
-    Rows with an empty sieve are dropped whatever the builder says, since DESIGN defines the scored
-    rows as those with non-empty S(t) and the kernel divides by |S(t)|.
+    Rows with an empty sieve are dropped whatever the builder says, since docs/roles.md defines the
+    scored rows as those with non-empty S(t) and the kernel divides by |S(t)|.
     """
     rows = np.zeros((len(roles), len(seqs), length), dtype=bool)
     sieves = np.zeros((len(roles), len(seqs), length, length), dtype=bool)

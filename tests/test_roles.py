@@ -198,7 +198,7 @@ def test_cli_writes_the_contracted_outputs(tiny_run):
 
 
 def _reference_sequence_scores(attention: np.ndarray, seq: EncodedSequence, role: str) -> np.ndarray | None:
-    """β of DESIGN averaged over the role's scored rows, straight from one unpadded [L, H, n, n]
+    """β of docs/roles.md averaged over the role's scored rows, straight from one unpadded [L, H, n, n]
     attention tensor; None when the role scores no row of this sequence."""
     rows, sieve = ROLES[role].build(seq, SieveOptions())
     if not rows.any():

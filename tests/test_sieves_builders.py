@@ -113,7 +113,7 @@ POSITIONAL_ROLES = ("local", "prev", "next", "block", "cls", "sep", "delimiter")
 
 
 def design_table(lengths: list[int], window: int, special_rows: bool) -> dict[str, dict[int, set[int]]]:
-    """DESIGN's sieve table, one (t, s) pair at a time, for [CLS] A [SEP] (B [SEP]) whose segments
+    """docs/roles.md's sieve table, one (t, s) pair at a time, for [CLS] A [SEP] (B [SEP]) whose segments
     hold `lengths` non-special tokens: each role's scored rows (non-empty S(t)) mapped to S(t)."""
     seps = [lengths[0] + 1] if len(lengths) == 1 else [lengths[0] + 1, lengths[0] + lengths[1] + 2]
     n = seps[-1] + 1
@@ -162,7 +162,7 @@ def positional_layouts(draw) -> tuple[list[int], SieveOptions, int]:
 @given(positional_layouts())
 def test_positional_roles_match_the_design_table(layout: tuple[list[int], SieveOptions, int]) -> None:
     """Every positional and delimiter role, on random one- and two-segment layouts (segments of 0 or
-    1 token, windows wider than the sequence, padding), equals DESIGN's table read pair by pair,
+    1 token, windows wider than the sequence, padding), equals docs/roles.md's table read pair by pair,
     and the roles fit together as the table implies."""
     lengths, options, padded = layout
     types = [0] * (lengths[0] + 2) + [1] * (lengths[1] + 1 if len(lengths) == 2 else 0)

@@ -23,7 +23,7 @@ F64_RTOL = 2 * (T**2 + T + 2) * 2.0**-53
 def sieve_scores_reference(
     attentions: np.ndarray, real: np.ndarray, rows: np.ndarray, sieves: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray]:
-    """DESIGN's β and per-sequence mean, one token at a time, in float64."""
+    """docs/roles.md's β and per-sequence mean, one token at a time, in float64."""
     attentions = np.asarray(attentions, dtype=np.float64)
     num_roles, batch = rows.shape[:2]
     layers, _, heads = attentions.shape[:3]
@@ -206,7 +206,7 @@ def renormalised(attentions: np.ndarray, key_weights: np.ndarray) -> np.ndarray:
 @settings(max_examples=20, deadline=None)
 @given(kernel_inputs(), hnp.arrays(np.float64, (L, B, H, T), elements=st.floats(-2, 2)))
 def test_key_weights_score_the_renormalised_weighted_rows(inputs, log_weights) -> None:
-    """β with `key_weights` is β of DESIGN on the rows α(t,s)·k(s) / Σ_s' α(t,s')·k(s'), which the
+    """β with `key_weights` is β of docs/roles.md on the rows α(t,s)·k(s) / Σ_s' α(t,s')·k(s'), which the
     kernel never forms."""
     attentions, real, rows, sieves = inputs
     attentions = attentions.astype(np.float32)

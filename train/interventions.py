@@ -2,7 +2,7 @@
 batch's own attention, added to the loss (the `intervene` section, docs/pretraining.md).
 
 β is the analyses' (`sieves.kernel.sieve_scores`, the per-sequence mean over the scored rows of
-DESIGN.md's β), on the sieves of DESIGN.md's positional roles. Those depend only on where the real
+docs/roles.md's β), on the sieves of docs/roles.md's positional roles. Those depend only on where the real
 tokens, [CLS] and the [SEP]s are, so they are built here in jnp inside the step (`layout_masks`,
 equal to `sieves.builders.build_batch` on the same sequences: tests/test_interventions.py) rather
 than on the host for every batch. The specials come from the pre-training layout, `[CLS] A [SEP]

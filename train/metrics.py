@@ -39,7 +39,7 @@ def peak_flops(device: jax.Device) -> float | None:
 
 def flops_per_token(config: BertConfig, n_params: int, seq_len: int) -> float:
     """Training FLOPs per token: 6·N (forward + backward matmuls) + 12·L·T·d (attention scores
-    and their use), the convention in DESIGN.md."""
+    and their use), the convention docs/pretraining.md states."""
     return 6 * n_params + 12 * config.num_hidden_layers * seq_len * config.hidden_size
 
 
