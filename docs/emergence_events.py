@@ -50,7 +50,8 @@ def seed_readings(name: str) -> tuple[pd.DataFrame, pd.DataFrame]:
     found = events.group_earliest(heads, members, dict(DEFAULT_COARSE))
     lead = events.lead_lag(found, events.curve_steps(curve), onset.REFERENCE_CURVE)
     roles = config["roles"]
-    table = robustness.robustness(track, heads, heldout, {}, config["persistence"], roles["alpha"],
+    scored = {roles.get("score", "beta"): robustness.Scored(track, heads)}
+    table = robustness.robustness(scored, heldout, {}, config["persistence"], roles["alpha"],
                                   roles["correction"], roles["test"], roles["bootstrap"], roles["bootstrap_seed"],
                                   dict(DEFAULT_COARSE))  # fmt: skip
     return table, lead

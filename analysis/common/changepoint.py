@@ -22,6 +22,21 @@ every replicate is refitted by the whole rule, k included. The interval is [5% q
 `before`, 95% quantile of `first`] over the replicates with a changepoint, and the share without
 one is reported. A curve that comes with its own replicates (a role count under the paired
 resampling of sequences, `analysis.heads.intervals`) is refitted replicate by replicate instead.
+
+**The smooth model beside it.** A change that is gradual in log step is described by four
+numbers, not by 3k − 1: the logistic y = a + d·σ((x − m)/w) (σ the logistic function; a falling
+curve read negated, as above), fitted by least squares (Levenberg–Marquardt). Its width w is at
+least the median spacing of the evaluations on x, so that its 10–90% rise (2·ln 9·w ≈ 4.4·w)
+spans several of them: a sharper rise is a step, which the grid does not resolve and the
+piecewise fit describes (unbounded, the logistic fits a step as well as two segments do, with
+fewer parameters, and would always win). Its 10%, 50%
+and 90% times are where it has covered that share of its rise d from the lower asymptote a:
+x_p = m + w·ln(p / (1 − p)); a fit that does not rise (d ≤ 0) has none, and a time outside the
+evaluations' span is not reported (the model's extrapolation, not the data). It fits better than
+the piecewise fit when its BIC, n·ln(RSS/n) + 4·ln n, is below the piecewise fit's. Its intervals
+come from the same replicates as the changepoint's (the curve's own resampled sequences, or the
+wild bootstrap with the same signs on the smooth fit's residuals), each refitted: the 5% and 95%
+quantiles of each time, a replicate without a rise counting as later than any step.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import dataclasses
 import itertools
 
 import numpy as np
+from scipy import special
 
 MAX_SEGMENTS = 4
 MIN_POINTS = 3
@@ -56,6 +72,24 @@ class Changepoint:
     # not the data, decided how many).
     residual_lag1: float = float("nan")
     cap_bound: bool = False
+    # The smooth model (the module doc): its fit, and whether BIC prefers it to the piecewise one.
+    smooth: SmoothFit | None = None
+    smooth_better: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class SmoothFit:
+    """The logistic fit of one curve: its 10/50/90% times in steps [3] (NaN: no rise, or outside the
+    evaluations), their interval bounds [3] over replicates (NaN: none, or below the first / past the
+    last evaluation, or without replicates), the parameters (a, d, m, θ) on x, w = `floor` + e^θ,
+    and the RSS."""
+
+    steps: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    parameters: np.ndarray
+    rss: float
+    floor: float
 
 
 def log_steps(steps) -> np.ndarray:
@@ -111,12 +145,7 @@ def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGM
         best.append(np.min(total, axis=1))
     rss = np.stack([b[:, -1] for b in best], axis=1)  # [R, kmax]
     k = np.arange(1, kmax + 1)
-    # A perfect fit (RSS 0, e.g. a step count fitted exactly) must not win by ln 0 = −inf alone:
-    # the floor is rounding's, relative to the curve's spread.
-    floor = 1e-12 * np.maximum(np.var(y, axis=1, keepdims=True) * n, 1e-300)
-    with np.errstate(divide="ignore"):
-        bic = n * np.log(np.maximum(rss, floor) / n) + (3 * k - 1) * np.log(n)
-    bic = np.where(np.isfinite(rss), bic, np.inf)
+    bic = information_criterion(rss, y[:, None, :], 3 * k - 1)
     chosen = np.argmin(bic, axis=1) + 1  # the fewest segments on a tie
     # Back from the last point, every curve at once: segment `level` starts where the best split
     # of level + 1 segments ending at `end` put it.
@@ -128,6 +157,139 @@ def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGM
         starts[active, level] = start[active]
         end = np.where(active, start - 1, end)
     return chosen, starts
+
+
+def information_criterion(rss: np.ndarray, y: np.ndarray, parameters) -> np.ndarray:
+    """BIC, n·ln(RSS/n) + parameters·ln n, of fits with residual sums `rss` to curves y [..., n]
+    (+inf where the RSS is not finite)."""
+    n = y.shape[-1]
+    # A perfect fit (RSS 0, e.g. a step count fitted exactly) must not win by ln 0 = −inf alone:
+    # the floor is rounding's, relative to the curve's spread.
+    floor = 1e-12 * np.maximum(np.var(y, axis=-1) * n, 1e-300)
+    with np.errstate(divide="ignore"):
+        bic = n * np.log(np.maximum(rss, floor) / n) + np.asarray(parameters) * np.log(n)
+    return np.where(np.isfinite(rss), bic, np.inf)
+
+
+SMOOTH_LEVELS = (0.1, 0.5, 0.9)
+SMOOTH_PARAMETERS = 4
+# Levenberg–Marquardt, every curve at once: a fixed budget of steps, each accepted only where it
+# lowers that curve's RSS (ending where none does for any curve).
+LM_ITERATIONS = 200
+
+
+def logistic(x: np.ndarray, parameters: np.ndarray, floor: float) -> np.ndarray:
+    """a + d·σ((x − m)/w), w = floor + e^θ, at x [n] for parameters [R, 4] (a, d, m, θ): [R, n]."""
+    a, d, m, theta = (parameters[:, i : i + 1] for i in range(SMOOTH_PARAMETERS))
+    return a + d * special.expit((x[None, :] - m) / (floor + np.exp(theta)))
+
+
+def _jacobian(x: np.ndarray, parameters: np.ndarray, floor: float) -> np.ndarray:
+    d, m, theta = parameters[:, 1:2], parameters[:, 2:3], parameters[:, 3:4]
+    width = floor + np.exp(theta)
+    z = (x[None, :] - m) / width
+    s = special.expit(z)
+    slope = d * s * (1 - s)
+    return np.stack([np.ones_like(s), s, -slope / width, -slope * z * np.exp(theta) / width], axis=-1)  # [R, n, 4]
+
+
+def width_floor(x: np.ndarray) -> float:
+    """The smallest width of the smooth model on evaluations at x: their median spacing."""
+    return float(np.median(np.diff(x)))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, start: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    """Least-squares logistic fits (width at least `floor`) of curves y [R, n] on x [n] from
+    `start` [R, 4]: (parameters [R, 4], RSS [R])."""
+    params = np.array(start, dtype=np.float64)
+    residual = logistic(x, params, floor) - y
+    rss = np.sum(residual * residual, axis=1)
+    damping = np.full(len(y), 1e-3)
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        for _ in range(LM_ITERATIONS):
+            jac = _jacobian(x, params, floor)
+            normal = np.einsum("rni,rnj->rij", jac, jac)
+            gradient = np.einsum("rni,rn->ri", jac, residual)
+            # Marquardt's scaling by the normal matrix's diagonal, with a floor so that a flat curve
+            # (d = 0: no information on m and w) still gives a solvable system.
+            diagonal = np.einsum("rii->ri", normal)
+            scale = damping[:, None] * np.maximum(diagonal, 1e-12 * (1 + diagonal.max(axis=1, keepdims=True)))
+            system = normal + scale[:, :, None] * np.eye(SMOOTH_PARAMETERS)[None]
+            step = -np.linalg.solve(system, gradient[..., None])[..., 0]
+            trial = params + step
+            trial_residual = logistic(x, trial, floor) - y
+            trial_rss = np.sum(trial_residual * trial_residual, axis=1)
+            better = np.isfinite(trial_rss) & (trial_rss < rss)
+            if not better.any():
+                break
+            params = np.where(better[:, None], trial, params)
+            residual = np.where(better[:, None], trial_residual, residual)
+            rss = np.where(better, trial_rss, rss)
+            damping = np.where(better, damping / 3, damping * 4)
+    return params, rss
+
+
+def logistic_starts(x: np.ndarray, y: np.ndarray, floor: float) -> np.ndarray:
+    """Starting points for one rising curve y [n]: its range as the rise, the midpoint at each of
+    several places along x, a width of an eighth of the span (at least twice `floor`): [starts, 4]."""
+    low, high = float(np.min(y)), float(np.max(y))
+    span = float(x[-1] - x[0])
+    middles = np.linspace(x[0] + span / 8, x[-1] - span / 8, 7)
+    theta = np.log(max(span / 8 - floor, floor))
+    return np.array([[low, high - low, m, theta] for m in middles])
+
+
+def level_positions(parameters: np.ndarray, floor: float) -> np.ndarray:
+    """The 10/50/90% positions on x [R, 3] of logistic fits [R, 4]; NaN where d ≤ 0 (no rise)."""
+    logit = np.log(np.array(SMOOTH_LEVELS) / (1 - np.array(SMOOTH_LEVELS)))
+    positions = parameters[:, 2:3] + (floor + np.exp(parameters[:, 3:4])) * logit[None, :]
+    return np.where(parameters[:, 1:2] > 0, positions, np.nan)
+
+
+def quantile_interval(replicates: np.ndarray, interval=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(low, high, none_share) over the replicates (axis 0) of event values, at the quantiles
+    `interval` (default `INTERVAL`): NaN, a replicate without the event, counts as later than any
+    value, so `high` is NaN when more than 1 − interval[1] of them have none; `low` is NaN only when
+    none has it."""
+    lower, upper = INTERVAL if interval is None else interval
+    none = np.isnan(replicates)
+    ordered = np.where(none, np.inf, replicates)
+    low = np.quantile(ordered, lower, axis=0, method="inverted_cdf")
+    high = np.quantile(ordered, upper, axis=0, method="inverted_cdf")
+    return np.where(np.isinf(low), np.nan, low), np.where(np.isinf(high), np.nan, high), none.mean(axis=0)
+
+
+def _inside(x: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Positions on x as steps, NaN outside the evaluations' span."""
+    return np.where((positions >= x[0]) & (positions <= x[-1]), np.expm1(positions), np.nan)
+
+
+def smooth_fit(x: np.ndarray, y: np.ndarray, falling: bool) -> SmoothFit:
+    """The smooth model of the module doc on one curve y [n] at x [n], without intervals."""
+    v = -y if falling else y
+    floor = width_floor(x)
+    starts = logistic_starts(x, v, floor)
+    params, rss = fit_logistic(x, np.broadcast_to(v, (len(starts), v.size)), starts, floor)
+    best = int(np.argmin(np.where(np.isfinite(rss), rss, np.inf)))
+    none = np.full(len(SMOOTH_LEVELS), np.nan)
+    positions = level_positions(params[best : best + 1], floor)[0]
+    return SmoothFit(_inside(x, positions), none, none, params[best], float(rss[best]), floor)
+
+
+def smooth_interval(x: np.ndarray, found: SmoothFit, curve_replicates: np.ndarray, falling: bool) -> SmoothFit:
+    """`found` with the interval of its times from the curve's replicates [R, n], each refitted
+    from `found`'s parameters."""
+    reps = np.asarray(curve_replicates, np.float64)
+    start = np.broadcast_to(found.parameters, (len(reps), SMOOTH_PARAMETERS))
+    fitted, _ = fit_logistic(x, -reps if falling else reps, start, found.floor)
+    low, high, _ = quantile_interval(level_positions(fitted, found.floor))
+    return dataclasses.replace(found, low=_inside(x, low), high=_inside(x, high))
+
+
+def smooth_values(x: np.ndarray, found: SmoothFit, falling: bool) -> np.ndarray:
+    """The smooth fit's values at x, in the curve's own sign."""
+    values = logistic(x, found.parameters[None], found.floor)[0]
+    return -values if falling else values
 
 
 def changepoints(x: np.ndarray, y: np.ndarray, falling: bool, max_segments: int = MAX_SEGMENTS):
@@ -199,9 +361,11 @@ def curve_changepoint(
     seed: int,
     curve_replicates: np.ndarray | None = None,
     max_segments: int = MAX_SEGMENTS,
+    smooth: bool = True,
 ) -> Changepoint | None:
     """The rule on one curve, with the wild-bootstrap interval (or one from `curve_replicates`
-    [R, n], the curve under resampling of its own data); None with under 2·MIN_POINTS points."""
+    [R, n], the curve under resampling of its own data), and the smooth model beside it unless
+    `smooth` is False; None with under 2·MIN_POINTS points."""
     x = log_steps(steps)
     y = np.asarray(values, dtype=np.float64)[None, :]
     if y.shape[1] < 2 * MIN_POINTS or not np.all(np.isfinite(y)):
@@ -224,10 +388,22 @@ def curve_changepoint(
         residual_lag1=lag1_autocorrelation(residual),
         cap_bound=bool(segments[0] == kmax > 1),
     )
+    found = smooth_fit(x, y[0], falling) if smooth else None
+    smooth_replicates = curve_replicates
     if curve_replicates is None and replicates > 0:
-        fit = fitted
         signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(replicates, y.shape[1]))
-        curve_replicates = fit[None, :] + signs * residual[None, :]
+        curve_replicates = fitted[None, :] + signs * residual[None, :]
+        if found is not None:
+            smooth_fitted = smooth_values(x, found, falling)
+            smooth_replicates = smooth_fitted[None, :] + signs * (y[0] - smooth_fitted)[None, :]
+    if found is not None:
+        if smooth_replicates is not None:
+            found = smooth_interval(x, found, smooth_replicates, falling)
+        piecewise_bic = information_criterion(np.sum(residual * residual), y[0], 3 * point.segments - 1)
+        point = dataclasses.replace(
+            point, smooth=found,
+            smooth_better=bool(information_criterion(found.rss, y[0], SMOOTH_PARAMETERS) < piecewise_bic),
+        )  # fmt: skip
     if curve_replicates is None:
         return point
     rep_first, rep_before, _, _ = changepoints(x, np.asarray(curve_replicates, np.float64), falling, max_segments)

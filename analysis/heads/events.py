@@ -40,6 +40,7 @@ import zlib
 import numpy as np
 import pandas as pd
 
+from analysis.common import changepoint
 from analysis.common import heldout as heldout_io
 from analysis.common.changepoint import INTERVAL
 from analysis.heads.onset import ACCURACY_CURVE, LOSS_CURVE
@@ -105,14 +106,8 @@ def to_steps(position: np.ndarray) -> np.ndarray:
 
 
 def quantile_interval(replicates: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(low, high, none_share) over the replicates (axis 0) of event values: NaN, a replicate
-    without the event, counts as later than any value, so `high` is NaN when more than
-    1 − INTERVAL[1] of them have none; `low` is NaN only when none has it."""
-    none = np.isnan(replicates)
-    ordered = np.where(none, np.inf, replicates)
-    low = np.quantile(ordered, INTERVAL[0], axis=0, method="inverted_cdf")
-    high = np.quantile(ordered, INTERVAL[1], axis=0, method="inverted_cdf")
-    return np.where(np.isinf(low), np.nan, low), np.where(np.isinf(high), np.nan, high), none.mean(axis=0)
+    """`changepoint.quantile_interval` at this module's `INTERVAL`."""
+    return changepoint.quantile_interval(replicates, INTERVAL)
 
 
 @dataclasses.dataclass(frozen=True)

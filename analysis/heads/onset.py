@@ -38,9 +38,12 @@ ONSET_CSV = "onset.csv"
 ONSET_COLUMNS = ["task", "layer", "head", "role", "onset_step", "status", "mean_at_onset", "held_at_last_step",
                  "onset_low", "onset_high", "no_onset_share", "held_at_last_share", "vs_loss"]  # fmt: skip
 CURVE_ONSETS_CSV = "curve_onsets.csv"
+# The smooth model's 10/50/90% times with their intervals, and whether BIC prefers it to the
+# piecewise fit (`analysis.common.changepoint`).
+SMOOTH_COLUMNS = [f"smooth_{round(100 * p)}{end}" for p in changepoint.SMOOTH_LEVELS for end in ("", "_low", "_high")]
 CURVE_COLUMNS = ["curve", "task", "reference", "points", "segments", "changepoint_step", "changepoint_low",
                  "changepoint_high", "no_change_share", "slope_per_efold", "vs_loss", "fit", "interval_from",
-                 "residual_lag1", "cap_bound"]  # fmt: skip
+                 "residual_lag1", "cap_bound", *SMOOTH_COLUMNS, "smooth_better"]  # fmt: skip
 LOSS_CURVE = "heldout_mlm_loss"
 ACCURACY_CURVE = "heldout_mlm_accuracy"
 SAS_CURVE = "sas"
@@ -109,9 +112,13 @@ def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: i
     row = {"curve": curve, "task": task, "reference": curve == REFERENCE_CURVE, "points": int(steps.size),
            "segments": pd.NA, "changepoint_step": pd.NA, "changepoint_low": pd.NA, "changepoint_high": pd.NA,
            "no_change_share": np.nan, "slope_per_efold": np.nan, "vs_loss": "", "fit": "", "interval_from": "",
-           "residual_lag1": np.nan, "cap_bound": pd.NA}  # fmt: skip
+           "residual_lag1": np.nan, "cap_bound": pd.NA, "smooth_better": pd.NA}  # fmt: skip
+    row |= dict.fromkeys(SMOOTH_COLUMNS, pd.NA)
     if found is None:
         return row
+    times = np.stack([found.smooth.steps, found.smooth.low, found.smooth.high], axis=1).ravel()
+    row |= {c: pd.NA if np.isnan(t) else round(float(t)) for c, t in zip(SMOOTH_COLUMNS, times, strict=True)}
+    row["smooth_better"] = found.smooth_better
     row["segments"] = found.segments
     row["residual_lag1"], row["cap_bound"] = found.residual_lag1, found.cap_bound
     if replicates > 0 or curve_replicates is not None:
@@ -170,7 +177,8 @@ def curve_onsets(
                                                            ref.changepoint_low, ref.changepoint_high)
             for r in table.itertuples()
         ]  # fmt: skip
-    return table.astype({c: "Int64" for c in ("segments", "changepoint_step", "changepoint_low", "changepoint_high")})
+    integers = ("segments", "changepoint_step", "changepoint_low", "changepoint_high", *SMOOTH_COLUMNS)
+    return table.astype({c: "Int64" for c in integers})
 
 
 def step_before(step, steps) -> float:

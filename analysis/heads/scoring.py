@@ -57,6 +57,24 @@ def reference_length(config: RolesConfig) -> int | None:
     return REFERENCE_LENGTH if config.score == "share" else None
 
 
+def convert_score(results: dict[str, TaskScores], lengths: dict[str, np.ndarray], to: str) -> dict[str, TaskScores]:
+    """Per-sequence scores under the other `--score` (`to`: beta or share), from the same attention:
+    each sequence's scores times n / N (share → β) or N / n (β → share), n its real tokens
+    (`lengths[task][example index]`), N `REFERENCE_LENGTH`. Exact up to rounding for every kernel
+    variant: the two scores divide each row's mass by n or by N and are otherwise the same sums."""
+    if to not in ("beta", "share"):
+        raise ValueError(f"convert_score: to must be beta or share, got {to!r}")
+    out = {}
+    for task, result in results.items():
+        converted = {}
+        for role, scores in result.scores.items():
+            n = np.asarray(lengths[task], np.float64)[result.indices[role]]
+            factor = REFERENCE_LENGTH / n if to == "share" else n / REFERENCE_LENGTH
+            converted[role] = (scores * factor[:, None, None]).astype(scores.dtype)
+        out[task] = dataclasses.replace(result, scores=converted)
+    return out
+
+
 def make_scorer(
     model: nnx.Module,
     entropy: tuple[bool, ...] = (),
