@@ -8,8 +8,10 @@
 # SET `bench` (the default; issue 50's rows): 6a, bertjax's step beside the torch baseline (eager
 # and torch.compile, bf16 autocast, SDPA, fused AdamW) in one process; 6b, the 4-task analysis cold
 # then warm, each with its stages' seconds; 8, the scoring stage on 1 device and on all. SET
-# `emergence`: the GPU emergence run and its track. `all`: both, one after the other (more than one
-# call's 10 minutes at full size: run the sets in two calls there).
+# `emergence`: row 14, the `intervene` section's cost per step (base then mini, batch 32 × 128, the
+# unsteered step beside prev+next and [CLS] suppressed), then the GPU emergence run and its track.
+# `all`: both, one after the other (more than one call's 10 minutes at full size: run the sets in
+# two calls there).
 #
 # `prepare` fills .gpu/ (git-ignored; a few tens of MiB, so that it travels with the working tree):
 # the staged GLUE and vocabulary, the parses of every text analysed there (no spaCy there), the
@@ -18,9 +20,9 @@
 # large to carry, and flax 0.12.8, the pin, does not import under the image's JAX 0.11 (BENCHMARKS.md,
 # 2026-11-23); env.json records the versions that ran.
 # `run` writes under OUT: env.json, one JSONL per benchmark (6a train_step, 6b roles_overhead
-# cold then warm, 8 scale), stages.jsonl (each stage's exit status and seconds, under a time budget
-# that ends a stage, not the session), log.txt and emergence.tar.gz (the run's run.json, metrics
-# and the track's tables).
+# cold then warm, 8 scale, 14 intervene_cost), stages.jsonl (each stage's exit status and seconds,
+# under a time budget that ends a stage, not the session), log.txt and emergence.tar.gz (the run's
+# run.json, metrics and the track's tables).
 #
 # BERTJAX_GPU_TINY=1 runs both at tiny sizes on any device (tests/test_benchmarks.py dry-runs it
 # on the CPU); BERTJAX_GPU_DIR (default .gpu) and BERTJAX_GPU_WORK (default /tmp/bertjax-gpu)
@@ -39,24 +41,28 @@ steps=${EMERGENCE_STEPS:-2000}
 if [[ -n $tiny ]]; then
   analysis_tasks=(mrpc:train) analysis_n=8 preset=tiny track=(--task mrpc --n 8)
   step_args=(--tiny --repeat 2 --backends bertjax,torch,torch-compile) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
+  cost_args=(--preset tiny --batch-size 2 --seq-len 32 --repeat 2 --warmup 0)
   # One small book trains and another is held out, so that preparing takes seconds.
   emergence=(model.preset=tiny train.steps=3 train.global_batch_size=4 train.log_every=1 data.vocab_size=1000
     "data.corpora=[{name: alice, source: local, path: $data/gutenberg/carroll-alice.txt, kind: gutenberg}]"
     "heldout.corpora=[{name: blake, source: local, path: $data/gutenberg/blake-poems.txt, kind: gutenberg}]"
     heldout.sequences=8 heldout.batch_size=4 checkpoint.log_spaced=2)
   # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
-  budget=(6a=900 6b-cold=600 6b-warm=600 8=600 emergence=600 track=600)
+  budget=(6a=900 6b-cold=600 6b-warm=600 8=600 14=600 emergence=600 track=600)
 else
   analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
   step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20 --backends bertjax,torch,torch-compile)
   scale_args=(--repeat 3) roles_repeat=3
+  cost_args=(--preset base,mini --batch-size 32 --seq-len 128 --repeat 10)
   # The recipe's first 12,000 documents of the mixed stream (weights keep both corpora in
   # proportion): ~10 M tokens, whose shards (~25 MiB) travel within the 64 MiB the device takes.
   emergence=(train.steps="$steps" data.max_documents=12000)
   # Seconds per stage, 450 for `bench` (6a: bertjax's ~40 s compile, torch.compile's, 3 × 22 steps;
-  # 6b: a cold first run took 48 s, a warm one 5.4 s) and 170 for `emergence`: 30 s of each call's
-  # 8 minutes are left for the set-up and the transfers.
-  budget=(6a=200 6b-cold=120 6b-warm=60 8=70 emergence=110 track=60)
+  # 6b: a cold first run took 48 s, a warm one 5.4 s) and 370 for `emergence` (14: six steps
+  # compiled, three of base at ~40 s each as in 6a; it rides with the emergence run because
+  # `bench` has no time left): 30 s of each call's 8 minutes are left for the set-up and the
+  # transfers.
+  budget=(6a=200 6b-cold=120 6b-warm=60 8=70 14=200 emergence=110 track=60)
 fi
 emergence_config=(--config configs/pretrain/emergence-gpu.yaml --workdir "$work/emergence-gpu" "${emergence[@]}")
 # The parses there: a spaCy model directory holding only meta.json names the cache's keys, and a
@@ -148,6 +154,8 @@ bench() {
 }
 
 emergence_run() {
+  # 14: the unsteered pre-training step beside the steered ones, interleaved (bf16: model.dtype auto).
+  stage 14 "$py" -m benchmarks.intervene_cost "${cost_args[@]}"
   # The emergence run on the shards prepared here (a stage out of time saves a checkpoint and
   # stops, on SIGTERM), then its roles over the checkpoints it saved.
   rm -rf "$work/emergence-gpu" "$work/track"

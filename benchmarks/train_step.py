@@ -11,9 +11,6 @@ then one `speedup` line per torch backend (its median / bertjax's). Run it on an
 machine: under CPU contention torch's OpenMP threads slow down far more than XLA's, which inflates
 the speedup.
 
-`bertjax-steered` is bertjax's step with one `intervene` entry (prev suppressed on every head,
-`train.interventions`): `--backends bertjax,bertjax-steered` gives the penalty's cost per step.
-
 Note what "the same step" means: bertjax computes the MLM logits only at the P masked positions
 (`masked_positions`), HF at every position (labels -100 elsewhere); that is how each library
 pre-trains, and part of the difference. FLOP/s use `train.metrics.flops_per_token` for both.
@@ -26,7 +23,6 @@ torch is imported only when its backend is selected, and runs on CUDA when JAX d
 from __future__ import annotations
 
 import ctypes
-import functools
 import os
 import tempfile
 from collections.abc import Callable
@@ -42,7 +38,7 @@ from bertjax.config import PRESETS, BertConfig, preset
 from bertjax.errors import UserError
 from train.metrics import flops_per_token, peak_flops
 
-BACKENDS = ("bertjax", "torch", "torch-compile", "bertjax-steered")
+BACKENDS = ("bertjax", "torch", "torch-compile")
 TORCH_BACKENDS = ("torch", "torch-compile")
 MASK_FRACTION = 0.15  # of the real tokens, as in BERT
 CLS, SEP, MASK = 101, 102, 103  # bert-base-uncased's special ids; any ids below the vocabulary do
@@ -117,30 +113,22 @@ def make_batch(config: BertConfig, batch_size: int, seq_len: int, seed: int = 0)
 
 
 class BertjaxStep:
-    """`Trainer`'s compiled step, timed in steady state: the donated state is fed back in; `steered`
-    adds one intervention, prev suppressed on every head."""
+    """`Trainer`'s compiled step, timed in steady state: the donated state is fed back in."""
 
-    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path, steered: bool = False):
+    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path):
         from bertjax import sharding
         from bertjax.model import BertForPreTraining
         from train.checkpoints import CheckpointConfig
-        from train.config import InterventionConfig
-        from train.interventions import Interventions, check_config
         from train.losses import pretraining_loss
         from train.optim import OptimizerConfig
         from train.trainer import LoopConfig, Trainer
 
-        self.name = "bertjax-steered" if steered else "bertjax"
-        loss_fn = pretraining_loss
-        if steered:
-            entries = [InterventionConfig(role="prev")]
-            steerings = check_config(entries, config.num_hidden_layers, config.num_attention_heads)
-            loss_fn = functools.partial(pretraining_loss, interventions=Interventions(tuple(steerings)))
+        self.name = "bertjax"
         self.trainer = Trainer(
             workdir=workdir,
             model_config=config,
             model_cls=BertForPreTraining,
-            loss_fn=loss_fn,
+            loss_fn=pretraining_loss,
             optimizer=OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE),
             # Many steps so that the linear decay keeps the learning rate ~constant while timed.
             loop=LoopConfig(steps=1_000_000, global_batch_size=len(batch["input_ids"]), seed=0),
@@ -267,8 +255,8 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
         try:
             for backend in args.backends:
                 common.log(f"{name}: building {backend} (batch {batch_size} × T {args.seq_len}, {args.dtype})")
-                if backend.startswith("bertjax"):
-                    runner = BertjaxStep(config, batch, Path(workdir) / backend, steered=backend == "bertjax-steered")
+                if backend == "bertjax":
+                    runner = BertjaxStep(config, batch, Path(workdir) / backend)
                     runners.append(runner)
                     # The first call compiles; it is reported, not timed with the rest.
                     extra[backend] = {"compile_s": common.time_calls(runner, repeat=1, warmup=0)[0]}
@@ -315,16 +303,6 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
                             torch_median_s=medians[baseline],
                         )
                     )
-            if "bertjax" in medians and "bertjax-steered" in medians:
-                records.append(
-                    common.emit(
-                        "train_step",
-                        **settings,
-                        backend="bertjax-steered",
-                        baseline="bertjax",
-                        cost=medians["bertjax-steered"] / medians["bertjax"],
-                    )
-                )
         finally:
             for runner in runners:
                 runner.close()

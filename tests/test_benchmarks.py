@@ -45,18 +45,42 @@ def test_train_step_runs_on_a_tiny_shape(capsys):
     assert speedup["torch_median_s"] == steps["torch"]["median_s"]
 
 
-def test_train_step_times_the_steered_step_beside_the_plain_one(capsys):
-    from benchmarks import train_step
+def test_intervene_cost_times_each_steering_beside_the_unsteered_step(capsys):
+    """benchmarks.intervene_cost on the tiny preset: a line per variant, its step train.pretrain's
+    (the section resolved from the config, LAMB, the penalties in the metrics), and a cost line per
+    steered variant: the median of its per-round ratios to the unsteered step, with their spread."""
+    import statistics
 
-    argv = ["--preset", "tiny", "--batch-size", "2", "--seq-len", "32", "--repeat", "1", "--warmup", "0",
-            "--backends", "bertjax,bertjax-steered"]  # fmt: skip
-    train_step.main(argv)
+    from benchmarks import intervene_cost
+
+    intervene_cost.main(["--preset", "tiny", "--batch-size", "2", "--seq-len", "32", "--repeat", "3", "--warmup", "0"])
     records = json_lines(capsys.readouterr().out)
-    steps = {r["backend"]: r for r in records if "cost" not in r}
-    assert set(steps) == {"bertjax", "bertjax-steered"}
-    assert steps["bertjax"]["params"] == steps["bertjax-steered"]["params"]
-    (cost,) = [r for r in records if "cost" in r]
-    assert cost["cost"] == pytest.approx(steps["bertjax-steered"]["median_s"] / steps["bertjax"]["median_s"])
+    assert all(r["benchmark"] == "intervene_cost" and (r["preset"], r["batch"], r["seq_len"]) == ("tiny", 2, 32)
+               and (r["optimizer"], r["layers"], r["heads"]) == ("lamb", 2, 2) for r in records)  # fmt: skip
+    steps = {r["variant"]: r for r in records if "cost" not in r}
+    costs = {r["variant"]: r for r in records if "cost" in r}
+    assert list(steps) == ["none", "positional", "cls"] and list(costs) == ["positional", "cls"]
+    assert steps["none"]["intervene"] == [] and steps["none"]["intervene_metrics"] == {}
+    assert [e["role"] for e in steps["positional"]["intervene"]] == ["prev", "next"]
+    assert [e["role"] for e in steps["cls"]["intervene"]] == ["cls"]
+    assert set(steps["positional"]["intervene_metrics"]) == {
+        "intervene/0-prev", "intervene/0-prev/beta", "intervene/1-next", "intervene/1-next/beta"}  # fmt: skip
+    assert all(v >= 0 and np.isfinite(v) for r in steps.values() for v in r["intervene_metrics"].values())
+    for r in steps.values():
+        assert r["runs"] == len(r["times_s"]) == len(r["cpu_times_s"]) == 3 and r["compile_s"] > 0
+        assert r["cpu_median_s"] > 0
+        assert 0 < r["min_s"] <= r["median_s"] and r["params"] == steps["none"]["params"]
+        assert 5 < r["loss"] < 15
+    for variant, cost in costs.items():
+        # times_s are rounded to 0.1 ms: the ratios recomputed from them agree to ~1e-3.
+        ratios = [s / u for s, u in zip(steps[variant]["times_s"], steps["none"]["times_s"], strict=True)]
+        assert cost["baseline"] == "none" and cost["rounds"] == 3
+        assert cost["cost"] == pytest.approx(statistics.median(ratios), rel=1e-2)
+        low, high = cost["cost_range"]
+        assert low <= cost["cost_quartiles"][0] <= cost["cost"] <= cost["cost_quartiles"][1] <= high
+        low, high = cost["cpu_cost_range"]
+        assert low <= cost["cpu_cost_quartiles"][0] <= cost["cpu_cost"] <= cost["cpu_cost_quartiles"][1] <= high
+        assert cost["ratio_of_medians"] == pytest.approx(steps[variant]["median_s"] / steps["none"]["median_s"])
 
 
 def test_train_step_runs_torch_as_its_users_do_in_bf16(capsys):
@@ -268,17 +292,19 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
         assert result.returncode == 0, result.stderr[-4000:]
     out = tmp_path / "out"
     stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
-    assert [s["stage"] for s in stages] == ["6a", "6b-cold", "6b-warm", "8", "emergence", "track"]
+    assert [s["stage"] for s in stages] == ["6a", "6b-cold", "6b-warm", "8", "14", "emergence", "track"]
     assert all(s["rc"] == 0 for s in stages), stages
     assert json.loads((out / "env.json").read_text())["devices"]
     rows = {name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()] for name in
-            ("6a", "6b", "8")}  # fmt: skip
+            ("6a", "6b", "8", "14")}  # fmt: skip
     assert [row["side"] for row in rows["6b"]].count("ratio") == 2, rows["6b"]  # the cold and the warm process
     assert all(row["stages_s"] for row in rows["6b"] if row["side"] == "roles_end_to_end")
     # bertjax beside both torch baselines, in one process: a step line each, and a ratio to each.
     assert {row["backend"] for row in rows["6a"] if "speedup" not in row} == {"bertjax", "torch", "torch-compile"}
     assert sorted(row["baseline"] for row in rows["6a"] if "speedup" in row) == ["torch", "torch-compile"]
     assert rows["8"]
+    # The intervene section's cost: each steering's ratio to the unsteered step, in the same call.
+    assert sorted(row["variant"] for row in rows["14"] if "cost" in row) == ["cls", "positional"]
     with tarfile.open(out / "emergence.tar.gz") as tar:
         names = tar.getnames()
     assert "emergence-gpu/run.json" in names and any(name.startswith("track/") for name in names), names

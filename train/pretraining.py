@@ -261,7 +261,7 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
     # The checkpoint's config against its weights before any data is prepared (a run that resumes
     # never reads it): `from_pretrained` checks it too, but only after the data and the trainer.
     if config.train.init_from and not (workdir / ckpt.CHECKPOINTS).is_dir():
-        source = pretrained.resolve(config.train.init_from, config.train.init_step)
+        source = pretrained.open_checkpoint(config.train.init_from, config.train.init_step)
         pretrained.check_structure(source, pretrained.load_config(source))
 
 
@@ -375,26 +375,10 @@ def train_phases(
     outcome (None when every phase had finished before)."""
     start, outcome = 0, None
     probe_sequences = None
-    shape = model_config(config.model, config.data.vocab_size)
-    steerings = check_interventions(config.intervene, shape.num_hidden_layers, shape.num_attention_heads)
-    interventions = Interventions(tuple(steerings)) if steerings else None
     for index, (phase_data, phase) in enumerate(zip(prepared, phases, strict=True), start=1):
         data_dir, heldout_dir, data_config = phase_data
         meta = load_meta(data_dir)
-        trainer = Trainer(
-            workdir=workdir,
-            model_config=model_config(config.model, meta["vocab_size"]),
-            model_cls=BertForPreTraining,
-            loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task, interventions=interventions),
-            optimizer=phase.optimizer,
-            loop=phase.loop,
-            checkpoint=config.checkpoint,
-            mesh=mesh,
-            run_config=run_config,
-            tokenizer=TOKENIZER_DIR,
-            start_step=start,
-            matmul_precision=config.model.matmul_precision,
-        )
+        trainer = phase_trainer(config, phase, data_config, meta["vocab_size"], workdir, mesh, run_config, start)
         save_tokenizer(data_dir, data_config.lowercase, workdir, resumed=bool(trainer.checkpointer.steps()))
         start = trainer.end
         if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:
@@ -437,6 +421,39 @@ def train_phases(
         if outcome.preempted:
             break
     return outcome
+
+
+def phase_trainer(
+    config: PretrainConfig,
+    phase: Phase,
+    data_config: PrepareConfig,
+    vocab_size: int,
+    workdir: Path,
+    mesh: jax.sharding.Mesh,
+    run_config: dict[str, Any],
+    start_step: int = 0,
+) -> Trainer:
+    """The trainer of `phase` on data prepared with `data_config` (a vocabulary of `vocab_size`),
+    from step `start_step`: the model, the pre-training loss with the `intervene` section's
+    penalties, the phase's optimizer and loop. One place, so that `benchmarks.intervene_cost` times
+    the step a run compiles."""
+    model = model_config(config.model, vocab_size)
+    steerings = check_interventions(config.intervene, model.num_hidden_layers, model.num_attention_heads)
+    interventions = Interventions(tuple(steerings)) if steerings else None
+    return Trainer(
+        workdir=workdir,
+        model_config=model,
+        model_cls=BertForPreTraining,
+        loss_fn=functools.partial(pretraining_loss, pair_task=data_config.pair_task, interventions=interventions),
+        optimizer=phase.optimizer,
+        loop=phase.loop,
+        checkpoint=config.checkpoint,
+        mesh=mesh,
+        run_config=run_config,
+        tokenizer=TOKENIZER_DIR,
+        start_step=start_step,
+        matmul_precision=config.model.matmul_precision,
+    )
 
 
 def phase_record(
