@@ -7,7 +7,8 @@
 - The API's keyword arguments: `from_kwargs(Schema, kwargs)` takes the fields by name, each as the
   flag would give it or already typed, and refuses an unknown one.
 - YAML: every analysis CLI takes `--config FILE.yaml` (`from_flags`: values under the flags given
-  on the command line) and `--print-config` (the resolved settings as YAML, to edit and pass back); the training CLIs read YAML plus dotted `key=value` overrides (`load_config`).
+  on the command line) and `--print-config` (the resolved settings as YAML, to edit and pass back); the training CLIs read YAML plus dotted `key=value` overrides (`load_config`), and draw their own
+  few flags from a settings dataclass per command too (`add_flags(..., file_supplies=False)`).
 
 Each field's type is its annotation evaluated (`field_types`), one of the few the checks know
 (`check_types` holds every value to it); a dataclass with any other is refused when its flags,
@@ -15,12 +16,11 @@ keywords or settings are first built.
 
 The schemas are OmegaConf structured configs: OmegaConf merges the YAML into the dataclass, checks
 each value against the field's annotation and reports the key of a wrong one, as it has for the
-training configs since the first release. Argparse (standard library) draws the flags. The
-alternatives that generate a CLI from a dataclass (tyro, draccus, simple-parsing) would have spelled
-the flags their way (`--model.preset`, `--max_length`) where this project's vocabulary is fixed
-(docs/cli.md), would have brought a dependency into every `--help`, and would have left train's
-`key=value` overrides (used by every recipe and script) as a second system. Only argparse and this
-module are imported before the flags are parsed; OmegaConf (~0.1 s) only when YAML is read or written.
+training configs since the first release. Argparse (standard library) draws the flags. Tyro, tried
+against it (issue 51), gave the same flags and `--help` time; its gaps are lists (space-separated
+words, where every command takes `prev,next`) and boxed help, and it takes no `key=value`
+overrides (docs/cli.md). Only argparse and this module are imported before the flags are parsed;
+OmegaConf (~0.1 s) only when YAML is read or written.
 """
 
 from __future__ import annotations
@@ -195,11 +195,16 @@ def add_flags(
     *,
     skip: Sequence[str] = (),
     tool: Mapping[str, Mapping[str, Any]] | None = None,
+    file_supplies: bool = True,
 ) -> None:
     """The flags of `schema`'s fields but those of `skip`, in the schema's order, each with its
     help, choices and default. `tool` maps a field to what differs where several tools share a
     schema (`default`, `help`, `choices`): each tool states it once, and its API takes the same
-    mapping (`from_kwargs`)."""
+    mapping (`from_kwargs`). `file_supplies`: a `--config` file of these settings may give a
+    required one (`from_flags`); not where `--config` names another file (a training command's
+    run config), whose required flags stay required of the command line. A positional list
+    (`flag` without dashes, `tuple[str, ...]`) takes any number of words, each as it is: train's
+    `key=value` overrides."""
     tool = tool or {}
     kinds = field_types(schema)
     unknown = sorted((set(skip) | set(tool)) - {f.name for f in flag_fields(schema)})
@@ -213,8 +218,12 @@ def add_flags(
         names = [flag_name(schema, field), *spec["aliases"]]
         kwargs: dict[str, Any] = {"dest": field.name, "help": spec["help"]}
         if not names[0].startswith("-"):  # a positional argument, named by its metavar
-            names, kwargs = [field.name], {"metavar": names[0], "help": spec["help"], "type": _converter(schema, field)}
-            _config_may_supply(parser.add_argument(*names, **kwargs))
+            kwargs = {"metavar": names[0], "help": spec["help"]}
+            if typing.get_origin(kinds[field.name]) in (list, tuple):
+                kwargs.update(nargs="*", type=_CONVERT[typing.get_args(kinds[field.name])[0]])
+            else:
+                kwargs["type"] = _converter(schema, field)
+            _config_may_supply(parser.add_argument(field.name, **kwargs), file_supplies)
             continue
         if kinds[field.name] is bool:
             kwargs.update(action="store_false" if default is True else "store_true", default=default)
@@ -228,13 +237,13 @@ def add_flags(
                 kwargs.update(default=None, help=f"{spec['help']} (default: {spec['shown']})")
             else:  # a list as its flag's text, which argparse converts as it would the flag's
                 kwargs["default"] = ",".join(map(str, default)) if isinstance(default, tuple) else default
-        _config_may_supply(parser.add_argument(*names, **kwargs))
+        _config_may_supply(parser.add_argument(*names, **kwargs), file_supplies)
 
 
-def _config_may_supply(action: argparse.Action) -> None:
+def _config_may_supply(action: argparse.Action, file_supplies: bool) -> None:
     """Marks a required setting's flag as one a `--config` file may give instead
     (`bertjax.cli.Parser` reads the mark), so that what `--print-config` writes reads back."""
-    action.config_may_supply = action.required
+    action.config_may_supply = action.required and file_supplies
 
 
 def tool_defaults(tool: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -290,9 +299,7 @@ def from_flags(
     other flags) over both. A command whose flags fill several schemas names the others in
     `file_schemas`, so that the one file may hold the settings of all; `skip` as for `add_flags`
     (the settings the command does not take, which a file may not set either)."""
-    kinds = {f.name: field_types(schema)[f.name] for f in flag_fields(schema)}
-    # None from a flag whose field takes no None: left out, the field's default (said in words).
-    values = {k: v for k, v in vars(args).items() if k in kinds and (v is not None or type(None) in _options(kinds[k]))}
+    values = flag_values(schema, args)
     path = getattr(args, "config", None)
     if path is not None:
         given = given_flags(parser, argv)
@@ -301,6 +308,16 @@ def from_flags(
             k: v for k, v in from_file.items() if k not in given
         }
     return make(schema, values | fixed)
+
+
+def flag_values(schema: type, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings of `schema` that the parsed flags `args` hold, by name; a None from a flag
+    whose field takes no None is left out (the field's default, which its help says in words)."""
+    kinds = {f.name: field_types(schema)[f.name] for f in flag_fields(schema)}
+    values = {k: v for k, v in vars(args).items() if k in kinds and (v is not None or type(None) in _options(kinds[k]))}
+    # A positional list's words come as argparse's list.
+    words = {k: tuple(v) for k, v in values.items() if isinstance(v, list) and typing.get_origin(kinds[k]) is tuple}
+    return values | words
 
 
 def print_config_if_asked(args: argparse.Namespace, *configs: Any, skip: Sequence[str] = ()) -> None:
@@ -597,11 +614,17 @@ def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
 
-def save_resolved(config: Any, path: Path) -> None:
+def resolved_yaml(config: Any) -> str:
+    """A training config as its run's config.yaml holds it, which `--config` reads back; what a
+    training command's `--print-config` prints."""
     from omegaconf import OmegaConf
 
+    return OmegaConf.to_yaml(OmegaConf.structured(config))
+
+
+def save_resolved(config: Any, path: Path) -> None:
     with runinfo.atomic_file(path, overwrite=True) as f:  # a resumed run's, checked the same
-        f.write(OmegaConf.to_yaml(OmegaConf.structured(config)))
+        f.write(resolved_yaml(config))
 
 
 # -- a setting's type, checked before anything runs ----------------------------------------------

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from test_pretrain_checks import write_micro
 
@@ -108,13 +109,13 @@ def test_a_trainer_step_longer_than_the_grace_still_saves_at_sigterm(capsys):
 
 
 def _terminate_when(command: list[str], ready, bound: float = 20.0) -> subprocess.CompletedProcess:
-    """Runs `command`, sends it SIGTERM once `ready()` holds, and returns how it ended; it must end
+    """Runs `command`, sends it SIGTERM once `ready(pid)` holds, and returns how it ended; it must end
     within `bound` seconds of the signal (well under CI's timeout). Without the compilation cache,
     so that what is compiled takes its time every run."""
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "JAX_ENABLE_COMPILATION_CACHE": "false"})  # fmt: skip
     deadline = time.monotonic() + 300
-    while not ready():
+    while not ready(process.pid):
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
         time.sleep(0.05)
     process.send_signal(signal.SIGTERM)
@@ -132,7 +133,7 @@ def test_sigterm_ends_synthetic_data_generation_within_seconds(tmp_path):
     started = time.monotonic()
     done = _terminate_when(
         [sys.executable, "-m", "train.synthetic", "--out", str(tmp_path / "text"), "--tokens", "100000000000"],
-        lambda: time.monotonic() - started > 3,  # imports done, generating
+        lambda pid: time.monotonic() - started > 3,  # imports done, generating
     )
     assert done.returncode == 143 and done.stderr.strip().splitlines()[-1:] == ["error: terminated"], done.stderr
     assert not (tmp_path / "text").exists()
@@ -146,9 +147,57 @@ def test_sigterm_while_the_model_is_traced_ends_the_run_without_a_step(tmp_path)
     workdir = tmp_path / "w"
     command = [sys.executable, "-m", "train.pretrain", "--config", str(config), "--workdir", str(workdir),
                "model.num_hidden_layers=48", "train.steps=2", "checkpoint.every=1"]  # fmt: skip
-    done = _terminate_when(command, (workdir / "tokenizer").is_dir)  # written once the model's shapes are traced
+    # The tokenizer is written once the model's shapes are traced.
+    done = _terminate_when(command, lambda pid: (workdir / "tokenizer").is_dir())
     assert done.returncode == 143 and done.stderr.strip().splitlines()[-1] == "error: terminated", done.stderr[-3000:]
     assert not list(workdir.glob("checkpoints/[0-9]*"))
+
+
+def _distinct_words_text(path: Path, words: int) -> None:
+    """`words` distinct random words, each twice, 40 to a line: read in seconds, while the
+    trainer's merges over them take tens of seconds."""
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(6, 13, words)
+    letters = (rng.integers(0, 26, int(lengths.sum())) + ord("a")).astype(np.uint8).tobytes().decode()
+    ends = np.cumsum(lengths)
+    vocabulary = [letters[end - length : end] for end, length in zip(ends.tolist(), lengths.tolist(), strict=True)]
+    text = [vocabulary[i] for i in rng.permutation(np.tile(np.arange(words), 2))]
+    path.write_text("\n".join(" ".join(text[i : i + 40]) for i in range(0, len(text), 40)) + "\n")
+
+
+def _children(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return []
+
+
+@pytest.mark.skipif(
+    not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").is_file(),
+    reason="reads the run's child processes in /proc",
+)
+def test_sigterm_ends_the_vocabulary_trainer_within_seconds(tmp_path):
+    """SIGTERM while the Rust trainer reads or merges (it reads no flag and held the thread a
+    signal's exception is raised in, so the run waited for the vocabulary: minutes here on 2
+    cores): the run ends within seconds with one line, and the workdir holds no data."""
+    text = tmp_path / "words.txt"
+    _distinct_words_text(text, 600_000)
+    config = tmp_path / "vocab.yaml"
+    config.write_text(write_micro(tmp_path).read_text().replace(str(tmp_path / "text" / "train.txt"), str(text))
+                      .replace("vocab_size: 160", "vocab_size: 300000"))  # fmt: skip
+    workdir = tmp_path / "w"
+    since = []
+
+    def training(pid: int) -> bool:  # the trainer's process fed for 5 s: reading or merging, both to be ended
+        if _children(pid) and not since:
+            since.append(time.monotonic())
+        return bool(since) and time.monotonic() - since[0] > 5
+
+    command = [sys.executable, "-m", "train.pretrain", "--config", str(config), "--workdir", str(workdir)]
+    done = _terminate_when(command, training, bound=15.0)
+    assert done.returncode == 143, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == "error: terminated" and "Traceback" not in done.stderr
+    assert not list(workdir.glob("*data*")), sorted(p.name for p in workdir.iterdir())
 
 
 def _pretrain(config: Path, workdir: Path, *overrides: str, **kwargs) -> subprocess.CompletedProcess:

@@ -1,7 +1,7 @@
 """Every key of the training configs, declared once with its default and help (`bertjax.settings.setting`):
 `python -m train.pretrain`, `train.finetune` and `train.prepare` read these dataclasses from YAML plus
 dotted `key=value` overrides (`bertjax.settings.load_config`), and list their keys in `--help`
-(`keys_help`).
+(`keys_help`); each command's own flags come from a small settings dataclass (`command_parser`).
 
 They live here, apart from the code that uses them, because this module imports no JAX: `--help`
 reads them without waiting seconds for it. Each section checks what it can in `__post_init__`, as
@@ -11,16 +11,19 @@ that has them (`train.prepare.validate`, `train.pretraining.check_settings`, `tr
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, TypeVar
 
 from bertjax import cli
 from bertjax.errors import UserError
 from bertjax.glue import TASKS, TaskSpec
 from bertjax.mesh_config import MeshConfig
 from bertjax.precision import TRAINING_PRECISIONS
-from bertjax.settings import describe_keys, setting
+from bertjax.settings import add_flags, describe_keys, flag_values, make, resolved_yaml, setting
 from sieves.builders import DEFAULT_ROLES
 
 # -- the data: corpora and their preparation (train.prepare) ------------------------------------
@@ -435,6 +438,45 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision, "matmul_precision")
+
+
+# -- the commands' own flags ---------------------------------------------------------------------
+# Each command declares its few flags (the config file, the workdir, ...) as a settings dataclass,
+# as the analyses do, and they are drawn from it (`command_parser`); the config's keys are set in
+# the file or by `key=value`, and listed in the epilog.
+
+F = TypeVar("F")
+
+
+def overrides_setting(example: str) -> Any:
+    return setting((), flag="key=value", help=f"dotted.key=value, e.g. {example}")
+
+
+def print_config_setting() -> Any:
+    return setting(False, help="print the resolved config as YAML, a file for --config, and stop")
+
+
+def command_parser(prog: str, doc: str, flags: type, schema: type, note: str = "") -> argparse.ArgumentParser:
+    """The parser of the training command `prog`: the flags of `flags`, and in its `--help` every
+    key of the config it reads, `schema` (`keys_help`)."""
+    parser = cli.parser(prog, doc)
+    # --config names the run's config, not a file of these flags: the required ones stay required.
+    add_flags(parser, flags, file_supplies=False)
+    parser.epilog = keys_help(schema, note)
+    return parser
+
+
+def parse_command(parser: argparse.ArgumentParser, flags: type[F], argv: Sequence[str] | None, intermixed: bool = False) -> F:  # fmt: skip
+    """The command's flags, typed; `intermixed`: flags may follow the overrides."""
+    args = parser.parse_intermixed_args(argv) if intermixed else parser.parse_args(argv)
+    return make(flags, flag_values(flags, args))
+
+
+def print_config_if_asked(print_config: bool, config: Any) -> None:
+    """`--print-config`: the resolved config on stdout, then exit 0."""
+    if print_config:
+        print(resolved_yaml(config), end="")
+        raise SystemExit(0)
 
 
 def keys_help(schema: type, note: str = "") -> str:

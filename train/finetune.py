@@ -12,58 +12,58 @@ that `--help` and a mistyped flag answer without loading JAX; `--help` lists eve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from bertjax import cli
 from bertjax.glue import TASKS
+from bertjax.settings import setting
 from train import config as train_config
-from train.config import FinetuneConfig
+from train.config import FinetuneConfig, overrides_setting, print_config_setting
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneFlags:
+    """The command's own flags, each of which sets a key of the config (`FinetuneConfig`) after its
+    file and overrides, so that paths keep their exact text; `--glue-dir` and `--seeds` only where
+    given."""
+
+    task: str = setting(help=f"one of {', '.join(TASKS)}")
+    ckpt: str = setting(aliases=("--init",), help="checkpoint to start from: a bertjax run workdir or a HF-format directory (--init: the old spelling)")  # fmt: skip
+    workdir: str = setting(help="run directory: checkpoints, logs, eval.json")
+    glue_dir: str | None = setting(None, help="local GLUE directory (<TASK>/train.tsv, dev.tsv); default: the hub")
+    seeds: int | None = setting(None, help="run this many seeds (train.seed, +1, ...) and report mean ± std", shown="the config's seeds, 1")  # fmt: skip
+    config: str | None = setting(None, help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml")  # fmt: skip
+    print_config: bool = print_config_setting()
+    overrides: tuple[str, ...] = overrides_setting("optimizer.learning_rate=1e-4")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser("train.finetune", __doc__)
-    parser.add_argument("--task", required=True, help=f"one of {', '.join(TASKS)}")
-    parser.add_argument(
-        "--ckpt", "--init", dest="init", required=True, action=cli.DeprecatedAliases,
-        help="checkpoint to start from: a bertjax run workdir or a HF-format directory (--init: the old spelling)",
-    )  # fmt: skip
-    parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, eval.json")
-    parser.add_argument("--glue-dir", help="local GLUE directory (<TASK>/train.tsv, dev.tsv); default: the hub")
-    parser.add_argument(
-        "--seeds",
-        type=int,
-        help="run this many seeds (train.seed, +1, ...) and report mean ± std (default: the config's seeds, 1)",
+    return train_config.command_parser(
+        "train.finetune", __doc__, FinetuneFlags, FinetuneConfig, note=", as the defaults a config file starts from"
     )
-    parser.add_argument(
-        "--config", help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml"
-    )
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. optimizer.learning_rate=1e-4")
-    parser.epilog = train_config.keys_help(FinetuneConfig, note=", as the defaults a config file starts from")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_intermixed_args(argv)  # flags may follow the overrides
+    flags = train_config.parse_command(build_parser(), FinetuneFlags, argv, intermixed=True)
     from bertjax import settings as config_lib
     from bertjax.glue import glue_files
     from train.config import CONFIG_DIR, EVAL_SPLITS, task_spec
 
-    task_spec(args.task)  # before looking for its config file
-    config = config_lib.load_config(FinetuneConfig, args.config or CONFIG_DIR / f"{args.task}.yaml", args.overrides)
-    # The flags are set after the overrides, not as overrides, so that paths keep their exact text.
-    config.task, config.init = args.task, args.init
-    if args.glue_dir is not None:
-        config.data.glue_dir = args.glue_dir
-    if args.seeds is not None:
-        config.seeds = args.seeds
+    task_spec(flags.task)  # before looking for its config file
+    config = config_lib.load_config(FinetuneConfig, flags.config or CONFIG_DIR / f"{flags.task}.yaml", flags.overrides)
+    data = config.data if flags.glue_dir is None else dataclasses.replace(config.data, glue_dir=flags.glue_dir)
+    seeds = config.seeds if flags.seeds is None else flags.seeds
+    config = dataclasses.replace(config, task=flags.task, init=flags.ckpt, data=data, seeds=seeds)
+    train_config.print_config_if_asked(flags.print_config, config)
     if config.data.glue_dir is not None:  # before the heavy imports (the run reads the files later)
         # A split that is no evaluation split is the settings' check's to refuse, with its own line.
         for split in ("train", *[config.data.eval_split] * (config.data.eval_split in EVAL_SPLITS)):
             glue_files(config.task, split, Path(config.data.glue_dir))
     from train.finetuning import describe
 
-    result = run(config, Path(args.workdir))
+    result = run(config, Path(flags.workdir))
     if result is not None:
         print(describe(result))
 

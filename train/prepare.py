@@ -21,6 +21,7 @@ original drew them from the same input file.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import io
 import itertools
@@ -29,6 +30,8 @@ import logging
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -38,8 +41,15 @@ import numpy as np
 
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
-from bertjax.settings import load_config
-from train.config import PrepareConfig, keys_help
+from bertjax.settings import load_config, setting
+from train.config import (
+    PrepareConfig,
+    command_parser,
+    overrides_setting,
+    parse_command,
+    print_config_if_asked,
+    print_config_setting,
+)
 from train.corpora import (
     MIX_STOPS,
     SEGMENTERS,
@@ -167,20 +177,10 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
     """
     from tokenizers import BertWordPieceTokenizer
 
-    tokenizer = BertWordPieceTokenizer(lowercase=config.lowercase)
     paragraphs = (p for doc in _documents(config, rng, "read for the vocabulary") for p in doc)
-    tokenizer.train_from_iterator(
-        paragraphs,
-        vocab_size=config.vocab_size,
-        min_frequency=2,
-        special_tokens=list(SPECIAL_TOKENS),
-        limit_alphabet=1000,
-        wordpieces_prefix="##",
-        show_progress=False,
-    )
+    trained = _train_in_a_child(paragraphs, config)
     # Its ids in an order of our own: the trainer numbers tokens in hash-map order, different in
     # every process, so the same vocabulary gave other ids, and other shards, each time.
-    trained = tokenizer.get_vocab()
     ordered = sorted(trained, key=_canonical_key)
     tokenizer = BertWordPieceTokenizer({token: i for i, token in enumerate(ordered)}, lowercase=config.lowercase)
     try:
@@ -192,6 +192,52 @@ def train_vocab(config: PrepareConfig, out_dir: Path, rng: np.random.Generator) 
             raise
         raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(out_dir / "vocab.txt")) from None
     return out_dir / "vocab.txt"
+
+
+# The trainer's process: the paragraphs on stdin, one a line; the vocabulary as JSON on stdout.
+_TRAINER = """
+import io, json, sys
+from tokenizers import BertWordPieceTokenizer
+settings = json.loads(sys.argv[1])
+tokenizer = BertWordPieceTokenizer(lowercase=settings.pop("lowercase"))
+lines = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8")
+tokenizer.train_from_iterator((line.rstrip("\\n") for line in lines), **settings)
+json.dump(tokenizer.get_vocab(), sys.stdout)
+"""
+
+
+def _train_in_a_child(paragraphs: Iterable[str], config: PrepareConfig) -> dict[str, int]:
+    """The trained vocabulary ({token: id}), trained in a process of its own fed `paragraphs`:
+    the Rust trainer's merges read no signal flag and hold the thread that called them, so SIGTERM
+    waited for the vocabulary (minutes on a large corpus), and a thread left to run them aborted
+    the interpreter at exit. At a signal the child is killed."""
+    settings = {"lowercase": config.lowercase, "vocab_size": config.vocab_size, "min_frequency": 2,
+                "special_tokens": list(SPECIAL_TOKENS), "limit_alphabet": 1000, "wordpieces_prefix": "##",
+                "show_progress": False}  # fmt: skip
+    # Its own session: a terminal's Ctrl-C reaches this process alone, which ends the child.
+    with subprocess.Popen([sys.executable, "-c", _TRAINER, json.dumps(settings)], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, start_new_session=True) as child:  # fmt: skip
+        try:
+            try:
+                for paragraph in paragraphs:
+                    # BERT's normaliser reads a newline as a space: one paragraph a line, counted alike.
+                    child.stdin.write(paragraph.replace("\n", " ").replace("\r", " ").encode("utf-8") + b"\n")
+            except BrokenPipeError:  # the child failed: its status says so below
+                pass
+            while True:
+                try:
+                    vocabulary, _ = child.communicate(timeout=0.1)
+                    break
+                except subprocess.TimeoutExpired:
+                    cli.stop_if_terminated()
+        finally:
+            if child.poll() is None:
+                child.kill()
+            with contextlib.suppress(BrokenPipeError):  # closed with the paragraphs it was not fed
+                child.stdin.close()
+    if child.returncode != 0:
+        raise RuntimeError(f"the vocabulary trainer's process failed (exit status {child.returncode})")
+    return json.loads(vocabulary)
 
 
 def _canonical_key(token: str) -> tuple:
@@ -497,18 +543,25 @@ def _throughput(counts: dict[str, int], timer: _Timer, seconds: float) -> dict[s
     }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)  # keyword-only: the flags in --help's order, required or not
+class PrepareFlags:
+    """The command's own flags; the data's settings are the config's keys (`PrepareConfig`)."""
+
+    config: str | None = setting(None, help="YAML file with PrepareConfig fields")
+    out: str = setting(help="output directory (new or empty)")
+    print_config: bool = print_config_setting()
+    overrides: tuple[str, ...] = overrides_setting("corpora.0.path=DIR")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser("train.prepare", __doc__)
-    parser.add_argument("--config", type=Path, help="YAML file with PrepareConfig fields")
-    parser.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
-    parser.add_argument("overrides", nargs="*", help="dotted overrides, e.g. corpora.0.path=DIR")
-    parser.epilog = keys_help(PrepareConfig)
-    return parser
+    return command_parser("train.prepare", __doc__, PrepareFlags, PrepareConfig)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    prepare(load_config(PrepareConfig, args.config, args.overrides), args.out)
+    flags = parse_command(build_parser(), PrepareFlags, argv)
+    config = load_config(PrepareConfig, None if flags.config is None else Path(flags.config), flags.overrides)
+    print_config_if_asked(flags.print_config, config)
+    prepare(config, Path(flags.out))
 
 
 if __name__ == "__main__":

@@ -13,38 +13,44 @@ that `--help` and a mistyped flag answer without loading JAX; `--help` lists eve
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from bertjax import cli
+from bertjax.settings import setting
 from train import config as train_config
-from train.config import PretrainConfig
+from train.config import PretrainConfig, overrides_setting, print_config_setting
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainFlags:
+    """The command's own flags; the run's settings are the config's keys (`PretrainConfig`)."""
+
+    config: str = setting(help="YAML file, e.g. configs/pretrain/tiny.yaml")
+    workdir: str = setting(help="run directory: checkpoints, logs, data")
+    prepare_only: bool = setting(False, help="prepare the shards (and held-out shards) into --workdir and stop")
+    print_config: bool = print_config_setting()
+    overrides: tuple[str, ...] = overrides_setting("train.steps=200")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = cli.parser("train.pretrain", __doc__)
-    parser.add_argument("--config", required=True, help="YAML file, e.g. configs/pretrain/tiny.yaml")
-    parser.add_argument("--workdir", required=True, help="run directory: checkpoints, logs, data")
-    parser.add_argument(
-        "--prepare-only", action="store_true", help="prepare the shards (and held-out shards) into --workdir and stop"
-    )
-    parser.add_argument("overrides", nargs="*", help="dotted.key=value, e.g. train.steps=200")
-    parser.epilog = train_config.keys_help(PretrainConfig)
-    return parser
+    return train_config.command_parser("train.pretrain", __doc__, PretrainFlags, PretrainConfig)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    flags = train_config.parse_command(build_parser(), PretrainFlags, argv)
     from bertjax import settings as config_lib
 
-    config = config_lib.load_config(PretrainConfig, args.config, args.overrides)
-    run(config, Path(args.workdir), args.prepare_only)
+    config = config_lib.load_config(PretrainConfig, flags.config, flags.overrides)
+    train_config.print_config_if_asked(flags.print_config, config)
+    run(config, Path(flags.workdir), flags.prepare_only)
     import jax
 
     from train.checkpoints import saved_line
 
-    if not args.prepare_only and jax.process_index() == 0:
-        print(saved_line(Path(args.workdir)))
+    if not flags.prepare_only and jax.process_index() == 0:
+        print(saved_line(Path(flags.workdir)))
 
 
 def run(config: PretrainConfig, workdir: Path, prepare_only: bool = False) -> dict[str, Any]:

@@ -27,6 +27,8 @@ import numpy as np
 
 from bertjax import cli, runinfo
 from bertjax.errors import UserError
+from bertjax.settings import add_flags, setting
+from train.config import parse_command
 
 CONSONANTS = "bdfgklmnprstvz"
 VOWELS = "aeiou"
@@ -113,20 +115,28 @@ def write(out: Path, words: int, successors: int, tokens: int, seed: int, heldou
     return info
 
 
+@dataclasses.dataclass(frozen=True)
+class SyntheticFlags:
+    """The language and how much text is drawn from it."""
+
+    out: str = setting(help="output directory (new or empty)")
+    words: int = setting(64, help="vocabulary of the language")
+    successors: int = setting(2, help="words that may follow each word")
+    tokens: int = setting(300_000, help="training text size, in words and full stops")
+    seed: int = setting(0, help="seed of the language and of the text drawn from it")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = cli.parser("train.synthetic", __doc__)
-    p.add_argument("--out", type=Path, required=True, help="output directory (new or empty)")
-    p.add_argument("--words", type=int, default=64, help="vocabulary of the language")
-    p.add_argument("--successors", type=int, default=2, help="words that may follow each word")
-    p.add_argument("--tokens", type=int, default=300_000, help="training text size, in words and full stops")
-    p.add_argument("--seed", type=int, default=0, help="seed of the language and of the text drawn from it")
+    add_flags(p, SyntheticFlags)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    a = build_parser().parse_args(argv)
-    info = write(a.out, a.words, a.successors, a.tokens, a.seed)
-    print(f"wrote {a.out}: {info['documents']['train']} training documents, {info['pairs']} held-out pairs")
+    a = parse_command(build_parser(), SyntheticFlags, argv)
+    out = Path(a.out)
+    info = write(out, a.words, a.successors, a.tokens, a.seed)
+    print(f"wrote {out}: {info['documents']['train']} training documents, {info['pairs']} held-out pairs")
 
 
 if __name__ == "__main__":
