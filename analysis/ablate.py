@@ -23,40 +23,15 @@ Outputs are written into a temporary sibling of `--out` and renamed at the end.
 
 from __future__ import annotations
 
-import argparse
+from analysis.tools import Command
+from bertjax import cli
 
-from analysis.ablation.options import KovalevaConfig
-from analysis.common.flags import refuse_early
-from bertjax import cli, settings
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("analysis.ablate", __doc__)
-    settings.add_flags(p, KovalevaConfig)
-    settings.add_config_flags(p)
-    return p
+_command = Command("ablate", __doc__)
+build_parser, parse_args, run = _command.build_parser, _command.parse_args, _command.run
 
 
-def parse_args(argv: list[str] | None) -> KovalevaConfig:
-    p = build_parser()
-    a = p.parse_args(argv)
-    config = settings.from_flags(KovalevaConfig, p, a, argv)
-    settings.print_config_if_asked(a, config)
-    return config
-
-
-def run(config: KovalevaConfig) -> None:
-    refuse_early(config)
-    from analysis.api.ablation import run_ablate  # after parsing: --help and flag errors need no JAX
-
-    result = run_ablate(config)  # computed and written
-    if result.run.lines:
-        print(result.run.text())
-    cli.print_wrote(config.out)
-
-
-def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+def main(argv: list[str] | None = None) -> object:
+    return run(parse_args(argv))
 
 
 if __name__ == "__main__":

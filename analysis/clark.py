@@ -14,28 +14,14 @@ dataset.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-from typing import TYPE_CHECKING
 
 from analysis.attention.options import ANALYSES, ClarkConfig
-from analysis.common.flags import refuse_early
+from analysis.tools import Command
 from bertjax import cli, settings
 
-if TYPE_CHECKING:
-    from analysis.api.attention import ClarkResult
 
-
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("analysis.clark", __doc__)
-    settings.add_flags(p, ClarkConfig)
-    settings.add_config_flags(p)
-    return p
-
-
-def parse_args(argv: list[str] | None) -> ClarkConfig:
-    p = build_parser()
-    a = p.parse_args(argv)
+def _parse(p, a, argv: list[str] | None) -> ClarkConfig:
     config = settings.from_flags(ClarkConfig, p, a, argv)
     # Only named analyses make a missing MLM head or GAP an error; all of them (the default) skip it.
     config = dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
@@ -43,18 +29,11 @@ def parse_args(argv: list[str] | None) -> ClarkConfig:
     return config
 
 
-def run(config: ClarkConfig) -> ClarkResult:
-    refuse_early(config)
-    from analysis.api.attention import run_clark  # after parsing: --help and flag errors need no JAX
-
-    result = run_clark(config)  # computed and written
-    if result.run.lines:
-        print(result.run.text())
-    cli.print_wrote(config.out)
-    return result
+_command = Command("clark", __doc__, parse=_parse)
+build_parser, parse_args, run = _command.build_parser, _command.parse_args, _command.run
 
 
-def main(argv: list[str] | None = None) -> ClarkResult:
+def main(argv: list[str] | None = None) -> object:
     return run(parse_args(argv))
 
 

@@ -19,29 +19,25 @@ import argparse
 from typing import TYPE_CHECKING
 
 from analysis.common.flags import refuse_early
-from analysis.heads.config import EFFECT_SKIP, EFFECT_TOOL, RolesConfig, add_roles_flags
+from analysis.heads.config import EFFECT_SKIP, RolesConfig
+from analysis.tools import Command
 from bertjax import cli, settings
 
 if TYPE_CHECKING:
     from analysis.heads.finetuning import EffectConfig
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("analysis.finetune_effect", __doc__)
+def _pair_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pre", required=True, help="the pre-trained checkpoint (HF directory, run workdir or step folder)")
     p.add_argument("--post", required=True, action="append",
                    help="a fine-tuned checkpoint, optionally :TASK (default: the --task tasks); repeatable")  # fmt: skip
-    add_roles_flags(p, EFFECT_TOOL, EFFECT_SKIP)
-    return p
 
 
-def _parse(argv: list[str] | None) -> tuple[list[str], RolesConfig]:
-    """The --post checkpoints and the roles settings, parsed without JAX."""
-    p = build_parser()
-    a = p.parse_args(argv)
+def _settings(p: argparse.ArgumentParser, a: argparse.Namespace, argv: list[str] | None) -> RolesConfig:
+    """The roles settings of the comparison, parsed without JAX."""
     data = settings.from_flags(RolesConfig, p, a, argv, skip=EFFECT_SKIP, ckpt=a.pre)
     settings.print_config_if_asked(a, data, skip=EFFECT_SKIP)
-    return a.post, data
+    return data
 
 
 def _config(post: list[str], data: RolesConfig) -> EffectConfig:
@@ -50,26 +46,16 @@ def _config(post: list[str], data: RolesConfig) -> EffectConfig:
     return effect_config(post, data)
 
 
-def parse_args(argv: list[str] | None) -> EffectConfig:
-    return _config(*_parse(argv))
+_command = Command("finetune_effect", __doc__, _pair_flags, lambda p, a, argv: _config(a.post, _settings(p, a, argv)))
+build_parser, parse_args, run = _command.build_parser, _command.parse_args, _command.run
 
 
-def run(config: EffectConfig) -> None:
-    from analysis.api.heads import run_finetune_effect  # after parsing: --help and flag errors need no JAX
-    from analysis.heads.pipeline import write_html
-
-    result = run_finetune_effect(config)  # computed and written
-    if result is not None:  # None: a process other than the first, which writes nothing
-        print(result.run.text())
-        if config.data.html:
-            print(write_html(config.data.out))
-        cli.print_wrote(config.data.out)
-
-
-def main(argv: list[str] | None = None) -> None:
-    post, data = _parse(argv)
-    refuse_early(data)  # before JAX loads
-    run(_config(post, data))
+def main(argv: list[str] | None = None) -> object:
+    p = build_parser()
+    a = p.parse_args(argv)
+    data = _settings(p, a, argv)
+    refuse_early(data)  # before JAX loads, which making the config needs
+    return run(_config(a.post, data))
 
 
 if __name__ == "__main__":

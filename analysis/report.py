@@ -13,36 +13,15 @@ says so.
 
 from __future__ import annotations
 
-import argparse
+from analysis.tools import Command
+from bertjax import cli
 
-from analysis.heads.config import ReportConfig
-from bertjax import cli, settings
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("analysis.report", __doc__)
-    settings.add_flags(p, ReportConfig)
-    settings.add_config_flags(p)
-    return p
+_command = Command("report", __doc__)
+build_parser, parse_args, run = _command.build_parser, _command.parse_args, _command.run
 
 
-def parse_args(argv: list[str] | None) -> ReportConfig:
-    p = build_parser()
-    a = p.parse_args(argv)
-    config = settings.from_flags(ReportConfig, p, a, argv)
-    settings.print_config_if_asked(a, config)
-    return config
-
-
-def run(config: ReportConfig) -> None:
-    from analysis.api.heads import run_report  # after parsing: --help and flag errors need no JAX
-    from analysis.heads.report import wrote_line
-
-    print(wrote_line(run_report(config).path))
-
-
-def main(argv: list[str] | None = None) -> None:
-    run(parse_args(argv))
+def main(argv: list[str] | None = None) -> object:
+    return run(parse_args(argv))
 
 
 if __name__ == "__main__":

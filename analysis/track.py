@@ -37,23 +37,12 @@ from __future__ import annotations
 import argparse
 
 from analysis.common.flags import refuse_early
-from analysis.heads.config import (
-    SEEDS_CSV,
-    TRACK_CSV,
-    TRACK_SKIP,
-    TRACK_TOOL,
-    RolesConfig,
-    TrackConfig,
-    add_roles_flags,
-)
+from analysis.heads.config import SEEDS_CSV, TRACK_CSV, TRACK_SKIP, RolesConfig, TrackConfig
+from analysis.tools import Command
 from bertjax import cli, settings
-from bertjax.settings import add_flags
-
-# -- command line -------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = cli.parser("analysis.track", __doc__)
+def _series_flags(p: argparse.ArgumentParser) -> None:
     series = p.add_mutually_exclusive_group(required=True)
     series.add_argument("--run", action="append",
                         help="a bertjax pre-training or fine-tuning workdir (checkpoints/<step>/); repeated: the seeds "
@@ -61,15 +50,11 @@ def build_parser() -> argparse.ArgumentParser:
     series.add_argument("--ckpt", action="append", metavar="SOURCE[@LABEL]",
                         help="a member of the series (HF directory, hub id, bertjax workdir or step folder), repeated; "
                              "an integer LABEL is its step; or one pattern with {step}, filled from --steps")  # fmt: skip
-    add_flags(p, TrackConfig)
-    add_roles_flags(p, TRACK_TOOL, TRACK_SKIP)
-    return p
+    settings.add_flags(p, TrackConfig)
 
 
-def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
+def _parse(p: argparse.ArgumentParser, a: argparse.Namespace, argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
-    p = build_parser()
-    a = p.parse_args(argv)
     roles = settings.from_flags(
         RolesConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else ""
     )
@@ -79,18 +64,14 @@ def parse_args(argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     return config, list(a.run or ())
 
 
+_command = Command("track", __doc__, _series_flags, _parse)
+build_parser, parse_args = _command.build_parser, _command.parse_args
+
+
 def run(config: TrackConfig) -> None:
     # A shard writes only into the cache.
     refuse_early(config.roles, writes_out=config.shard is None, replaces=TRACK_CSV)
-    from analysis.api.heads import run_track  # after parsing: --help and flag errors need no JAX
-    from analysis.heads.pipeline import write_html
-
-    result = run_track(config)  # computed and written
-    if result is not None:  # None: a --shard job, or a process other than the first
-        print(result.run.text())
-        if config.roles.html:
-            print(write_html(config.roles.out))
-        cli.print_wrote(config.roles.out)
+    _command.run(config)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -34,7 +34,7 @@ from analysis.heads import pipeline
 from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig, config_tasks
 from benchmarks import common
 from bertjax import cli
-from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.pretrained import from_pretrained, load_tokenizer, open_checkpoint
 from sieves.parse import Parse, parse_from_json, parse_to_json
 
 
@@ -89,7 +89,7 @@ def analyse(configs: list[RolesConfig], parser) -> None:
     """The roles runs, their printed summaries sent to stderr: stdout carries only JSON lines."""
     with contextlib.redirect_stdout(sys.stderr):
         for config in configs:
-            pipeline.run(config, parser)
+            pipeline.run(config, open_checkpoint(config.ckpt, config.step), parser)
 
 
 def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[RolesConfig]:

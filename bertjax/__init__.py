@@ -18,7 +18,8 @@ _MODULES = {
     "bertjax.model": ("BertForPreTraining", "BertForSequenceClassification", "BertModel", "BertOutput",
                       "ClassificationOutput", "PreTrainingOutput"),
     "bertjax.modernbert": ("ModernBertModel",),
-    "bertjax.pretrained": ("from_pretrained", "init_model", "load_tokenizer", "save_pretrained"),
+    "bertjax.pretrained": ("Checkpoint", "from_pretrained", "init_model", "load_tokenizer", "open_checkpoint",
+                           "save_pretrained"),
 }  # fmt: skip
 _LAZY = {name: module for module, names in _MODULES.items() for name in names}
 
@@ -33,7 +34,14 @@ if TYPE_CHECKING:
         PreTrainingOutput,
     )
     from bertjax.modernbert import ModernBertModel
-    from bertjax.pretrained import from_pretrained, init_model, load_tokenizer, save_pretrained
+    from bertjax.pretrained import (
+        Checkpoint,
+        from_pretrained,
+        init_model,
+        load_tokenizer,
+        open_checkpoint,
+        save_pretrained,
+    )
 
 
 def __getattr__(name: str) -> Any:
@@ -55,6 +63,7 @@ __all__ = [
     "BertForSequenceClassification",
     "BertModel",
     "BertOutput",
+    "Checkpoint",
     "ClassificationOutput",
     "ModernBertModel",
     "PreTrainingOutput",
@@ -62,6 +71,7 @@ __all__ = [
     "from_pretrained",
     "init_model",
     "load_tokenizer",
+    "open_checkpoint",
     "preset",
     "save_pretrained",
 ]

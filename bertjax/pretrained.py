@@ -1,7 +1,9 @@
 """`from_pretrained` / `save_pretrained` / `load_tokenizer` over the three kinds of checkpoint.
 
 A checkpoint is a HF-format directory (`config.json` + safetensors, or `pytorch_model.bin` when
-torch is installed), a bertjax training run (orbax, see `bertjax.checkpoint`), or a hub id.
+torch is installed), a bertjax training run (orbax, see `bertjax.checkpoint`), or a hub id. Its
+text is resolved once, by `open_checkpoint`, into a `Checkpoint` that the loaders here accept in its
+place and that the analyses pass down (docs/layout.md).
 """
 
 from __future__ import annotations
@@ -48,10 +50,11 @@ REVISION_MARK = "#"
 
 
 @dataclasses.dataclass(frozen=True)
-class Source:
-    """Where a checkpoint lives, resolved: `kind` is "hf" or "orbax"; `step` only for orbax. A hub
-    checkpoint has its `repo_id` and the `commit` its revision resolved to (the hub cache's
-    snapshot folder `path` is named by it)."""
+class Checkpoint:
+    """A checkpoint resolved once (`open_checkpoint`) and handed down in place of its text: `kind`
+    is "hf" or "orbax"; `step` only for orbax. A hub checkpoint has its `repo_id` and the `commit`
+    its revision resolved to (the hub cache's snapshot folder `path` is named by it). An orbax
+    step's metadata is read on first use and kept: each read reopens orbax."""
 
     kind: str
     path: Path
@@ -63,6 +66,19 @@ class Source:
         hub = {} if self.repo_id is None else {"repo_id": self.repo_id, "commit": self.commit}
         return {"kind": self.kind, "path": str(self.path), "step": self.step, **hub}
 
+    @functools.cached_property
+    def meta(self) -> dict[str, Any] | None:
+        """The orbax step's metadata (`bertjax.checkpoint.make_meta`); None for a HF checkpoint."""
+        return None if self.kind == "hf" else ckpt.read_meta(self.path, self.step)
+
+    @functools.cached_property
+    def config(self) -> BertConfig:
+        return load_config(self)
+
+    @property
+    def tokenizer_directory(self) -> Path:
+        return tokenizer_directory(self)
+
 
 def split_revision(text: str) -> tuple[str, str | None]:
     """`REPO#REVISION` → (REPO, REVISION); text without the mark → (text, None)."""
@@ -70,12 +86,13 @@ def split_revision(text: str) -> tuple[str, str | None]:
     return (repo, revision) if mark else (str(text), None)
 
 
-def resolve(
+def open_checkpoint(
     path_or_id: str | Path, step: int | None = None, revision: str | None = None, *, weights: bool = True
-) -> Source:
-    """Finds the checkpoint behind a local path or a hub id (downloading the latter; `weights=False`
-    fetches only its config and tokenizer: `fetch_weights` fetches the rest). A hub id's revision
-    is `revision` or the `#REVISION` after it (transformers' `revision`: branch, tag or commit)."""
+) -> Checkpoint:
+    """The one place a checkpoint's text is resolved: finds the checkpoint behind a local path or
+    a hub id (downloading the latter; `weights=False` fetches only its config and tokenizer:
+    `fetch_weights` fetches the rest). A hub id's revision is `revision` or the `#REVISION` after
+    it (transformers' `revision`: branch, tag or commit)."""
     path = Path(path_or_id).expanduser()
     if path.exists():
         if revision is not None:
@@ -83,9 +100,9 @@ def resolve(
         if (path / "config.json").is_file():
             if step is not None:
                 raise UserError(f"{path} is a HF-format directory; it has no steps to choose from")
-            return Source("hf", path)
+            return Checkpoint("hf", path)
         directory, resolved_step = ckpt.resolve_step(path, step)
-        return Source("orbax", directory, resolved_step)
+        return Checkpoint("orbax", directory, resolved_step)
     repo_id, named = split_revision(str(path_or_id))
     if named is not None and revision is not None and named != revision:
         raise UserError(f"{path_or_id}: names revision {named!r} and revision={revision!r} is given; give one")
@@ -99,10 +116,21 @@ def resolve(
             f"{path_or_id}: a hub checkpoint has no step to choose; name its revision ({repo_id}{REVISION_MARK}REVISION)"
         )
     snapshot = _download(repo_id, revision)
-    source = Source("hf", snapshot, repo_id=repo_id, commit=snapshot.name)
+    source = Checkpoint("hf", snapshot, repo_id=repo_id, commit=snapshot.name)
     if weights:
         fetch_weights(source)
     return source
+
+
+def _opened(
+    path_or_id: str | Path | Checkpoint, step: int | None, revision: str | None, *, weights: bool = True
+) -> Checkpoint:
+    """`path_or_id` opened, or the checkpoint it already is (whose step and revision are its own)."""
+    if not isinstance(path_or_id, Checkpoint):
+        return open_checkpoint(path_or_id, step, revision, weights=weights)
+    if step is not None or revision is not None:
+        raise UserError(f"{path_or_id.path}: an opened checkpoint names its own step and revision; give neither")
+    return path_or_id
 
 
 def _download(repo_id: str, revision: str | None = None) -> Path:
@@ -114,7 +142,7 @@ def _download(repo_id: str, revision: str | None = None) -> Path:
     )
 
 
-def fetch_weights(source: Source) -> list[Path]:
+def fetch_weights(source: Checkpoint) -> list[Path]:
     """Downloads a hub checkpoint's weights into its snapshot (safetensors, else `pytorch_model.bin`)
     at its resolved commit; returns the files of the hub cache this call created (the weights'
     blobs and the snapshot's links to them), none for a local checkpoint or weights already cached."""
@@ -258,28 +286,28 @@ def init_model(config: BertConfig, cls: str | type[nnx.Module] = BertModel, seed
     return model_class(cls, config)(config, rngs=nnx.Rngs(params=seed))
 
 
-def load_config(source: Source, **overrides: Any) -> BertConfig:
+def load_config(source: Checkpoint, **overrides: Any) -> BertConfig:
     if source.kind == "hf":
         return BertConfig.from_json_file(source.path / "config.json", **overrides)
-    meta = ckpt.read_meta(source.path, source.step)
+    meta = source.meta
     if "model_config" not in meta:
         raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (model_config is missing)")
     return BertConfig.from_hf_dict(meta["model_config"], source=str(source.path), **overrides)
 
 
-def trained_task(source: Source) -> str | None:
+def trained_task(source: Checkpoint) -> str | None:
     """The GLUE task a checkpoint's classifier was fine-tuned on, where the checkpoint says: a
     `train.finetune` run's config, or a HF config's `finetuning_task` (as HF's run_glue writes it,
     `sst-2` or `sst2`); None for anything else."""
     if source.kind == "hf":
         task = read_hf_json(source.path / "config.json").get("finetuning_task")
     else:
-        task = (ckpt.read_meta(source.path, source.step).get("run_config") or {}).get("task")
+        task = (source.meta.get("run_config") or {}).get("task")
     return task.lower().replace("-", "") if isinstance(task, str) and task else None
 
 
 def from_pretrained(
-    path_or_id: str | Path,
+    path_or_id: str | Path | Checkpoint,
     cls: str | type[nnx.Module] = BertModel,
     *,
     step: int | None = None,
@@ -297,9 +325,10 @@ def from_pretrained(
     from `seed` and logged, or, with `trained_heads` (for analyses that read the head's output),
     are an error; a missing encoder tensor is always an error. A stored tensor holding NaN or ±Inf
     is an error naming the first such tensor, or with `allow_nonfinite` a warning. `config_overrides`
-    set fields such as `dtype="bfloat16"` or `num_labels=3`.
+    set fields such as `dtype="bfloat16"` or `num_labels=3`. `path_or_id` may be a checkpoint
+    already opened (`open_checkpoint`), which names its own step and revision.
     """
-    source = resolve(path_or_id, step, revision)
+    source = _opened(path_or_id, step, revision)
     config = load_config(source, **config_overrides)
     cls = model_class(cls, config)
     tensors = None
@@ -345,13 +374,13 @@ _SAFETENSORS_DTYPES = {"BOOL": "bool", "U8": "uint8", "I8": "int8", "U16": "uint
                        "F8_E5M2": "float8_e5m2"}  # fmt: skip
 
 
-def check_structure(source: Source, config: BertConfig, tensors: dict[str, np.ndarray] | None = None) -> Path:
+def check_structure(source: Checkpoint, config: BertConfig, tensors: dict[str, np.ndarray] | None = None) -> Path:
     """`check_weights` over the shapes a checkpoint stores, read without its values (the safetensors
     headers, or an orbax step's meta; `tensors`, a pytorch_model.bin's already read): what every
     command that builds or traces a model from a checkpoint's config runs first. Returns the file
     the weights are in."""
     if source.kind == "orbax":
-        stored = ckpt.read_meta(source.path, source.step)["param_shapes"]
+        stored = source.meta["param_shapes"]
         file, shapes = source.path / str(source.step), {n: (tuple(s), d) for n, (s, d) in stored.items()}
     elif tensors is not None:
         file, shapes = source.path / TORCH_BIN, {n: (v.shape, v.dtype.name) for n, v in tensors.items()}
@@ -401,7 +430,8 @@ def check_weights(file: Path, config: BertConfig, stored: dict[str, tuple[tuple,
     """The stored tensors' dtypes, and the config's layer count and vocabulary against the tensors,
     before any model is built from the config: an int8 or bool weight was cast to float without a
     word, and a config.json claiming 100,000 layers over 2 layers of weights (or over none: an
-    embeddings-only file) kept the loader tracing them for 15+ minutes. (Other widths cost nothing
+    embeddings-only file) kept the loader tracing them for 15+ minutes; one claiming fewer layers
+    than the weights hold loaded the first ones without a word. (Other widths cost nothing
     to trace; a shape that disagrees is named once the weights are matched to the model.)"""
     for name, (_, dtype) in stored.items():
         try:
@@ -416,6 +446,12 @@ def check_weights(file: Path, config: BertConfig, stored: dict[str, tuple[tuple,
     if config.num_hidden_layers > held:
         raise UserError(
             f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, the weights hold {held} layers"
+        )
+    if config.num_hidden_layers < held:
+        # The model built from the config would load the first layers and drop the rest unread.
+        raise UserError(
+            f"{file}: the config says num_hidden_layers {config.num_hidden_layers}, the weights hold {held} layers; "
+            f"refusing to drop the last {held - config.num_hidden_layers} unread (the config must say {held})"
         )
     needed = (config.vocab_size, config.embedding_width)
     for name, (shape, _) in stored.items():
@@ -491,9 +527,9 @@ def _read_torch_bin(file: Path) -> dict[str, np.ndarray]:
     return {k: v.float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
 
-def _read_orbax_leaves(source: Source, abstract_state: nnx.State) -> tuple[dict, list]:
+def _read_orbax_leaves(source: Checkpoint, abstract_state: nnx.State) -> tuple[dict, list]:
     """Reads the checkpoint's params, keeping the ones this model class has."""
-    meta = ckpt.read_meta(source.path, source.step)
+    meta = source.meta
     wanted = {ckpt.path_key(p): p for p, _ in nnx.to_flat_state(abstract_state)}
     shapes = {k: jax.ShapeDtypeStruct(tuple(s), jnp.dtype(d)) for k, (s, d) in meta["param_shapes"].items()}
     restored = ckpt.read_params(source.path, source.step, shapes)
@@ -547,19 +583,19 @@ def save_pretrained(model: nnx.Module, directory: str | Path, overwrite: bool = 
     return directory
 
 
-def tokenizer_directory(source: Source) -> Path:
+def tokenizer_directory(source: Checkpoint) -> Path:
     """The directory holding a checkpoint's tokenizer: the HF directory itself, or the one a
     bertjax run's step names."""
     if source.kind == "hf":
         return source.path
-    meta = ckpt.read_meta(source.path, source.step)
+    meta = source.meta
     if "tokenizer" not in meta:
         raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (tokenizer is missing)")
     location = Path(meta["tokenizer"])
     return location if location.is_absolute() else source.path.parent / location
 
 
-def tokenizer_digest(source: Source) -> str:
+def tokenizer_digest(source: Checkpoint) -> str:
     """sha256 of the files that define a checkpoint's tokenizer, read without loading it (a
     cache key that a re-run can compute without importing transformers)."""
     location = tokenizer_directory(source)
@@ -603,10 +639,10 @@ def _check_tokenizer_json(file: Path) -> None:
         )
 
 
-def load_tokenizer(path_or_id: str | Path, step: int | None = None, revision: str | None = None):
+def load_tokenizer(path_or_id: str | Path | Checkpoint, step: int | None = None, revision: str | None = None):
     """The fast tokenizer stored with a checkpoint (offsets are needed for alignment); a hub id's
     `revision` as in `from_pretrained` (only the tokenizer and config files are fetched)."""
-    source = resolve(path_or_id, step, revision, weights=False)
+    source = _opened(path_or_id, step, revision, weights=False)
     location = tokenizer_directory(source)
     # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
     vocab_size = load_config(source).vocab_size

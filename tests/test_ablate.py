@@ -24,7 +24,7 @@ from analysis.ablation import disabling, evaluation, features, kovaleva, pattern
 from analysis.ablation import figures as ablation_figures
 from bertjax import checkpoint as ckpt
 from bertjax import glue
-from bertjax.pretrained import resolve, trained_task
+from bertjax.pretrained import open_checkpoint, trained_task
 from sieves import align
 from sieves.align import encode_batch
 from sieves.parse import Word
@@ -313,10 +313,10 @@ def test_the_trained_task_is_read_from_a_finetune_run_and_absent_elsewhere(tmp_p
         manager.save(1, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, "tok", run_config))))
         manager.wait_until_finished()
         manager.close()
-    assert trained_task(resolve(tmp_path / "finetuned")) == "qnli"
-    assert trained_task(resolve(tmp_path / "pretrained")) is None
+    assert trained_task(open_checkpoint(tmp_path / "finetuned")) == "qnli"
+    assert trained_task(open_checkpoint(tmp_path / "pretrained")) is None
     bertjax.save_pretrained(model, tmp_path / "hf")
-    assert trained_task(resolve(tmp_path / "hf")) is None
+    assert trained_task(open_checkpoint(tmp_path / "hf")) is None
 
 
 @pytest.fixture(scope="module")

@@ -427,7 +427,7 @@ def test_track_keys_its_cache_by_the_reading_and_equals_roles(shared_data, tmp_p
     flags = _small_flags(shared_data, tmp_path / "parses")
     loaded = []
     real_load = tracking.from_pretrained
-    monkeypatch.setattr(tracking, "from_pretrained", lambda path, step=None, **o: loaded.append(step) or real_load(path, step=step, **o))  # fmt: skip
+    monkeypatch.setattr(tracking, "from_pretrained", lambda source, **o: loaded.append(source.step) or real_load(source, **o))  # fmt: skip
     cache = tmp_path / "cache"
     # weights: both steps scored; norms: scored again (the weights' entries do not serve); norms
     # again: its own entries serve.

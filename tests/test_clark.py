@@ -496,3 +496,41 @@ def test_gradients_refuse_a_checkpoint_without_an_mlm_head(minilm_path, tmp_path
     error = cli_error(clark.main, ["--ckpt", str(minilm_path), "--out", str(out), "--analyses", "gradients"])
     assert error.startswith("error: ") and "no trained MLM head" in error
     assert not out.exists()
+
+
+def test_n_bounds_every_analysis_and_an_analysis_own_count_wins():
+    from analysis.attention.options import ClarkConfig
+
+    default = ClarkConfig(ckpt="c")
+    limits = lambda c: (c.surface_n, c.ewt_limit, c.probe_train_limit, c.gap_limit)
+    assert limits(default) == (1000, None, 2000, None)
+    bounded = ClarkConfig(ckpt="c", n=5)
+    assert limits(bounded) == (5, 5, 5, 5)
+    own = ClarkConfig(ckpt="c", n=5, ewt_n=7, probe_train_n=9, gap_n=3)
+    assert limits(own) == (5, 7, 9, 3)
+    assert ClarkConfig(ckpt="c", n=5000).probe_train_limit == 2000  # a bound, not a count
+
+
+@pytest.mark.slow
+def test_cli_n_bounds_the_examples_of_every_analysis(tiny_ckpt, shared_data, tmp_path, monkeypatch):
+    """Before: `--n 5` bounded the surface inputs only; EWT dev and test were read whole, the probes
+    trained on 2000 EWT train sentences and GAP was read whole (`--n 100` took 8 min)."""
+    read = []
+    every = attention_pipeline.ewt_sequences
+
+    def counted(config, tokenizer, split, limit):
+        seqs = every(config, tokenizer, split, limit)
+        read.append((split, len(seqs)))
+        return seqs
+
+    monkeypatch.setattr(attention_pipeline, "ewt_sequences", counted)
+    out = tmp_path / "clark"
+    clark.main(["--ckpt", str(tiny_ckpt), "--out", str(out), "--data-dir", str(shared_data), "--n", "5",
+                "--cluster-n", "8", "--probe-epochs", "1", "--batch-size", "8", "--max-length", "64",
+                "--min-count", "1", "--figure-format", "png"])  # fmt: skip
+    assert read == [("dev", 5), ("test", 5), ("train", 5)]
+    results = json.loads((out / "run.json").read_text())["results"]
+    assert results["skipped"] == {}
+    assert [results[k] for k in ("surface_sequences", "cluster_sequences", "gradient_sequences")] == [5, 5, 5]
+    assert results["coref_dev"]["rows"] == results["coref_test"]["rows"] == 5
+    assert (pd.read_csv(out / "probes.csv")["train_sentences"] == 5).all()

@@ -364,8 +364,12 @@ def test_the_code_cites_docs_that_are_in_the_repository():
     """A reference in the code or its pages is one a reader of the repository can follow: a
     docs/ file that exists, never the design notes kept outside it (a planted `DESIGN.md`
     citation, or a page renamed under its citations, fails this)."""
-    sources = [p for package in (*OWN_PACKAGES, "tests", "scripts", "configs") for p in (ROOT / package).rglob("*")
-               if p.suffix in (".py", ".md", ".sh", ".yaml") and p.is_file()]
+    sources = [
+        p
+        for package in (*OWN_PACKAGES, "tests", "scripts", "configs")
+        for p in (ROOT / package).rglob("*")
+        if p.suffix in (".py", ".md", ".sh", ".yaml") and p.is_file()
+    ]
     cited, design = set(), []
     for path in [*sources, *PAGES]:
         text = path.read_text(encoding="utf-8")

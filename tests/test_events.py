@@ -242,9 +242,9 @@ def _planted_scoring(monkeypatch):
     loaded = {}
     real_load, real_score = tracking.from_pretrained, tracking.score_sequences
 
-    def load(path, step=None, **kwargs):
-        loaded["step"] = step
-        return real_load(path, step=step, **kwargs)
+    def load(source, **kwargs):
+        loaded["step"] = source.step
+        return real_load(source, **kwargs)
 
     def score(scorer, sequences, config, timings):
         results = real_score(scorer, sequences, config, timings)
@@ -299,6 +299,8 @@ def test_events_are_the_same_at_any_tau_while_the_onsets_move(monkeypatch, share
     robust = pd.read_csv(outs["3"] / "robustness.csv")
     assert set(robust["tau"]) == {2.0, 3.0, 5.0, 8.0} and set(robust["reading"]) == {"onset", "rise_start", "rise_50"}
     assert set(robust.loc[robust["reading"] == "onset", "cap"]) == {3, 4, 5, 6}
+    # Both scores from the one scoring pass: the run's β and the share derived from it.
+    assert list(pd.unique(robust["score"])) == ["beta", "share"]
 
 
 def _write_heldout(run, steps, sequences=40):

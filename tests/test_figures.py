@@ -18,6 +18,7 @@ from test_plots import ALPHA, TAU, synthetic  # noqa: F401 — `synthetic` is a 
 from analysis import ablate, clark, finetune_effect, prune, track
 from analysis import roles as roles_cli
 from analysis.common import figures as common_figures
+from analysis.common import flags
 from analysis.heads import figures as heads_figures
 from bertjax.errors import UserError
 
@@ -30,8 +31,8 @@ def _names(paths) -> set[str]:
 
 def test_only_the_asked_kinds_and_formats_are_written(synthetic, tmp_path):  # noqa: F811
     roles, scores = synthetic
-    kinds = common_figures.select_figures("p_heatmaps,role_grid", heads_figures.ROLES_FIGURES)
-    with common_figures.figure_formats(common_figures.select_formats("svg,pdf")):
+    kinds = flags.select_figures("p_heatmaps,role_grid", heads_figures.ROLES_FIGURES)
+    with common_figures.figure_formats(flags.select_formats("svg,pdf")):
         paths = heads_figures.plot_all(roles, scores, tmp_path, TAU, ALPHA, kinds=kinds)
     expected = {f"{t}_{k}.{f}" for t in ("mrpc", "sst2") for k in ("p_heatmaps", "role_grid") for f in ("svg", "pdf")}
     assert _names(paths) == expected == {p.name for p in tmp_path.iterdir()}
@@ -62,7 +63,7 @@ def test_a_figure_drawn_alone_or_in_another_format_set_is_the_same_picture(synth
 @pytest.mark.parametrize("spec", ["heatmaps", "role_grid,bogus", "", ","])
 def test_an_unknown_kind_is_one_line(spec):
     with pytest.raises(UserError, match=r"^--figures: ") as e:
-        common_figures.select_figures(spec, heads_figures.ROLES_FIGURES)
+        flags.select_figures(spec, heads_figures.ROLES_FIGURES)
     assert "\n" not in str(e.value)
 
 

@@ -248,7 +248,7 @@ def test_a_revision_names_a_branch_or_tag_in_python_and_on_every_command(hub, mo
     assert not np.array_equal(embedding(main), embedding(direct))
     assert np.array_equal(embedding(main), embedding(bertjax.from_pretrained(EARLY, revision=commit("eb1000"))))
     assert len(bertjax.load_tokenizer(EARLY, revision="step10")) == 30522
-    source = pretrained.resolve(f"{EARLY}#step10")
+    source = pretrained.open_checkpoint(f"{EARLY}#step10")
     assert (source.repo_id, source.commit, source.path.parent.parent.name) == (
         EARLY,
         commit("eb10"),

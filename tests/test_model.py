@@ -281,8 +281,8 @@ def test_loads_of_one_architecture_share_its_traced_shapes_and_keep_their_own_we
             r"tensor embeddings\.word_embeddings\.weight has shape \[49, 128\], the config's vocab_size and width need \[50, 128\]",
         ),
         (
-            lambda t: t.update({"encoder.layer.2.output.dense.bias": np.zeros(128, np.float32)}),
-            r"tensor encoder\.layer\.2\.output\.dense\.bias is not part of a BERT with this config",
+            lambda t: t.update({"encoder.layer.1.output.dense.scale": np.zeros(128, np.float32)}),
+            r"tensor encoder\.layer\.1\.output\.dense\.scale is not part of a BERT with this config",
         ),
     ],
 )
@@ -344,7 +344,7 @@ def test_a_hub_repo_without_safetensors_is_fetched_with_its_torch_weights(monkey
         return str(snapshot)  # a snapshot with no *.safetensors
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-    source = bertjax.pretrained.resolve("someone/bert-bin-only#step20")
+    source = bertjax.pretrained.open_checkpoint("someone/bert-bin-only#step20")
     assert (source.path, source.repo_id, source.commit) == (snapshot, "someone/bert-bin-only", "c" * 40)
     pretrained = bertjax.pretrained
     assert calls == [

@@ -143,9 +143,9 @@ def test_the_gradient_analysis_finds_robertas_mlm_head(roberta, modern):
     """analysis.clark's gradients need a trained MLM head: RoBERTa's lm_head is one, and ModernBERT's
     head is not modelled here."""
     from analysis.attention.gradients import has_mlm_head
-    from bertjax.pretrained import resolve
+    from bertjax.pretrained import open_checkpoint
 
-    assert has_mlm_head(resolve(roberta[0])) and not has_mlm_head(resolve(modern[0]))
+    assert has_mlm_head(open_checkpoint(roberta[0])) and not has_mlm_head(open_checkpoint(modern[0]))
 
 
 def test_roberta_numbers_positions_whatever_id_pads_the_batch(roberta, roberta_batch):

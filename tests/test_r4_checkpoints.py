@@ -21,7 +21,7 @@ from test_reliability_inputs import _pretrain_argv, _with_config
 import bertjax
 from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
-from bertjax.pretrained import load_tokenizer, resolve
+from bertjax.pretrained import load_tokenizer, open_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = 100000
@@ -179,7 +179,7 @@ def test_a_cached_repo_with_a_non_utf8_ref_leaves_a_failing_lookup_one_line(hub)
     refs.mkdir(parents=True)
     (refs / "main").write_bytes(b"\xff\xfe\x00garbage")
     with pytest.raises(UserError) as error:
-        resolve("org/absent")
+        open_checkpoint("org/absent")
     assert str(error.value).startswith("org/absent: not a local path, and the hub download failed (")
     assert str(error.value).endswith("; the local hub cache has no copy of it; pass a local path when offline")
 
@@ -195,7 +195,7 @@ def test_a_missing_path_under_a_local_folder_is_not_looked_up_on_the_hub(hub, tm
     (tmp_path / "runs").mkdir()
     for text in ("runs/nope", "a folder/with spaces"):
         with pytest.raises(UserError) as error:
-            resolve(text)
+            open_checkpoint(text)
         assert str(error.value) == f"{text}: no such checkpoint directory (not a local path, nor a hub repository id)"
 
 
@@ -234,3 +234,25 @@ def test_ablate_refuses_to_compare_models_of_other_sizes_or_vocabularies(differ,
     ])  # fmt: skip
     assert line.startswith(f"error: --compare-ckpt {other}: ") and expected in line
     assert not out.exists()
+
+
+def _dropping(file: Path, claimed: int, held: int) -> str:
+    return (
+        f"{file}: the config says num_hidden_layers {claimed}, the weights hold {held} layers; "
+        f"refusing to drop the last {held - claimed} unread (the config must say {held})"
+    )
+
+
+def test_a_config_claiming_fewer_layers_than_the_weights_hold_is_refused(tiny_hf, tmp_path):
+    """A config.json (or a training step's meta) claiming 1 layer over 2 layers of weights loaded
+    the first layer and dropped the second without a word; no option asks for that drop."""
+    directory = _with_config(tiny_hf, tmp_path, lambda config: {**config, "num_hidden_layers": 1})
+    with pytest.raises(UserError) as refused:
+        bertjax.from_pretrained(directory)
+    assert str(refused.value) == _dropping(directory / "model.safetensors", 1, 2)
+    step = _orbax_step(
+        tmp_path / "run", meta_edit=lambda m: {**m, "model_config": {**m["model_config"], "num_hidden_layers": 1}}
+    )
+    with pytest.raises(UserError) as refused:
+        bertjax.from_pretrained(tmp_path / "run")
+    assert str(refused.value) == _dropping(step, 1, 2)

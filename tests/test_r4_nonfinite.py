@@ -25,13 +25,13 @@ OVERFLOW = re.compile(
 )
 
 
-def _tiny(directory, shared_data, change):
-    """A random tiny BERT as `tiny_hf`'s, with `change(model)` applied to its weights."""
+def _tiny(directory, shared_data, change, cls="BertModel"):
+    """A random tiny BERT as `tiny_hf`'s (of `cls`), with `change(model)` applied to its weights."""
     from transformers import BertTokenizerFast
 
     import bertjax
 
-    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=1)
+    model = bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), cls, seed=1)
     change(model)
     bertjax.save_pretrained(model, directory)
     vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
@@ -213,3 +213,120 @@ def test_a_report_page_written_into_a_run_holds_that_runs_lock(tiny_hf, shared_d
         write_report(ReportConfig(str(out)))
     assert not (out / "report.html").exists()
     assert write_report(ReportConfig(str(out))) == out / "report.html"
+
+
+# -- every other reading of a model that overflows (issue 52, class 2) ---------------------------
+
+# The end of every refusal of an overflow (`finite.check_finite`).
+FROM_FINITE = (r"is (nan|inf), from finite weights: the forward pass overflows float32 \(a weight too large for "
+               r"its products\); the checkpoint is not usable as it is")  # fmt: skip
+
+
+def _clark_argv(ckpt, shared_data, out, analyses: str) -> list[str]:
+    return ["--ckpt", str(ckpt), "--out", str(out), "--data-dir", str(shared_data), "--analyses", analyses,
+            "--n", "8", "--batch-size", "8", "--max-length", "64", "--probe-epochs", "1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("analyses", ["depheads", "probes"])
+def test_clark_word_attention_on_weights_that_overflow_stops_naming_the_head(
+    analyses, overflowing, shared_data, tmp_path, cli_error
+):
+    """Before: exit 0; NaN attention counted as arcs no head found (dependency heads) and fed to
+    the probes as features (a UAS from NaN weights)."""
+    from analysis import clark
+
+    out = tmp_path / "clark"
+    message = cli_error(clark.main, _clark_argv(overflowing, shared_data, out, analyses))
+    assert re.fullmatch(rf"error: EWT dev, sentence \d+: the word-level attention of layer 1 head \d {FROM_FINITE}",
+                        message), message  # fmt: skip
+    assert not out.exists()
+
+
+def test_clark_coref_on_weights_that_overflow_stops_naming_the_head(overflowing, shared_data, tmp_path, cli_error):
+    """Before: exit 0; a NaN attention to both candidates chose neither, counted as wrong."""
+    from analysis import clark
+
+    out = tmp_path / "clark"
+    message = cli_error(clark.main, _clark_argv(overflowing, shared_data, out, "coref"))
+    assert re.fullmatch(
+        rf"error: GAP dev, example development-\d+: the attention from the pronoun to a candidate of layer 1 head \d "
+        rf"{FROM_FINITE}",
+        message,
+    ), message
+    assert not out.exists()
+
+
+def _overflowing_pretraining_values(model) -> None:
+    _overflowing_values(model.bert)
+
+
+@pytest.fixture(scope="module")
+def overflowing_pretraining(tmp_path_factory, shared_data):
+    return _tiny(tmp_path_factory.mktemp("overflow_mlm"), shared_data, _overflowing_pretraining_values,
+                 cls="BertForPreTraining")  # fmt: skip
+
+
+def test_clark_gradients_on_weights_that_overflow_stop_naming_the_head(
+    overflowing_pretraining, shared_data, tmp_path, cli_error
+):
+    """Before: exit 0 with NaN in every row of gradient_importance.csv."""
+    from analysis import clark
+
+    out = tmp_path / "clark"
+    message = cli_error(clark.main, _clark_argv(overflowing_pretraining, shared_data, out, "gradients"))
+    assert re.fullmatch(
+        rf"error: attention gradients: the sum of \|∂ MLM loss / ∂ attention\| of layer \d head \d {FROM_FINITE}",
+        message,
+    ), message
+    assert not out.exists()
+
+
+def test_sas_of_weights_that_overflow_stops_naming_the_head(overflowing, shared_data):
+    """`analysis.track --sas` reads SAS through `score_sas`. Before: NaN attention counted as
+    arcs no head found, a SAS curve of zeros."""
+    import bertjax
+    from analysis.attention import sas
+    from sieves.align import encode_batch
+    from sieves.parse import read_conllu
+
+    model, tokenizer = bertjax.from_pretrained(overflowing), bertjax.load_tokenizer(overflowing)
+    sentences = read_conllu(shared_data / "ud_english_ewt" / "en_ewt-ud-dev.conllu", limit=4)
+    seqs = encode_batch(tokenizer, [(text,) for text, _ in sentences], [(words,) for _, words in sentences], 64)
+    with pytest.raises(UserError) as error:
+        sas.score_sas(model, seqs, 4, 64)
+    assert re.fullmatch(
+        rf"SAS, sentence \d: the word-level attention of layer 1 head \d {FROM_FINITE}", str(error.value)
+    )
+    sas.score_sas(model, seqs, 4, 64, allowed=True)  # --allow-nonfinite: the load said so; nothing refused
+
+
+def _step_examples(ckpt, attention: str):
+    """What a track records of one step for its report's slider (`report.step_examples`), on `ckpt`."""
+    import bertjax
+    from analysis.api import roles_config
+    from analysis.heads.report import step_examples
+    from sieves.align import encode_batch
+
+    model, tokenizer = bertjax.from_pretrained(ckpt), bertjax.load_tokenizer(ckpt)
+    config = roles_config(str(ckpt), {"roles": "local,prev,cls", "attention": attention})
+    seqs = encode_batch(tokenizer, [("The cat sat on the mat.", "It was warm.")], None, 64)
+    return step_examples(model, tokenizer, {"mrpc": seqs}, config)
+
+
+def test_example_attention_of_weights_that_overflow_stops_naming_the_head(overflowing):
+    """Before: the report's example attention (and a track's per-step record of it) was drawn with
+    NaN cast to 0 by its byte quantisation; an overflowing model reached it whenever its β
+    reading was allowed (`--allow-nonfinite`) or taken from another run."""
+    with pytest.raises(UserError, match=r"^mrpc, example attention: the attention of layer 1 head \d is nan, from finite"):  # fmt: skip
+        _step_examples(overflowing, "weights")
+
+
+def test_example_attention_of_a_pruned_head_under_norms_is_drawn_empty(pruned):
+    """A pruned head's norm-weighted attention is undefined, not a broken model: the example is
+    recorded (that head drawn empty) and its β left empty, as roles.csv leaves its row."""
+    import base64
+
+    recorded = _step_examples(pruned, "norms")["mrpc"]["sequence"]
+    drawn = np.frombuffer(base64.b64decode(recorded["attention"]["model"]), np.uint8)
+    assert drawn.size and not drawn.any()
+    assert all(beta is None or all(b is None for b in beta) for beta in recorded["beta"]["model"].values())

@@ -52,7 +52,7 @@ def test_a_setting_of_the_wrong_type_is_one_line_before_anything_runs(keywords, 
 @pytest.mark.parametrize(
     ("call", "keywords", "message"),
     [
-        (api.clark, {"n": "8"}, "n: expected an integer, got '8'"),
+        (api.clark, {"n": "8"}, "n: expected an integer or None, got '8'"),
         (api.ablate, {"overwrite": "yes"}, "overwrite: expected True or False, got 'yes'"),
         (api.prune, {"random_seeds": 1.5}, "random_seeds: expected an integer, got 1.5"),
         (lambda c, **k: api.track(ckpt=[c], **k), {"sas_n": "5"}, "sas_n: expected an integer, got '5'"),

@@ -142,7 +142,7 @@ def test_an_across_seed_output_is_written_whole_and_replaced_by_its_next_run(see
     # Each run's run.json names where its output is, not the temporary it was written into.
     assert json.loads((out / "s1" / "run.json").read_text())["config"]["roles"]["out"] == str(out / "s1")
     # The steps' scores are cached beside --out (not inside it, which the next run replaces).
-    assert sorted(p.name for p in (tmp_path / "out.cache").iterdir()) == ["s0", "s1"]
+    assert sorted(p.name for p in (tmp_path / "out.cache").iterdir()) == [".bertjax-output", "s0", "s1"]
     (out / "stale.txt").write_text("gone with the output it was put in")
     track.main(argv)  # the same command again: its own kind of output, replaced, every step from the cache
     again = capsys.readouterr().out

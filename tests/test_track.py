@@ -131,9 +131,9 @@ def test_a_second_run_scores_only_new_checkpoints(tracked, run_dir, shared_data,
     loaded = []
     real_load = tracking.from_pretrained
 
-    def counting_load(path, step=None, **options):
-        loaded.append(step)
-        return real_load(path, step=step, **options)
+    def counting_load(source, **options):
+        loaded.append(source.step)
+        return real_load(source, **options)
 
     monkeypatch.setattr(tracking, "from_pretrained", counting_load)
     cache = tmp_path / "cache"
@@ -219,7 +219,7 @@ def test_emergence_shows_untested_heads_dark_grey(monkeypatch, tmp_path):
         ("empty_steps", "error: --steps names no step"),
         ("comma_steps", "error: --steps names no step"),
         ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
-        ("cache_is_a_file", "cannot create it (File exists)"),
+        ("cache_is_a_file", "exists and is not a directory"),
         ("cache_inside_out", "which each run replaces; put the cache elsewhere"),
     ],
 )

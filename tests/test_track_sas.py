@@ -164,8 +164,8 @@ def test_the_documented_chen_command_runs_up_to_loading(shared_data, tmp_path, m
     monkeypatch.chdir(work)
     loaded = []
 
-    def loading(path, step=None, **options):
-        loaded.append(Path(path))
+    def loading(source, **options):
+        loaded.append(source.path)
         raise _Loading
 
     monkeypatch.setattr(tracking, "from_pretrained", loading)

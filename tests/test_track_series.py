@@ -86,9 +86,9 @@ def loads(monkeypatch) -> list:
     loaded = []
     real = tracking.from_pretrained
 
-    def counting(path, step=None, **options):
-        loaded.append((Path(path), step))
-        return real(path, step=step, **options)
+    def counting(source, **options):
+        loaded.append((source.path, source.step))
+        return real(source, **options)
 
     monkeypatch.setattr(tracking, "from_pretrained", counting)
     return loaded
@@ -153,7 +153,7 @@ def test_bertjax_checkpoints_bring_their_own_steps(hf_dirs, flags, tmp_path):
     )
     series = _run_json(out)["series"]
     assert [(m["step"], m["kind"]) for m in series] == [(0, "hf"), (40, "orbax")]
-    names = sorted(p.name for p in (tmp_path / "track.cache").iterdir())
+    names = sorted(p.name for p in (tmp_path / "track.cache").glob("step-*"))
     assert [n[:14] for n in names] == ["step-000000000", "step-000000040"]
 
 
@@ -193,7 +193,7 @@ def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, t
     assert [(m["step"], m["label"], m["given"]) for m in series] == [
         (0, "0", "org/tiny-step_0k"), (20, "20", "org/tiny-step_20k"), (40, "40", "org/tiny-step_40k")]  # fmt: skip
     assert [Path(m["path"]).name for m in series] == [commit("rev0"), commit("rev20"), commit("rev40")]
-    assert len(loads) == 3 and len(list(cache.iterdir())) == 3
+    assert len(loads) == 3 and len(list(cache.glob("step-*"))) == 3
     expected = _roles(["--ckpt", "org/tiny-step_20k", *flags], tmp_path / "roles")
     pd.testing.assert_frame_equal(_rows(out, 20), expected, check_exact=True)
 
@@ -211,12 +211,12 @@ def test_a_step_pattern_over_hub_ids_and_its_cache(hf_dirs, hub, flags, loads, t
 def test_cache_keys_tell_checkpoints_apart(hf_dirs, tmp_path):
     """The key of a HF member names its files' resolved targets (hub blobs are content hashes) and
     the snapshot's path (the revision); the same files at another path or step are another key."""
-    member = series.Member(3, "3", "x", pretrained.resolve(hf_dirs[0]))
+    member = series.Member(3, "3", "x", pretrained.open_checkpoint(hf_dirs[0]))
     identity = series.member_identity(member)
     assert identity["path"] == str(hf_dirs[0].resolve()) and identity["step"] == 3
     assert {f[0] for f in identity["files"]} >= {"config.json", "model.safetensors", "tokenizer.json"}
-    other = series.member_identity(series.Member(3, "3", "y", pretrained.resolve(hf_dirs[1])))
-    moved = series.member_identity(series.Member(4, "4", "x", pretrained.resolve(hf_dirs[0])))
+    other = series.member_identity(series.Member(3, "3", "y", pretrained.open_checkpoint(hf_dirs[1])))
+    moved = series.member_identity(series.Member(4, "4", "x", pretrained.open_checkpoint(hf_dirs[0])))
     settings = {"any": "settings"}
     keys = {tracking.cache_path(tmp_path, settings, i) for i in (identity, other, moved)}
     assert len(keys) == 3

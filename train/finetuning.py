@@ -201,14 +201,14 @@ def prepare(config: FinetuneConfig) -> Prepared:
     started = time.perf_counter()
     spec = task_spec(config.task)
     metric = best_metric(config, spec)
-    source = pretrained.resolve(config.init, config.init_step)
+    source = pretrained.open_checkpoint(config.init, config.init_step)
     model_config = pretrained.load_config(
         source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype, "dtype")
     )
     # Before the trainer traces a model of this config: a config.json claiming 100,000 layers over
     # 2 layers of weights kept it tracing for minutes before `from_pretrained` looked at them.
     pretrained.check_structure(source, model_config)
-    tokenizer = pretrained.load_tokenizer(config.init, config.init_step)
+    tokenizer = pretrained.load_tokenizer(source)
     if len(tokenizer) != model_config.vocab_size:
         raise UserError(
             f"{config.init}: its tokenizer has {len(tokenizer)} tokens but the model's vocab_size is "

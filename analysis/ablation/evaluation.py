@@ -32,7 +32,7 @@ from analysis.common.finite import check_finite, check_finite_output
 from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
-from bertjax.pretrained import resolve, trained_task
+from bertjax.pretrained import Checkpoint, trained_task
 from sieves.align import bucketed
 from sieves.stats import adjust_pvalues
 
@@ -94,22 +94,22 @@ def load_eval_set(
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
 
 
-def check_classifier(model: nnx.Module, ckpt: str, step: int | None, tasks: Sequence[str]) -> None:
+def check_classifier(model: nnx.Module, name: str, source: Checkpoint, tasks: Sequence[str]) -> None:
     """A classifier trained for another label set, or on another task, still returns logits, so
     its metrics would be silently wrong: refuse it before any work. The task is checked where the
-    checkpoint records it (`bertjax.pretrained.trained_task`)."""
+    checkpoint (`source`, opened from the text `name`) records it (`bertjax.pretrained.trained_task`)."""
     have = model.config.num_labels
-    trained = trained_task(resolve(ckpt, step))
+    trained = trained_task(source)
     for task in tasks:
         want = glue.task_spec(task).num_labels
         if have != want:
             raise UserError(
-                f"{ckpt}: the checkpoint's classifier has num_labels={have}, but task {task} has {want} labels: "
+                f"{name}: the checkpoint's classifier has num_labels={have}, but task {task} has {want} labels: "
                 f"give a checkpoint fine-tuned on {task} (--ckpt)"
             )
         if trained is not None and trained != task:
             raise UserError(
-                f"{ckpt}: the checkpoint's classifier was fine-tuned on {trained}, not {task}: "
+                f"{name}: the checkpoint's classifier was fine-tuned on {trained}, not {task}: "
                 f"give --task {trained}, or a checkpoint fine-tuned on {task} (--ckpt)"
             )
 

@@ -43,14 +43,14 @@ from analysis.ablation.patterns import (
     pattern_shares,
 )
 from analysis.common.examples import fit_max_length, resolve_tasks
-from analysis.common.figures import select_formats
 from analysis.common.finite import check_finite
+from analysis.common.flags import select_formats
 from analysis.common.forward import Devices, at_precision, compiled, padded_batches
 from analysis.common.writing import write_tables_run
 from analysis.heads.finetuning import shape_differences
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
 
@@ -161,32 +161,41 @@ class KovalevaRun:
         return self.figures[job](out_dir)
 
 
-def run(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> tuple[KovalevaRun, dict]:
+def run(config: KovalevaConfig, sources: Sources, model=None, tokenizer=None, compare=None) -> tuple[KovalevaRun, dict]:
     """The CLI's path: the whole analysis (`compute`), written under config.out (to a temporary
     sibling first) by `write`; returns the run and the run.json written."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     select_formats(config.figure_format)
     with runinfo.atomic_out(config.out, config.overwrite, ABLATE_OUTPUT) as tmp:
-        result = _compute(config, tasks, started, model, tokenizer, compare)
+        result = _compute(config, sources, tasks, started, model, tokenizer, compare)
         info = write(result, tmp)
     return result, info
 
 
-def compute(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> KovalevaRun:
-    """The whole analysis in memory; writes nothing (the parse cache aside). `model` and
-    `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead of
-    loading it again; `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
+def compute(config: KovalevaConfig, sources: Sources, model=None, tokenizer=None, compare=None) -> KovalevaRun:
+    """The whole analysis of `sources` in memory; writes nothing (the parse cache aside). `model`
+    and `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead
+    of loading it again; `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     select_formats(config.figure_format)
-    return _compute(config, tasks, started, model, tokenizer, compare)
+    return _compute(config, sources, tasks, started, model, tokenizer, compare)
 
 
 def write(result: KovalevaRun, directory: Path) -> dict:
     """The one writer of an ablate run (the CLI's and the API's): the tables, every figure (in the
     formats `result.config` asks for) and run.json, into `directory`; returns the run.json written."""
     return write_tables_run(result, directory)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sources:
+    """The checkpoints of an ablate run, opened: `--ckpt`'s, and `--compare-ckpt`'s where the
+    features are compared (`compares`), else None."""
+
+    checkpoint: Checkpoint
+    compare: Checkpoint | None = None
 
 
 def trained_heads(config: KovalevaConfig) -> bool:
@@ -199,14 +208,14 @@ def compares(config: KovalevaConfig) -> bool:
     return "features" in config.analyses and bool(config.compare_ckpt)
 
 
-def _load(ckpt: str, step: int | None, trained_heads: bool = False, allow_nonfinite: bool = False):
+def _load(source: Checkpoint, trained_heads: bool = False, allow_nonfinite: bool = False):
     # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
     # classifier is initialised and unused: patterns and features read attention only; disabling
     # and masking read the classifier's accuracy, so they need a trained one).
     model = from_pretrained(
-        ckpt, "BertForSequenceClassification", step=step, trained_heads=trained_heads, allow_nonfinite=allow_nonfinite
+        source, "BertForSequenceClassification", trained_heads=trained_heads, allow_nonfinite=allow_nonfinite
     )
-    return model, load_tokenizer(ckpt, step=step)
+    return model, load_tokenizer(source)
 
 
 def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
@@ -342,23 +351,25 @@ def check_comparable(config: KovalevaConfig, model_config, tokenizer, other_conf
 
 
 @at_precision()
-def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, tokenizer, compare) -> KovalevaRun:
+def _compute(
+    config: KovalevaConfig, sources: Sources, tasks: list[str], started: float, model, tokenizer, compare
+) -> KovalevaRun:
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
     if model is None:
-        model, loaded = _load(config.ckpt, config.step, trained_heads(config), config.allow_nonfinite)
+        model, loaded = _load(sources.checkpoint, trained_heads(config), config.allow_nonfinite)
         tokenizer = loaded if tokenizer is None else tokenizer
     elif tokenizer is None:
-        tokenizer = load_tokenizer(config.ckpt, step=config.step)
+        tokenizer = load_tokenizer(sources.checkpoint)
     if classifier:
-        check_classifier(model, config.ckpt, config.step, tasks)
+        check_classifier(model, config.ckpt, sources.checkpoint, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
     if compares(config):
         if compare is None:
-            compare = _load(config.compare_ckpt, config.compare_step, allow_nonfinite=config.allow_nonfinite)
+            compare = _load(sources.compare, allow_nonfinite=config.allow_nonfinite)
         check_comparable(config, model.config, tokenizer, compare[0].config, compare[1])
         checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": compare}
     timings["load_model"] = time.perf_counter() - clock
@@ -404,10 +415,8 @@ def _compute(config: KovalevaConfig, tasks: list[str], started: float, model, to
     timings["total"] = time.perf_counter() - started
     info = {
         "config": dataclasses.asdict(config),
-        "checkpoint": resolve(config.ckpt, config.step).describe(),
-        "compare_checkpoint": (
-            resolve(config.compare_ckpt, config.compare_step).describe() if "pre-trained" in checkpoints else None
-        ),
+        "checkpoint": sources.checkpoint.describe(),
+        "compare_checkpoint": sources.compare.describe() if "pre-trained" in checkpoints else None,
         "model_config": model.config.to_hf_dict(),
         "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
         "tasks": results,

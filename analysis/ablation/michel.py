@@ -24,11 +24,11 @@ from analysis.ablation.evaluation import (
 from analysis.ablation.figures import head_heatmap, plot_pruning
 from analysis.ablation.options import MichelConfig
 from analysis.common.examples import fit_max_length
-from analysis.common.figures import select_formats
+from analysis.common.flags import select_formats
 from analysis.common.forward import Devices, at_precision
 from analysis.common.writing import write_tables_run
 from bertjax import runinfo
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from bertjax.progress import tqdm
 
 # What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
@@ -150,23 +150,25 @@ class MichelRun:
         return self.figures[stem](out_dir)
 
 
-def run(config: MichelConfig, model=None, tokenizer=None) -> tuple[MichelRun, dict]:
-    """The CLI's path: the whole analysis (`compute`), written under config.out (to a temporary
-    sibling first) by `write`; returns the run and the run.json written."""
+def run(config: MichelConfig, source: Checkpoint, model=None, tokenizer=None) -> tuple[MichelRun, dict]:
+    """The CLI's path: the whole analysis (`compute`) of `source` (`config.ckpt` opened), written
+    under config.out (to a temporary sibling first) by `write`; returns the run and the run.json
+    written."""
     started = time.perf_counter()
     select_formats(config.figure_format)
     with runinfo.atomic_out(config.out, config.overwrite, PRUNE_OUTPUT) as tmp:
-        result = _compute(config, started, model, tokenizer)
+        result = _compute(config, source, started, model, tokenizer)
         info = write(result, tmp)
     return result, info
 
 
-def compute(config: MichelConfig, model=None, tokenizer=None) -> MichelRun:
-    """The whole analysis in memory; writes nothing. `model` and `tokenizer`: `config.ckpt`
-    already loaded (a BertForSequenceClassification), used instead of loading it again."""
+def compute(config: MichelConfig, source: Checkpoint, model=None, tokenizer=None) -> MichelRun:
+    """The whole analysis of `source` (`config.ckpt` opened) in memory; writes nothing. `model`
+    and `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead
+    of loading it again."""
     started = time.perf_counter()
     select_formats(config.figure_format)
-    return _compute(config, started, model, tokenizer)
+    return _compute(config, source, started, model, tokenizer)
 
 
 def write(result: MichelRun, directory: Path) -> dict:
@@ -176,19 +178,17 @@ def write(result: MichelRun, directory: Path) -> dict:
 
 
 @at_precision()
-def _compute(config: MichelConfig, started: float, model, tokenizer) -> MichelRun:
+def _compute(config: MichelConfig, source: Checkpoint, started: float, model, tokenizer) -> MichelRun:
     timings: dict[str, float] = {}
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
-    source = resolve(config.ckpt, config.step)
     if model is None:
         model = from_pretrained(
-            config.ckpt, "BertForSequenceClassification", step=config.step, trained_heads=True,
-            allow_nonfinite=config.allow_nonfinite,
-        )  # fmt: skip
-    check_classifier(model, config.ckpt, config.step, [task])
+            source, "BertForSequenceClassification", trained_heads=True, allow_nonfinite=config.allow_nonfinite
+        )
+    check_classifier(model, config.ckpt, source, [task])
     if tokenizer is None:
-        tokenizer = load_tokenizer(config.ckpt, step=config.step)
+        tokenizer = load_tokenizer(source)
     config = fit_max_length(config, model.config.max_sequence_length)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     devices = Devices.local(config.devices)

@@ -26,21 +26,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from analysis import tools
 from bertjax.errors import UserError
 
 # The names above by the module that defines them, imported on first use: a CLI (or a notebook)
 # that runs one analysis family does not wait for the others' imports (`analysis.track` for
-# Kovaleva's, Michel's and Clark's: scipy.stats, spaCy's pipeline code, the probes).
-_MODULES = {
-    "analysis.api.ablation": ("AblateResult", "PruneResult", "ablate", "ablate_config", "prune", "prune_config",
-                              "run_ablate", "run_prune"),
-    "analysis.api.attention": ("ClarkResult", "clark", "clark_config", "run_clark"),
-    "analysis.api.common": ("FigureFile", "TablesResult"),
-    "analysis.api.heads": ("FinetuneEffectResult", "HeadView", "Report", "RolesResult", "TrackResult",
-                           "finetune_effect", "head_view", "report", "roles", "roles_config", "run_finetune_effect",
-                           "run_report", "run_roles", "run_track", "track"),
-}  # fmt: skip
-_LAZY = {name: module for module, names in _MODULES.items() for name in names}
+# Kovaleva's, Michel's and Clark's: scipy.stats, spaCy's pipeline code, the probes). Each tool's
+# come from its row of `analysis.tools.TOOLS`; the names no tool owns are listed here.
+_SHARED = {"FigureFile": "analysis.api.common", "TablesResult": "analysis.api.common",
+           "HeadView": "analysis.api.heads", "head_view": "analysis.api.heads"}  # fmt: skip
+_LAZY = _SHARED | tools.api_names()
 
 if TYPE_CHECKING:
     from analysis.api.ablation import (
@@ -75,15 +70,18 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'analysis.api' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_LAZY[name]), name)
-    globals()[name] = value
-    return value
+    # A tool registered after this module was imported (a package's analysis) is found too.
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if name in tools.TOOLS and tools.TOOLS[name].analysis is not None:
+        return tools.api_function(name)
+    raise AttributeError(f"module 'analysis.api' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *(n for n, t in tools.TOOLS.items() if t.analysis is not None)})
 
 
 __all__ = [

@@ -19,6 +19,8 @@ from analysis.api.common import (
     collect_garbage,
     loaded,
 )
+from bertjax import pretrained
+from bertjax.pretrained import open_checkpoint
 from bertjax.settings import from_kwargs, with_settings
 
 # Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
@@ -90,28 +92,38 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
     loaded (a BertForSequenceClassification)."""
     collect_garbage()
     config = ablate_config(ckpt, settings if out is None else settings | {"out": str(out)})
+    sources = ablate_sources(config)
     compare = None
     if model is None:
         checkpoints = [
-            Checkpoint(config.ckpt, config.step, CLASSIFIER, kovaleva.trained_heads(config), config.allow_nonfinite)
+            Checkpoint(sources.checkpoint, CLASSIFIER, kovaleva.trained_heads(config), config.allow_nonfinite)
         ]
-        if kovaleva.compares(config):
-            checkpoints.append(Checkpoint(config.compare_ckpt, config.compare_step, CLASSIFIER,
-                                          allow_nonfinite=config.allow_nonfinite))  # fmt: skip
+        if sources.compare is not None:
+            checkpoints.append(Checkpoint(sources.compare, CLASSIFIER, allow_nonfinite=config.allow_nonfinite))
         (model, kept_tokenizer), *others = loaded(checkpoints)
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         compare = others[0] if others else None
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
-        return AblateResult.of(kovaleva.compute(config, model, tokenizer, compare))
-    return run_ablate(config, model, tokenizer, compare)
+        return AblateResult.of(kovaleva.compute(config, sources, model, tokenizer, compare))
+    return run_ablate(config, model, tokenizer, compare, sources)
 
 
-def run_ablate(config: KovalevaConfig, model=None, tokenizer=None, compare=None) -> AblateResult:
+def ablate_sources(config: KovalevaConfig) -> kovaleva.Sources:
+    """`--ckpt` opened, and `--compare-ckpt` where the features are compared with it."""
+    compare = open_checkpoint(config.compare_ckpt, config.compare_step) if kovaleva.compares(config) else None
+    return kovaleva.Sources(open_checkpoint(config.ckpt, config.step), compare)
+
+
+def run_ablate(
+    config: KovalevaConfig, model=None, tokenizer=None, compare=None, sources: kovaleva.Sources | None = None
+) -> AblateResult:
     """The ablate run of `config` written into its --out (what `python -m analysis.ablate` calls);
-    `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
-    run, info = kovaleva.run(config, model, tokenizer, compare)
+    `compare`: (model, tokenizer) of `--compare-ckpt` already loaded; `sources`:
+    `ablate_sources(config)`, already opened."""
+    sources = ablate_sources(config) if sources is None else sources
+    run, info = kovaleva.run(config, sources, model, tokenizer, compare)
     return AblateResult.of(run, info, Path(config.out).expanduser())
 
 
@@ -126,19 +138,22 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     already loaded (a BertForSequenceClassification)."""
     collect_garbage()
     config = prune_config(ckpt, settings if out is None else settings | {"out": str(out)})
+    source = open_checkpoint(config.ckpt, config.step)
     if model is None:
-        ((model, kept_tokenizer),) = loaded(
-            [Checkpoint(config.ckpt, config.step, CLASSIFIER, True, config.allow_nonfinite)]
-        )
+        ((model, kept_tokenizer),) = loaded([Checkpoint(source, CLASSIFIER, True, config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
-        return PruneResult.of(michel.compute(config, model, tokenizer))
-    return run_prune(config, model, tokenizer)
+        return PruneResult.of(michel.compute(config, source, model, tokenizer))
+    return run_prune(config, model, tokenizer, source)
 
 
-def run_prune(config: MichelConfig, model=None, tokenizer=None) -> PruneResult:
-    """The prune run of `config` written into its --out (what `python -m analysis.prune` calls)."""
-    run, info = michel.run(config, model, tokenizer)
+def run_prune(
+    config: MichelConfig, model=None, tokenizer=None, source: pretrained.Checkpoint | None = None
+) -> PruneResult:
+    """The prune run of `config` written into its --out (what `python -m analysis.prune` calls);
+    `source`: `config.ckpt` already opened."""
+    source = open_checkpoint(config.ckpt, config.step) if source is None else source
+    run, info = michel.run(config, source, model, tokenizer)
     return PruneResult.of(run, info, Path(config.out).expanduser())

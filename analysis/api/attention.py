@@ -18,6 +18,8 @@ from analysis.api.common import (
 from analysis.attention import pipeline
 from analysis.attention.options import DEFAULT_OUT
 from analysis.attention.pipeline import ANALYSES, ClarkConfig
+from bertjax import pretrained
+from bertjax.pretrained import open_checkpoint
 from bertjax.settings import from_kwargs, with_settings
 
 
@@ -67,20 +69,23 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
     `BertForPreTraining` when the gradients run, else a `BertModel`)."""
     collect_garbage()
     config = clark_config(ckpt, settings | {"out": DEFAULT_OUT if out is None else str(out)})
+    source = open_checkpoint(config.ckpt, config.step)
     if model is None:
-        checkpoint = Checkpoint(
-            config.ckpt, config.step, pipeline.model_class(config), allow_nonfinite=config.allow_nonfinite
-        )
+        checkpoint = Checkpoint(source, pipeline.model_class(config, source), allow_nonfinite=config.allow_nonfinite)
         ((model, kept_tokenizer),) = loaded([checkpoint])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
-        return ClarkResult.of(pipeline.compute(config, model, tokenizer))
-    return run_clark(config, model, tokenizer)
+        return ClarkResult.of(pipeline.compute(config, source, model, tokenizer))
+    return run_clark(config, model, tokenizer, source)
 
 
-def run_clark(config: ClarkConfig, model=None, tokenizer=None) -> ClarkResult:
-    """The clark run of `config` written into its --out (what `python -m analysis.clark` calls)."""
-    run, info = pipeline.run(config, model, tokenizer)
+def run_clark(
+    config: ClarkConfig, model=None, tokenizer=None, source: pretrained.Checkpoint | None = None
+) -> ClarkResult:
+    """The clark run of `config` written into its --out (what `python -m analysis.clark` calls);
+    `source`: `config.ckpt` already opened."""
+    source = open_checkpoint(config.ckpt, config.step) if source is None else source
+    run, info = pipeline.run(config, source, model, tokenizer)
     return ClarkResult.of(run, info, Path(config.out).expanduser())

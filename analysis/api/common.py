@@ -1,12 +1,12 @@
 """What the API's results share: held in memory, written only when asked (`save`, `directory`)
 through the writer the CLI uses, the figures drawn on demand, the inline views (the report's page
 in an iframe; for the analyses without a report, the figures and tables as plain HTML), and the
-checkpoints the last call loaded, kept for the next."""
+checkpoints the last call loaded, kept for the next. A result written nowhere stays so: its inline
+views are built from memory, its figures drawn into memory, and no file or folder is created."""
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import gc
 import html
@@ -14,18 +14,20 @@ import json
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pandas as pd
 from flax import nnx
 
-from analysis.common.figures import figure_formats, select_formats
+from analysis.common.figures import figure_formats, figures_held
+from analysis.common.flags import select_formats
+from analysis.heads.report import NOT_SAVED
 from analysis.heads.series import checkpoint_identity, hf_identity
-from bertjax import runinfo
+from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import check_finite, from_pretrained, load_config, load_tokenizer, resolve
+from bertjax.pretrained import check_finite, from_pretrained, load_config, load_tokenizer, open_checkpoint
 
 # The rows of a table an inline view shows (pandas elides the middle of longer ones).
 VIEW_ROWS = 12
@@ -53,17 +55,17 @@ class Output:
 
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """A checkpoint as a tool loads it: its source, and the class and options of the load."""
+    """A checkpoint as a tool loads it: its source (opened by the call, which passes the same
+    source down to the tool), and the class and options of the load."""
 
-    ckpt: str
-    step: int | None = None
+    source: pretrained.Checkpoint
     cls: str = "BertModel"
     trained_heads: bool = False
     allow_nonfinite: bool = False
 
     def identity(self) -> str:
         """Its files' resolved paths, sizes and mtimes: a checkpoint re-written in place is new."""
-        source = resolve(self.ckpt, self.step)
+        source = self.source
         if source.kind == "hf":
             return json.dumps(hf_identity(source.path, 0), sort_keys=True)
         return json.dumps(checkpoint_identity(source.path, source.step), sort_keys=True)
@@ -91,11 +93,11 @@ def loaded(checkpoints: Sequence[Checkpoint]) -> list[tuple[Any, Any]]:
         del _KEPT[key]
     for checkpoint, (model_key, tokenizer_key) in zip(checkpoints, keys, strict=True):
         if model_key not in _KEPT:
-            _KEPT[model_key] = from_pretrained(checkpoint.ckpt, checkpoint.cls, step=checkpoint.step,
+            _KEPT[model_key] = from_pretrained(checkpoint.source, checkpoint.cls,
                                                trained_heads=checkpoint.trained_heads,
                                                allow_nonfinite=checkpoint.allow_nonfinite)  # fmt: skip
         if tokenizer_key not in _KEPT:
-            _KEPT[tokenizer_key] = load_tokenizer(checkpoint.ckpt, step=checkpoint.step)
+            _KEPT[tokenizer_key] = load_tokenizer(checkpoint.source)
     return [(_KEPT[model_key], _KEPT[tokenizer_key]) for model_key, tokenizer_key in keys]
 
 
@@ -118,7 +120,7 @@ def check_given(model, ckpt: str, step: int | None, allow_nonfinite: bool) -> No
     Weights of the same architecture but other values cannot be told apart from the checkpoint's
     without loading it, which passing a model is meant to save: that stays the caller's word."""
     check_model(model)
-    stored = load_config(resolve(ckpt, step))
+    stored = load_config(open_checkpoint(ckpt, step))
     differ = [f"{key} {getattr(model.config, key)} vs {getattr(stored, key)}" for key in ARCHITECTURE
               if getattr(model.config, key) != getattr(stored, key)]  # fmt: skip
     if differ:
@@ -157,7 +159,7 @@ def frame(page: str, height: int) -> str:
 
 class FigureFile:
     """A figure the analysis wrote; Jupyter shows it (PNG) inline. `data`: its bytes, for a figure
-    of a result not written anywhere (drawn into a folder removed at once; `path` is its name)."""
+    of a result not written anywhere (drawn into memory; `path` is then only its file name)."""
 
     def __init__(self, path: Path, data: bytes | None = None):
         self.path = path
@@ -182,9 +184,9 @@ class HeldResult:
     written: Path | None
     output: Output | None
 
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+    def _write(self, out: Path, overwrite: bool) -> None:
         """Writes the result's files into `out` as `--out` gets them (whole or not at all), the
-        `--html` page too where the settings ask for it and `page`."""
+        `--html` page too where the settings ask for it."""
         raise NotImplementedError
 
     @property
@@ -205,18 +207,6 @@ class HeldResult:
         self._write(Path(out), overwrite)
         return Path(out).expanduser()
 
-    @contextlib.contextmanager
-    def _files(self) -> Iterator[Path]:
-        """A directory holding the result's tables and run.json for the block: its own, or a
-        temporary one removed at the end of the block (no figures drawn into it)."""
-        if self.written is not None:
-            yield self.written
-            return
-        with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
-            path = Path(folder) / self.kind
-            self._write(path, overwrite=False, page=False)
-            yield path
-
 
 def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
     """run.json as it would be written, without the figures (none drawn) and the environment: the
@@ -226,12 +216,12 @@ def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
 
 
 def drawn(draw, directory: Path | None) -> list[FigureFile]:
-    """The figure files `draw(folder)` writes: into the result's directory, or (None) into a
-    temporary folder, removed at once, the figures then held as bytes."""
+    """The figure files `draw(folder)` writes: into the result's directory, or (None) into memory,
+    held as bytes."""
     if directory is not None:
         return [FigureFile(p) for p in draw(directory)]
-    with tempfile.TemporaryDirectory(prefix="bertjax-figure-") as folder:
-        return [FigureFile(Path(p.name), p.read_bytes()) for p in draw(Path(folder))]
+    with figures_held() as held:
+        return [FigureFile(p, held[p]) for p in draw(Path())]
 
 
 class TablesResult(HeldResult):
@@ -262,26 +252,24 @@ class TablesResult(HeldResult):
         """The run's tables as their CSVs read back, by name."""
         return dict(sorted(run.tables.items()))
 
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+    def _write(self, out: Path, overwrite: bool) -> None:
         run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, out=str(out)))
         with runinfo.atomic_out(str(out), overwrite, self.output_kind) as tmp:
             self.writer(run, tmp)
 
     def _figures(self) -> dict[str, list[FigureFile]]:
         """The figures by file name without its format, in file-name order: the files written, or
-        (a result written nowhere) every figure drawn once into a folder removed at once and
-        held as bytes."""
+        (a result written nowhere) every figure drawn once into memory and held as bytes."""
         if self.written is not None:
             names = sorted(self.info["figures"])
             return {stem: [FigureFile(self.written / n) for n in names if Path(n).stem == stem]
                     for stem in dict.fromkeys(Path(n).stem for n in names)}  # fmt: skip
         if not hasattr(self, "_held_figures"):
-            with tempfile.TemporaryDirectory(prefix=f"bertjax-{self.kind}-") as folder:
-                with figure_formats(select_formats(self.settings.figure_format)):
-                    paths = [p for job in self.run.figures for p in self.run.draw(job, Path(folder))]
-                held: dict[str, list[FigureFile]] = {}
-                for path in sorted(paths, key=lambda p: p.name):
-                    held.setdefault(path.stem, []).append(FigureFile(Path(path.name), path.read_bytes()))
+            with figures_held() as data, figure_formats(select_formats(self.settings.figure_format)):
+                paths = [p for job in self.run.figures for p in self.run.draw(job, Path())]
+            held: dict[str, list[FigureFile]] = {}
+            for path in sorted(paths, key=lambda p: p.name):
+                held.setdefault(path.stem, []).append(FigureFile(path, data[path]))
             self._held_figures = held
         return self._held_figures
 
@@ -297,7 +285,7 @@ class TablesResult(HeldResult):
         return figures[name]
 
     def _repr_html_(self) -> str:
-        return tables_html(self, "not saved" if self.written is None else str(self.written))
+        return tables_html(self, NOT_SAVED if self.written is None else str(self.written))
 
 
 def tables_html(result, where: str) -> str:

@@ -25,10 +25,12 @@ from analysis.api.common import (
     tables_html,
     unwritten_info,
 )
-from analysis.common.figures import FIGURE_FORMATS, figure_formats, select_figures, select_formats
+from analysis.common.figures import figure_formats
+from analysis.common.flags import FIGURE_FORMATS, select_figures, select_formats
 from analysis.heads import finetuning, pipeline, tracking
 from analysis.heads import head_view as head_view_lib
 from analysis.heads.config import (
+    EFFECT_FIGURES,
     EFFECT_SKIP,
     EFFECT_TOOL,
     ROLES_FIGURES,
@@ -39,10 +41,19 @@ from analysis.heads.config import (
     TrackConfig,
 )
 from analysis.heads.figures import about_line, figure_jobs
-from analysis.heads.report import ReportConfig, read_run, readable_checkpoint, report_data, write_report
+from analysis.heads.report import (
+    NOT_SAVED,
+    ReportConfig,
+    Run,
+    held_run,
+    readable_checkpoint,
+    report_data,
+    write_report,
+)
 from analysis.heads.report_page import render
-from bertjax import runinfo
+from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
+from bertjax.pretrained import open_checkpoint
 from bertjax.settings import fits, flag_fields, from_kwargs, with_settings
 
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
@@ -61,11 +72,17 @@ class _Result(HeldResult):
 
     examples: int = 4
 
+    def report_run(self) -> Run:
+        """The result as the report reads a run, from memory (its header names the folder it was
+        written to, or its checkpoint)."""
+        raise NotImplementedError
+
     def report_html(self, examples: int | None = None) -> str:
-        """The page `python -m analysis.report` writes for these outputs."""
-        with self._files() as directory:
-            config = ReportConfig(str(directory), self.examples if examples is None else examples)
-            return render(report_data(read_run(directory), config))
+        """The page `python -m analysis.report` writes for these outputs, built from memory: no
+        file or folder is created for it (a roles run's checkpoint and data files are read again
+        for the example attention it shows, as the command's page reads them)."""
+        config = ReportConfig(str(self.written or ""), self.examples if examples is None else examples)
+        return render(report_data(self.report_run(), config))
 
     def _repr_html_(self) -> str:
         if not hasattr(self, "_page"):
@@ -99,10 +116,12 @@ class RolesResult(_Result):
         return cls(run.table, run.summary, {t: r.scores for t, r in run.results.items()},
                    {t: r.indices for t, r in run.results.items()}, run.config, info, run, directory)  # fmt: skip
 
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+    def report_run(self) -> Run:
+        readings = {reading.name: reading.table for reading in self.run.readings}
+        return held_run("roles", self.table, self.info, self.settings, self.written, readings=readings)
+
+    def _write(self, out: Path, overwrite: bool) -> None:
         config = dataclasses.replace(self.run.config, out=str(out))
-        if not page:
-            config = dataclasses.replace(config, figures="none", html=False)
         with runinfo.atomic_out(str(out), overwrite, pipeline.ROLES_OUTPUT) as tmp:
             pipeline.write(dataclasses.replace(self.run, config=config), tmp)
         if config.html:
@@ -156,7 +175,12 @@ class TrackResult(_Result):
         info = unwritten_info(run.info, run.timings) if info is None else info
         return cls(run.track, run.onsets, run.config, info, run, directory)
 
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+    def report_run(self) -> Run:
+        # What the writer puts in EXAMPLES_JSON (by step as text, as JSON has it), none when empty.
+        recorded = {str(s): self.run.examples[s] for s in self.run.taus if self.run.examples.get(s) is not None}
+        return held_run("track", self.table, self.info, self.settings.roles, self.written, recorded=recorded or None)
+
+    def _write(self, out: Path, overwrite: bool) -> None:
         """As `--out` would have it; scores held in memory go into the scores cache `--out` would
         have had (`<out>.cache`), and run.json names them there."""
         target = Path(out).expanduser().resolve()
@@ -165,8 +189,6 @@ class TrackResult(_Result):
             cache = target.parent / f"{target.name}.cache"
             tracking.prepare_cache(cache, target)
         roles = dataclasses.replace(self.run.config.roles, out=str(out))
-        if not page:
-            roles = dataclasses.replace(roles, figures="none", html=False)
         run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
         with runinfo.atomic_out(str(out), overwrite, tracking.TRACK_OUTPUT) as tmp:
             tracking.write(run, tmp, cache)
@@ -207,26 +229,30 @@ def roles(
         settings["parser"], parser = parser, None
     collect_garbage()
     config = roles_config(ckpt, settings if out is None else settings | {"out": str(out)})
+    source = open_checkpoint(config.ckpt, config.step)
     if model is None:
-        ((model, kept_tokenizer),) = loaded(
-            [Checkpoint(config.ckpt, config.step, allow_nonfinite=config.allow_nonfinite)]
-        )
+        ((model, kept_tokenizer),) = loaded([Checkpoint(source, allow_nonfinite=config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
         check_given(model, config.ckpt, config.step, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
-        return RolesResult.of(pipeline.compute(config, parser, model, tokenizer))
-    result = run_roles(config, model, tokenizer, parser)
+        return RolesResult.of(pipeline.compute(config, source, parser, model, tokenizer))
+    result = run_roles(config, model, tokenizer, parser, source)
     if result is not None and config.html:
         pipeline.write_html(config.out)
     return result
 
 
-def run_roles(config: RolesConfig, model=None, tokenizer=None, parser=None) -> RolesResult | None:
+def run_roles(
+    config: RolesConfig, model=None, tokenizer=None, parser=None, source: pretrained.Checkpoint | None = None
+) -> RolesResult | None:
     """The roles run of `config` written into `config.out` (what `python -m analysis.roles` calls;
     the `--html` page is the caller's); None in a process of a multi-process job other than the
-    first, which writes nothing."""
-    done = pipeline.run(config, parser=parser, model=model, tokenizer=tokenizer)
+    first, which writes nothing. `source`: `config.ckpt` already opened."""
+    # Flag mistakes are refused before the checkpoint is opened (a hub id's lookup takes seconds).
+    select_figures(config.figures, ROLES_FIGURES), select_formats(config.figure_format)
+    source = open_checkpoint(config.ckpt, config.step) if source is None else source
+    done = pipeline.run(config, source, parser=parser, model=model, tokenizer=tokenizer)
     if done is None:
         return None
     run, info = done
@@ -299,10 +325,8 @@ class FinetuneEffectResult(HeldResult):
         info = unwritten_info(run.info, run.timings) if info is None else info
         return cls(run.tables, run.config, info, run, directory)
 
-    def _write(self, out: Path, overwrite: bool, page: bool = True) -> None:
+    def _write(self, out: Path, overwrite: bool) -> None:
         data = dataclasses.replace(self.run.config.data, out=str(out))
-        if not page:
-            data = dataclasses.replace(data, figures="none", html=False)
         with runinfo.atomic_out(str(out), overwrite, finetuning.EFFECT_OUTPUT) as tmp:
             finetuning.write(dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data)), tmp)
         if data.html:
@@ -333,7 +357,7 @@ class FinetuneEffectResult(HeldResult):
         return drawn(draw, self.written)
 
     def _repr_html_(self) -> str:
-        return tables_html(self, "not saved" if self.written is None else str(self.written))
+        return tables_html(self, NOT_SAVED if self.written is None else str(self.written))
 
 
 @with_settings(RolesConfig, tool=EFFECT_TOOL, skip=EFFECT_SKIP)
@@ -364,28 +388,37 @@ def finetune_effect(
         check_given(model, data.ckpt, None, data.allow_nonfinite)
     for post_model, post in zip(post_models or (), config.posts, strict=False):  # a count that differs: run's line
         check_given(post_model, post.ckpt, None, data.allow_nonfinite)
+    sources = effect_sources(config)
     if model is None and post_models is None:
-        checkpoints = [
-            Checkpoint(c, allow_nonfinite=data.allow_nonfinite) for c in (data.ckpt, *(p.ckpt for p in config.posts))
-        ]
-        (model, kept_tokenizer), *posts = loaded(checkpoints)
+        (model, kept_tokenizer), *posts = loaded([Checkpoint(s, allow_nonfinite=data.allow_nonfinite) for s in sources])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         post_models = [post_model for post_model, _ in posts]
     if out is None:  # held in memory: nothing is written
-        return FinetuneEffectResult.of(finetuning.compute(config, model, tokenizer, post_models))
-    result = run_finetune_effect(config, model, tokenizer, post_models)
+        return FinetuneEffectResult.of(finetuning.compute(config, sources, model, tokenizer, post_models))
+    result = run_finetune_effect(config, model, tokenizer, post_models, sources)
     if result is not None and data.html:
         pipeline.write_html(data.out)
     return result
 
 
+def effect_sources(config: finetuning.EffectConfig) -> list[pretrained.Checkpoint]:
+    """The pre-trained checkpoint, then each post checkpoint, opened."""
+    return [open_checkpoint(text) for text in (config.data.ckpt, *(p.ckpt for p in config.posts))]
+
+
 def run_finetune_effect(
-    config: finetuning.EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
+    config: finetuning.EffectConfig,
+    model=None,
+    tokenizer=None,
+    post_models: Sequence | None = None,
+    sources: Sequence[pretrained.Checkpoint] | None = None,
 ) -> FinetuneEffectResult | None:
     """The comparison of `config` written into its --out (what `python -m analysis.finetune_effect`
     calls; the `--html` page is the caller's); None in a process of a multi-process job other than
-    the first, which writes nothing."""
-    done = finetuning.run(config, model, tokenizer, post_models)
+    the first, which writes nothing. `sources`: `effect_sources(config)`, already opened."""
+    select_figures(config.data.figures, EFFECT_FIGURES), select_formats(config.data.figure_format)  # as run_roles
+    sources = effect_sources(config) if sources is None else sources
+    done = finetuning.run(config, sources, model, tokenizer, post_models)
     if done is None:
         return None
     run, info = done
@@ -435,7 +468,8 @@ def head_view(
         check_given_finite(model_or_ckpt, config.allow_nonfinite)
         model = model_or_ckpt
     else:  # kept for the next call, as the analyses keep theirs: a view is redrawn cell after cell
-        ((model, kept_tokenizer),) = loaded([Checkpoint(config.ckpt, allow_nonfinite=config.allow_nonfinite)])
+        source = open_checkpoint(config.ckpt)
+        ((model, kept_tokenizer),) = loaded([Checkpoint(source, allow_nonfinite=config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     page = head_view_lib.page_data(model, tokenizer, text, layer, head, role, config)
     return HeadView(render(page), page)

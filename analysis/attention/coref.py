@@ -51,6 +51,7 @@ from flax import nnx
 
 from analysis.attention.options import COREF_MENTIONS as MENTIONS
 from analysis.attention.options import COREF_TARGETS as TARGETS
+from analysis.common.finite import check_finite
 from analysis.common.forward import compiled, padded_batches
 from bertjax import runinfo
 from bertjax.errors import UserError
@@ -94,6 +95,7 @@ class CorefInput:
     # baselines), and the pieces attended to (`target`).
     occurrences: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
     attended: tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]
+    id: str  # the GAP row's ID
 
     @property
     def targets(self) -> tuple[np.ndarray, np.ndarray]:
@@ -276,7 +278,7 @@ def encode_gap(
             CorefInput(
                 seq, shift(pronoun), tuple(map(shift, marked)), example.label, stop - start < len(ids),
                 tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
-                tuple(tuple(shift(t) for _, t in o) for o in occurrences),
+                tuple(tuple(shift(t) for _, t in o) for o in occurrences), example.id,
             )
         )  # fmt: skip
     counts["scored"] = len(inputs)
@@ -339,9 +341,18 @@ def mention_masks(items: Sequence[CorefInput], length: int, rows: int) -> tuple[
 
 
 def candidate_scores(
-    run, inputs: Sequence[CorefInput], batch_size: int, max_length: int, first_piece: bool = False, desc: str = "GAP"
+    run,
+    inputs: Sequence[CorefInput],
+    batch_size: int,
+    max_length: int,
+    first_piece: bool = False,
+    desc: str = "GAP",
+    allowed: bool = False,
 ) -> np.ndarray:
-    """[N, L, H, 2] attention from each input's pronoun to its two candidates, streamed by batch."""
+    """[N, L, H, 2] attention from each input's pronoun to its two candidates, streamed by batch.
+    One that is not finite stops the run (`finite.check_finite`, `allowed` its): a NaN chooses
+    neither candidate and would count as a wrong head. (Every candidate keeps its marked mention,
+    so −inf, no mention, cannot come back.)"""
     scores: list[np.ndarray | None] = [None] * len(inputs)
     for chunk, arrays in padded_batches([item.seq for item in inputs], batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
@@ -354,6 +365,8 @@ def candidate_scores(
             run(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], from_weights, to_masks, owners)
         )
         for b, seq in enumerate(chunk):
+            check_finite(np.moveaxis(out[b], -1, 0), "the attention from the pronoun to a candidate",
+                         f"{desc}, example {inputs[seq.index].id}", allowed=allowed)  # fmt: skip
             scores[seq.index] = out[b]
     return np.stack(scores) if scores else np.zeros((0, 0, 0, 2), np.float32)
 

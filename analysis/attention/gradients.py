@@ -20,10 +20,10 @@ import optax
 from flax import nnx
 
 from analysis.attention.surface import key_flag_batches
+from analysis.common.finite import check_finite
 from analysis.common.forward import compiled
-from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
-from bertjax.pretrained import SAFETENSORS, SAFETENSORS_INDEX, Source
+from bertjax.pretrained import SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
 from sieves.align import EncodedSequence
 
 KEY_KINDS = ("cls", "sep", "punct", "other")
@@ -34,10 +34,10 @@ MLM_TENSOR = "cls.predictions.transform.dense.weight"
 MLM_TENSORS = (MLM_TENSOR, "lm_head.dense.weight")
 
 
-def has_mlm_head(source: Source) -> bool:
+def has_mlm_head(source: Checkpoint) -> bool:
     """Whether the checkpoint holds trained MLM-head weights (not only the encoder)."""
     if source.kind == "orbax":
-        shapes = ckpt.read_meta(source.path, source.step)["param_shapes"]
+        shapes = source.meta["param_shapes"]
         return any(key.startswith("cls/predictions/") for key in shapes)
     if (source.path / SAFETENSORS).is_file():
         from safetensors import safe_open
@@ -88,7 +88,8 @@ def mlm_loss(model: nnx.Module, offsets, input_ids, attention_mask, token_type_i
 
 
 def make_gradient_fn(model: nnx.Module):
-    """Jitted: (inputs, key kinds [K, B, T], real rows [B, T]) → (Σ|g| [L, K], counts [K])."""
+    """Jitted: (inputs, key kinds [K, B, T], real rows [B, T]) → (Σ|g| [L, K], counts [K], the
+    sum of |g| of each head over those cells [L, H])."""
     run, (state,) = compiled(_jit_gradients, model)
     return lambda *arrays: run(state, *arrays)
 
@@ -106,7 +107,10 @@ def _jit_gradients(graphdef):
         grad = jnp.abs(jax.grad(loss)(zeros))
         cells = real[None, :, :, None] * kinds[:, :, None, :]  # [K, B, T(query), T(key)]
         sums = jnp.einsum("lbhts,kbts->lk", grad, cells) / heads
-        return sums, cells.sum(axis=(1, 2, 3))
+        # Per head (the sums are per layer), so that a gradient that is not finite names its head; a
+        # sum, as a NaN passes through it (XLA's max on the CPU returned −inf for all-NaN rows).
+        per_head = jnp.sum(jnp.where(cells.any(axis=0)[None, :, None], grad, 0.0), axis=(1, 3, 4))
+        return sums, cells.sum(axis=(1, 2, 3)), per_head
 
     return run
 
@@ -119,8 +123,10 @@ def gradient_importance(
     batch_size: int,
     max_length: int,
     seed: int = 0,
+    allowed: bool = False,
 ) -> np.ndarray:
-    """Mean |∂loss/∂α| per layer and key kind, [L, len(KEY_KINDS)], streamed by batch."""
+    """Mean |∂loss/∂α| per layer and key kind, [L, len(KEY_KINDS)], streamed by batch. A gradient
+    that is not finite stops the run naming its head (`finite.check_finite`, `allowed` its)."""
     run = make_gradient_fn(model)
     rng = np.random.default_rng(seed)
     sums, counts = 0.0, 0.0
@@ -132,16 +138,18 @@ def gradient_importance(
         masked, positions, labels, weights = mask_batch(
             arrays["input_ids"], maskable, rng, mask_id, model.config.vocab_size
         )
-        batch_sums, batch_counts = run(
+        batch_sums, batch_counts, per_head = run(
             masked, arrays["attention_mask"], arrays["token_type_ids"], positions, labels, weights, kinds,
             arrays["real"].astype(np.float32),
         )  # fmt: skip
+        check_finite(np.asarray(per_head), "the sum of |∂ MLM loss / ∂ attention|", "attention gradients",
+                     allowed=allowed)  # fmt: skip
         sums = sums + np.asarray(batch_sums, np.float64)
         counts = counts + np.asarray(batch_counts, np.float64)
     return sums / np.maximum(counts, 1.0)[None, :]
 
 
-def require_mlm_head(source: Source) -> None:
+def require_mlm_head(source: Checkpoint) -> None:
     if not has_mlm_head(source):
         raise UserError(
             f"{source.path}: the checkpoint has no trained MLM head ({MLM_TENSOR} is missing), so the "

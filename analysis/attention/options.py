@@ -42,6 +42,10 @@ COREF_TARGETS = ("head", "sum", "first")
 # Which occurrences of a candidate count (analysis.attention.coref): every mention, or the marked one.
 COREF_MENTIONS = ("all", "marked")
 SURFACE_WEIGHTINGS = ("tokens", "sequences")
+# What each analysis reads when neither its own count nor --n is given (the paper's sizes, where
+# it has them; EWT and GAP: every sentence and row).
+SURFACE_N = 1000
+PROBE_TRAIN_N = 2000
 
 
 def parse_analyses(text: str) -> tuple[str, ...]:
@@ -64,7 +68,11 @@ class ClarkConfig:
                                "--inputs: the old spelling")  # fmt: skip
     glue_dir: str | None = glue_dir_setting()
     split: str = setting("dev", help="GLUE split for --task TASK")
-    n: int = setting(1000, help="inputs of surface, cluster, gradients (EWT, GAP: --ewt-n, --probe-train-n, --gap-n)")
+    n: int | None = setting(None, help=f"bounds every analysis's examples: the first N surface inputs (cluster and "
+                                        "gradients take the first of them), EWT dev and test sentences each, EWT "
+                                        "train sentences for the probes, GAP development and test rows each; an "
+                                        "analysis's own count (--ewt-n, --probe-train-n, --gap-n), given, is used "
+                                        f"instead (default: {SURFACE_N} surface inputs, the others' own defaults)")  # fmt: skip
     max_length: int = max_length_setting()
     batch_size: int = batch_size_setting()
     cluster_n: int = setting(300, help="sequences averaged for the JS distances")
@@ -72,7 +80,8 @@ class ClarkConfig:
     ewt_n: int | None = setting(None, help="first N sentences of EWT dev and test (default all)")
     first_piece: bool = setting(False, help="attention from a word = its first piece's")
     min_count: int = setting(100, help="test arcs for a relation to be summarised")
-    probe_train_n: int = setting(2000, help="first N EWT train sentences for the probes")
+    probe_train_n: int | None = setting(None, help=f"first N EWT train sentences for the probes (default {PROBE_TRAIN_N}, "
+                                                   "at most --n)")  # fmt: skip
     probe_epochs: int = setting(10, help="epochs of each probe's training")
     probe_learning_rate: float = setting(5e-3, help="the probes' Adam learning rate")
     seed: int = setting(0, help="seed of the gradients' masking and the probes' initialisation")
@@ -114,10 +123,10 @@ class ClarkConfig:
         for name in self.analyses:
             if name not in ANALYSES:
                 raise UserError(f"--analyses: unknown analysis {name!r}; choose from {', '.join(ANALYSES)}")
-        for flag in ("gap_n", "ewt_n"):
+        for flag in ("gap_n", "ewt_n", "n", "probe_train_n"):
             if getattr(self, flag) is not None and getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
-        for flag in ("n", "batch_size", "probe_train_n", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
+        for flag in ("batch_size", "probe_epochs", "max_length", "cluster_n", "gradient_n"):
             if getattr(self, flag) < 1:
                 raise UserError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(self, flag)}")
         for flag in ("seed", "min_count"):  # numpy's generators take no negative seed (a traceback in the probes)
@@ -129,6 +138,28 @@ class ClarkConfig:
             from bertjax import glue  # numpy: not at the parser's import
 
             glue.resolve_tasks(self.inputs)
+
+    @property
+    def surface_n(self) -> int:
+        """The surface inputs read (`--n`, bounding the cluster's and the gradients' too)."""
+        return SURFACE_N if self.n is None else self.n
+
+    @property
+    def ewt_limit(self) -> int | None:
+        """EWT dev and test sentences read, each (None: all)."""
+        return self.n if self.ewt_n is None else self.ewt_n
+
+    @property
+    def gap_limit(self) -> int | None:
+        """GAP development and test rows read, each (None: all)."""
+        return self.n if self.gap_n is None else self.gap_n
+
+    @property
+    def probe_train_limit(self) -> int:
+        """EWT train sentences the probes train on."""
+        if self.probe_train_n is not None:
+            return self.probe_train_n
+        return PROBE_TRAIN_N if self.n is None else min(PROBE_TRAIN_N, self.n)
 
     @property
     def ewt_dir(self) -> Path:

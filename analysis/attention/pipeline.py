@@ -21,14 +21,15 @@ from analysis.attention import coref, depheads, gradients, probes, surface
 from analysis.attention.options import ANALYSES, ClarkConfig  # noqa: F401 — the names callers import from here
 from analysis.attention.wordattn import iter_word_attention, make_word_attention_fn
 from analysis.common.examples import fit_max_length
-from analysis.common.figures import save_figure, select_formats
+from analysis.common.figures import save_figure
+from analysis.common.flags import select_formats
 from analysis.common.forward import at_precision
 from analysis.common.writing import write_tables_run
 from analysis.heads.report import readable_checkpoint
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
@@ -76,13 +77,13 @@ def with_segment_ids(seqs: list[EncodedSequence], segment_ids: str) -> list[Enco
 def input_sequences(config: ClarkConfig, tokenizer) -> tuple[list, list[Path]]:
     """Encoded inputs of the surface, cluster and gradient analyses, and the files they came from."""
     if config.inputs == "wikitext":
-        pairs = wikitext_segment_pairs(_read(config.wikitext_file), config.n)
+        pairs = wikitext_segment_pairs(_read(config.wikitext_file), config.surface_n)
         if not pairs:
             raise UserError(f"{config.wikitext_file}: no pair of paragraphs found")
         seqs, files = encode_batch(tokenizer, pairs, None, config.max_length), [config.wikitext_file]
     else:
         glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
-        examples = glue.load_glue(config.inputs, config.split, glue_dir, config.n)
+        examples = glue.load_glue(config.inputs, config.split, glue_dir, config.surface_n)
         segments = [e.segments for e in examples]
         files = glue.glue_files(config.inputs, config.split, glue_dir) if glue_dir else []
         seqs = encode_batch(tokenizer, segments, None, config.max_length, [e.index for e in examples])
@@ -117,10 +118,10 @@ def head_labels(layers: int, heads: int) -> list[str]:
     return [f"{layer}-{head}" for layer in range(layers) for head in range(heads)]
 
 
-def model_class(config: ClarkConfig) -> str:
+def model_class(config: ClarkConfig, checkpoint: Checkpoint) -> str:
     """The class the analyses load the checkpoint as: with its MLM head when the gradients run
     (asked for, and the checkpoint has a trained head), else the bare encoder."""
-    with_head = "gradients" in config.analyses and gradients.has_mlm_head(resolve(config.ckpt, config.step))
+    with_head = "gradients" in config.analyses and gradients.has_mlm_head(checkpoint)
     return "BertForPreTraining" if with_head else "BertModel"
 
 
@@ -156,33 +157,33 @@ class ClarkRun:
         return plot(self.tables[table], out_dir, *args)
 
 
-def prepare(config: ClarkConfig):
-    """The checks made before anything is loaded or written; returns the checkpoint's source and
-    whether it has a trained MLM head (the gradients need one)."""
+def prepare(config: ClarkConfig, source: Checkpoint) -> bool:
+    """The checks made before anything is loaded or written; returns whether the checkpoint has a
+    trained MLM head (the gradients need one)."""
     select_formats(config.figure_format)
-    source = resolve(config.ckpt, config.step)
     gradients_ok = gradients.has_mlm_head(source)
     if "gradients" in config.analyses and not gradients_ok and config.analyses_explicit:
         gradients.require_mlm_head(source)
-    return source, gradients_ok
+    return gradients_ok
 
 
-def run(config: ClarkConfig, model=None, tokenizer=None) -> tuple[ClarkRun, dict]:
-    """The CLI's path: the selected analyses (`compute`), written under config.out (to a temporary
-    sibling first) by `write`; returns the run and the run.json written."""
+def run(config: ClarkConfig, source: Checkpoint, model=None, tokenizer=None) -> tuple[ClarkRun, dict]:
+    """The CLI's path: the selected analyses (`compute`) of `source` (`config.ckpt` opened), written
+    under config.out (to a temporary sibling first) by `write`; returns the run and the run.json
+    written."""
     started = time.perf_counter()
-    source, gradients_ok = prepare(config)
+    gradients_ok = prepare(config, source)
     with runinfo.atomic_out(Path(config.out).expanduser().resolve(), config.overwrite, CLARK_OUTPUT) as tmp:
         result = _compute(config, source, gradients_ok, model, tokenizer, started)
         info = write(result, tmp)
     return result, info
 
 
-def compute(config: ClarkConfig, model=None, tokenizer=None) -> ClarkRun:
-    """The selected analyses in memory; writes nothing. `model` and `tokenizer`: `config.ckpt`
-    already loaded (a notebook's), used instead of loading it again."""
+def compute(config: ClarkConfig, source: Checkpoint, model=None, tokenizer=None) -> ClarkRun:
+    """The selected analyses of `source` (`config.ckpt` opened) in memory; writes nothing. `model`
+    and `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading it again."""
     started = time.perf_counter()
-    source, gradients_ok = prepare(config)
+    gradients_ok = prepare(config, source)
     return _compute(config, source, gradients_ok, model, tokenizer, started)
 
 
@@ -229,9 +230,7 @@ def _compute(config: ClarkConfig, source, gradients_ok: bool, model, tokenizer, 
     wanted = wanted_analyses(config, source, gradients_ok, got.results, got.lines)
     clock = time.perf_counter()
     if model is None:
-        model = from_pretrained(
-            config.ckpt, model_class(config), step=config.step, allow_nonfinite=config.allow_nonfinite
-        )
+        model = from_pretrained(source, model_class(config, source), allow_nonfinite=config.allow_nonfinite)
     elif "gradients" in wanted and not isinstance(model, BertForPreTraining):
         raise UserError(
             f"model: the gradients need {config.ckpt} loaded as BertForPreTraining (its MLM head), "
@@ -239,7 +238,7 @@ def _compute(config: ClarkConfig, source, gradients_ok: bool, model, tokenizer, 
         )
     encoder = model.bert if isinstance(model, BertForPreTraining) else model
     if tokenizer is None:
-        tokenizer = load_tokenizer(config.ckpt, step=config.step)
+        tokenizer = load_tokenizer(source)
     config = fit_max_length(config, encoder.config.max_sequence_length)
     got.timings["load_model"] = time.perf_counter() - clock
 
@@ -302,8 +301,9 @@ def _sequence_analyses(config: ClarkConfig, wanted: set[str], model, encoder, to
         clock = time.perf_counter()
         chosen = seqs[: config.gradient_n]
         importance = gradients.gradient_importance(
-            model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed
-        )
+            model, chosen, punct_ids, tokenizer.mask_token_id, config.batch_size, config.max_length, config.seed,
+            config.allow_nonfinite,
+        )  # fmt: skip
         table = pd.DataFrame(importance, columns=list(gradients.KEY_KINDS)).rename_axis("layer").reset_index()
         got.tables["gradient_importance"] = table
         got.figures["gradient_importance"] = (
@@ -321,7 +321,7 @@ def _dependency_analyses(config: ClarkConfig, wanted: set[str], encoder, tokeniz
     clock = time.perf_counter()
     run_words = make_word_attention_fn(encoder)
     words = lambda seqs, desc: iter_word_attention(
-        run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc
+        run_words, seqs, config.batch_size, config.max_length, config.first_piece, desc, config.allow_nonfinite
     )
     got.data_files += [config.ewt_dir / EWT_FILES[s] for s in ("dev", "test")]
     counts = {}
@@ -330,7 +330,7 @@ def _dependency_analyses(config: ClarkConfig, wanted: set[str], encoder, tokeniz
         counts[split] = depattn.DependencyCounts(
             layers, heads, config.baseline_offsets, config.all_relations_include_root
         )
-        for word in words(ewt_sequences(config, tokenizer, split, config.ewt_n), f"EWT {split}"):
+        for word in words(ewt_sequences(config, tokenizer, split, config.ewt_limit), f"EWT {split}"):
             counts[split].update(word)
             if split == "test" and "probes" in wanted:
                 test_probe.append(probes.probe_sentence(word))
@@ -345,7 +345,7 @@ def _dependency_analyses(config: ClarkConfig, wanted: set[str], encoder, tokeniz
     if "probes" in wanted:
         clock = time.perf_counter()
         got.data_files.append(config.ewt_dir / EWT_FILES["train"])
-        train_seqs = ewt_sequences(config, tokenizer, "train", config.probe_train_n)
+        train_seqs = ewt_sequences(config, tokenizer, "train", config.probe_train_limit)
         train_probe = [probes.probe_sentence(w) for w in words(train_seqs, "EWT train")]
         rows = []
         for name, kind, with_embeddings in (
@@ -374,14 +374,15 @@ def _coref_analysis(config: ClarkConfig, encoder, tokenizer, got: _Collected) ->
         path = config.gap_dir / name
         got.data_files.append(path)
         inputs, counts = coref.encode_gap(
-            tokenizer, coref.read_gap(path, config.gap_n), config.max_length, config.coref_target,
+            tokenizer, coref.read_gap(path, config.gap_limit), config.max_length, config.coref_target,
             config.coref_mentions,
         )  # fmt: skip
         if not inputs:
             raise UserError(f"{path}: no example left to score ({counts})")
         scores = coref.candidate_scores(
-            run_coref, inputs, config.batch_size, config.max_length, config.first_piece, f"GAP {split}"
-        )
+            run_coref, inputs, config.batch_size, config.max_length, config.first_piece, f"GAP {split}",
+            config.allow_nonfinite,
+        )  # fmt: skip
         heads_correct[split] = coref.correct_choices(scores, np.array([item.label for item in inputs]))
         baselines[split] = coref.baseline_correct(inputs)
         got.results[f"coref_{split}"] = counts

@@ -16,9 +16,12 @@ from analysis.attention.wordattn import iter_word_attention, make_word_attention
 from sieves.depattn import DependencyCounts, SentenceCounts, sas_counts
 
 
-def score_sas(model, seqs, batch_size: int, max_length: int) -> DependencyCounts:
-    """The SAS counts of `model` (a bare encoder) on encoded CoNLL-U sentences, batch by batch."""
-    words = iter_word_attention(make_word_attention_fn(model), seqs, batch_size, max_length, desc="SAS")
+def score_sas(model, seqs, batch_size: int, max_length: int, allowed: bool = False) -> DependencyCounts:
+    """The SAS counts of `model` (a bare encoder) on encoded CoNLL-U sentences, batch by batch; a
+    word attention that is not finite stops the run (`iter_word_attention`, `allowed` its)."""
+    words = iter_word_attention(
+        make_word_attention_fn(model), seqs, batch_size, max_length, desc="SAS", allowed=allowed
+    )
     return sas_counts(model.config.num_hidden_layers, model.config.num_attention_heads, words)
 
 

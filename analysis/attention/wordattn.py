@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from analysis.common.finite import check_finite
 from analysis.common.forward import compiled, padded_batches
 from sieves.align import EncodedSequence
 from sieves.wordattn import WordAttention, pooling_batch, special_maps, word_maps
@@ -51,8 +52,11 @@ def iter_word_attention(
     max_length: int,
     first_piece: bool = False,
     desc: str = "word attention",
+    allowed: bool = False,
 ) -> Iterator[WordAttention]:
-    """Stream the word-level attention of every sequence, batch by batch (length-sorted order)."""
+    """Stream the word-level attention of every sequence, batch by batch (length-sorted order). A
+    sequence whose word attention is not finite stops the run (`finite.check_finite`, `allowed`
+    its): counted as arcs no head found, or fed to the probes, it would read as a finding."""
     for chunk, arrays in padded_batches(seqs, batch_size, max_length, desc):
         pooling = pooling_batch(chunk, batch_size, arrays["input_ids"].shape[1], first_piece)
         present = pooling.present
@@ -65,6 +69,9 @@ def iter_word_attention(
         )  # fmt: skip
         for b, seq in enumerate(chunk):
             w = len(seq.word_dep)
+            pooled = (maps[b, :, :, :w, :w], to_special[b, :, :, :w, None], from_special[b, :, :, :w, None])
+            check_finite(np.moveaxis(np.concatenate(pooled, axis=-1), (0, 1), (-2, -1)), "the word-level attention",
+                         f"{desc}, sentence {seq.index}", allowed=allowed)  # fmt: skip
             yield WordAttention(
                 maps=maps[b, :, :, :w, :w],
                 to_special=to_special[b, :, :, :w],

@@ -12,6 +12,7 @@ import contextlib
 import contextvars
 import dataclasses
 import hashlib
+import io
 import math
 import os
 import pickle
@@ -33,9 +34,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from analysis.common.flags import DEFAULT_FORMATS, FIGURE_FORMATS
+from analysis.common.flags import DEFAULT_FORMATS
 from bertjax import cli, runinfo
-from bertjax.errors import UserError
 
 PNG_DPI = 150
 
@@ -48,6 +48,7 @@ TITLE_INCH_PER_CHAR = 0.1
 TITLE_INCH_PER_LINE = 0.22
 
 _formats: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar("figure_formats", default=DEFAULT_FORMATS)
+_held: contextvars.ContextVar[dict[Path, bytes] | None] = contextvars.ContextVar("figures_held", default=None)
 
 
 @contextlib.contextmanager
@@ -61,10 +62,25 @@ def figure_formats(formats: Sequence[str]) -> Iterator[None]:
         _formats.reset(token)
 
 
+@contextlib.contextmanager
+def figures_held() -> Iterator[dict[Path, bytes]]:
+    """Within the block `save_figure` writes nothing: the bytes of each file it would write are
+    held in the dict yielded, by that file's path (the inline views of a result written nowhere
+    create no file or folder)."""
+    held: dict[Path, bytes] = {}
+    token = _held.set(held)
+    try:
+        yield held
+    finally:
+        _held.reset(token)
+
+
 def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     """Write `fig` as `<stem>.<format>` under `out_dir` (created if needed), in each format of
-    the `figure_formats` in force."""
-    out_dir.mkdir(parents=True, exist_ok=True)
+    the `figure_formats` in force; within `figures_held`, into its dict instead."""
+    held = _held.get()
+    if held is None:
+        out_dir.mkdir(parents=True, exist_ok=True)
     # The layout engine would run again inside each savefig; it is the dearest part of drawing
     # these many-panel figures, and its result (in figure fractions) is the same for every file.
     engine = fig.get_layout_engine()
@@ -74,35 +90,17 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in _formats.get():
         paths.append(out_dir / f"{stem}.{fmt}")
+        options = {"dpi": PNG_DPI} if fmt == "png" else {}
+        if held is not None:
+            buffer = io.BytesIO()
+            fig.savefig(buffer, format=fmt, **options)
+            held[paths[-1]] = buffer.getvalue()
+            continue
         # Through the one writer: a result's figure drawn on request goes into the user's output
         # directory, where a link planted at its name must not be written through.
         with runinfo.atomic_file(paths[-1], binary=True, overwrite=True) as f:
-            fig.savefig(f, format=fmt, **({"dpi": PNG_DPI} if fmt == "png" else {}))
+            fig.savefig(f, format=fmt, **options)
     return paths
-
-
-def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
-    asked = [part.strip() for part in spec.split(",") if part.strip()]
-    unknown = [a for a in asked if a not in choices]
-    if unknown or not asked:
-        what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
-        give = f"{', '.join(words)} or a comma-separated list" if words else "a comma-separated list"
-        raise UserError(f"{flag}: {what}; give {give} of {', '.join(choices)}")
-    return tuple(c for c in choices if c in asked)
-
-
-def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
-    """The kinds `--figures SPEC` asks for, in `kinds`' order: `all`, `none` or a list of kinds."""
-    if spec.strip() == "all":
-        return tuple(kinds)
-    if spec.strip() == "none":
-        return ()
-    return _choice("--figures", spec, kinds, ["all", "none"])
-
-
-def select_formats(spec: str) -> tuple[str, ...]:
-    """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
-    return _choice("--figure-format", spec, FIGURE_FORMATS, [])
 
 
 def log_scale(ax: Axes, which: Literal["x", "y"]) -> None:

@@ -22,6 +22,30 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 DEFAULT_FORMATS = ("png",)
 
 
+def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
+    asked = [part.strip() for part in spec.split(",") if part.strip()]
+    unknown = [a for a in asked if a not in choices]
+    if unknown or not asked:
+        what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
+        give = f"{', '.join(words)} or a comma-separated list" if words else "a comma-separated list"
+        raise UserError(f"{flag}: {what}; give {give} of {', '.join(choices)}")
+    return tuple(c for c in choices if c in asked)
+
+
+def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
+    """The kinds `--figures SPEC` asks for, in `kinds`' order: `all`, `none` or a list of kinds."""
+    if spec.strip() == "all":
+        return tuple(kinds)
+    if spec.strip() == "none":
+        return ()
+    return _choice("--figures", spec, kinds, ["all", "none"])
+
+
+def select_formats(spec: str) -> tuple[str, ...]:
+    """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
+    return _choice("--figure-format", spec, FIGURE_FORMATS, [])
+
+
 # What an analysis reads as a head's attention (docs/attention-norms.md): the weights α, Kobayashi et
 # al.'s norm-weighted attention α_ij‖f_h(x_j)‖ with rows renormalised, or both from one forward pass.
 ATTENTION_SOURCES = ("weights", "norms", "both")
@@ -50,13 +74,16 @@ def refuse_early(config: Any, writes_out: bool = True, replaces: str | None = No
     transformers (13-26 s on a laptop): a `--out` that is a file or not empty without `--overwrite`
     (where the command writes one; a `--out` holding the file `replaces`, the mark of the tool's
     own earlier output, is replaced without it), an unknown GLUE `--task`, a `--glue-dir` without
-    the task's split, a `--step` the run never saved. The run checks each again where it acts on
-    it. `config` is any analysis' settings; the fields of these flags have the same names in every
+    the task's split, a `--step` the run never saved, an unknown `--figure-format`. The run checks
+    each again where it acts on it. `config` is any analysis' settings; the fields of these flags have the same names in every
     tool, and those it has are read."""
     from pathlib import Path
 
     from bertjax import glue, runinfo, steps
     from sieves.parse import TEXT_PREFIX
+
+    if getattr(config, "figure_format", None) is not None:
+        select_formats(config.figure_format)
 
     if writes_out:
         own = replaces is not None and (Path(config.out).expanduser() / replaces).is_file()

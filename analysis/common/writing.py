@@ -6,7 +6,8 @@ import dataclasses
 import time
 from pathlib import Path
 
-from analysis.common.figures import figure_formats, select_formats
+from analysis.common.figures import figure_formats
+from analysis.common.flags import select_formats
 from bertjax import runinfo
 
 

@@ -21,8 +21,9 @@ from matplotlib import colormaps
 from matplotlib.figure import Figure
 
 from analysis.common.examples import fit_max_length, prepare_inputs, resolve_tasks
-from analysis.common.figures import save_figure, select_figures, select_formats
+from analysis.common.figures import save_figure
 from analysis.common.finite import check_finite, silent_heads, warn_undefined
+from analysis.common.flags import select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, at_precision, compiled
 from analysis.common.writing import write_tables_run
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
@@ -39,7 +40,7 @@ from analysis.heads.summary import layer_groups
 from bertjax import distributed, glue, runinfo
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
-from bertjax.pretrained import from_pretrained, load_config, load_tokenizer, resolve
+from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from bertjax.readings import attention_reading, attention_rows
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES, present_roles
@@ -232,17 +233,17 @@ def shape_differences(one: BertConfig, other: BertConfig) -> list[str]:
     ]
 
 
-def check_same_shape(pre: str, post: str) -> None:
-    differ = shape_differences(load_config(resolve(pre)), load_config(resolve(post)))
+def check_same_shape(pre: str, post: str, pre_source: Checkpoint, post_source: Checkpoint) -> None:
+    differ = shape_differences(pre_source.config, post_source.config)
     if differ:
         raise UserError(
             f"--pre {pre} and --post {post} have different shapes ({', '.join(differ)}); compare a model with its own fine-tuned copy"
         )
 
 
-def check_same_vocabulary(pre_tokenizer, post: str) -> None:
+def check_same_vocabulary(pre_tokenizer, post: str, post_source: Checkpoint) -> None:
     """The sequences are encoded once with the pre tokenizer, so the post one must agree."""
-    if load_tokenizer(post).get_vocab() != pre_tokenizer.get_vocab():
+    if load_tokenizer(post_source).get_vocab() != pre_tokenizer.get_vocab():
         raise UserError(f"--post {post}: its tokenizer's vocabulary differs from the pre-trained checkpoint's")
 
 
@@ -274,65 +275,81 @@ class EffectRun:
         return plot(self.tables[kind], out_dir, kind)
 
 
-def prepare(config: EffectConfig, post_models: Sequence | None = None) -> EffectConfig:
+def prepare(config: EffectConfig, sources: Sequence[Checkpoint], post_models: Sequence | None = None) -> EffectConfig:
     """The checks made before anything is read or written, and `config` with its max length cut to
-    the pre-trained model's positions (the sequences are encoded once, before any model loads)."""
+    the pre-trained model's positions (the sequences are encoded once, before any model loads).
+    `sources`: the pre-trained checkpoint, then each of `config.posts`, opened."""
     if post_models is not None and len(post_models) != len(config.posts):
         raise UserError(f"post_models: {len(post_models)} models for {len(config.posts)} --post checkpoints")
     select_figures(config.data.figures, FIGURES)
     select_formats(config.data.figure_format)
-    for post in config.posts:
-        check_same_shape(config.data.ckpt, post.ckpt)
-    positions = load_config(resolve(config.data.ckpt)).max_sequence_length
+    pre_source, *post_sources = sources
+    for post, post_source in zip(config.posts, post_sources, strict=True):
+        check_same_shape(config.data.ckpt, post.ckpt, pre_source, post_source)
+    positions = pre_source.config.max_sequence_length
     config = dataclasses.replace(config, data=fit_max_length(config.data, positions))
     distributed.initialize(config.data.distributed)
     return config
 
 
 def run(
-    config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None
+    config: EffectConfig,
+    sources: Sequence[Checkpoint],
+    model=None,
+    tokenizer=None,
+    post_models: Sequence | None = None,
 ) -> tuple[EffectRun, dict] | None:
     """The CLI's path: `compute`, then `write` into --out (atomically; its checks come before any
     work). Returns the run and the run.json written, or None in a process of a multi-process job
     other than the first (process 0 alone writes; the others score their shares)."""
     started = time.perf_counter()
-    config = prepare(config, post_models)
+    config = prepare(config, sources, post_models)
     writes = jax.process_index() == 0
     with (
         runinfo.atomic_out(config.data.out, config.data.overwrite, EFFECT_OUTPUT)
         if writes
         else contextlib.nullcontext() as tmp
     ):
-        result = _compute(config, started, model, tokenizer, post_models)
+        result = _compute(config, sources, started, model, tokenizer, post_models)
         if tmp is None:  # not process 0: its shares are in process 0's output
             return None
         info = write(result, tmp)
     return result, info
 
 
-def compute(config: EffectConfig, model=None, tokenizer=None, post_models: Sequence | None = None) -> EffectRun:
+def compute(
+    config: EffectConfig,
+    sources: Sequence[Checkpoint],
+    model=None,
+    tokenizer=None,
+    post_models: Sequence | None = None,
+) -> EffectRun:
     """Both comparisons for every post checkpoint, in memory; writes nothing (the parse cache
-    aside). `model`, `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each
-    post checkpoint already loaded, in the order of `config.posts`."""
+    aside). `sources`: the pre-trained checkpoint, then each of `config.posts`, opened. `model`,
+    `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each post checkpoint
+    already loaded, in the order of `config.posts`."""
     started = time.perf_counter()
-    return _compute(prepare(config, post_models), started, model, tokenizer, post_models)
+    return _compute(prepare(config, sources, post_models), sources, started, model, tokenizer, post_models)
 
 
 @at_precision("data.precision")
-def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: Sequence | None) -> EffectRun:
+def _compute(
+    config: EffectConfig, sources: Sequence[Checkpoint], started: float, pre, tokenizer, post_models: Sequence | None
+) -> EffectRun:
     rc = config.data
+    pre_source, *post_sources = sources
     timings: dict[str, float] = {}
     if tokenizer is None:
-        tokenizer = load_tokenizer(rc.ckpt)
-    for post in config.posts:
-        check_same_vocabulary(tokenizer, post.ckpt)
+        tokenizer = load_tokenizer(pre_source)
+    for post, post_source in zip(config.posts, post_sources, strict=True):
+        check_same_vocabulary(tokenizer, post.ckpt, post_source)
     inputs = prepare_inputs(rc, list(dict.fromkeys(t for post in config.posts for t in post.tasks)))
     sequences = inputs.encode(tokenizer, timings)
     devices = Devices.local(rc.devices)
 
     clock = time.perf_counter()
     if pre is None:
-        pre = from_pretrained(rc.ckpt, allow_nonfinite=rc.allow_nonfinite)
+        pre = from_pretrained(pre_source, allow_nonfinite=rc.allow_nonfinite)
     timings["load_pre"] = time.perf_counter() - clock
     n_layers = pre.config.num_hidden_layers
 
@@ -341,7 +358,7 @@ def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: 
         clock = time.perf_counter()
         loaded = None if post_models is None else post_models[i]
         if loaded is None:
-            loaded = from_pretrained(post.ckpt, allow_nonfinite=rc.allow_nonfinite)
+            loaded = from_pretrained(post_sources[i], allow_nonfinite=rc.allow_nonfinite)
         comparer = make_comparer(pre, loaded, devices, rc.attention, reference_length(rc))
         for task in post.tasks:
             with distributed.all_ok("scoring"):
@@ -364,8 +381,8 @@ def _compute(config: EffectConfig, started: float, pre, tokenizer, post_models: 
     tables["head_means"]["change"] = tables["head_means"]["post"] - tables["head_means"]["pre"]
     info = {
         "config": dataclasses.asdict(config),
-        "pre": resolve(rc.ckpt).describe(),
-        "posts": {p.label: resolve(p.ckpt).describe() for p in config.posts},
+        "pre": pre_source.describe(),
+        "posts": {p.label: s.describe() for p, s in zip(config.posts, post_sources, strict=True)},
         "layer_groups": {name: [int(x) for x in layers] for name, layers in layer_groups(n_layers)},
         "data_files": inputs.data_files,
         "sequences": inputs.n_sequences,

@@ -15,7 +15,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from analysis.common.examples import make_parser, present_roles
-from analysis.common.finite import check_finite
 from analysis.heads.config import RolesConfig
 from analysis.heads.report import STAT_FIELDS, _numbers, _pack, _quantised, attention_and_scores, readable_checkpoint
 from bertjax.errors import UserError
@@ -77,10 +76,8 @@ def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int
             f"max_length (to at most {model.config.max_sequence_length}, this model's positions) or shorten the text"
         )
     (seq,) = encode_batch(tokenizer, [segments], parses, max_length)
-    attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], config, present)
+    attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], config, present, "head_view")
     n = seq.length
-    attended = np.moveaxis(attention[:, 0, :, :n, :n], (0, 1), (2, 3))
-    check_finite(attended, "the attention", "head_view", allowed=config.allow_nonfinite)
     stats = {}
     for r, name in enumerate(present):
         scored = counts[r, 0] > 0

@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.examples import Inputs, fit_max_length, prepare_inputs
-from analysis.common.figures import FigurePool, figure_formats, pool_size, select_figures, select_formats
-from analysis.common.flags import attention_readings
+from analysis.common.figures import FigurePool, figure_formats, pool_size
+from analysis.common.flags import attention_readings, select_figures, select_formats
 from analysis.common.forward import Devices, at_precision
 from analysis.heads import readings as second_readings
 from analysis.heads import summary
@@ -36,7 +36,7 @@ from analysis.heads.scoring import (
     test_roles,
 )
 from bertjax import distributed, runinfo
-from bertjax.pretrained import from_pretrained, load_tokenizer, resolve
+from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from sieves.builders import ROLES
 
 log = logging.getLogger(__name__)
@@ -75,11 +75,13 @@ class RolesRun:
         return "\n".join(lines)
 
 
-def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[RolesRun, dict] | None:
+def run(
+    config: RolesConfig, source: Checkpoint, parser=None, model=None, tokenizer=None
+) -> tuple[RolesRun, dict] | None:
     """The CLI's path: `compute`, then `write` into `config.out` (atomically; its checks come before
     any work). Returns the run and the run.json written, or None in a process of a multi-process
-    job other than the first, which writes nothing. `parser`, `model`, `tokenizer`: as `compute`
-    takes them."""
+    job other than the first, which writes nothing. `source`, `parser`, `model`, `tokenizer`: as
+    `compute` takes them."""
     distributed.initialize(config.distributed)
     started = time.perf_counter()
     kinds = select_figures(config.figures, ROLES_FIGURES)
@@ -90,7 +92,7 @@ def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[R
         # Started before the model loads, so that the workers' imports overlap the loading.
         FigurePool(pool_size(len(config_tasks(config)) * len(kinds)) if writes else 0) as pool,
     ):
-        result = compute(config, parser, model, tokenizer, started)
+        result = compute(config, source, parser, model, tokenizer, started)
         if tmp is None:  # not process 0: its share is in process 0's output
             return None
         info = write(result, tmp, pool)
@@ -98,8 +100,11 @@ def run(config: RolesConfig, parser=None, model=None, tokenizer=None) -> tuple[R
 
 
 @at_precision()
-def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, started: float | None = None) -> RolesRun:
-    """The whole analysis in memory; writes nothing (the parse cache aside).
+def compute(
+    config: RolesConfig, source: Checkpoint, parser=None, model=None, tokenizer=None, started: float | None = None
+) -> RolesRun:
+    """The whole analysis of `source` (`config.ckpt` opened) in memory; writes nothing (the parse
+    cache aside).
 
     `parser`: anything with `parse(texts) -> list[Parse]`, `name` and `version` (default: spaCy,
     as `config` says), e.g. parses made elsewhere and shipped with the job. `model` and
@@ -112,11 +117,10 @@ def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, starte
     started = time.perf_counter() if started is None else started
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    source = resolve(config.ckpt, config.step)
     if model is None:
-        model = from_pretrained(config.ckpt, step=config.step, allow_nonfinite=config.allow_nonfinite)
+        model = from_pretrained(source, allow_nonfinite=config.allow_nonfinite)
     if tokenizer is None:
-        tokenizer = load_tokenizer(config.ckpt, step=config.step)
+        tokenizer = load_tokenizer(source)
     devices = Devices.local(config.devices)
     readings = attention_readings(config.attention)
     scorer = make_scorer(model, entropy_roles(config), devices, readings, reference_length(config))
@@ -144,7 +148,9 @@ def compute(config: RolesConfig, parser=None, model=None, tokenizer=None, starte
     return RolesRun(config, table, digest, results, tau, info, timings, started, second)
 
 
-def provenance(config: RolesConfig, tau: float, source, model, devices: Devices, inputs: Inputs, results) -> dict:
+def provenance(
+    config: RolesConfig, tau: float, source: Checkpoint, model, devices: Devices, inputs: Inputs, results
+) -> dict:
     """run.json's record of the run before its figures: settings, checkpoint, model, mesh, parser,
     what each task scored, the data files read."""
     parser = inputs.parser

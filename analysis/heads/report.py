@@ -1,5 +1,8 @@
 """The data of `report.html` (`python -m analysis.report`): a run's statistics as its table has
 them, the example attention computed from its checkpoint, and the page written atomically.
+
+The page is built from a run held in memory (`Run`): an API result gives its own (`held_run`), and
+reading a run directory (`read_run`) is the one adapter that loads the same from the files.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.examples import CONLLU_TASK, TEXT_LABEL, examples_for, make_parser, parse_segments
+from analysis.common.finite import check_finite
 from analysis.common.flags import attention_readings
 from analysis.heads.config import REPORT, ReportConfig, RolesConfig  # noqa: F401 — ReportConfig: callers import it from here
 from analysis.heads.report_page import GENERATOR, render
@@ -57,18 +61,39 @@ CANDIDATES = 32
 # More than any BERT has: a table claiming more is edited, and its grid would not fit in memory.
 MAX_GRID = 1024
 
+# The header's place of a result written nowhere (the page's and the inline tables' alike).
+NOT_SAVED = "not saved"
+
 
 @dataclasses.dataclass
 class Run:
-    """An analysis output as read: its kind, table, run.json and the settings it ran with."""
+    """An analysis output as the report reads it, in memory: its kind, table, run.json and the
+    settings it ran with, its grid, and what the page shows beside the table: a `--attention both`
+    run's other readings' roles tables (`readings`), an effect run's attention similarity
+    (`cosine`), a track run's recorded example attention (`recorded`: EXAMPLES_JSON as parsed, or
+    why it could not be read). `directory`: where it is written (None: nowhere, a result held in
+    memory), which the page's header names."""
 
     kind: str
-    directory: Path
+    directory: Path | None
     table: pd.DataFrame
     info: dict
     settings: RolesConfig
     layers: int
     heads: int
+    readings: dict[str, pd.DataFrame] = dataclasses.field(default_factory=dict)
+    cosine: pd.DataFrame | None = None
+    recorded: dict | str | None = None
+
+    def where(self, name: str) -> Path:
+        """The run's file `name` as messages name it: in its directory, or by its name alone."""
+        return Path(name) if self.directory is None else self.directory / name
+
+
+def held_run(kind: str, table: pd.DataFrame, info: dict, settings: RolesConfig, directory: Path | None = None,
+             **shown) -> Run:  # fmt: skip
+    """A result held in memory as the report reads it (`shown`: `Run`'s readings, cosine, recorded)."""
+    return Run(kind, directory, table, info, settings, *grid_size(table, info), **shown)
 
 
 def read_run(run_dir: str | Path) -> Run:
@@ -107,7 +132,29 @@ def read_run(run_dir: str | Path) -> Run:
             f"{directory / TABLES[kind]}: not the table analysis.{kind} writes (missing columns: {', '.join(missing) or 'no rows'})"
         )
     layers, heads = check_table(kind, table, directory / TABLES[kind], settings, info)
-    return Run(kind, directory, table, info, settings, layers, heads)
+    shown: dict = {}
+    if kind == "roles":
+        shown["readings"] = {reading: read_reading(reading, directory / files["roles"], settings, info)
+                             for reading, files in info.get("readings", {}).items()}  # fmt: skip
+    if kind == "effect" and (directory / "attention_similarity.csv").is_file():
+        shown["cosine"] = pd.read_csv(directory / "attention_similarity.csv")
+    recorded = directory / EXAMPLES_JSON
+    if kind == "track" and recorded.is_file():
+        try:
+            shown["recorded"] = json.loads(recorded.read_text())
+        except (OSError, ValueError) as e:
+            shown["recorded"] = not_recorded(recorded, e)
+    return Run(kind, directory, table, info, settings, layers, heads, **shown)
+
+
+def read_reading(reading: str, path: Path, settings: RolesConfig, info: dict) -> pd.DataFrame:
+    """A `--attention both` roles run's other reading's roles table, at `path` (run.json `readings`
+    names it)."""
+    if not path.is_file():
+        raise UserError(f"{path}: not found (run.json names it the {reading} reading's roles table)")
+    table = pd.read_csv(path)
+    check_table("roles", table, path, settings, info)
+    return table
 
 
 def settings_of(config: dict, source: Path | None = None, prefix: str = "config") -> RolesConfig:
@@ -158,6 +205,15 @@ def check_run_json(info: dict, source: Path) -> None:
                 raise UserError(f"{source}: model_config.{key} must be an integer in [1, {MAX_GRID}], got {value!r}")
 
 
+def grid_size(table: pd.DataFrame, info: dict) -> tuple[int, int]:
+    """(layers, heads) of the model run.json records, else (a track run, runs older than the
+    record) the table's own extent, which `check_table` bounds."""
+    model = info.get("model_config")
+    if isinstance(model, dict) and "num_hidden_layers" in model:
+        return model["num_hidden_layers"], model["num_attention_heads"]
+    return int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+
+
 def check_table(kind: str, table: pd.DataFrame, source: Path, settings: RolesConfig, info: dict) -> tuple[int, int]:
     """(layers, heads) of a run's table, after checking it is the table the run wrote: integer
     layer and head within the model's grid, one row per head of each (task, role[, step or post
@@ -170,11 +226,7 @@ def check_table(kind: str, table: pd.DataFrame, source: Path, settings: RolesCon
             value = table[column].iloc[row]
             value = value.item() if isinstance(value, np.generic) else value
             raise UserError(f"{source}:{row + 2}: {column} must be an integer ≥ 0, got {value!r}")
-    model = info.get("model_config")
-    if isinstance(model, dict) and "num_hidden_layers" in model:
-        layers, heads = model["num_hidden_layers"], model["num_attention_heads"]
-    else:  # older runs did not record the model: the table's own extent, within reason
-        layers, heads = int(table["layer"].max()) + 1, int(table["head"].max()) + 1
+    layers, heads = grid_size(table, info)
     for column, size in (("layer", layers), ("head", heads)):
         past = np.flatnonzero(table[column].to_numpy() >= min(size, MAX_GRID))
         if len(past):
@@ -237,8 +289,7 @@ def stats_data(run: Run, layers: int, heads: int) -> dict:
     table = run.table
     data: dict = {}
     if run.kind == "effect":
-        cos_path = run.directory / "attention_similarity.csv"
-        cosine = pd.read_csv(cos_path) if cos_path.is_file() else None
+        cosine = run.cosine
         for task in pd.unique(table["task"]):
             data[task] = {}
             for post in pd.unique(table["post_ckpt"]):
@@ -271,15 +322,8 @@ def other_readings(run: Run, layers: int, heads: int) -> dict:
     statistics of its roles table, as `stats_data` gives the main one's; {} for any other run."""
     if run.kind != "roles":
         return {}
-    out = {}
-    for reading, files in run.info.get("readings", {}).items():
-        path = run.directory / files["roles"]
-        if not path.is_file():
-            raise UserError(f"{path}: not found (run.json names it the {reading} reading's roles table)")
-        table = pd.read_csv(path)
-        check_table(run.kind, table, path, run.settings, run.info)
-        out[reading] = stats_data(dataclasses.replace(run, table=table), layers, heads)
-    return out
+    return {reading: stats_data(dataclasses.replace(run, table=table), layers, heads)
+            for reading, table in run.readings.items()}  # fmt: skip
 
 
 @dataclasses.dataclass
@@ -324,7 +368,9 @@ def _quantised(attention: np.ndarray) -> str:
     return base64.b64encode(np.round(np.clip(attention, 0, 1) * 255).astype(np.uint8).tobytes()).decode()
 
 
-def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: RolesConfig, present: Sequence[str]):
+def attention_and_scores(
+    model, seqs: Sequence[EncodedSequence], settings: RolesConfig, present: Sequence[str], where: str
+):
     """(attention [L, B, H, T, T], β [R, B, L, H], scored-row counts [R, B], rows, sieves) of `seqs`
     padded to one length, for the roles `present`, as the run computed them (on its main reading,
     with its `--score`).
@@ -332,7 +378,12 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     The length is rounded up to a power of two (within the model's positions): the model runs op by
     op here, each op compiled for its shapes, so every new length compiled ~40 programs anew and a
     notebook drawing `head_view` after `head_view` grew without end. Padding adds masked keys, whose
-    attention is an exact 0, and rows no sieve selects."""
+    attention is an exact 0, and rows no sieve selects.
+
+    Attention that is not finite from finite weights stops with one line naming `where`, the layer
+    and the head (as every reading does, `analysis.common.finite`): a picture would draw it as 0. A
+    head whose norm-weighted attention is undefined (a pruned head's: it passes nothing on) reads 0
+    (`bertjax.readings.norm_weighted`) and is drawn empty, as its β is left empty."""
     longest = max(s.length for s in seqs)
     length = max(longest, min(1 << (longest - 1).bit_length(), model.config.max_position_embeddings))
     arrays = pad_batch(seqs, len(seqs), length)
@@ -341,10 +392,14 @@ def attention_and_scores(model, seqs: Sequence[EncodedSequence], settings: Roles
     out = model(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], output_attentions=True,
                 attention_norms=reading == "norms")  # fmt: skip
     attention = jnp.stack(attention_reading(out, reading))
+    real = jnp.asarray(arrays["attention_mask"], bool)
+    pairs = real[None, :, None, :, None] & real[None, :, None, None, :]
+    # The sum over a sequence's real pairs: NaN or infinite where any of them is (each row sums to 1: no overflow).
+    total = np.moveaxis(np.asarray(jnp.where(pairs, attention, 0.0).sum(axis=(-2, -1))), 0, 1)  # [B, L, H]
+    check_finite(total, "the attention", where, allowed=settings.allow_nonfinite)
     rows, sieves = build_batch(
         seqs, present, SieveOptions(settings.window, settings.special_rows, settings.block_first_sep == "b"), length
     )
-    real = jnp.asarray(arrays["attention_mask"], bool)
     scores, counts = sieve_scores(attention, real, rows, sieves, reference_length=reference_length(settings))
     return np.asarray(attention), np.asarray(scores), np.asarray(counts), rows, sieves
 
@@ -411,7 +466,10 @@ def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], token
     seqs = encode_batch(tokenizer, chosen_segments, parses, settings.max_length, [indices[i] for i in candidates])
     present, absent = present_roles((s.num_segments for s in seqs), settings.roles)
     layers, heads = loaded[0][1].config.num_hidden_layers, loaded[0][1].config.num_attention_heads
-    computed = {m.name: attention_and_scores(model, seqs, settings, present) for m, model in loaded}
+    computed = {
+        m.name: attention_and_scores(model, seqs, settings, present, f"{m.name}, example attention")
+        for m, model in loaded
+    }
     _, first_scores, counts, rows, sieves = computed[loaded[0][0].name]
     pool = pick_pool(first_scores, counts, held_roles(run, task, present, layers, heads), size)
     shown = [sequence_entry(tokenizer, seqs[c], c, computed, present, rows, sieves) for c in pool]
@@ -453,7 +511,9 @@ def step_examples(model, tokenizer, sequences: dict[str, Sequence[EncodedSequenc
             continue
         present, absent = present_roles((s.num_segments for s in seqs), settings.roles)
         seq = next((s for s in seqs if s.length <= MAX_SHOWN_TOKENS), None) or min(seqs, key=lambda s: s.length)
-        attention, scores, counts, rows, sieves = attention_and_scores(model, [seq], settings, present)
+        attention, scores, counts, rows, sieves = attention_and_scores(
+            model, [seq], settings, present, f"{task}, example attention"
+        )
         entry = sequence_entry(
             tokenizer, seq, 0, {"model": (attention, scores, counts, rows, sieves)}, present, rows, sieves
         )
@@ -461,14 +521,16 @@ def step_examples(model, tokenizer, sequences: dict[str, Sequence[EncodedSequenc
     return recorded
 
 
-def recorded_examples(path: Path, tasks: Sequence[str], size: int) -> tuple[dict, str | None]:
-    """A track run's examples from the attention it recorded at each step (`EXAMPLES_JSON`, as
-    `step_examples` wrote them), as `examples_data` gives them, named `step S`: the page then
-    draws the step its slider shows, and needs no checkpoint."""
+def recorded_examples(by_step: dict | str, path: Path, tasks: Sequence[str], size: int) -> tuple[dict, str | None]:
+    """A track run's examples from the attention it recorded at each step (`by_step`: EXAMPLES_JSON
+    as parsed, or why it could not be read; `path`: its name in messages), as `examples_data`
+    gives them, named `step S`: the page then draws the step its slider shows, and needs no
+    checkpoint."""
     if size == 0:
         return {}, "no example sequences were asked for (--examples 0)"
+    if isinstance(by_step, str):
+        return _missing(by_step)
     try:
-        by_step = json.loads(path.read_text())
         examples = {}
         for step in sorted(by_step, key=int):
             for task, recorded in by_step[step].items():
@@ -480,9 +542,14 @@ def recorded_examples(path: Path, tasks: Sequence[str], size: int) -> tuple[dict
                 page["sequences"][0]["attention"][f"step {step}"] = entry["attention"]["model"]
                 page["sequences"][0]["beta"][f"step {step}"] = entry["beta"]["model"]
                 page["models"].append(f"step {step}")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-        return _missing(f"{path} is not the example attention analysis.track records ({type(e).__name__}: {e})")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return _missing(not_recorded(path, e))
     return examples, None
+
+
+def not_recorded(path: Path, error: Exception) -> str:
+    """Why EXAMPLES_JSON at `path` gives no examples: it is not what a track records."""
+    return f"{path} is not the example attention analysis.track records ({type(error).__name__}: {error})"
 
 
 def examples_data(run: Run, tasks: Sequence[str], size: int) -> tuple[dict, str | None]:
@@ -533,8 +600,10 @@ def changed_data_files(data_files: dict) -> str | None:
 
 def coref_data(run: Run, config: ReportConfig, layers: int, heads: int) -> dict | None:
     """{"source", "heads": {"layer-head": numbers}} from `--coref DIR`'s coref_heads.csv, or the
-    run directory's own; None when neither has one."""
+    run directory's own; None when neither has one (nor a directory: a result held in memory)."""
     directory = Path(config.coref).expanduser() if config.coref else run.directory
+    if directory is None:
+        return None
     path = directory / COREF_TABLE
     if not path.is_file():
         if config.coref:
@@ -600,18 +669,19 @@ def report_data(run: Run, config: ReportConfig) -> dict:
     layers, heads = run.layers, run.heads
     tasks = [str(t) for t in pd.unique(table["task"])]
     stats = stats_data(run, layers, heads)
-    recorded = run.directory / EXAMPLES_JSON
-    if run.kind == "track" and recorded.is_file():
-        examples, missing = recorded_examples(recorded, tasks, config.examples)
+    if run.kind == "track" and run.recorded is not None:
+        examples, missing = recorded_examples(run.recorded, run.where(EXAMPLES_JSON), tasks, config.examples)
     else:
         examples, missing = examples_data(run, tasks, config.examples)
     info = run.info
     tau = info.get("tau")
+    what = dict(roles="head roles", track="head roles during training", effect="fine-tuning effect")[run.kind]
     return {
         "kind": run.kind,
-        "title": f"{run.directory.resolve().name}: {dict(roles='head roles', track='head roles during training', effect='fine-tuning effect')[run.kind]}",
+        # A result held in memory is named by its checkpoint, as its folder names a written run.
+        "title": f"{checkpoint_name(run) if run.directory is None else run.directory.resolve().name}: {what}",
         # As the reader would type it from here: a page made in a checkout names no home directory.
-        "run_dir": str(shown_path(run.directory)),
+        "run_dir": NOT_SAVED if run.directory is None else str(shown_path(run.directory)),
         "checkpoint": checkpoint_name(run),
         "layers": layers,
         "heads": heads,

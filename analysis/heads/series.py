@@ -15,12 +15,12 @@ from bertjax import checkpoint as ckpt
 from bertjax.errors import UserError
 from bertjax.pretrained import (
     REVISION_MARK,
-    Source,
+    Checkpoint,
     cached_hub_repos,
     is_hub_id,
     load_config,
     load_tokenizer,
-    resolve,
+    open_checkpoint,
     split_revision,
 )
 
@@ -62,7 +62,7 @@ class Member:
     step: int
     label: str
     given: str
-    source: Source
+    source: Checkpoint
 
     def describe(self) -> dict:
         source = self.source
@@ -74,16 +74,16 @@ class Member:
 def run_members(run: str, wanted: Sequence[int] | None, with_init: bool) -> list[Member]:
     """The checkpoints of a training run's workdir, led by its init at step 0 with `with_init`."""
     directory, steps = run_steps(run, wanted)
-    check_one_tokenizer(directory, steps)
-    members = [Member(s, str(s), run, Source("orbax", directory, s)) for s in steps]
+    members = [Member(s, str(s), run, open_checkpoint(directory, s)) for s in steps]
+    check_one_tokenizer(directory, members)
     if not with_init:
         return members
-    run_config = ckpt.read_meta(directory, steps[-1]).get("run_config") or {}
+    run_config = members[-1].source.meta.get("run_config") or {}
     if not run_config.get("init") or "task" not in run_config:
         raise UserError(f"--with-init: {run} is not a fine-tuning run (its config names no init checkpoint)")
     if steps[0] == 0:
         raise UserError(f"--with-init: {run} has a checkpoint at step 0 already")
-    init = Member(0, INIT_LABEL, run_config["init"], resolve(run_config["init"], run_config.get("init_step")))
+    init = Member(0, INIT_LABEL, run_config["init"], open_checkpoint(run_config["init"], run_config.get("init_step")))
     return [init, *members]
 
 
@@ -122,7 +122,7 @@ def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Me
     parts = [split_label(s) for s in specs]
     # A hub member's weights are fetched when it is scored: a member whose scores are cached
     # needs only its config and tokenizer files.
-    sources = [resolve(text, weights=False) for text, _ in parts]
+    sources = [open_checkpoint(text, weights=False) for text, _ in parts]
     # An integer label is the step; an unlabelled bertjax checkpoint brings its own.
     numeric = [_integer(label) if label is not None else (src.step if src.kind == "orbax" else None)
                for (_, label), src in zip(parts, sources, strict=True)]  # fmt: skip
@@ -140,10 +140,10 @@ def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Me
     return members
 
 
-def _resolve_step(pattern: str, step: int, text: str) -> Source:
+def _resolve_step(pattern: str, step: int, text: str) -> Checkpoint:
     """One member of a `{step}` pattern, or one line naming the steps the local hub cache holds."""
     try:
-        return resolve(text, weights=False)
+        return open_checkpoint(text, weights=False)
     except UserError as e:
         if not is_hub_id(split_revision(text)[0]):
             raise  # a local series: the error names the folder
@@ -186,7 +186,7 @@ def check_series(members: Sequence[Member]) -> list:
     locations = {tokenizer_location(m.source): m for m in members}
     if len(locations) == 1:  # one tokenizer (a run's steps): nothing to compare
         return configs
-    vocabularies = [(m, load_tokenizer(m.source.path, step=m.source.step).get_vocab()) for m in locations.values()]
+    vocabularies = [(m, load_tokenizer(m.source).get_vocab()) for m in locations.values()]
     (first, vocabulary), *others = vocabularies
     for member, other in others:
         if other != vocabulary:
@@ -197,16 +197,16 @@ def check_series(members: Sequence[Member]) -> list:
     return configs
 
 
-def tokenizer_location(source: Source) -> tuple:
+def tokenizer_location(source: Checkpoint) -> tuple:
     """Where a checkpoint's tokenizer is stored: members sharing one are compared once."""
     if source.kind == "hf":
         return ("hf", str(source.path.resolve()))
-    return ("orbax", str(source.path.resolve()), ckpt.read_meta(source.path, source.step)["tokenizer"])
+    return ("orbax", str(source.path.resolve()), source.meta["tokenizer"])
 
 
-def check_one_tokenizer(directory: Path, steps: Sequence[int]) -> None:
+def check_one_tokenizer(directory: Path, members: Sequence[Member]) -> None:
     """Sequences are encoded once for all steps, so every step must name the same tokenizer."""
-    tokenizers = {step: ckpt.read_meta(directory, step)["tokenizer"] for step in steps}
+    tokenizers = {m.step: m.source.meta["tokenizer"] for m in members}
     if len(set(tokenizers.values())) > 1:
         found = ", ".join(f"step {s}: {t}" for s, t in tokenizers.items())
         raise UserError(f"{directory}: the checkpoints use different tokenizers ({found}); track them separately")

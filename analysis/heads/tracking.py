@@ -14,6 +14,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 import time
 import zipfile
@@ -29,12 +30,8 @@ from analysis.common import changepoint
 from analysis.common import figures as common_figures
 from analysis.common import heldout as heldout_io
 from analysis.common.examples import Inputs, check_sources, fit_max_length, prepare_inputs
-from analysis.common.figures import (
-    FigureCache,
-    figure_formats,
-    select_figures,
-    select_formats,
-)
+from analysis.common.figures import FigureCache, figure_formats
+from analysis.common.flags import select_figures, select_formats
 from analysis.common.forward import Devices, at_precision
 from analysis.heads import events, intervals, onset, robustness, seeds, tracking_figures
 from analysis.heads import figures as heads_figures
@@ -126,23 +123,91 @@ def cache_path(cache_dir: Path, settings: dict, identity: dict, kind: str = "ste
     return cache_dir / f"{kind}-{identity['step']:09d}-{digest[:16]}.npz"
 
 
+# What `.bertjax-output` says of a scores cache: a track adds entries to no other directory, and
+# an output's --overwrite (`runinfo.atomic_out`) does not replace one.
+SCORES_CACHE = "track scores cache"
+# Every file a scores cache holds, an unmarked one of an earlier bertjax included: the step and SAS
+# entries, the figure cache's files (`FigureCache`), and the temporaries and write checks a killed
+# run left (`runinfo.atomic_file`'s `.<name>.<random>.tmp`, a marker's too).
+_CACHE_FILE = re.compile(r"(step|sas)-\d{9}-[0-9a-f]{16}\.npz|[0-9a-f]{64}\.(png|svg|pdf)|\..+\.tmp|\.write-check-.+")
+
+
 def prepare_cache(cache_dir: Path, out: Path) -> None:
     """Creates the scores cache, or stops before any scoring when it cannot serve: inside --out,
-    which every run replaces whole, it would be deleted each time."""
+    which every run replaces whole, it would be deleted each time; a directory that is not a
+    scores cache (`.bertjax-output` says so) is refused, so that a mistyped --scores-cache is not
+    filled. An unmarked directory whose every file is a cache's (one an earlier bertjax wrote) is
+    marked and used."""
     if cache_dir == out or out in cache_dir.parents:
         raise UserError(
             f"--scores-cache {cache_dir}: inside --out {out}, which each run replaces; put the cache elsewhere"
         )
+    if cache_dir.exists() and not cache_dir.is_dir():
+        raise UserError(f"--scores-cache {cache_dir} exists and is not a directory")
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"--scores-cache {cache_dir}: cannot create it ({e.strerror})") from None
+    try:
+        _mark_cache(cache_dir)
+    except OSError as e:
+        raise UserError(f"--scores-cache {cache_dir}: cannot write there ({e.strerror})") from None
     try:  # checked now, not after the scoring: entries are written as each step is scored
         fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=cache_dir)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
         raise UserError(f"--scores-cache {cache_dir}: cannot write there ({e.strerror})") from None
+
+
+def _mark_cache(cache_dir: Path) -> None:
+    """Marks `cache_dir` as a scores cache, or refuses it. No lock: runs starting together on one
+    new cache each find nothing but a cache's files (the marker another wrote, or its temporary)
+    and write the same marker, each whole under a name of its own and renamed into place, as the
+    entries are (`save_npz`)."""
+    marker = cache_dir / runinfo.OUTPUT_MARKER
+    if marker.is_symlink() or marker.exists():
+        kind = _marker_kind(marker)
+        if kind != SCORES_CACHE:
+            what = f"another kind of output ({kind})" if kind else f"a {runinfo.OUTPUT_MARKER} that cannot be read"
+            raise UserError(f"--scores-cache {cache_dir} holds {what}, not a scores cache; choose another directory")
+        return
+    if (foreign := _foreign_file(cache_dir)) is not None:
+        raise UserError(
+            f"--scores-cache {cache_dir} is not a scores cache: it holds {foreign.relative_to(cache_dir)} and no "
+            f"{runinfo.OUTPUT_MARKER} marking it as one; give a new or empty directory, or an earlier track's cache"
+        )
+    with runinfo.atomic_file(marker, overwrite=True) as f:
+        f.write(SCORES_CACHE + "\n")
+
+
+def _marker_kind(marker: Path) -> str | None:
+    """What a `.bertjax-output` says, or None when it is not a readable regular file."""
+    if marker.is_symlink() or not marker.is_file():
+        return None
+    try:
+        return marker.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _foreign_file(directory: Path) -> Path | None:
+    """The first path under `directory` that no scores cache holds, or None. Subdirectories are
+    the figure cache and an across-seed run's caches (`run_seeds`): one marked as a scores cache is
+    taken as it is, any other is looked into."""
+    for path in sorted(directory.iterdir()):
+        if path.name == runinfo.OUTPUT_MARKER and _marker_kind(path) == SCORES_CACHE:
+            continue  # written meanwhile by a run starting on the same new cache
+        if path.is_symlink():
+            return path
+        if path.is_dir():
+            if _marker_kind(path / runinfo.OUTPUT_MARKER) == SCORES_CACHE:
+                continue
+            if (found := _foreign_file(path)) is not None:
+                return found
+        elif not _CACHE_FILE.fullmatch(path.name) or (path.exists() and not path.is_file()):
+            return path  # (a temporary gone since the listing: renamed or removed by its run)
+    return None
 
 
 def save_scores(path: Path, results: dict[str, TaskScores], settings: dict, identity: dict,
@@ -331,7 +396,8 @@ class TrackRun:
         if not self.robustness.empty:
             lines.append(f"robustness ({robustness.ROBUSTNESS_CSV}: τ {', '.join(f'{t:g}' for t in robustness.TAUS)}, "
                          "both held-out curves, changepoint caps "
-                         f"{robustness.CAPS[0]}–{robustness.CAPS[-1]}):")  # fmt: skip
+                         f"{robustness.CAPS[0]}–{robustness.CAPS[-1]}, scores "
+                         f"{', '.join(pd.unique(self.robustness['score']))}):")  # fmt: skip
             lines += robustness.summary_lines(self.robustness)
         return "\n".join(lines)
 
@@ -583,7 +649,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
     rc = config.roles
     # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
     first = next(iter(by_step.values())).source
-    tokenizer = load_tokenizer(first.path, step=first.step)
+    tokenizer = load_tokenizer(first)
     sequences = work.inputs.encode(tokenizer, work.timings) if work.todo else None
     sas_sequences = None
     if work.sas_todo:
@@ -595,7 +661,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
         clock = time.perf_counter()
         source = by_step[step].source
         downloaded = fetch_weights(source)
-        model = from_pretrained(source.path, step=source.step, allow_nonfinite=rc.allow_nonfinite)
+        model = from_pretrained(source, allow_nonfinite=rc.allow_nonfinite)
         if step in work.todo:
             with distributed.all_ok(f"scoring step {step}"):
                 scorer = make_scorer(
@@ -615,7 +681,12 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
                             work.examples[step])  # fmt: skip
             work.tester.test(step, results)
         if step in work.sas_todo:
-            work.sas_counts[step] = sas_lib.score_sas(model, sas_sequences, rc.batch_size, rc.max_length)
+            try:
+                work.sas_counts[step] = sas_lib.score_sas(
+                    model, sas_sequences, rc.batch_size, rc.max_length, rc.allow_nonfinite
+                )
+            except UserError as e:  # a word attention that is not finite (`finite.check_finite`): at which checkpoint
+                raise UserError(f"step {step}: {e}") from None
             if work.cache is not None:
                 keys = work.keys
                 save_sas(
@@ -670,9 +741,20 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
     head_events, curve_events, lead_lag, lead_lag_behind = timing_events(
         config, work, rows, steps, heldout, heldout_reps
     )
+    scored = {rc.score: robustness.Scored(track, head_events)}
+    if heldout is not None and work.tester.resampler is not None:
+        # Both scores from the same attention: the other one is the run's rescaled per sequence by
+        # its length, which the cache does not hold (the examples are encoded again, not parsed).
+        other = "share" if rc.score == "beta" else "beta"
+        first = members[0].source
+        scored[other] = robustness.other_score(
+            other, steps, rows, lambda step: work.held[step] if work.held is not None else load_scores(
+                work.keys.path(work.cache, step)),
+            robustness.sequence_lengths(load_tokenizer(first), inputs),
+            work.tester.step_config, work.tester.resampler,
+        )  # fmt: skip
     robust = robustness.robustness(
-        track,
-        head_events,
+        scored,
         heldout,
         heldout_reps,
         config.persistence,

@@ -1,0 +1,169 @@
+"""A checkpoint's text is opened once, at the entry point, into a `bertjax.Checkpoint` that is passed
+down (docs/layout.md, "A checkpoint handle"): one opening per checkpoint and one metadata read per
+orbax step in a whole run, and no library function below the entry points opens a text itself."""
+
+from __future__ import annotations
+
+import ast
+import collections
+import sys
+from pathlib import Path
+
+import pytest
+from test_track import write_run
+
+import bertjax
+from bertjax import checkpoint as ckpt
+from bertjax import pretrained
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Where a checkpoint's text is opened: the entry points (`analysis/*.py`, the training commands)
+# and the API (`analysis/api/`), which are not scanned, and these functions, each the place its
+# texts first become checkpoints.
+BOUNDARIES = {
+    # A series' `--run` workdir and `--ckpt` list, and the init a fine-tuning run's meta names.
+    ("analysis/heads/series.py", "run_members"),
+    ("analysis/heads/series.py", "series_members"),
+    ("analysis/heads/series.py", "_resolve_step"),
+    # The report re-opens the checkpoint a run directory's run.json names.
+    ("analysis/heads/report.py", "examples_data"),
+    # The training commands' init checkpoint, a setting of their typed configs.
+    ("train/pretraining.py", "check_settings"),
+    ("train/finetuning.py", "prepare"),
+    ("train/trainer.py", "_initial_params"),
+}
+ENTRY_MODULES = {"train/pretrain.py", "train/finetune.py", "train/prepare.py"}
+LOADERS = {"from_pretrained", "load_tokenizer"}
+
+
+def _library_modules() -> list[Path]:
+    """analysis/ and train/ below their entry points and the API."""
+    found = []
+    for path in sorted([*(ROOT / "analysis").rglob("*.py"), *(ROOT / "train").rglob("*.py")]):
+        relative = path.relative_to(ROOT).as_posix()
+        if path.parent == ROOT / "analysis" or relative.startswith("analysis/api/") or relative in ENTRY_MODULES:
+            continue
+        found.append(path)
+    return found
+
+
+def _called(node: ast.Call) -> str | None:
+    func = node.func
+    return func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+
+
+def _opening_texts(path: Path) -> list[str]:
+    """The functions of `path` that open a checkpoint's text (a call to the opener, or a loader
+    given a step, which only a text needs) or take a `ckpt: str`, as `path:function: what`."""
+    relative = path.relative_to(ROOT).as_posix()
+    found = []
+    for function in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        arguments = function.args
+        for argument in [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]:
+            if argument.arg == "ckpt" and argument.annotation is not None and "str" in ast.unparse(argument.annotation):
+                found.append(f"{relative}:{function.name}: takes ckpt: {ast.unparse(argument.annotation)}")
+        if (relative, function.name) in BOUNDARIES:
+            continue
+        for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+            name = _called(call)
+            # `resolve` with an argument: not pathlib's `Path.resolve()`.
+            opens = name == "open_checkpoint" or (name == "resolve" and call.args)
+            if opens or (name in LOADERS and any(k.arg in ("step", "revision") for k in call.keywords)):
+                found.append(f"{relative}:{function.name}: calls {ast.unparse(call)[:80]}")
+    return found
+
+
+def test_no_library_function_below_the_entry_points_opens_a_checkpoint_text():
+    modules = _library_modules()
+    assert any(p.name == "pipeline.py" for p in modules) and not any("api" in p.parts for p in modules)
+    assert [line for path in modules for line in _opening_texts(path)] == []
+
+
+def test_the_boundaries_named_exist():
+    """An allowance for a function that is gone (renamed, moved) would hide its successor."""
+    defined = set()
+    for relative in {module for module, _ in BOUNDARIES}:
+        tree = ast.parse((ROOT / relative).read_text())
+        defined |= {(relative, n.name) for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    assert defined >= BOUNDARIES
+
+
+def test_the_scan_sees_an_opening(tmp_path, monkeypatch):
+    """The scan's own check: a library function opening a text, or taking one, is named."""
+    source = tmp_path / "analysis" / "heads" / "planted.py"
+    source.parent.mkdir(parents=True)
+    source.write_text(
+        "def load(ckpt: str, step):\n    return from_pretrained(ckpt, step=step)\n\n"
+        "def other(text):\n    return open_checkpoint(text)\n"
+    )
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert _opening_texts(source) == [
+        "analysis/heads/planted.py:load: takes ckpt: str",
+        "analysis/heads/planted.py:load: calls from_pretrained(ckpt, step=step)",
+        "analysis/heads/planted.py:other: calls open_checkpoint(text)",
+    ]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts each checkpoint opened (by its path and step) and each step's metadata read, wherever
+    the opener was imported."""
+    opened, reads = collections.Counter(), collections.Counter()
+    real_open, real_read = pretrained.open_checkpoint, ckpt.read_meta
+
+    def counting_open(*args, **kwargs):
+        checkpoint = real_open(*args, **kwargs)
+        opened[(str(checkpoint.path), checkpoint.step)] += 1
+        return checkpoint
+
+    def counting_read(directory, step):
+        reads[(str(directory), step)] += 1
+        return real_read(directory, step)
+
+    for module in list(sys.modules.values()):
+        if getattr(module, "open_checkpoint", None) is real_open:
+            monkeypatch.setattr(module, "open_checkpoint", counting_open)
+    monkeypatch.setattr(ckpt, "read_meta", counting_read)
+    return opened, reads
+
+
+def _flags(shared_data: Path, tmp_path: Path) -> list[str]:
+    return ["--task", "mrpc", "--glue-dir", str(shared_data / "glue"), "--n", "8", "--batch-size", "8",
+            "--max-length", "32", "--cache-dir", str(tmp_path / "parses"), "--no-figures"]  # fmt: skip
+
+
+def test_a_roles_run_opens_its_checkpoint_once(shared_data, tmp_path, counted):
+    from analysis import roles
+
+    run = write_run(tmp_path / "run", shared_data, (2,))
+    opened, reads = counted
+    roles.main(["--ckpt", str(run), "--out", str(tmp_path / "out"), *_flags(shared_data, tmp_path)])
+    step = (str(run / ckpt.CHECKPOINTS), 2)
+    assert dict(opened) == {step: 1}
+    assert dict(reads) == {step: 1}
+
+
+def test_a_track_run_opens_each_checkpoint_once(shared_data, tmp_path, counted):
+    from analysis import track
+
+    run = write_run(tmp_path / "run", shared_data, (1, 3))
+    opened, reads = counted
+    track.main(["--run", str(run), "--out", str(tmp_path / "out"), *_flags(shared_data, tmp_path)])
+    directory = str(run.resolve() / ckpt.CHECKPOINTS)
+    assert dict(opened) == {(directory, 1): 1, (directory, 3): 1}
+    assert dict(reads) == {(directory, 1): 1, (directory, 3): 1}
+
+
+def test_from_pretrained_takes_a_handle_and_refuses_a_second_step(shared_data, tmp_path):
+    run = write_run(tmp_path / "run", shared_data, (1, 3))
+    checkpoint = bertjax.open_checkpoint(run, step=1)
+    assert (checkpoint.kind, checkpoint.step, checkpoint.config.num_hidden_layers) == ("orbax", 1, 2)
+    assert checkpoint.tokenizer_directory == run / "tokenizer"
+    model = bertjax.from_pretrained(checkpoint)
+    assert model.config == checkpoint.config
+    assert len(bertjax.load_tokenizer(checkpoint)) == checkpoint.config.vocab_size
+    with pytest.raises(bertjax.UserError, match=r"an opened checkpoint names its own step and revision; give neither$"):
+        bertjax.from_pretrained(checkpoint, step=3)
