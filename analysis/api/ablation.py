@@ -104,7 +104,7 @@ def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = No
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
         compare = others[0] if others else None
     else:
-        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+        check_given(model, sources.checkpoint, config.ckpt, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
         return AblateResult.of(kovaleva.compute(config, sources, model, tokenizer, compare))
     return run_ablate(config, model, tokenizer, compare, sources)
@@ -143,7 +143,7 @@ def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
         ((model, kept_tokenizer),) = loaded([Checkpoint(source, CLASSIFIER, True, config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
-        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+        check_given(model, source, config.ckpt, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
         return PruneResult.of(michel.compute(config, source, model, tokenizer))
     return run_prune(config, model, tokenizer, source)

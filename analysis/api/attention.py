@@ -75,7 +75,7 @@ def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = Non
         ((model, kept_tokenizer),) = loaded([checkpoint])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
-        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+        check_given(model, source, config.ckpt, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
         return ClarkResult.of(pipeline.compute(config, source, model, tokenizer))
     return run_clark(config, model, tokenizer, source)

@@ -27,7 +27,7 @@ from analysis.heads.report import NOT_SAVED
 from analysis.heads.series import checkpoint_identity, hf_identity
 from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import check_finite, from_pretrained, load_config, load_tokenizer, open_checkpoint
+from bertjax.pretrained import check_finite, from_pretrained, load_tokenizer
 
 # The rows of a table an inline view shows (pandas elides the middle of longer ones).
 VIEW_ROWS = 12
@@ -113,14 +113,14 @@ def check_model(model, what: str = "model") -> None:
         raise UserError(f"{what}: expected a model loaded by bertjax (bertjax.from_pretrained), got {model!r}"[:300])
 
 
-def check_given(model, ckpt: str, step: int | None, allow_nonfinite: bool) -> None:
-    """A model passed in for `ckpt` is taken as that checkpoint (run.json names it, the report
+def check_given(model, source: pretrained.Checkpoint, ckpt: str, allow_nonfinite: bool) -> None:
+    """A model passed in for `ckpt` (opened: `source`) is taken as that checkpoint (run.json names it, the report
     loads it for its examples), so it must have the checkpoint's architecture; and its weights are
     checked for NaN and ±Inf as a loaded file's are (an edited or trained model may hold them).
     Weights of the same architecture but other values cannot be told apart from the checkpoint's
     without loading it, which passing a model is meant to save: that stays the caller's word."""
     check_model(model)
-    stored = load_config(open_checkpoint(ckpt, step))
+    stored = source.config
     differ = [f"{key} {getattr(model.config, key)} vs {getattr(stored, key)}" for key in ARCHITECTURE
               if getattr(model.config, key) != getattr(stored, key)]  # fmt: skip
     if differ:

@@ -234,7 +234,7 @@ def roles(
         ((model, kept_tokenizer),) = loaded([Checkpoint(source, allow_nonfinite=config.allow_nonfinite)])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
     else:
-        check_given(model, config.ckpt, config.step, config.allow_nonfinite)
+        check_given(model, source, config.ckpt, config.allow_nonfinite)
     if out is None:  # held in memory: nothing is written
         return RolesResult.of(pipeline.compute(config, source, parser, model, tokenizer))
     result = run_roles(config, model, tokenizer, parser, source)
@@ -384,11 +384,12 @@ def finetune_effect(
     collect_garbage()
     data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_TOOL, EFFECT_SKIP)
     config = finetuning.effect_config(specs, data)
-    if model is not None:
-        check_given(model, data.ckpt, None, data.allow_nonfinite)
-    for post_model, post in zip(post_models or (), config.posts, strict=False):  # a count that differs: run's line
-        check_given(post_model, post.ckpt, None, data.allow_nonfinite)
     sources = effect_sources(config)
+    if model is not None:
+        check_given(model, sources[0], data.ckpt, data.allow_nonfinite)
+    # A count that differs is the run's line.
+    for post_model, post, source in zip(post_models or (), config.posts, sources[1:], strict=False):
+        check_given(post_model, source, post.ckpt, data.allow_nonfinite)
     if model is None and post_models is None:
         (model, kept_tokenizer), *posts = loaded([Checkpoint(s, allow_nonfinite=data.allow_nonfinite) for s in sources])
         tokenizer = kept_tokenizer if tokenizer is None else tokenizer
