@@ -20,8 +20,9 @@
 #
 # The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
-# trained on that cut and shared by the NSP data. The workdirs have the same absolute path here and
-# there: held-out shards name the vocabulary by absolute path.
+# trained on that cut and shared by the NSP data. The held-out set is prepared once, with the MLM
+# data (no NSP pairs), and every run of every set is scored on it (heldout.data_dir): the recipes
+# compare on the same held-out sequences and masks; the NSP runs report only its MLM metrics.
 #
 # BERTJAX_SEEDS_TINY=1 runs everything at toy size on any device (a dry run of the commands;
 # tests/test_benchmarks.py runs it, both sets).
@@ -65,6 +66,7 @@ fi
 declare -A interventions=([positional]="[{role: prev, mode: suppress}, {role: next, mode: suppress}]"
                           [cls]="[{role: cls, mode: suppress}]")
 nsp_args=(data.pair_task=nsp data.train_vocab=false "data.vocab_file=$prepared/mlm/data-T64/vocab.txt")
+heldout_args=("heldout.corpora=[]" "heldout.data_dir=$prepared/mlm/heldout-T64")
 parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
 
 prepare() {
@@ -83,7 +85,7 @@ prepare() {
   [[ -d $prepared/mlm/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/mlm" \
     --prepare-only "${data_args[@]}"
   [[ -d $prepared/nsp/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/nsp" \
-    --prepare-only "${data_args[@]}" "${nsp_args[@]}"
+    --prepare-only "${data_args[@]}" "${nsp_args[@]}" "heldout.corpora=[]"
   cp -r "$prepared/mlm" "$carry/mlm" && cp -r "$prepared/nsp" "$carry/nsp"
   rm -rf "$carry"/*/.*.lock
   [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" --python-version 3.12 \
@@ -96,13 +98,10 @@ one_run() {
   local name=$1 objective=$2 seed=$3 condition=${4:-} extra=() steps=()
   [[ $objective == nsp ]] && extra=("${nsp_args[@]}")
   [[ -n $condition ]] && extra+=("intervene=${interventions[$condition]}")
-  # The shards stay where they were prepared (data_dir); the held-out shards, which name that
-  # vocabulary by absolute path, are the workdir's own copy.
-  if [[ ! -d $work/$name/checkpoints ]]; then
-    rm -rf "$work/$name" && mkdir -p "$work/$name" && cp -r "$prepared/$objective/heldout-T64" "$work/$name/"
-  fi
+  # The shards and the one held-out set stay where they were prepared (data_dir, heldout.data_dir).
+  [[ -d $work/$name/checkpoints ]] || rm -rf "$work/$name"
   timeout --signal=TERM --kill-after=20 "$budget_train" "$py" -m train.pretrain --config "$config" \
-    --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" train.seed="$seed" \
+    --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" "${heldout_args[@]}" train.seed="$seed" \
     "data_dir=$prepared/$objective/data-T64" \
     "probe.task=conllu:$(realpath "$ewt")" >"$work/$name.train.log" 2>&1 || echo "$name: pretrain exit $?" >>"$work/$name.train.log"
   if [[ -n ${window_from:-} && -d $work/$name/checkpoints ]]; then
@@ -153,7 +152,7 @@ EOF
   for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
   for name in "${names[@]}"; do
     # The steering set keeps the per-sequence held-out sums: its comparisons pair held-out sequences.
-    tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' --exclude='heldout-T*' \
+    tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' \
       $([[ -n ${steering+x} ]] || echo "--exclude=*.npz") --exclude=tokenizer --exclude=tensorboard "$name" \
       $(cd "$work" && echo "$name".*.log)
   done

@@ -315,7 +315,8 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
 def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path):
     """benchmarks/emergence_seeds.sh, prepare then run, both recipes' sets (BERTJAX_SEEDS_TINY): the
     commands a lent GPU or a CPU afternoon runs, checked in seconds; each run comes back as a tarball
-    with its track and its config, never its checkpoints."""
+    with its track and its config, never its checkpoints, every run of every set scored on the one
+    held-out folder prepared with the MLM data."""
     env = os.environ | {
         "BERTJAX_SEEDS_TINY": "1",
         "BERTJAX_SEEDS_DIR": str(tmp_path / "carry"),
@@ -332,16 +333,21 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
         result = subprocess.run(["bash", "benchmarks/emergence_seeds.sh", *argv], cwd=ROOT, env=env | extra,
                                 capture_output=True, text=True, timeout=1800, check=False)  # fmt: skip
         assert result.returncode == 0, result.stderr[-4000:]
+    shared_heldout = tmp_path / "prepared" / "mlm" / "heldout-T64"
     for name in ("mlm-s0", "nsp-s0", "preln-s0"):
         with tarfile.open(tmp_path / "out" / f"{name}.tar.gz") as tar:
             names = set(tar.getnames())
             config = tar.extractfile(f"{name}/config.yaml").read().decode()
+            metrics = tar.extractfile(f"{name}/metrics.jsonl").read().decode()
         for path in ("run.json", "metrics.jsonl", "track/onset.csv", "track/curve_onsets.csv", "track/sas.csv",
                      "track/track.csv", "track-holm-series/onset.csv"):  # fmt: skip
             assert f"{name}/{path}" in names, (name, path)
         assert not any("checkpoints" in n for n in names), name
         assert ("layer_norm_position: pre" in config) == (name == "preln-s0"), config
         assert ("pair_task: nsp" in config) == (name == "nsp-s0"), config
+        assert f"heldout:\n  corpora: []\n  data_dir: {shared_heldout}\n" in config, config
+        # The NSP run's pair metrics are not read off the MLM-only held-out set.
+        assert "heldout_mlm_loss" in metrics and "heldout_nsp" not in metrics, name
     # The steering set: one seed unsteered and under each intervention, tracked from the window's
     # first step, with the held-out sums its paired comparisons need.
     for name, role in (("plain-s0", None), ("positional-s0", "next"), ("cls-s0", "cls")):
@@ -351,6 +357,7 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
             steps = pd.read_csv(tar.extractfile(f"{name}/track/track.csv"))["step"].unique()
         assert f"{name}/track/events.csv" in names and any(n.startswith(f"{name}/heldout-sequences/") for n in names)
         assert ("intervene:" in config and f"role: {role}" in config) if role else "role: " not in config, config
+        assert f"heldout:\n  corpora: []\n  data_dir: {shared_heldout}\n" in config, config
         assert min(steps) == 4, steps
 
 

@@ -270,7 +270,11 @@ class CheckpointConfig:
 @dataclasses.dataclass
 class HeldOutConfig:
     corpora: list[CorpusConfig] = setting(
-        default_factory=list, help="held-out corpora, prepared as the training data; empty: no held-out evaluation"
+        default_factory=list, help="held-out corpora, prepared as the training data; empty: heldout.data_dir's, or none"
+    )
+    # One folder given to several runs scores them all on the same sequences and masks.
+    data_dir: str | None = setting(
+        None, help="a prepared held-out folder (train.prepare's, a run's heldout-T<len>) used as is; null: none"
     )
     sequences: int = setting(1024, help="the evaluation set: this many instances, the same at every evaluation")
     batch_size: int = setting(64, help="sequences per evaluation batch")
@@ -279,6 +283,11 @@ class HeldOutConfig:
     every: int = setting(0, help="steps between evaluations besides those at every checkpoint; 0: at checkpoints only")  # fmt: skip
 
     def __post_init__(self) -> None:
+        if self.corpora and self.data_dir:
+            raise UserError(
+                "heldout.data_dir and heldout.corpora: set one, not both (a prepared folder, or corpora to prepare; "
+                "heldout.corpora=[] clears a config's corpora)"
+            )
         if self.every < 0:
             raise UserError(f"heldout.every: must be an integer ≥ 0 (0: at checkpoints only), got {self.every}")
         for key in ("sequences", "batch_size"):

@@ -1,10 +1,11 @@
 """Held-out MLM and NSP metrics of a pre-training run, on text it never trains on.
 
 The held-out corpora are prepared with the run's own data settings (sequence length, masking,
-NSP) into `heldout-T<len>/` of the workdir; the evaluation set is the first `sequences` instances of
-a fixed permutation with fixed masks (`PretrainingData` makes a batch a pure function of its
-position and seed), so every checkpoint is scored on exactly the same masked tokens and role onset
-can be read against learning.
+NSP) into `heldout-T<len>/` of the workdir, or `heldout.data_dir` names a folder prepared before
+(one set shared by runs of other recipes, checked for the run's vocabulary and length); the
+evaluation set is the first `sequences` instances of a fixed permutation with fixed masks
+(`PretrainingData` makes a batch a pure function of its position and seed), so every checkpoint is
+scored on exactly the same masked tokens and role onset can be read against learning.
 
 Each evaluation also writes its per-sequence sums (`SEQUENCES_DIR`), the same sequences in the same
 order every time, so that analyses can resample held-out sequences, paired across evaluations.
@@ -12,6 +13,7 @@ order every time, so that analyses can resample held-out sequences, paired acros
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 
@@ -22,8 +24,11 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bertjax import runinfo, sharding
 from bertjax.errors import UserError
 from train.config import CorpusConfig, HeldOutConfig
+from train.corpora import file_sha256
 from train.data import PretrainingData, load_meta, num_examples
 from train.losses import batch_sums, pretraining_terms, sequence_sums
+
+log = logging.getLogger(__name__)
 
 SEQUENCES_DIR = "heldout-sequences"
 
@@ -54,9 +59,34 @@ def check_sequences(config: HeldOutConfig, data_dir: Path) -> None:
         )
 
 
+def check_shared(heldout_dir: Path, data_dir: Path, pair_task: str) -> None:
+    """`heldout.data_dir` against the shards a phase trains on: the same vocabulary (by digest:
+    other ids would be other words) and sequence length. Another pair task than the phase's is no
+    mismatch: the MLM terms need none of its labels, and only they are scored (`HeldOutEvaluator`)."""
+    held, trained = load_meta(heldout_dir), load_meta(data_dir)
+    length = trained["max_seq_length"]
+    if held["max_seq_length"] != length:
+        raise UserError(
+            f"heldout.data_dir: {heldout_dir} was prepared at max_seq_length {held['max_seq_length']}, the run "
+            f"trains at {length}; give it a held-out folder prepared at {length}"
+        )
+    vocab_file = data_dir / trained["vocab_file"]
+    if file_sha256(heldout_dir / held["vocab_file"]) != file_sha256(vocab_file):
+        raise UserError(
+            f"heldout.data_dir: {heldout_dir} was prepared with another vocabulary than the run's {vocab_file}; "
+            f"prepare it with vocab_file={vocab_file}"
+        )
+    if held["pair_task"] != pair_task:
+        log.info(
+            "held-out set %s was prepared with pair task %s, the run trains with %s: only the held-out MLM loss "
+            "and accuracy are evaluated on it", heldout_dir, held["pair_task"], pair_task,
+        )  # fmt: skip
+
+
 class HeldOutEvaluator:
     """The Trainer's `evaluate` hook: `heldout_mlm_{loss,accuracy}` of the params, and the pair
-    task's (`heldout_nsp_*` or `heldout_sop_*`; none when MLM only, as in training)."""
+    task's (`heldout_nsp_*` or `heldout_sop_*`; none when MLM only, as in training, or when the
+    held-out set was prepared for another pair task: its labels are not the run's task)."""
 
     def __init__(self, config: HeldOutConfig, data_dir: Path, trainer, pair_task: str = "nsp") -> None:
         sharding.check_batch_size("heldout.batch_size", config.batch_size, trainer.mesh)
@@ -70,7 +100,7 @@ class HeldOutEvaluator:
         self.trainer = trainer
         replicated = NamedSharding(trainer.mesh, PartitionSpec())
         self.forward = jax.jit(self._sums, out_shardings=replicated)
-        self.pair_task = pair_task
+        self.pair_task = pair_task if data.meta["pair_task"] == pair_task else "none"
         self.seconds = 0.0
 
     def _sums(self, params, batch):

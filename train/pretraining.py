@@ -30,7 +30,7 @@ from train.checkpoints import check_resumable, setting_changes
 from train.config import LoopConfig, ModelSettings, OptimizerConfig, PrepareConfig, PretrainConfig
 from train.corpora import corpus_files
 from train.data import PretrainingData, load_meta, num_examples
-from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences
+from train.heldout import HeldOutEvaluator, check_disjoint, check_sequences, check_shared
 from train.interventions import Interventions
 from train.interventions import check_config as check_interventions
 from train.losses import pretraining_loss
@@ -357,6 +357,10 @@ def prepare_phases(config: PretrainConfig, phases: list[Phase], workdir: Path) -
                 data_config, corpora=config.heldout.corpora, vocab_file=vocab, train_vocab=False
             )
             heldout_dir = prepared_data(heldout_data, workdir / f"heldout-T{data_config.max_seq_length}", None)
+            check_sequences(config.heldout, heldout_dir)
+        elif config.heldout.data_dir:
+            heldout_dir = Path(config.heldout.data_dir)
+            check_shared(heldout_dir, data_dir, data_config.pair_task)
             check_sequences(config.heldout, heldout_dir)
         prepared.append(PhaseData(data_dir, heldout_dir, data_config))
     return prepared
