@@ -94,6 +94,29 @@ def tiny_hf(tmp_path_factory, shared_data) -> Path:
     return directory
 
 
+@pytest.fixture(scope="session")
+def second_hf(tmp_path_factory, tiny_hf) -> Path:
+    """Another tiny checkpoint with tiny_hf's tokenizer (seed 2): a series of two, a post checkpoint."""
+    import bertjax
+
+    directory = tmp_path_factory.mktemp("second_hf")
+    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=2), directory)
+    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def classifier(tmp_path_factory, tiny_hf) -> Path:
+    """A random tiny BertForSequenceClassification (2 labels, as MRPC) with tiny_hf's tokenizer."""
+    import bertjax
+
+    directory = tmp_path_factory.mktemp("classifier")
+    config = bertjax.preset("tiny", max_position_embeddings=128)
+    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=3), directory)
+    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
+    return directory
+
+
 @pytest.fixture
 def cli_error(capsys):
     """`cli_error(main, argv)` runs an entry point as `python -m` would (through `bertjax.cli.run`),

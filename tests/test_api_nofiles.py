@@ -12,32 +12,12 @@ from pathlib import Path
 
 import pytest
 
-import bertjax
 from analysis import api
 from analysis.heads import report as heads_report
 
 # The roles the calls score: none needs a parse, so no parse cache is opened (its folder and
 # database are a cache the settings name, as JAX's compilation cache is).
 ROLES = "local,prev,next,cls,sep"
-
-
-@pytest.fixture(scope="module")
-def second_hf(tmp_path_factory, tiny_hf) -> Path:
-    """Another tiny checkpoint with tiny_hf's tokenizer (seed 2): a series of two, a post checkpoint."""
-    directory = tmp_path_factory.mktemp("second_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=2), directory)
-    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory, tiny_hf) -> Path:
-    """A random tiny BertForSequenceClassification (2 labels, as MRPC) with tiny_hf's tokenizer."""
-    directory = tmp_path_factory.mktemp("classifier")
-    config = bertjax.preset("tiny", max_position_embeddings=128)
-    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=3), directory)
-    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
-    return directory
 
 
 class Created(Exception):

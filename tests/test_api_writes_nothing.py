@@ -11,7 +11,6 @@ from pathlib import Path
 import jax
 import pytest
 
-import bertjax
 from analysis import api
 from bertjax.errors import UserError
 
@@ -20,25 +19,6 @@ compiles: list[str] = []
 jax.monitoring.register_event_duration_secs_listener(
     lambda event, duration, **kw: compiles.append(event) if event == COMPILE_EVENT else None
 )
-
-
-@pytest.fixture(scope="module")
-def second_hf(tmp_path_factory, tiny_hf) -> Path:
-    """Another tiny checkpoint with tiny_hf's tokenizer (seed 2): a series of two, a post checkpoint."""
-    directory = tmp_path_factory.mktemp("second_hf")
-    bertjax.save_pretrained(bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128), seed=2), directory)
-    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
-    return directory
-
-
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory, tiny_hf) -> Path:
-    """A random tiny BertForSequenceClassification (2 labels, as MRPC) with tiny_hf's tokenizer."""
-    directory = tmp_path_factory.mktemp("classifier")
-    config = bertjax.preset("tiny", max_position_embeddings=128)
-    bertjax.save_pretrained(bertjax.init_model(config, "BertForSequenceClassification", seed=3), directory)
-    bertjax.load_tokenizer(tiny_hf).save_pretrained(directory)
-    return directory
 
 
 def _listing(root: Path) -> list[str]:
@@ -87,7 +67,7 @@ def test_calls_write_nothing_and_compile_nothing_new_when_repeated(
         tables = (lambda r: {"table": r.table}) if name in ("roles", "track") else (lambda r: r.tables)
         assert all(tables(again)[k].equals(table) for k, table in tables(result).items()), name
         assert _listing(temporary) == [] and _listing(here) == [], name
-    # Drawn on demand, into a folder removed at once: a figure and the report page leave nothing.
+    # Drawn on demand, in memory: a figure and the report page leave nothing.
     roles = calls["roles"]()
     (figure,) = roles.figure("role_grid")
     assert figure.path == Path("mrpc_role_grid.png") and figure._repr_png_()[:4] == b"\x89PNG"
