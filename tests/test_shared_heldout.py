@@ -113,3 +113,40 @@ def test_a_heldout_folder_and_heldout_corpora_together_are_refused(prepared, tmp
         "error: heldout.data_dir and heldout.corpora: set one, not both (a prepared folder, or corpora to "
         "prepare; heldout.corpora=[] clears a config's corpora)"
     )
+
+
+def test_a_heldout_folder_of_text_the_run_trains_on_is_refused(prepared, tmp_path, cli_error):
+    """The training text copied elsewhere (another path, the same content) and prepared as a
+    held-out folder: found by its digest, which a check of paths would miss."""
+    data = prepared / "prep" / "data-T32"
+    copy = tmp_path / "elsewhere" / "copy.txt"
+    copy.parent.mkdir()
+    shutil.copyfile(prepared / "text" / "train.txt", copy)
+    folder = tmp_path / "heldout-T32"
+    held = f"[{{name: held, source: local, path: {copy}, kind: plain}}]"
+    prepare.main(["--out", str(folder), f"corpora={held}", f"vocab_file={data / 'vocab.txt'}", "max_seq_length=32",
+                  "max_predictions_per_seq=5", "pair_task=none", "segmenter=sentencizer", "short_seq_prob=0.0"])  # fmt: skip
+    message = _refused(cli_error, prepared / "micro.yaml", tmp_path / "w", f"data_dir={data}",
+                       "data.pair_task=none", f"heldout.data_dir={folder}")  # fmt: skip
+    assert message == (
+        f"error: heldout.data_dir: {folder} holds text the run trains on: {copy} has the content of the "
+        f"training file {prepared / 'text' / 'train.txt'}"
+    )
+
+
+def test_shared_sources_finds_files_by_content_and_hub_corpora_by_id():
+    from train.heldout import shared_sources
+
+    def local(*files):
+        return {"source": "local", "hub_id": None, "hub_config": None, "split": "train",
+                "files": [{"path": p, "sha256": d} for p, d in files]}  # fmt: skip
+
+    hub = {"source": "hub", "hub_id": "wikimedia/wikipedia", "hub_config": "20231101.en", "split": "train"}
+    trained = {"corpora": [local(("/a/train.txt", "d1"), ("/a/more.txt", "d2")), hub]}
+    assert shared_sources({"corpora": [local(("/b/held.txt", "d3"))]}, trained) == []
+    assert shared_sources({"corpora": [local(("/b/x.txt", "d3"), ("/b/y.txt", "d2"))]}, trained) == [
+        "/b/y.txt has the content of the training file /a/more.txt"
+    ]
+    assert shared_sources({"corpora": [hub]}, trained) == ["wikimedia/wikipedia train is also a training corpus"]
+    # Another split of the same hub dataset is not the training text.
+    assert shared_sources({"corpora": [hub | {"split": "validation"}]}, trained) == []

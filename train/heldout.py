@@ -59,9 +59,30 @@ def check_sequences(config: HeldOutConfig, data_dir: Path) -> None:
         )
 
 
+def shared_sources(held: dict, trained: dict) -> list[str]:
+    """What two prepared folders' metas (`corpora`, as `train.corpora.describe` records them) both
+    hold: a local file by content (digest: a folder prepared elsewhere records other paths for the
+    same text), a hub corpus by id, config and split. Text copied into a file of other content is
+    not found: the check is of sources, not of sentences."""
+    trained_files = {f["sha256"]: f["path"] for c in trained["corpora"] for f in c.get("files", [])}
+    trained_hub = {(c["hub_id"], c["hub_config"], c["split"]) for c in trained["corpora"] if c["source"] != "local"}
+    found = []
+    for corpus in held["corpora"]:
+        if corpus["source"] != "local":
+            if (corpus["hub_id"], corpus["hub_config"], corpus["split"]) in trained_hub:
+                found.append(f"{corpus['hub_id']} {corpus['split']} is also a training corpus")
+            continue
+        found += [
+            f"{f['path']} has the content of the training file {trained_files[f['sha256']]}"
+            for f in corpus.get("files", [])
+            if f["sha256"] in trained_files
+        ]
+    return found
+
+
 def check_shared(heldout_dir: Path, data_dir: Path, pair_task: str) -> None:
     """`heldout.data_dir` against the shards a phase trains on: the same vocabulary (by digest:
-    other ids would be other words) and sequence length. Another pair task than the phase's is no
+    other ids would be other words) and sequence length, and none of its sources trained on. Another pair task than the phase's is no
     mismatch: the MLM terms need none of its labels, and only they are scored (`HeldOutEvaluator`)."""
     held, trained = load_meta(heldout_dir), load_meta(data_dir)
     length = trained["max_seq_length"]
@@ -76,6 +97,9 @@ def check_shared(heldout_dir: Path, data_dir: Path, pair_task: str) -> None:
             f"heldout.data_dir: {heldout_dir} was prepared with another vocabulary than the run's {vocab_file}; "
             f"prepare it with vocab_file={vocab_file}"
         )
+    trained_on = shared_sources(held, trained)
+    if trained_on:
+        raise UserError(f"heldout.data_dir: {heldout_dir} holds text the run trains on: {trained_on[0]}")
     if held["pair_task"] != pair_task:
         log.info(
             "held-out set %s was prepared with pair task %s, the run trains with %s: only the held-out MLM loss "
