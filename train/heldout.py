@@ -66,7 +66,7 @@ def shared_sources(held: dict, trained: dict) -> list[str]:
     not found: the check is of sources, not of sentences."""
     trained_files = {f["sha256"]: f["path"] for c in trained["corpora"] for f in c.get("files", [])}
     trained_hub = {(c["hub_id"], c["hub_config"], c["split"]) for c in trained["corpora"] if c["source"] != "local"}
-    found = []
+    found: list[str] = []
     for corpus in held["corpora"]:
         if corpus["source"] != "local":
             if (corpus["hub_id"], corpus["hub_config"], corpus["split"]) in trained_hub:
@@ -82,8 +82,9 @@ def shared_sources(held: dict, trained: dict) -> list[str]:
 
 def check_shared(heldout_dir: Path, data_dir: Path, pair_task: str) -> None:
     """`heldout.data_dir` against the shards a phase trains on: the same vocabulary (by digest:
-    other ids would be other words) and sequence length, and none of its sources trained on. Another pair task than the phase's is no
-    mismatch: the MLM terms need none of its labels, and only they are scored (`HeldOutEvaluator`)."""
+    other ids would be other words) and sequence length, and none of its sources trained on.
+    Another pair task than the phase's is no mismatch: the MLM terms need none of its labels, and
+    only they are scored (`HeldOutEvaluator`)."""
     held, trained = load_meta(heldout_dir), load_meta(data_dir)
     length = trained["max_seq_length"]
     if held["max_seq_length"] != length:
