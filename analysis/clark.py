@@ -14,22 +14,10 @@ dataset.
 
 from __future__ import annotations
 
-import dataclasses
-
-from analysis.attention.options import ANALYSES, ClarkConfig
 from analysis.tools import Command
-from bertjax import cli, settings
+from bertjax import cli
 
-
-def _parse(p, a, argv: list[str] | None) -> ClarkConfig:
-    config = settings.from_flags(ClarkConfig, p, a, argv)
-    # Only named analyses make a missing MLM head or GAP an error; all of them (the default) skip it.
-    config = dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
-    settings.print_config_if_asked(a, config)
-    return config
-
-
-_command = Command("clark", __doc__, parse=_parse)
+_command = Command("clark", __doc__)
 build_parser, parse_args, run = _command.build_parser, _command.parse_args, _command.run
 
 

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     config, runs = parse_args(argv)
     if len(runs) > 1:
         refuse_early(config.roles, replaces=SEEDS_CSV)
-        from analysis.heads.tracking import run_seeds
+        from analysis.api.heads import run_seeds
 
         run_seeds(config, runs)
         cli.print_wrote(config.roles.out)

@@ -21,6 +21,7 @@ from analysis.heads.scoring import make_scorer, score_readings
 from benchmarks import common
 from bertjax import cli
 from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.settings import comma_list
 
 
 def run(args) -> list[dict]:
@@ -61,7 +62,7 @@ def run(args) -> list[dict]:
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
     p.add_argument("--ckpt", help="checkpoint (default: all-MiniLM-L6-v2 from the test extra)")
-    p.add_argument("--task", default="all", help="tasks, as analysis.roles --task")
+    p.add_argument("--task", default="all", type=comma_list, help="tasks, as analysis.roles --task")
     p.add_argument("--glue-dir", required=True)
     p.add_argument("--n", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=32)

@@ -3,7 +3,7 @@
 Both sides see the same encoded sequences in the same length-sorted, bucket-padded batches. The
 forward side is the model's jitted forward pass with attention probabilities (the form the analysis
 needs), every batch dispatched and the last one waited for: the floor of any analysis. The end-to-end
-side is `analysis.heads.pipeline.run` exactly as the CLI runs it (load the checkpoint, read the data, encode
+side is `analysis.api.run_roles` exactly as the CLI runs it (load the checkpoint, read the data, encode
 with cached parses, β for every role/layer/head, the tests, CSV/NPZ, figures, run.json). One
 untimed run first fills the parse cache and compiles; the timed runs then alternate the two sides,
 so a noisy stretch of the machine hits both.
@@ -27,14 +27,15 @@ from pathlib import Path
 import jax
 from flax import nnx
 
+from analysis.api import run_roles
 from analysis.common.examples import encode_tasks, fit_max_length, load_tasks, make_parser
 from analysis.common.flags import add_figure_arguments
 from analysis.common.forward import padded_batches
-from analysis.heads import pipeline
 from analysis.heads.config import DEFAULT_ROLES_FIGURES, ROLES_FIGURES, RolesConfig, config_tasks
 from benchmarks import common
 from bertjax import cli
 from bertjax.pretrained import from_pretrained, load_tokenizer, open_checkpoint
+from bertjax.settings import comma_list
 from sieves.parse import Parse, parse_from_json, parse_to_json
 
 
@@ -89,7 +90,7 @@ def analyse(configs: list[RolesConfig], parser) -> None:
     """The roles runs, their printed summaries sent to stderr: stdout carries only JSON lines."""
     with contextlib.redirect_stdout(sys.stderr):
         for config in configs:
-            pipeline.run(config, open_checkpoint(config.ckpt, config.step), parser)
+            run_roles(config, parser=parser, source=open_checkpoint(config.ckpt, config.step))
 
 
 def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[RolesConfig]:
@@ -98,7 +99,8 @@ def group_configs(args, ckpt: str, out: Path, cache_dir: str) -> list[RolesConfi
         task, _, split = spec.rpartition(":") if ":" in spec else (spec, "", "dev")
         configs.append(
             RolesConfig(
-                ckpt=ckpt, task=task, split=split, glue_dir=args.glue_dir, n=args.n, batch_size=args.batch_size,
+                ckpt=ckpt, task=comma_list(task), split=split, glue_dir=args.glue_dir, n=args.n,
+                batch_size=args.batch_size,
                 cache_dir=cache_dir, out=str(out / f"roles{i}"), overwrite=True, figures=args.figures,
                 figure_format=args.figure_format,
             )

@@ -29,6 +29,7 @@ from analysis.heads.scoring import make_scorer, score_sequences
 from benchmarks import common
 from bertjax import cli
 from bertjax.pretrained import from_pretrained, load_tokenizer
+from bertjax.settings import comma_list
 
 
 def device_counts() -> list[int]:
@@ -102,7 +103,7 @@ def measure(args, ckpt: str) -> list[dict]:
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=3)
     common.add_model_arguments(p)
-    p.add_argument("--task", default="all", help="tasks, as analysis.roles --task")
+    p.add_argument("--task", default="all", type=comma_list, help="tasks, as analysis.roles --task")
     p.add_argument(
         "--roles", help="as analysis.roles --roles (positional roles need no parser: a GPU box without spaCy)"
     )

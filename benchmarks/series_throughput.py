@@ -105,7 +105,7 @@ def run_track(pattern: str, count: int, args, out: Path, cache: Path) -> dict[st
 
 def time_forward(pattern: str, count: int, args) -> float:
     """Seconds of every checkpoint's forward passes over the encoded MRPC pairs (loads untimed)."""
-    config = RolesConfig(ckpt=pattern.format(step=0), task="mrpc", glue_dir=args.glue_dir, n=args.n,
+    config = RolesConfig(ckpt=pattern.format(step=0), task=("mrpc",), glue_dir=args.glue_dir, n=args.n,
                          batch_size=args.batch_size, cache_dir=args.cache_dir, out="-")  # fmt: skip
     tokenizer = load_tokenizer(config.ckpt)
     data = load_tasks(config, ["mrpc"])

@@ -20,7 +20,7 @@ import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import orbax.checkpoint as ocp
@@ -34,6 +34,9 @@ from bertjax.steps import META as META
 from bertjax.steps import available_steps as available_steps
 from bertjax.steps import checkpoint_dir as checkpoint_dir
 from bertjax.steps import resolve_step as resolve_step
+
+if TYPE_CHECKING:
+    from bertjax.model import Model
 
 PARAMS = "params"
 SEP = "/"
@@ -50,7 +53,7 @@ def unflatten_params(abstract_state: nnx.State, flat: dict[str, Any]) -> nnx.Sta
     )
 
 
-def make_meta(model: nnx.Module, tokenizer: str, run_config: dict[str, Any]) -> dict[str, Any]:
+def make_meta(model: Model, tokenizer: str, run_config: dict[str, Any]) -> dict[str, Any]:
     params = flatten_params(nnx.state(model, nnx.Param))
     return {
         "architecture": type(model).__name__,
@@ -155,13 +158,14 @@ def read_params(directory: Path, step: int, abstract: dict[str, jax.ShapeDtypeSt
 def _unreadable(error: BaseException) -> str:
     """The array TensorStore could not read, and why, from an orbax exception chain."""
     seen: list[BaseException] = []
-    while error is not None and error not in seen:
-        seen.append(error)
-        found = re.search(r'Error reading "([^"]+)"[^:]*: (.*)', str(error))
+    link: BaseException | None = error
+    while link is not None and link not in seen:
+        seen.append(link)
+        found = re.search(r'Error reading "([^"]+)"[^:]*: (.*)', str(link))
         if found:
             array = found.group(1).rsplit("/", 1)[0]  # the key is "<array>/<chunk index>"
             return f"array {array} ({found.group(2).splitlines()[0][:160]})"
-        error = error.__cause__ or error.__context__
+        link = link.__cause__ or link.__context__
     return " ".join(str(seen[0]).split())[:200]
 
 

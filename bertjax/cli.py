@@ -395,5 +395,6 @@ def use_compilation_cache() -> None:
         return
     import jax
 
-    if jax.config.jax_compilation_cache_dir is None:
+    # jax.config sets each flag as an attribute at run time, which its class does not declare.
+    if jax.config.jax_compilation_cache_dir is None:  # type: ignore[attr-defined]
         jax.config.update("jax_compilation_cache_dir", str(CACHE_ROOT / "xla"))

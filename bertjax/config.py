@@ -291,8 +291,9 @@ def modernbert_hf_dict(config: BertConfig, architecture: str) -> dict[str, Any]:
     same = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
             "max_position_embeddings", "initializer_range", "pad_token_id", "classifier_dropout",
             "model_type", *MODERNBERT_FIELDS)  # fmt: skip
-    hf = {"architectures": [architecture.replace("Bert", config.family.architecture, 1)]}
+    hf: dict[str, Any] = {"architectures": [architecture.replace("Bert", config.family.architecture, 1)]}
     hf.update({name: getattr(config, name) for name in same})
+    assert config.layer_types is not None  # a ModernBERT config's check fills them in
     hf["layer_types"] = list(config.layer_types)
     hf["hidden_activation"] = config.hidden_act
     hf["norm_eps"] = config.layer_norm_eps

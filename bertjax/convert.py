@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
@@ -83,9 +83,13 @@ def hf_name(path: tuple) -> tuple[str, bool]:
     return f"{name}.{hf_leaf}", transpose
 
 
-def normalize_hf_names(tensors: Mapping[str, np.ndarray], model_type: str = "bert") -> dict[str, np.ndarray]:
+V = TypeVar("V")
+
+
+def normalize_hf_names(tensors: Mapping[str, V], model_type: str = "bert") -> dict[str, V]:
     """Drops the family's encoder prefix, legacy names and non-parameters, and renames its head,
-    so that any checkpoint of the family compares equal."""
+    so that any checkpoint of the family compares equal; the values (tensors, or their shapes and
+    dtypes) are kept as they are."""
     from bertjax.families import family  # the registry, which imports this module, holds the rules
 
     rules = family(model_type).rules
@@ -149,7 +153,9 @@ def from_hf(
             raise UserError(
                 f"{source}: tensor {name} has shape {list(value.shape)}, the config needs {list(expected.shape)}"
             )
-        leaves[path] = value.astype(expected.dtype)
+        # No copy where the dtype is already the model's: the device transfer copies once
+        # (BERT-base's 440 MB were copied twice).
+        leaves[path] = value.astype(expected.dtype, copy=False)
     from bertjax.families import family
 
     heads = family(model_type).rules.head_prefixes

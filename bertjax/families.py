@@ -20,9 +20,8 @@ from bertjax.convert import BERT_RULES, ELECTRA_RULES, MODERNBERT_RULES, ROBERTA
 from bertjax.errors import UserError
 
 if TYPE_CHECKING:
-    from flax import nnx
-
     from bertjax.config import BertConfig, ConfigAdapter
+    from bertjax.model import Model
 
 # The classes of a family with BERT's layers (bertjax.model): the encoder, MLM + NSP, a classifier.
 BERT_CLASSES = {
@@ -71,7 +70,7 @@ class Family:
     def described(self) -> str:
         return f"{'an' if self.title[0] in 'AEIOU' else 'a'} {self.title}"
 
-    def model_class(self, asked: str | type[nnx.Module]) -> type[nnx.Module]:
+    def model_class(self, asked: str | type[Model]) -> type[Model]:
         """The class of this family that `asked` (a name, or a class of any family) stands for; a
         class no family knows (a caller's own subclass) is taken as it is."""
         key = asked if isinstance(asked, str) else asked.__name__

@@ -31,7 +31,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Sequence
-from typing import Any, TypedDict, Unpack
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypedDict, Unpack, cast
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +42,16 @@ from bertjax.config import BertConfig
 from bertjax.errors import UserError
 
 Array = jax.Array
+
+
+class Model(nnx.Module):
+    """What every model class of every family is (`bertjax.families`), as the code that builds,
+    saves and reads models of any family sees it: built from a config, which it keeps."""
+
+    if TYPE_CHECKING:  # declared for the checker only: each class sets and takes these itself
+        config: BertConfig
+
+        def __init__(self, config: BertConfig, *, rngs: nnx.Rngs) -> None: ...
 
 
 @struct.dataclass
@@ -202,9 +212,13 @@ class BertEmbeddings(nnx.Module):
             # One type (RoBERTa): every token has it, whatever segment ids a caller passes.
             token_types = types[0]
         else:
-            token_types = sum(
-                jnp.where((token_type_ids == t)[..., None], types[t], jnp.zeros((), dtype))
-                for t in range(self.config.type_vocab_size)
+            # A sum of at least two arrays (type_vocab_size > 1) is an array, never sum()'s start 0.
+            token_types = cast(
+                Array,
+                sum(
+                    jnp.where((token_type_ids == t)[..., None], types[t], jnp.zeros((), dtype))
+                    for t in range(self.config.type_vocab_size)
+                ),
             )
         x = lookup(self.word_embeddings.embedding[...], input_ids, dtype) + positions + token_types
         return _dropout(self.LayerNorm(x), self.config.hidden_dropout_prob, rngs)
@@ -289,7 +303,11 @@ class ModelOptions(TypedDict, total=False):
     attention_norms: bool
 
 
-_SEPARATE = {"head_mask": "head_mask", "disable_heads": "disable", "attention_offsets": "offsets"}
+_SEPARATE: dict[Literal["head_mask", "disable_heads", "attention_offsets"], str] = {
+    "head_mask": "head_mask",
+    "disable_heads": "disable",
+    "attention_offsets": "offsets",
+}
 
 
 def model_options(options: ModelOptions) -> tuple[Interventions, Capture]:
@@ -377,7 +395,16 @@ class BertSelfOutput(nnx.Module):
         return _residual(self, hidden, residual, rngs)
 
 
-def _residual(block: nnx.Module, hidden: Array, residual: Array, rngs) -> Array:
+class _ClosesSublayer(Protocol):
+    """A block that closes a sub-layer (`BertSelfOutput`, `BertOutputBlock`): its output projection
+    and the LayerNorm that pre-LN applies to the sub-layer's input and post-LN to the sum."""
+
+    config: BertConfig
+    dense: nnx.Linear
+    LayerNorm: nnx.LayerNorm
+
+
+def _residual(block: _ClosesSublayer, hidden: Array, residual: Array, rngs) -> Array:
     """A sub-layer's output projection added to its residual: post-LN normalises the sum; pre-LN
     normalised the sub-layer's input instead (`_sublayer_input`) and leaves the sum alone."""
     hidden = _dropout(block.dense(hidden), block.config.hidden_dropout_prob, rngs)
@@ -386,7 +413,7 @@ def _residual(block: nnx.Module, hidden: Array, residual: Array, rngs) -> Array:
     return block.LayerNorm(hidden + residual)
 
 
-def _sublayer_input(block: nnx.Module, x: Array) -> Array:
+def _sublayer_input(block: _ClosesSublayer, x: Array) -> Array:
     """What a sub-layer reads: x itself (post-LN), or x through the LayerNorm of the block that
     closes the sub-layer (pre-LN: the same parameters, so both layouts share one tree)."""
     return block.LayerNorm(x) if block.config.layer_norm_position == "pre" else x
@@ -481,8 +508,9 @@ def encoder_output(hidden: Array, pooled: Array | None, records: Sequence[LayerR
     return BertOutput(
         last_hidden_state=hidden,
         pooler_output=pooled,
-        attentions=tuple(r.attentions for r in records) if capture.probabilities else None,
-        value_norms=tuple(r.value_norms for r in records) if capture.value_norms else None,
+        # Every layer records what `capture` asks for, so none of these is None.
+        attentions=cast(tuple[Array, ...], tuple(r.attentions for r in records)) if capture.probabilities else None,
+        value_norms=cast(tuple[Array, ...], tuple(r.value_norms for r in records)) if capture.value_norms else None,
     )
 
 
@@ -494,7 +522,7 @@ class BertPooler(nnx.Module):
         return jnp.tanh(self.dense(hidden[:, 0]))
 
 
-class BertModel(nnx.Module):
+class BertModel(Model):
     """The encoder: embeddings, L layers, pooler. Mirrors `transformers.BertModel` (and
     `RobertaModel` and `ElectraModel` under their configs)."""
 
@@ -569,7 +597,7 @@ class BertPreTrainingHeads(nnx.Module):
         self.seq_relationship = _dense(config, config.hidden_size, 2, rngs)
 
 
-class BertForPreTraining(nnx.Module):
+class BertForPreTraining(Model):
     """BERT with the MLM and NSP heads. Mirrors `transformers.BertForPreTraining`."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
@@ -594,11 +622,12 @@ class BertForPreTraining(nnx.Module):
         if masked_positions is not None:
             hidden = jnp.take_along_axis(hidden, masked_positions[..., None], axis=1)
         prediction_logits = self.cls.predictions(hidden, self.bert.embeddings.word_embeddings)
+        assert out.pooler_output is not None  # the families with these heads (BERT, RoBERTa) have a pooler
         nsp_logits = self.cls.seq_relationship(out.pooler_output).astype(jnp.float32)
         return PreTrainingOutput(prediction_logits, nsp_logits, out.attentions, out.value_norms)
 
 
-class BertForSequenceClassification(nnx.Module):
+class BertForSequenceClassification(Model):
     """A linear classifier on the pooled [CLS] output. Mirrors HF's class of the same name."""
 
     def __init__(self, config: BertConfig, *, rngs: nnx.Rngs):
@@ -610,5 +639,6 @@ class BertForSequenceClassification(nnx.Module):
         out = self.bert(input_ids, *args, **kwargs)
         dropout_rng = kwargs.get("dropout_rng")
         rngs = None if dropout_rng is None else nnx.Rngs(dropout=jax.random.fold_in(dropout_rng, 1))
+        assert out.pooler_output is not None  # the families with a classifier (BERT, RoBERTa) have a pooler
         pooled = _dropout(out.pooler_output, self.config.classifier_dropout_prob, rngs)
         return ClassificationOutput(self.classifier(pooled).astype(jnp.float32), out.attentions, out.value_norms)

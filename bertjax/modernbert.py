@@ -30,6 +30,7 @@ from bertjax.model import (
     Capture,
     Interventions,
     LayerRecord,
+    Model,
     ModelOptions,
     _activation,
     _dense,
@@ -133,7 +134,7 @@ class ModernBertEncoderLayer(nnx.Module):
         return x + self.mlp(self.mlp_norm(x), rngs), record
 
 
-class ModernBertModel(nnx.Module):
+class ModernBertModel(Model):
     """The encoder: embeddings, L layers, final norm. Mirrors `transformers.ModernBertModel`;
     called as `BertModel` is (token_type_ids are accepted and ignored; pooler_output is None)."""
 
@@ -170,6 +171,7 @@ class ModernBertModel(nnx.Module):
         # HF's bidirectional sliding window: |query − key| ≤ local_attention // 2, inclusive.
         band = jnp.abs(index[:, None] - index[None, :]) <= cfg.local_attention // 2
         theta = {"full_attention": cfg.global_rope_theta, "sliding_attention": cfg.local_rope_theta}
+        assert cfg.layer_types is not None  # a ModernBERT config's check fills them in
         rotary = {kind: rotary_tables(position_ids, theta[kind], cfg.head_dim) for kind in set(cfg.layer_types)}
         x = self.embeddings(input_ids, rngs)
         sites = [(real if cfg.is_global(i) else real & band, rotary[kind]) for i, kind in enumerate(cfg.layer_types)]

@@ -17,7 +17,7 @@ import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -25,10 +25,10 @@ import numpy as np
 from flax import nnx
 
 from bertjax import checkpoint as ckpt
-from bertjax import convert, families, runinfo
+from bertjax import convert, families, runinfo, tokenization
 from bertjax.config import BertConfig, read_hf_json
 from bertjax.errors import UserError
-from bertjax.model import BertModel
+from bertjax.model import BertModel, Model
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,10 @@ class Checkpoint:
     @functools.cached_property
     def meta(self) -> dict[str, Any] | None:
         """The orbax step's metadata (`bertjax.checkpoint.make_meta`); None for a HF checkpoint."""
-        return None if self.kind == "hf" else ckpt.read_meta(self.path, self.step)
+        if self.kind == "hf":
+            return None
+        assert self.step is not None  # `open_checkpoint` resolves an orbax checkpoint's step
+        return ckpt.read_meta(self.path, self.step)
 
     @functools.cached_property
     def config(self) -> BertConfig:
@@ -153,13 +156,15 @@ def fetch_weights(source: Checkpoint) -> list[Path]:
     # A blob already in the cache (another revision's identical weights) is not this call's.
     before = {*_cache_entries(source.path), *(source.path.parent.parent / "blobs").glob("*")}
 
+    repo_id = source.repo_id
+
     def fetch() -> Path:
-        path = Path(snapshot_download(source.repo_id, revision=source.commit, allow_patterns=HUB_WEIGHTS))
+        path = Path(snapshot_download(repo_id, revision=source.commit, allow_patterns=HUB_WEIGHTS))
         if not any(path.glob("*.safetensors")):
-            path = Path(snapshot_download(source.repo_id, revision=source.commit, allow_patterns=HUB_FALLBACK))
+            path = Path(snapshot_download(repo_id, revision=source.commit, allow_patterns=HUB_FALLBACK))
         return path
 
-    _from_hub(source.repo_id, source.commit, fetch)
+    _from_hub(repo_id, source.commit, fetch)
     return sorted(set(_cache_entries(source.path)) - before)
 
 
@@ -267,7 +272,7 @@ def cached_hub_repos() -> dict[str, list[str]]:
     return repos
 
 
-def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) -> type[nnx.Module]:
+def model_class(name: str | type[Model], config: BertConfig | None = None) -> type[Model]:
     """The class named, as the config's family has it (`bertjax.families`): the bare encoder
     (`BertModel`, what every analysis asks for) of a ModernBERT config is `ModernBertModel`, its
     only class here."""
@@ -282,7 +287,7 @@ def model_class(name: str | type[nnx.Module], config: BertConfig | None = None) 
     return name
 
 
-def init_model(config: BertConfig, cls: str | type[nnx.Module] = BertModel, seed: int = 0) -> nnx.Module:
+def init_model(config: BertConfig, cls: str | type[Model] = BertModel, seed: int = 0) -> Model:
     return model_class(cls, config)(config, rngs=nnx.Rngs(params=seed))
 
 
@@ -290,6 +295,7 @@ def load_config(source: Checkpoint, **overrides: Any) -> BertConfig:
     if source.kind == "hf":
         return BertConfig.from_json_file(source.path / "config.json", **overrides)
     meta = source.meta
+    assert meta is not None  # an orbax step has its metadata
     if "model_config" not in meta:
         raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (model_config is missing)")
     return BertConfig.from_hf_dict(meta["model_config"], source=str(source.path), **overrides)
@@ -302,13 +308,14 @@ def trained_task(source: Checkpoint) -> str | None:
     if source.kind == "hf":
         task = read_hf_json(source.path / "config.json").get("finetuning_task")
     else:
+        assert source.meta is not None  # an orbax step has its metadata
         task = (source.meta.get("run_config") or {}).get("task")
     return task.lower().replace("-", "") if isinstance(task, str) and task else None
 
 
 def from_pretrained(
     path_or_id: str | Path | Checkpoint,
-    cls: str | type[nnx.Module] = BertModel,
+    cls: str | type[Model] = BertModel,
     *,
     step: int | None = None,
     revision: str | None = None,
@@ -316,7 +323,7 @@ def from_pretrained(
     trained_heads: bool = False,
     allow_nonfinite: bool = False,
     **config_overrides: Any,
-) -> nnx.Module:
+) -> Model:
     """Loads a BERT of class `cls` (default the bare encoder): from a HF-format directory, a
     bertjax run (`step`: its latest by default) or a hub id at `revision` (a branch, tag or commit,
     as transformers' `revision`; or `REPO#REVISION`; default the main branch).
@@ -359,7 +366,11 @@ def from_pretrained(
         log.warning("%s: initialising %s from seed %d", file, ", ".join(convert.hf_name(p)[0] for p in missing), seed)
         initial = dict(nnx.to_flat_state(nnx.state(cls(config, rngs=nnx.Rngs(params=seed)))))
         leaves.update({p: initial[p].get_value() for p in missing})
-    flat = [(p, v.replace(value=jnp.asarray(leaves[p]))) for p, v in nnx.to_flat_state(abstract_state)]
+    # One transfer for every leaf: MiniLM's 103 tensors took 0.80 s one jnp.asarray at a time,
+    # 0.20 s in one device_put (one measurement, on the shared 2-core CPU).
+    abstract = list(nnx.to_flat_state(abstract_state))
+    values = jax.device_put([leaves[p] for p, _ in abstract])
+    flat = [(p, v.replace(value=x)) for (p, v), x in zip(abstract, values, strict=True)]
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
@@ -380,6 +391,7 @@ def check_structure(source: Checkpoint, config: BertConfig, tensors: dict[str, n
     command that builds or traces a model from a checkpoint's config runs first. Returns the file
     the weights are in."""
     if source.kind == "orbax":
+        assert source.meta is not None  # an orbax step has its metadata
         stored = source.meta["param_shapes"]
         file, shapes = source.path / str(source.step), {n: (tuple(s), d) for n, (s, d) in stored.items()}
     elif tensors is not None:
@@ -412,7 +424,7 @@ def _stored_hf_shapes(directory: Path) -> tuple[Path, dict[str, tuple[tuple, str
 
     try:
         file, files = _safetensors_files(directory) or (None, [])
-        shapes = {}
+        shapes: dict[str, tuple[tuple, str]] = {}
         for shard in files:
             with safe_open(shard, framework="numpy") as f:
                 for name in f.keys():  # noqa: SIM118 (a safetensors file is not iterable)
@@ -421,6 +433,7 @@ def _stored_hf_shapes(directory: Path) -> tuple[Path, dict[str, tuple[tuple, str
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{directory}: unreadable safetensors ({e})") from None
     if files:
+        assert file is not None  # the file that names them
         return file, shapes
     file, tensors = _read_hf_tensors(directory)
     return file, {n: (v.shape, v.dtype.name) for n, v in tensors.items()}
@@ -478,13 +491,26 @@ def check_finite(file: Path, tensors: list[tuple[tuple, Any]], allow: bool = Fal
 
 
 @functools.cache
-def abstract_model(cls: type[nnx.Module], config: BertConfig) -> tuple[nnx.GraphDef, nnx.State]:
+def abstract_model(cls: type[Model], config: BertConfig) -> tuple[nnx.GraphDef, nnx.State]:
     """(graph, state of shapes and dtypes) of a `cls` model: what a checkpoint's arrays fill.
 
-    Cached per architecture, since tracing the initialisation costs ~1.2 s at BERT-base size (each
-    RNG-counter update makes JAX describe a tracer), and `analysis.track` loads one architecture
-    once per checkpoint."""
-    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(params=0))))
+    Traced with `_ShapeRngs` in place of `nnx.Rngs`: each of nnx.Rngs' counter updates made JAX
+    describe a tracer for an error message no one reads (~2.7 ms a parameter, growing with the
+    trace: 0.5 s of MiniLM's load, ~1.2 s at BERT-base size). Cached per architecture:
+    `analysis.track` loads one architecture once per checkpoint."""
+    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=cast(nnx.Rngs, _ShapeRngs()))))
+
+
+class _ShapeRngs:
+    """What a model's constructor asks of its `rngs` (`rngs.params()`, through flax's layers), with
+    one key for every parameter: under `eval_shape` only the shapes and dtypes are kept, and those
+    do not depend on the key."""
+
+    def __init__(self) -> None:
+        self.key = jax.random.key(0)
+
+    def params(self) -> jax.Array:
+        return self.key
 
 
 def _read_hf_tensors(directory: Path) -> tuple[Path, dict[str, np.ndarray]]:
@@ -530,6 +556,7 @@ def _read_torch_bin(file: Path) -> dict[str, np.ndarray]:
 def _read_orbax_leaves(source: Checkpoint, abstract_state: nnx.State) -> tuple[dict, list]:
     """Reads the checkpoint's params, keeping the ones this model class has."""
     meta = source.meta
+    assert meta is not None and source.step is not None  # an orbax step, with its metadata
     wanted = {ckpt.path_key(p): p for p, _ in nnx.to_flat_state(abstract_state)}
     shapes = {k: jax.ShapeDtypeStruct(tuple(s), jnp.dtype(d)) for k, (s, d) in meta["param_shapes"].items()}
     restored = ckpt.read_params(source.path, source.step, shapes)
@@ -557,7 +584,7 @@ def _read_orbax_leaves(source: Checkpoint, abstract_state: nnx.State) -> tuple[d
     return leaves, missing
 
 
-def save_pretrained(model: nnx.Module, directory: str | Path, overwrite: bool = False) -> Path:
+def save_pretrained(model: Model, directory: str | Path, overwrite: bool = False) -> Path:
     """Writes HF-format `config.json` + `model.safetensors` (loadable by `transformers`); files
     already there are replaced only with `overwrite`."""
     from safetensors.numpy import save
@@ -589,6 +616,7 @@ def tokenizer_directory(source: Checkpoint) -> Path:
     if source.kind == "hf":
         return source.path
     meta = source.meta
+    assert meta is not None  # an orbax step has its metadata
     if "tokenizer" not in meta:
         raise UserError(f"{source.path / str(source.step)}: unreadable checkpoint metadata (tokenizer is missing)")
     location = Path(meta["tokenizer"])
@@ -609,19 +637,20 @@ def tokenizer_digest(source: Checkpoint) -> str:
 
 
 def _tokenizer_class(location: Path):
-    """BertTokenizerFast for a BERT tokenizer (what AutoTokenizer resolves it to), imported on its
-    own: AutoTokenizer's import pulls in transformers' model configuration and with it torch
-    where torch is installed, a second and a half of every analysis's start. Any other class
-    named in tokenizer_config.json goes through AutoTokenizer as before."""
+    """BertTokenizer (transformers 5's fast one, which BertTokenizerFast also names) for a BERT
+    tokenizer (what AutoTokenizer resolves it to), imported on its own: AutoTokenizer's import
+    pulls in transformers' model configuration and with it torch where torch is installed, a
+    second and a half of every analysis's start. Any other class named in tokenizer_config.json
+    goes through AutoTokenizer as before."""
     config = location / "tokenizer_config.json"
     named = read_hf_json(config).get("tokenizer_class") if config.is_file() else None
     # Unnamed (roberta-base's tokenizer_config.json names none): the model's type says, as for AutoTokenizer.
     model = location / "config.json"
     model_type = read_hf_json(model).get("model_type", "bert") if named is None and model.is_file() else "bert"
     if named in (None, "BertTokenizer", "BertTokenizerFast") and model_type == "bert":
-        from transformers import BertTokenizerFast
+        from transformers import BertTokenizer
 
-        return BertTokenizerFast
+        return BertTokenizer
     from transformers import AutoTokenizer
 
     return AutoTokenizer
@@ -639,9 +668,15 @@ def _check_tokenizer_json(file: Path) -> None:
         )
 
 
-def load_tokenizer(path_or_id: str | Path | Checkpoint, step: int | None = None, revision: str | None = None):
+def load_tokenizer(
+    path_or_id: str | Path | Checkpoint, step: int | None = None, revision: str | None = None, *, light: bool = False
+):
     """The fast tokenizer stored with a checkpoint (offsets are needed for alignment); a hub id's
-    `revision` as in `from_pretrained` (only the tokenizer and config files are fetched)."""
+    `revision` as in `from_pretrained` (only the tokenizer and config files are fetched).
+
+    `light`: where it encodes as transformers' would, the `tokenizers` library's tokenizer alone
+    (`bertjax.tokenization.LightTokenizer`: what `sieves.align.encode_batch` needs, none of
+    transformers' other methods), without importing transformers."""
     source = _opened(path_or_id, step, revision, weights=False)
     location = tokenizer_directory(source)
     # Checked first: transformers reads config.json too, and fails on a bad one with a traceback.
@@ -651,7 +686,9 @@ def load_tokenizer(path_or_id: str | Path | Checkpoint, step: int | None = None,
         raise UserError(f"{location}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); save one beside the weights")
     _check_tokenizer_json(location / TOKENIZER_FILES[0])
     try:
-        tokenizer = _tokenizer_class(location).from_pretrained(str(location))
+        tokenizer = (light and tokenization.light_tokenizer(location)) or _tokenizer_class(location).from_pretrained(
+            str(location)
+        )
     except (OSError, ValueError) as e:
         raise UserError(f"{location}: no usable tokenizer ({e})") from None
     except Exception as e:

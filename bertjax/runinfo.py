@@ -121,8 +121,8 @@ def git_diff_sha256() -> str | None:
     return hashlib.sha256(diff).hexdigest() if diff else None
 
 
-def versions() -> dict[str, str | None]:
-    found: dict[str, str | None] = {"python": platform.python_version()}
+def versions() -> dict[str, str | bool | None]:
+    found: dict[str, str | bool | None] = {"python": platform.python_version()}
     for name in PACKAGES:
         try:
             found[name] = metadata.version(name)
@@ -191,7 +191,7 @@ def atomic_file(path: str | Path, binary: bool = False, overwrite: bool = False)
     tmp = Path(name)
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600: the file gets the mode any new file would
-        with os.fdopen(fd, "wb" if binary else "w", **({} if binary else {"encoding": "utf-8"})) as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
         if overwrite:
             os.replace(tmp, path)
@@ -305,14 +305,15 @@ def no_space(error: BaseException) -> str | None:
     ValueError whose text carries the errno as `[os_error_code='28']`, the tokenizers library a bare
     Exception reading Rust's `File too large (os error 27)`."""
     seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in _NO_SPACE:
-            return error.strerror
+    link: BaseException | None = error
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if isinstance(link, OSError) and link.errno in _NO_SPACE:
+            return link.strerror
         for code in _NO_SPACE:
-            if f"[os_error_code='{code}']" in str(error) or f"(os error {code})" in str(error):
+            if f"[os_error_code='{code}']" in str(link) or f"(os error {code})" in str(link):
                 return os.strerror(code)
-        error = error.__cause__ or error.__context__
+        link = link.__cause__ or link.__context__
     return None
 
 

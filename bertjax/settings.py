@@ -35,10 +35,13 @@ import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from bertjax import runinfo
 from bertjax.errors import UserError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -113,14 +116,31 @@ def _bare(kind: Any) -> Any:
     return options[0] if len(options) == 1 else kind
 
 
+def _is_words(kind: Any) -> bool:
+    """Whether `kind` is a few words, `Literal["auto"]`."""
+    words = typing.get_args(kind)
+    return typing.get_origin(kind) is typing.Literal and bool(words) and all(isinstance(w, str) for w in words)
+
+
+def _is_number_or_words(kind: Any) -> bool:
+    """Whether `kind` is one number type and words besides (τ's `float | Literal["auto"]`), with or
+    without None: a value that is a number unless it is one of the words."""
+    options = [option for option in _options(kind) if option is not type(None)]
+    numbers = [option for option in options if option in (int, float)]
+    return len(numbers) == 1 and len(options) > 1 and all(option in numbers or _is_words(option) for option in options)
+
+
 def _understood(kind: Any) -> bool:
-    """Whether a setting may have the type `kind`: int, float, str or bool; `X | None` of one that
-    may; a tuple of scalars (`tuple[str, ...]`, `tuple[int, int]`); a list of scalars or of
-    sections; a section (a dataclass of settings, a training config's `optimizer`)."""
+    """Whether a setting may have the type `kind`: int, float, str or bool; words
+    (`Literal["auto"]`); `X | None` of one that may; a number or words (`float | Literal["auto"]`);
+    a tuple of scalars (`tuple[str, ...]`, `tuple[int, int]`); a list of scalars or of sections; a
+    section (a dataclass of settings, a training config's `optimizer`)."""
     origin, args = typing.get_origin(kind), typing.get_args(kind)
-    if kind in _SCALARS:
+    if kind in _SCALARS or _is_words(kind):
         return True
     if origin in (typing.Union, types.UnionType):
+        if _is_number_or_words(kind):
+            return True
         return len(args) == 2 and type(None) in args and _understood(_bare(kind))
     if origin is tuple:
         items = args[:1] if args[1:] == (Ellipsis,) else args
@@ -146,7 +166,8 @@ def field_types(schema: type) -> dict[str, Any]:
         if not _understood(kind):
             raise TypeError(
                 f"{schema.__qualname__}.{field.name}: a setting cannot be {spelled(kind)} (it may be int, float, str, "
-                "bool, X | None, a tuple of scalars, a list of scalars or sections, or a section: a settings dataclass)"
+                "bool, Literal words, X | None, a number or words (float | Literal['auto']), a tuple of scalars, a "
+                "list of scalars or sections, or a section: a settings dataclass)"
             )
         inner = _bare(kind)
         inner = typing.get_args(inner)[0] if typing.get_origin(inner) is list else inner
@@ -173,8 +194,29 @@ def spelled(kind: Any) -> str:
 _CONVERT = {int: int, float: float, str: str}
 
 
-def _comma_list(text: str) -> tuple[str, ...]:
+def comma_list(text: str) -> tuple[str, ...]:
+    """A `tuple[str, ...]` setting from its flag's text, `prev,next`: the one place a list's text
+    is split (a YAML file and the API give the list itself, or this text)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def _number_or_word(kind: Any) -> Callable[[str], Any]:
+    """A flag's text as `float | Literal["auto"]` (`_is_number_or_words`) takes
+    it: one of the words as it is, else the number; anything else refused in one line (argparse
+    prefixes the flag)."""
+    options = [option for option in _options(kind) if option is not type(None)]
+    words = [w for option in options if _is_words(option) for w in typing.get_args(option)]
+    numbers = [option for option in options if option in (int, float)]
+
+    def number_or_word(text: str) -> Any:
+        if text in words:
+            return text
+        try:
+            return numbers[0](text)
+        except (IndexError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected {describe(kind)}, got {text!r}") from None
+
+    return number_or_word
 
 
 def _converter(schema: type, field: dataclasses.Field) -> Callable[[str], Any]:
@@ -183,7 +225,11 @@ def _converter(schema: type, field: dataclasses.Field) -> Callable[[str], Any]:
         return spec["parse"]
     kind = _bare(field_types(schema)[field.name])
     if kind == tuple[str, ...]:
-        return _comma_list
+        return comma_list
+    if _is_words(kind):
+        return str  # refused where it is checked: by its choices, as the flag's parser refuses them
+    if _is_number_or_words(kind):
+        return _number_or_word(kind)
     if kind not in _CONVERT:
         raise TypeError(f"{schema.__qualname__}.{field.name}: a flag's text is no {spelled(kind)} by itself: needs parse=")  # fmt: skip
     return _CONVERT[kind]
@@ -243,7 +289,8 @@ def add_flags(
 def _config_may_supply(action: argparse.Action, file_supplies: bool) -> None:
     """Marks a required setting's flag as one a `--config` file may give instead
     (`bertjax.cli.Parser` reads the mark), so that what `--print-config` writes reads back."""
-    action.config_may_supply = action.required and file_supplies
+    # An attribute of our own on argparse's Action, which declares none such.
+    action.config_may_supply = action.required and file_supplies  # type: ignore[attr-defined]
 
 
 def tool_defaults(tool: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
@@ -361,7 +408,11 @@ def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Seque
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", None)
         raise UserError(f"--config {path}: {key + ': ' if key else ''}{str(e).splitlines()[0]}") from None
-    return {k: _tuples(v) for k, v in OmegaConf.to_container(merged).items() if k in mine}
+    try:
+        container = cast(dict[str, Any], OmegaConf.to_container(merged))  # a DictConfig's container is a dict
+        return {k: typed(schema, k, v) for k, v in container.items() if k in mine}
+    except UserError as e:
+        raise UserError(f"--config {path}: {e}") from None
 
 
 def _flag_schema(schema: type) -> type:
@@ -370,7 +421,10 @@ def _flag_schema(schema: type) -> type:
     hints = field_types(schema)
     fields = []
     for f in flag_fields(schema):
-        kind = hints[f.name]
+        # OmegaConf knows no words (`Literal`), and would refuse a list's text (`figures:
+        # role_grid`, as files written before lists were tuples hold it): those come as written,
+        # and `typed` reads them as the API's keywords.
+        kind = Any if _holds_words(hints[f.name]) or typing.get_origin(_bare(hints[f.name])) is tuple else hints[f.name]
         if f.default is dataclasses.MISSING:
             fields.append((f.name, kind | None, dataclasses.field(default=None)))
         else:
@@ -378,8 +432,8 @@ def _flag_schema(schema: type) -> type:
     return dataclasses.make_dataclass(f"{schema.__name__}File", fields)
 
 
-def _tuples(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
+def _holds_words(kind: Any) -> bool:
+    return any(_is_words(option) for option in _options(kind))
 
 
 def make(schema: type[T], values: Mapping[str, Any]) -> T:
@@ -389,7 +443,9 @@ def make(schema: type[T], values: Mapping[str, Any]) -> T:
     ]
     if missing:
         raise UserError(f"the following arguments are required: {', '.join(missing)}")
-    return schema(**values)
+    config = schema(**values)
+    check(cast("DataclassInstance", config))  # whether or not the class checks itself: fails closed
+    return config
 
 
 def from_kwargs(
@@ -409,19 +465,38 @@ def from_kwargs(
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
     values = tool_defaults(tool)
     for name, value in kwargs.items():
-        field, kind = fields[name], field_types(schema)[name]
-        if value is None and field.metadata["setting"]["shown"] is not None:
+        if value is None and fields[name].metadata["setting"]["shown"] is not None:
             continue  # as the flag left out: the default its help states in words
-        if isinstance(value, Path):
-            value = str(value)
-        if isinstance(value, str) and _bare(kind) not in _CONVERT and kind is not bool:
-            value = _converter(schema, field)(value)
-        elif kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
-            value = str(value)  # a number where the flag takes text (τ: a number or "auto")
-        elif isinstance(value, list) and typing.get_origin(_bare(kind)) is tuple and fits(value, kind):
-            value = tuple(value)  # a wrong one stays as given, for check_types' message
-        values[name] = value
-    return make(schema, values | fixed)
+        values[name] = typed(schema, name, value)
+    named = {f.name for f in flag_fields(schema)}
+    # `fixed` holds a call's positional settings too (`api.toy("a,b")`): read as the keywords are.
+    return make(schema, values | {n: typed(schema, n, v) if n in named else v for n, v in fixed.items()})
+
+
+def typed(schema: type, name: str, value: Any) -> Any:
+    """`value`, given for `schema`'s setting `name` from outside the flags (an API keyword, a
+    --config file, a run.json read back), in the field's type where it reads as one: a text where
+    the field takes another type as the flag's text (`roles="prev,next"`, `tau="3"`), a list as a
+    tuple, an integer as a float where the field takes a float (`tau=3` records 3.0, as `--tau 3`
+    does), a path as its text (run.json records text). A text no reading takes is one line naming
+    the setting; any other value stays as given, for check_types' message."""
+    field = next(f for f in flag_fields(schema) if f.name == name)
+    kind = field_types(schema)[name]
+    options = _options(kind)
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, str) and _bare(kind) not in _CONVERT and kind is not bool:
+        try:
+            return _converter(schema, field)(value)
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise UserError(f"{name}: {e}"[:300]) from None
+    if isinstance(value, int) and not isinstance(value, bool) and float in options and int not in options:
+        return float(value)
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # a number where the flag takes text, as the flag's text would give it
+    if isinstance(value, list) and typing.get_origin(_bare(kind)) is tuple and fits(value, kind):
+        return tuple(value)
+    return value
 
 
 def with_settings(
@@ -449,7 +524,8 @@ def with_settings(
                             annotation=field_types(schema)[field.name],
                         )
                     )
-        function.__signature__ = signature.replace(parameters=parameters)
+        # inspect.signature reads __signature__, which no callable's type declares.
+        function.__signature__ = signature.replace(parameters=parameters)  # type: ignore[attr-defined]
         return function
 
     return decorate
@@ -532,7 +608,9 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    field_types(schema)  # a type OmegaConf would take for another, or not check, is refused first
+    # A type OmegaConf would take for another, or not check, is refused first. (A class is
+    # hashable: mypy takes type[T]'s __hash__ for T's unbound method.)
+    field_types(schema)  # type: ignore[arg-type]
     cfg = OmegaConf.structured(schema)
     where = ""
     try:
@@ -550,11 +628,11 @@ def load_config(schema: type[T], path: str | Path | None, overrides: Sequence[st
             if OmegaConf.select(cfg, key, default=_MISSING) is _MISSING and not _is_open(cfg, key):
                 raise UserError(f"{item}: unknown config key {key!r}")
             OmegaConf.update(cfg, key, value, merge=True)
-        return OmegaConf.to_object(cfg)
+        return cast(T, OmegaConf.to_object(cfg))  # a structured config's object is the dataclass
     except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None)
+        full_key = getattr(e, "full_key", None)
         message = str(e).splitlines()[0]
-        raise UserError(f"{where}{key + ': ' if key else ''}{message}") from None
+        raise UserError(f"{where}{full_key + ': ' if full_key else ''}{message}") from None
 
 
 _MISSING = object()
@@ -668,6 +746,8 @@ def _fits(value: object, kind: Any) -> bool:
         return number
     if kind is str:
         return isinstance(value, str)
+    if _is_words(kind):
+        return isinstance(value, str) and value in args
     if origin in (typing.Union, types.UnionType):
         return any(_fits(value, option) for option in args)
     if origin in (tuple, list):
@@ -679,21 +759,25 @@ def _fits(value: object, kind: Any) -> bool:
 
 
 def describe(kind: Any) -> str:
-    return " or ".join(_NAMES.get(option, spelled(option)) for option in _options(kind))
+    return " or ".join(
+        " or ".join(map(repr, typing.get_args(option))) if _is_words(option) else _NAMES.get(option, spelled(option))
+        for option in _options(kind)
+    )
 
 
-def check(config: object) -> None:
-    """`check_types`, then every setting with choices holds one of them (the parser checks the
-    flags; a call of the API or a --config file reaches the dataclass without it)."""
-    check_types(config)
+def check(config: DataclassInstance) -> None:
+    """Every setting with choices holds one of them (the parser checks the flags; a call of the
+    API or a --config file reaches the dataclass without it), then `check_types`: the choices
+    first, so that a word outside a `Literal` field's is the line the flag's parser gives."""
     for field in flag_fields(type(config)):
         choices = field.metadata["setting"]["choices"]
         value = getattr(config, field.name)
         if choices is not None and value not in choices:
             raise UserError(f"{flag_name(type(config), field)} must be one of {', '.join(map(str, choices))}, got {value!r}")  # fmt: skip
+    check_types(config)
 
 
-def check_types(config: object) -> None:
+def check_types(config: DataclassInstance) -> None:
     """Every field of the settings dataclass `config` holds a value of its type (`field_types`),
     or one line naming the field as the API's keyword: `n: expected an integer, got '8'`."""
     kinds = field_types(type(config))

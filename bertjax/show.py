@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertjax.errors import UserError
 from bertjax.settings import setting
 
 
@@ -19,6 +20,8 @@ class ShowConfig:
 
 def show(config: ShowConfig) -> str:
     """The lines `python -m bertjax` prints for `config`'s checkpoint."""
+    if config.ckpt is None:
+        raise UserError("no checkpoint to show: give ckpt (--ckpt CKPT)")
     import jax
     import numpy as np
     from flax import nnx

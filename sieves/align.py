@@ -20,6 +20,10 @@ from sieves.parse import Parse
 if TYPE_CHECKING:  # a type only: importing transformers costs half a second of every analysis's start
     from transformers import PreTrainedTokenizerBase
 
+    from bertjax.tokenization import LightTokenizer
+
+    Tokenizer = PreTrainedTokenizerBase | LightTokenizer
+
 
 MIN_LENGTH = 5  # the shortest encoding budget: [CLS] A [SEP] B [SEP] with a wordpiece in each segment
 
@@ -64,7 +68,7 @@ class EncodedSequence:
 
 
 def encode(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
     segments: Sequence[str],
     parses: Sequence[Parse] | None,
     max_length: int = 128,
@@ -75,7 +79,7 @@ def encode(
 
 
 def encode_batch(
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: Tokenizer,
     examples: Sequence[Sequence[str]],
     parses: Sequence[Sequence[Parse]] | None,
     max_length: int = 128,
@@ -110,20 +114,13 @@ def encode_batch(
         if not members:
             continue
         columns = [[examples[i][segment] for i in members] for segment in range(num_segments)]
-        batch = tokenizer(
-            *columns,
-            truncation="longest_first",
-            max_length=max_length,
-            return_offsets_mapping=True,
-            return_token_type_ids=True,
-            return_attention_mask=False,
-        )
+        batch = backend_encode(tokenizer, columns, max_length)
         for row, i in enumerate(members):
             encoded[i] = _align(
-                input_ids=batch["input_ids"][row],
-                token_type_ids=batch["token_type_ids"][row],
-                offsets=batch["offset_mapping"][row],
-                sequence_ids=batch.sequence_ids(row),
+                input_ids=batch[row].ids,
+                token_type_ids=batch[row].type_ids,
+                offsets=batch[row].offsets,
+                sequence_ids=batch[row].sequence_ids,
                 parses=None if parses is None else parses[i],
                 num_segments=num_segments,
                 index=indices[i],
@@ -131,6 +128,27 @@ def encode_batch(
                 sep_id=sep_id,
             )
     return encoded  # type: ignore[return-value]
+
+
+def backend_encode(
+    tokenizer: Tokenizer, columns: Sequence[Sequence[str]], max_length: int | None, special: bool = True
+) -> list:
+    """The `tokenizers.Encoding`s of one column of texts (or two: pairs) as transformers' fast
+    tokenizers make them (`tokenizer(*columns, truncation="longest_first", max_length=...)`; no
+    truncation without `max_length`; `special`: add the special tokens), from the
+    `tokenizers.Tokenizer` both kinds of tokenizer hold (transformers' and
+    `bertjax.tokenization.LightTokenizer`), setting its truncation and padding as transformers does
+    on every call."""
+    backend = tokenizer.backend_tokenizer
+    if max_length is None:
+        backend.no_truncation()
+    else:
+        side = getattr(tokenizer, "truncation_side", "right")
+        backend.enable_truncation(max_length, stride=0, strategy="longest_first", direction=side)
+    backend.no_padding()
+    backend.encode_special_tokens = getattr(tokenizer, "split_special_tokens", False)
+    texts = list(zip(*columns, strict=True)) if len(columns) == 2 else list(columns[0])
+    return backend.encode_batch(texts, add_special_tokens=special)
 
 
 def _align(

@@ -74,7 +74,8 @@ class SentenceCounts(NamedTuple):
     `DependencyCounts.found`) and by each offset (`offset_found` int16 [m, offsets])."""
 
     sentence: np.ndarray
-    count: np.ndarray
+    # Shadows tuple.count on purpose (the arcs' count, as DependencyCounts.count); nothing calls it.
+    count: np.ndarray  # type: ignore[assignment]
     found: np.ndarray
     offset_found: np.ndarray
 

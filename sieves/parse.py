@@ -199,19 +199,19 @@ class SpacyParser:
             parsed = dict(zip(unique, self._run_spacy(unique), strict=True))
         else:
             try:
-                parsed = self._parse_cached(unique)
+                parsed = self._parse_cached(self.cache_path, unique)
             except (OSError, sqlite3.Error) as error:
                 raise UserError(f"{self.cache_path}: cannot use the parse cache ({error})") from error
         return [parsed[text] for text in texts]
 
-    def _parse_cached(self, unique: list[str]) -> dict[str, Parse]:
+    def _parse_cached(self, cache_path: Path, unique: list[str]) -> dict[str, Parse]:
         keys = {text: self._key(text) for text in unique}
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        runinfo.refuse_symlink(self.cache_path)
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+        runinfo.refuse_symlink(cache_path)
         # nofollow: a link put there after the check is refused by SQLite itself.
         # A generous busy timeout: two jobs sharing a cache (track shards) wait for each other's
         # writes; SQLite's 5 s default ran out on a loaded 2-core machine ("database is locked").
-        connection = sqlite3.connect(f"{self.cache_path.absolute().as_uri()}?nofollow=1", uri=True, timeout=300)
+        connection = sqlite3.connect(f"{cache_path.absolute().as_uri()}?nofollow=1", uri=True, timeout=300)
         try:
             connection.execute("CREATE TABLE IF NOT EXISTS parses (key TEXT PRIMARY KEY, words TEXT)")
             cached = _lookup(connection, list(keys.values()))
@@ -226,7 +226,7 @@ class SpacyParser:
                 # costs seconds, and trusting it would give wrong roles with no sign of it.
                 log.warning(
                     "%s: %d entr%s not a parse of %s text (%r%s); parsed again and replaced",
-                    self.cache_path, len(broken), "y is" if len(broken) == 1 else "ies are",
+                    cache_path, len(broken), "y is" if len(broken) == 1 else "ies are",
                     "its" if len(broken) == 1 else "their", broken[0][:60], "" if len(broken) == 1 else ", …",
                 )  # fmt: skip
             pending: list[tuple[str, str]] = []
@@ -280,7 +280,7 @@ def read_conllu(path: Path, limit: int | None = None) -> list[tuple[str, Parse]]
         lines = runinfo.read_input(path).decode("utf-8").splitlines()  # run.json's sha256 is of these bytes
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"{path}: cannot read CoNLL-U file ({error})") from error
-    sentences = []
+    sentences: list[tuple[str, Parse]] = []
     for first_line, block in _sentence_blocks(lines):
         if limit is not None and len(sentences) >= limit:
             break

@@ -9,15 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from scipy import special, stats
 
 from bertjax.errors import UserError
+from sieves.choices import TESTS, Correction, Test
 
 CI_LEVEL = 0.95
-TESTS = ("t", "z", "bootstrap")
 # Replicates of the bootstrap-t test and of the onset intervals (docs/roles.md, docs/tracking.md).
 BOOTSTRAP_REPLICATES = 1000
 
@@ -49,7 +48,7 @@ def one_sided_test(
     x: np.ndarray,
     tau: float,
     axis: int = 0,
-    test: Literal["t", "z", "bootstrap"] = "t",
+    test: Test = "t",
     alpha: float = 0.05,
     replicates: int = BOOTSTRAP_REPLICATES,
     seed: int = 0,
@@ -196,7 +195,7 @@ def tau_auto(all_scores: Iterable[np.ndarray]) -> int:
     return math.floor(grand_mean) + 1
 
 
-def adjust_pvalues(p: np.ndarray, method: Literal["none", "holm", "bh"]) -> np.ndarray:
+def adjust_pvalues(p: np.ndarray, method: Correction) -> np.ndarray:
     """Holm or Benjamini–Hochberg adjusted p-values over all entries of `p` as one family.
 
     NaN p-values (untestable heads) are left out of the family and stay NaN.
@@ -205,7 +204,7 @@ def adjust_pvalues(p: np.ndarray, method: Literal["none", "holm", "bh"]) -> np.n
     return adjust_pvalue_rows(p.reshape(1, -1), method).reshape(p.shape)
 
 
-def adjust_pvalue_rows(p: np.ndarray, method: Literal["none", "holm", "bh"]) -> np.ndarray:
+def adjust_pvalue_rows(p: np.ndarray, method: Correction) -> np.ndarray:
     """`adjust_pvalues` of each row of p [R, m] as its own family, at once (the onset intervals
     adjust every bootstrap replicate's p-values). NaNs stay NaN and are out of their row's family."""
     p = np.asarray(p, dtype=np.float64)

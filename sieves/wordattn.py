@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import jax.numpy as jnp
 import numpy as np
@@ -75,7 +76,8 @@ class PoolingBatch:
     @property
     def present(self) -> np.ndarray:
         """bool [rows, words]: the word owns a piece (padding words and rows own none)."""
-        return self.to_words.any(axis=1)
+        # Over an axis of a 3-d array: an array, which numpy's stubs cannot tell from a scalar.
+        return cast(np.ndarray, self.to_words.any(axis=1))
 
 
 def pooling_batch(chunk: Sequence[EncodedSequence], rows: int, length: int, first_piece: bool = False) -> PoolingBatch:

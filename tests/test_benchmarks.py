@@ -370,3 +370,18 @@ def test_cli_start_times_help_against_a_baseline_tree(capsys):
     assert (this["tree"], baseline["tree"]) == ("this", "baseline")
     assert this["command"] == baseline["command"] == "python -m analysis.ablate --help"
     assert this["runs"] == 1 and this["cpu_median_s"] > 0 and this["target_s"] == 1.0
+
+
+def test_model_load_compares_two_trees(shared_data, capsys):
+    """This tree against itself: both sides' loads of a random tiny BERT with a saved tokenizer.json,
+    read without transformers, and their ratio."""
+    from benchmarks import model_load
+
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    model_load.main(["--baseline", str(ROOT), "--preset", "tiny", "--vocab", str(vocab), "--repeat", "1"])
+    this, baseline, ratio = json_lines(capsys.readouterr().out)
+    for side in (this, baseline):
+        assert side["tokenizer"] == "LightTokenizer" and side["runs"] == 1
+        assert side["load_s"] == pytest.approx(side["model_s"] + side["tokenizer_s"])
+        assert side["load_s"] <= side["process_s"]
+    assert ratio["load_ratio"] == pytest.approx(this["load_s"] / baseline["load_s"])

@@ -9,7 +9,9 @@ import collections
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+from flax import nnx
 from test_track import write_run
 
 import bertjax
@@ -22,16 +24,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # and the API (`analysis/api/`), which are not scanned, and these functions, each the place its
 # texts first become checkpoints.
 BOUNDARIES = {
-    # A series' `--run` workdir and `--ckpt` list, and the init a fine-tuning run's meta names.
+    # One text naming many checkpoints (a `--run` workdir, a `--ckpt` list of SOURCE@LABEL, a
+    # `{step}` pattern) becomes its members here, in the track's `prepare`, each opened once and
+    # handed down as a handle; `--with-init`'s init is a text read from a step's meta file.
     ("analysis/heads/series.py", "run_members"),
     ("analysis/heads/series.py", "series_members"),
     ("analysis/heads/series.py", "_resolve_step"),
-    # The report re-opens the checkpoint a run directory's run.json names.
+    # `analysis.report RUN_DIR`: the checkpoint is a text read from the run's run.json (a result
+    # held in memory hands the report the same record, without its handles).
     ("analysis/heads/report.py", "examples_data"),
-    # The training commands' init checkpoint, a setting of their typed configs.
-    ("train/pretraining.py", "check_settings"),
-    ("train/finetuning.py", "prepare"),
-    ("train/trainer.py", "_initial_params"),
+    # The importable training runs, which the commands call: `train.init_from` (`init` for
+    # fine-tuning) is a text of their typed config, read from a YAML file or a flag, opened once
+    # there and handed to the trainer.
+    ("train/pretraining.py", "_run"),
+    ("train/finetuning.py", "_run"),
 }
 ENTRY_MODULES = {"train/pretrain.py", "train/finetune.py", "train/prepare.py"}
 LOADERS = {"from_pretrained", "load_tokenizer"}
@@ -167,3 +173,58 @@ def test_from_pretrained_takes_a_handle_and_refuses_a_second_step(shared_data, t
     assert len(bertjax.load_tokenizer(checkpoint)) == checkpoint.config.vocab_size
     with pytest.raises(bertjax.UserError, match=r"an opened checkpoint names its own step and revision; give neither$"):
         bertjax.from_pretrained(checkpoint, step=3)
+
+
+@pytest.mark.parametrize("empty_folder", [False, True], ids=["new-workdir", "empty-checkpoints-folder"])
+def test_a_pretraining_run_opens_its_init_once_and_a_resume_not_at_all(empty_folder, shared_data, tmp_path, counted):
+    """`train.init_from` is opened once, by the run's entry, in a new workdir and in one whose
+    checkpoints folder holds no step; the run starts from its params (a zero learning rate keeps
+    them), and a rerun, which resumes, never opens it."""
+    from bertjax.settings import load_config
+    from train import pretrain
+
+    init = write_run(tmp_path / "init", shared_data, (1, 2))
+    (tmp_path / "books").mkdir()
+    (tmp_path / "books" / "alice.txt").symlink_to(shared_data / "gutenberg" / "carroll-alice.txt")
+    overrides = {
+        "data.corpora": f"[{{name: books, source: local, path: {tmp_path / 'books'}, kind: gutenberg}}]",
+        "data.vocab_file": str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"),
+        "data.max_seq_length": "32", "data.max_predictions_per_seq": "5", "train.steps": "1",
+        "train.global_batch_size": "8", "optimizer.learning_rate": "0", "checkpoint.every": "0",
+        "checkpoint.log_spaced": "0", "train.init_from": str(init), "train.init_step": "1",
+    }  # fmt: skip
+    config = load_config(
+        pretrain.PretrainConfig, ROOT / "configs/pretrain/tiny.yaml", [f"{k}={v}" for k, v in overrides.items()]
+    )
+    workdir = tmp_path / "work"
+    if empty_folder:
+        (workdir / ckpt.CHECKPOINTS).mkdir(parents=True)
+    opened, reads = counted
+    pretrain.run(config, workdir)
+    step = (str(init / ckpt.CHECKPOINTS), 1)
+    assert dict(opened) == {step: 1}
+    assert dict(reads) == {step: 1}
+
+    opened.clear()
+    reads.clear()
+    pretrain.run(config, workdir)
+    assert dict(opened) == {} and step not in reads
+    trained = bertjax.from_pretrained(workdir, bertjax.BertForPreTraining)
+    started = bertjax.from_pretrained(init, bertjax.BertForPreTraining, step=1)
+    for (name, value), (_, expected) in zip(nnx.to_flat_state(nnx.state(trained, nnx.Param)),
+                                            nnx.to_flat_state(nnx.state(started, nnx.Param)), strict=True):  # fmt: skip
+        np.testing.assert_array_equal(value.get_value(), expected.get_value(), err_msg=str(name))
+
+
+def test_a_finetuning_run_opens_its_init_once(shared_data, tmp_path, counted):
+    from test_finetune import QUICK
+
+    from train import finetune
+
+    init = write_run(tmp_path / "init", shared_data, (1, 3))
+    opened, reads = counted
+    finetune.main(["--task", "mrpc", "--ckpt", str(init), "--workdir", str(tmp_path / "work"), "--glue-dir",
+                   str(shared_data / "glue"), *QUICK, "train.epochs=1", "init_step=1"])  # fmt: skip
+    step = (str(init / ckpt.CHECKPOINTS), 1)
+    assert dict(opened) == {step: 1}
+    assert dict(reads) == {step: 1}

@@ -28,12 +28,11 @@ TOY_MODULE = '''
 """A toy family: BERT's embeddings and layers through the shared encoder loop, no pooler."""
 
 import jax.numpy as jnp
-from flax import nnx
 
-from bertjax.model import BertEmbeddings, BertEncoder, encoder_output, model_options
+from bertjax.model import BertEmbeddings, BertEncoder, Model, encoder_output, model_options
 
 
-class ToyEncoder(nnx.Module):
+class ToyEncoder(Model):
     def __init__(self, config, *, rngs):
         self.config = config
         self.embeddings = BertEmbeddings(config, rngs=rngs)
@@ -114,6 +113,16 @@ def test_the_cli_loads_a_registered_family(toy, saved, capsys):
     assert printed[0].startswith("toy: 2 layers × 2 heads, hidden 16")
     assert printed[1].startswith("tokens: [CLS] ") and len(printed[1].split()) == 1 + 7
     assert printed[2:] == ["last_hidden_state: (1, 7, 16)", "attentions: 2 × (1, 2, 7, 7)"]
+
+
+def test_every_class_of_every_family_is_a_model():
+    """The loaders' and the type checker's `Model` (built from a config, which it keeps) is what
+    each registered class is."""
+    from bertjax.model import Model
+
+    for family in families.FAMILIES.values():
+        for where in family.classes.values():
+            assert issubclass(families.load(where), Model), where
 
 
 def test_an_unregistered_family_is_one_line_naming_the_registry(saved):

@@ -21,6 +21,7 @@ from analysis.common import figures as common_figures
 from analysis.common import flags
 from analysis.heads import figures as heads_figures
 from bertjax.errors import UserError
+from bertjax.settings import comma_list
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,8 +32,8 @@ def _names(paths) -> set[str]:
 
 def test_only_the_asked_kinds_and_formats_are_written(synthetic, tmp_path):  # noqa: F811
     roles, scores = synthetic
-    kinds = flags.select_figures("p_heatmaps,role_grid", heads_figures.ROLES_FIGURES)
-    with common_figures.figure_formats(flags.select_formats("svg,pdf")):
+    kinds = flags.select_figures(("p_heatmaps", "role_grid"), heads_figures.ROLES_FIGURES)
+    with common_figures.figure_formats(flags.select_formats(("svg", "pdf"))):
         paths = heads_figures.plot_all(roles, scores, tmp_path, TAU, ALPHA, kinds=kinds)
     expected = {f"{t}_{k}.{f}" for t in ("mrpc", "sst2") for k in ("p_heatmaps", "role_grid") for f in ("svg", "pdf")}
     assert _names(paths) == expected == {p.name for p in tmp_path.iterdir()}
@@ -63,7 +64,7 @@ def test_a_figure_drawn_alone_or_in_another_format_set_is_the_same_picture(synth
 @pytest.mark.parametrize("spec", ["heatmaps", "role_grid,bogus", "", ","])
 def test_an_unknown_kind_is_one_line(spec):
     with pytest.raises(UserError, match=r"^--figures: ") as e:
-        flags.select_figures(spec, heads_figures.ROLES_FIGURES)
+        flags.select_figures(comma_list(spec), heads_figures.ROLES_FIGURES)  # the flag's text, as parsed
     assert "\n" not in str(e.value)
 
 
@@ -102,11 +103,11 @@ def test_every_figure_cli_spells_the_flags_the_same(capsys):
 
 def test_the_flags_reach_the_config():
     config = roles_cli.parse_args(["--ckpt", "x", "--figures", "role_grid", "--figure-format", "png,svg"])
-    assert (config.figures, config.figure_format) == ("role_grid", "png,svg")
-    assert roles_cli.parse_args(["--ckpt", "x", "--no-figures"]).figures == "none"
+    assert (config.figures, config.figure_format) == (("role_grid",), ("png", "svg"))
+    assert roles_cli.parse_args(["--ckpt", "x", "--no-figures"]).figures == ("none",)
     # By default the figure a user looks at first; every paper figure on request.
-    assert roles_cli.parse_args(["--ckpt", "x"]).figures == "role_grid"
-    assert roles_cli.parse_args(["--ckpt", "x", "--figures", "all"]).figures == "all"
+    assert roles_cli.parse_args(["--ckpt", "x"]).figures == ("role_grid",)
+    assert roles_cli.parse_args(["--ckpt", "x", "--figures", "all"]).figures == ("all",)
 
 
 def _children(pid: int) -> list[int]:

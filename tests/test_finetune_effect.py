@@ -164,13 +164,13 @@ def test_the_printed_cosines_are_a_table_by_layer():
 
 
 def test_post_specs_and_labels(tmp_path):
-    assert finetuning.parse_post("runs/a:mrpc", "sst2") == ("runs/a", ("mrpc",))
-    assert finetuning.parse_post("runs/a", "mrpc,sst2") == ("runs/a", ("mrpc", "sst2"))
+    assert finetuning.parse_post("runs/a:mrpc", ("sst2",)) == ("runs/a", ("mrpc",))
+    assert finetuning.parse_post("runs/a", ("mrpc", "sst2")) == ("runs/a", ("mrpc", "sst2"))
     colon = tmp_path / "a:b"  # a ':' inside an existing path is part of the path
     colon.mkdir()
-    assert finetuning.parse_post(str(colon), "sst2") == (str(colon), ("sst2",))
+    assert finetuning.parse_post(str(colon), ("sst2",)) == (str(colon), ("sst2",))
     with pytest.raises(UserError) as error:
-        finetuning.parse_post("runs/a:badtask", "sst2")
+        finetuning.parse_post("runs/a:badtask", ("sst2",))
     assert str(error.value) == (
         "--post runs/a:badtask: 'badtask' after the last ':' is not a task (choose from qnli, qqp, mrpc, sst2, all, "
         "or a comma-separated list) and runs/a:badtask is not an existing path"

@@ -95,6 +95,8 @@ def test_probe_roles_the_probe_set_cannot_hold_are_refused_before_data_work(micr
         (["optimizer.decay_power=-1"], "optimizer.decay_power: must be a finite number ≥ 0, got -1"),
         (["heldout.batch_size=0"], "heldout.batch_size: must be an integer ≥ 1, got 0"),
         (["heldout.sequences=0"], "heldout.sequences: must be an integer ≥ 1, got 0"),
+        # A TypeError traceback (found by mypy): a local held-out corpus without its path.
+        (["heldout.corpora=[{name: held}]"], "heldout.corpora.0.path: a local corpus needs a path"),
         (["train.log_every=0"], "train.log_every: must be an integer ≥ 1, got 0"),
         (["train.seed=-1"], "train.seed: must be an integer ≥ 0, got -1"),
         (["mesh.fsdp=0"], "mesh: data=-1 × fsdp=0 does not match 1 devices"),  # a ZeroDivisionError traceback

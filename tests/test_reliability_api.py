@@ -230,8 +230,10 @@ def test_ablate_and_prune_refuse_a_batch_size_of_0_before_loading(command, tmp_p
 def test_report_takes_coref_and_overwrite_as_named(monkeypatch, tmp_path):
     # `coref` went into ReportConfig's `overwrite` place: the page got no coreference, and a
     # `coref` given meant --overwrite (found by the type check above).
+    from analysis import tools
+
     written = []
-    monkeypatch.setattr(api.heads, "write_report", lambda config: written.append(config) or tmp_path / "r.html")
+    monkeypatch.setattr(tools, "execute", lambda analysis, config, **given: written.append(config))
     api.report(tmp_path, coref=tmp_path / "coref")
     assert written[0].coref == str(tmp_path / "coref") and written[0].overwrite is False
 

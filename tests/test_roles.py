@@ -214,7 +214,7 @@ def _mrpc_in_one_batch(tiny_hf, shared_data, cache) -> tuple[list[EncodedSequenc
     """The first 24 MRPC dev examples encoded as the CLI encodes them, in file order, padded into
     one unsorted batch (the model's keyword arguments)."""
     config = roles_config.RolesConfig(
-        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
+        ckpt=str(tiny_hf), task=("mrpc",), glue_dir=str(shared_data / "glue"), n=24, cache_dir=str(cache)
     )
     data = examples.load_tasks(config, ["mrpc"])
     seqs = examples.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_hf)), examples.make_parser(config), {})
@@ -276,7 +276,7 @@ def test_tasks_are_parsed_and_encoded_in_chunks_giving_what_one_call_gives(tiny_
     from sieves.align import encode_batch
     from sieves.parse import parse_examples
 
-    config = roles_config.RolesConfig(ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=24)
+    config = roles_config.RolesConfig(ckpt=str(tiny_hf), task=("mrpc",), glue_dir=str(shared_data / "glue"), n=24)
     data = examples.load_tasks(config, ["mrpc"])
     tokenizer = bertjax.load_tokenizer(str(tiny_hf))
     whole = encode_batch(tokenizer, data["mrpc"].segments, parse_examples(_WhitespaceParser(), data["mrpc"].segments),
@@ -341,7 +341,7 @@ def test_compiled_builds_once_per_site_architecture_and_static_choice():
 
 def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_data, tmp_path):
     config = roles_config.RolesConfig(
-        ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=8, batch_size=8
+        ckpt=str(tiny_hf), task=("mrpc",), glue_dir=str(shared_data / "glue"), n=8, batch_size=8
     )
     tokenizer = bertjax.load_tokenizer(str(tiny_hf))
     parser = examples.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
@@ -354,7 +354,7 @@ def test_pair_and_single_segment_tasks_share_compiled_shapes(tiny_hf, shared_dat
 
     results = {}
     for task in ("mrpc", "sst2"):
-        data = examples.load_tasks(dataclasses.replace(config, task=task), [task])
+        data = examples.load_tasks(dataclasses.replace(config, task=(task,)), [task])
         seqs = examples.encode_tasks(config, data, tokenizer, parser, {})[task]
         results[task] = scoring.score_task(
             forward.DataParallel(lambda _, *a: scorer(*a), None, None, ()), seqs, config, task
@@ -396,7 +396,7 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("n_zero", "error: --n must be at least 1, got 0"),
         ("duplicate_role", "error: --roles names a role twice: local,cls,local"),
         ("max_length_tiny", "error: --max-length must be at least 5"),
-        ("tau_nan", "error: --tau must be a finite number or 'auto', got 'nan'"),
+        ("tau_nan", "error: --tau must be a finite number or 'auto', got nan"),
         # Accepted before: every head held every role at τ < 0 (β is never negative).
         ("tau_negative", "error: --tau must be ≥ 0 (β, n times the attention, is never negative), got -1"),
         ("unwritable_out", "cannot write there"),

@@ -75,7 +75,7 @@ def test_a_flag_given_overrides_the_file_even_at_its_default(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("n: 12\nbatch_size: 8\ntau: '2.5'\nroles: [local, prev]\n", encoding="utf-8")
     config = roles.parse_args(["--ckpt", "c", "--config", str(path), "--n", "1000"])
-    assert (config.n, config.batch_size, config.tau, config.roles) == (1000, 8, "2.5", ("local", "prev"))
+    assert (config.n, config.batch_size, config.tau, config.roles) == (1000, 8, 2.5, ("local", "prev"))
 
 
 @pytest.mark.parametrize(
@@ -113,7 +113,7 @@ def test_a_file_may_hold_the_settings_of_every_schema_a_command_fills(tmp_path):
 def test_the_api_takes_the_flags_text_or_typed_values():
     typed = settings.from_kwargs(heads.RolesConfig, {"roles": ("local",), "tau": 2.5, "n": 4}, ckpt="c")
     text = settings.from_kwargs(heads.RolesConfig, {"roles": "local", "tau": "2.5", "n": 4}, ckpt="c")
-    assert typed == text and typed.tau == "2.5"
+    assert typed == text and typed.tau == 2.5
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         settings.from_kwargs(heads.RolesConfig, {"analyses_explicit": True}, ckpt="c")
     with pytest.raises(TypeError, match="unexpected keyword argument"):  # internal: no flag sets it
@@ -133,7 +133,7 @@ def test_the_api_signatures_list_every_setting_with_the_tools_default():
     from analysis import api
 
     track = inspect.signature(api.track).parameters
-    assert (track["persistence"].default, track["correction_scope"].default, track["figures"].default) == (2, "step", "all")  # fmt: skip
+    assert (track["persistence"].default, track["correction_scope"].default, track["figures"].default) == (2, "step", ("all",))  # fmt: skip
     assert "block_score" not in track and "step" not in track  # roles' only
     assert inspect.signature(api.roles).parameters["figures"].default == heads.DEFAULT_ROLES_FIGURES
     effect = inspect.signature(api.finetune_effect).parameters
@@ -188,7 +188,10 @@ class Bad:
     def __post_init__(self):
         check(self)
 """
-UNKNOWN = ["dict[str, int]", "Custom", "Path", "Literal['a', 'b']", "int | str", "list[dict]", "tuple[Custom, ...]"]
+# Words are a type (`Literal['auto']`), and a number or words (τ's `float | Literal['auto']`); not
+# other literals, nor text or words (which would a flag's text be?).
+UNKNOWN = ["dict[str, int]", "Custom", "Path", "Literal[1, 2]", "str | Literal['a']", "int | str", "list[dict]",
+           "tuple[Custom, ...]"]  # fmt: skip
 
 
 def toy_module(postponed: bool, monkeypatch, annotation: str = "int") -> object:
@@ -318,11 +321,69 @@ def test_analysis_roles_has_one_default_per_setting_its_cli_api_and_dataclass_ag
     declared = heads.RolesConfig(ckpt="c")
     assert roles.parse_args(["--ckpt", "c"]) == declared
     assert settings.from_kwargs(heads.RolesConfig, {}, heads.ROLES_TOOL, ckpt="c") == declared
-    signature, code = inspect.signature(api.roles).parameters, api.roles.__code__
-    own = set(code.co_varnames[: code.co_argcount + code.co_kwonlyargcount])  # ckpt, a parser object
+    signature = inspect.signature(api.roles).parameters
     for field in settings.flag_fields(heads.RolesConfig):
-        if field.name not in own:
+        if field.name not in ("ckpt", "out"):  # by position, without a default; written only when given
             assert signature[field.name].default == field.default, field.name
     assert declared.figures == heads.DEFAULT_ROLES_FIGURES
     for tool in (heads.TRACK_TOOL, heads.EFFECT_TOOL):  # the tools whose few figures are all drawn
-        assert settings.default_of(heads.RolesConfig, "figures", tool) == "all"
+        assert settings.default_of(heads.RolesConfig, "figures", tool) == ("all",)
+
+
+# -- values parsed once into typed fields (issue 51 item 5) ---------------------------------------
+
+
+@pytest.mark.parametrize("text", ["x", "AUTO", "3 heads", ""])
+def test_tau_is_a_number_or_auto_from_a_flag_a_keyword_or_a_file(text, tmp_path, capsys):
+    from analysis import roles
+
+    assert roles.parse_args(["--ckpt", "c", "--tau", "2.5"]).tau == 2.5
+    assert roles.parse_args(["--ckpt", "c", "--tau", "auto"]).tau == "auto"
+    assert roles.parse_args(["--ckpt", "c"]).tau == 3.0
+    with pytest.raises(SystemExit):
+        roles.parse_args(["--ckpt", "c", "--tau", text])
+    assert f"argument --tau: expected a number or 'auto', got {text!r}" in capsys.readouterr().err
+    for value in (3, 3.0, "3"):  # one value, however it is given
+        assert settings.from_kwargs(heads.RolesConfig, {"tau": value}, ckpt="c").tau == 3.0
+    with pytest.raises(UserError, match=rf"^tau: expected a number or 'auto', got {text!r}$"):
+        settings.from_kwargs(heads.RolesConfig, {"tau": text}, ckpt="c")
+    path = tmp_path / "s.yaml"
+    for written, value in (("3", 3.0), ("'2.5'", 2.5), ("auto", "auto")):
+        path.write_text(f"tau: {written}\n", encoding="utf-8")
+        assert roles.parse_args(["--ckpt", "c", "--config", str(path)]).tau == value
+    path.write_text(f"tau: {text!r}\n", encoding="utf-8")
+    with pytest.raises(UserError, match=rf"^--config {path}: tau: expected a number or 'auto', got {text!r}$"):
+        roles.parse_args(["--ckpt", "c", "--config", str(path)])
+
+
+def test_a_list_is_parsed_once_where_it_comes_in(tmp_path):
+    """The flag's text, the API's list and a YAML list give one tuple, which every use site reads
+    as it is: a use site that split the text again would fail on the tuple (no `split`)."""
+    from analysis import roles
+    from analysis.common.flags import select_figures, select_formats
+
+    flag = roles.parse_args(["--ckpt", "c", "--figures", "coarse_overlap, role_grid", "--figure-format", "svg,png"])
+    listed = settings.from_kwargs(heads.RolesConfig, {"figures": ["coarse_overlap", "role_grid"],
+                                                      "figure_format": ("svg", "png")}, ckpt="c")  # fmt: skip
+    text = settings.from_kwargs(heads.RolesConfig, {"figures": "coarse_overlap,role_grid", "figure_format": "svg,png"},
+                                ckpt="c")  # fmt: skip
+    path = tmp_path / "s.yaml"
+    path.write_text("figures: [coarse_overlap, role_grid]\nfigure_format: [svg, png]\n", encoding="utf-8")
+    from_file = roles.parse_args(["--ckpt", "c", "--config", str(path)])
+    assert flag == listed == text == from_file
+    assert flag.figures == ("coarse_overlap", "role_grid") and flag.figure_format == ("svg", "png")
+    assert select_figures(flag.figures, heads.ROLES_FIGURES) == ("role_grid", "coarse_overlap")  # the kinds' order
+    assert select_formats(flag.figure_format) == ("png", "svg")
+    assert roles.parse_args(["--ckpt", "c", "--no-figures"]).figures == roles.parse_args(["--ckpt", "c", "--figures", "none"]).figures  # fmt: skip
+    assert select_figures(roles.parse_args(["--ckpt", "c", "--no-figures"]).figures, heads.ROLES_FIGURES) == ()
+
+
+def test_a_run_written_before_the_typed_values_still_loads():
+    """run.json of a run before τ was a number and the figures a list holds them as text."""
+    from analysis.heads.report import settings_of
+
+    old = settings_of({"ckpt": "c", "tau": "3", "figures": "role_grid,coarse_overlap", "figure_format": "png"})
+    assert old == settings.from_kwargs(heads.RolesConfig, {"tau": 3.0, "figures": ("role_grid", "coarse_overlap")}, ckpt="c")  # fmt: skip
+    assert settings_of({"ckpt": "c", "tau": "auto"}).tau == "auto"
+    with pytest.raises(UserError, match=r"config\.tau must be float \| Literal\['auto'\], got 'x'"):
+        settings_of({"ckpt": "c", "tau": "x"})

@@ -287,7 +287,7 @@ def test_roles_cli_scores_the_share_and_records_it(two_runs, tiny_hf, shared_dat
     share_run = json.loads((two_runs["share"] / "run.json").read_text())
     assert share_run["config"]["score"] == "share"
     assert json.loads((two_runs["beta"] / "run.json").read_text())["config"]["score"] == "beta"
-    config = roles_config.RolesConfig(ckpt=str(tiny_hf), task="mrpc", glue_dir=str(shared_data / "glue"), n=12,
+    config = roles_config.RolesConfig(ckpt=str(tiny_hf), task=("mrpc",), glue_dir=str(shared_data / "glue"), n=12,
                                       roles=tuple(ROLES.split(",")))  # fmt: skip
     data = examples.load_tasks(config, ["mrpc"])
     seqs = examples.encode_tasks(config, data, bertjax.load_tokenizer(str(tiny_hf)), None, {})["mrpc"]

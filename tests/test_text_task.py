@@ -12,14 +12,14 @@ from analysis.common import examples
 from bertjax.errors import UserError
 
 
-def settings(spec: str, n: int = 10) -> SimpleNamespace:
+def settings(spec: tuple[str, ...], n: int = 10) -> SimpleNamespace:
     return SimpleNamespace(task=spec, n=n, conllu=None, glue_dir=None, split="dev")
 
 
 def test_lines_become_single_texts_or_pairs_in_file_order(tmp_path: Path):
     path = tmp_path / "my corpus.txt"
     path.write_text("\ufeffOne sentence here.\n\nA first half.\tA second half.\r\nLast one.\n")
-    spec = f"mrpc,text:{path}"
+    spec = ("mrpc", f"text:{path}")  # --task as the settings hold it
     assert examples.resolve_tasks(spec) == ["mrpc", "text-my_corpus"]
     segments, indices, files = examples.examples_for(settings(spec), "text-my_corpus")
     assert segments == [("One sentence here.",), ("A first half.", "A second half."), ("Last one.",)]
@@ -41,17 +41,17 @@ def test_a_bad_text_file_is_one_line_naming_it(tmp_path: Path, content, message)
     path = tmp_path / "text.txt"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     with pytest.raises(UserError, match=message):
-        examples.examples_for(settings(f"text:{path}"), "text-text")
+        examples.examples_for(settings((f"text:{path}",)), "text-text")
 
 
 def test_missing_files_and_clashing_names_are_refused(tmp_path: Path):
     with pytest.raises(UserError, match="is not a file"):
-        examples.resolve_tasks(f"text:{tmp_path / 'absent.txt'}")
+        examples.resolve_tasks((f"text:{tmp_path / 'absent.txt'}",))
     for folder in ("a", "b"):
         (tmp_path / folder).mkdir()
         (tmp_path / folder / "x.txt").write_text("text\n")
     with pytest.raises(UserError, match="would both be named 'text-x'"):
-        examples.resolve_tasks(f"text:{tmp_path / 'a' / 'x.txt'},text:{tmp_path / 'b' / 'x.txt'}")
+        examples.resolve_tasks((f"text:{tmp_path / 'a' / 'x.txt'}", f"text:{tmp_path / 'b' / 'x.txt'}"))
 
 
 def test_roles_on_a_text_file_end_to_end(tiny_hf, tmp_path: Path, cli_error):
@@ -88,7 +88,7 @@ def test_mostly_unknown_text_and_a_small_n_warn(tmp_path: Path, shared_data, cap
     greek.write_text("Η γάτα κάθεται στο χαλί.\nThe cat sat on the mat.\n")
     english_file = tmp_path / "english.txt"
     english_file.write_text("The cat sat on the mat.\n" * (examples.SMALL_N + 1))
-    spec = f"text:{greek},text:{english_file}"
+    spec = (f"text:{greek}", f"text:{english_file}")
     config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local",),
                              max_length=32, parser="none")  # fmt: skip
     tasks = examples.resolve_tasks(spec)
@@ -110,7 +110,7 @@ def test_mostly_unknown_text_and_a_small_n_warn(tmp_path: Path, shared_data, cap
 def test_a_file_mixing_pairs_and_single_sentences_says_why_block_is_absent(tmp_path: Path, caplog):
     path = tmp_path / "mixed.txt"
     path.write_text("".join(f"first half {i} .\tsecond half {i} .\n" for i in range(3)) + "one text .\nanother .\n")
-    spec = f"text:{path}"
+    spec = (f"text:{path}",)
     config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local", "block"))
     with caplog.at_level("WARNING", logger=examples.log.name):
         examples.load_tasks(config, examples.resolve_tasks(spec))
@@ -138,7 +138,7 @@ def test_text_that_a_tiny_vocabulary_spells_out_warns(tmp_path: Path, shared_dat
     full = BertTokenizerFast(vocab=str(shared_data / "vocab" / "bert-base-uncased-vocab.txt"), do_lower_case=True)
 
     def warnings(tokenizer, name: str) -> list[str]:
-        spec = f"text:{tmp_path / name}"
+        spec = (f"text:{tmp_path / name}",)
         config = SimpleNamespace(task=spec, n=100, conllu=None, glue_dir=None, split="dev", roles=("local",),
                                  max_length=64, parser="none")  # fmt: skip
         caplog.clear()

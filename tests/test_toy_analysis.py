@@ -23,17 +23,18 @@ import dataclasses
 from pathlib import Path
 
 from analysis.common.figures import save_figure
+from analysis.common.flags import figure_format_setting
 from analysis.tools import Tool, register
 from bertjax.settings import setting
 
 
 @dataclasses.dataclass(frozen=True)
 class ToyConfig:
-    words: str = setting(help="the words, comma-separated")
+    words: tuple[str, ...] = setting(help="the words (a flag's text: comma-separated)")
     scale: int = setting(1, help="what each length is multiplied by")
     out: str = setting("toy_out", help="output directory")
     overwrite: bool = setting(False, help="replace an earlier toy output")
-    figure_format: str = setting("png", help="figure formats")
+    figure_format: tuple[str, ...] = figure_format_setting()
 
 
 def draw(lengths, directory):
@@ -48,7 +49,7 @@ class Toy:
     output_kind = "toy output"
 
     def prepare(self, config):
-        return [w for w in config.words.split(",") if w]
+        return config.words  # parsed once, where the flag or the keyword came in
 
     def compute(self, config, words):
         return {w: len(w) * config.scale for w in words}
@@ -93,7 +94,7 @@ def test_a_toy_analysis_runs_through_the_command_line(toy, tmp_path, capsys):
     assert (out / runinfo.OUTPUT_MARKER).read_text() == "toy output\n"
     info = json.loads((out / "run.json").read_text())
     assert info["results"] == {"words": 3}
-    assert info["config"]["scale"] == 2
+    assert info["config"]["scale"] == 2 and info["config"]["words"] == ["a", "bcd", "ef"]
     assert info["figures"] == ["lengths.png"]
     assert (out / "lengths.png").is_file()
     assert {"prepare", "compute", "write", "figures", "total"} <= set(info["timings_s"])
@@ -115,9 +116,13 @@ def test_the_toy_command_refuses_a_full_out_and_takes_its_flags(toy, tmp_path, c
 
 def test_the_toy_analysis_is_a_python_call(toy, tmp_path):
     assert api.toy("a,bcd", scale=3) == {"a": 3, "bcd": 9}  # held in memory: nothing written
+    assert api.toy(["a", "bcd"], scale=3) == {"a": 3, "bcd": 9}  # a list as the flag's text
     assert not (tmp_path / "toy_out").exists()
     with pytest.raises(TypeError):
         api.toy("a", colour="red")
+    # ToyConfig checks nothing itself: the settings mechanism refuses a value of another type.
+    with pytest.raises(UserError, match="scale: expected an integer, got 'x'"):
+        api.toy("a", scale="x")
     out = tmp_path / "saved"
     assert api.toy(words="xy", out=out) == {"xy": 2}
     assert (out / "lengths.csv").read_text() == "xy,2\n"

@@ -80,13 +80,19 @@ def setting_changes(
     return [f"{k}: {old.get(k)!r} vs {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
+def saved_steps(workdir: Path) -> list[int]:
+    """The steps a training run has saved in `workdir` (a run starts afresh where there are none)."""
+    directory = Path(workdir) / ckpt.CHECKPOINTS
+    return ckpt.available_steps(directory) if directory.is_dir() else []
+
+
 def check_resumable(workdir: Path, run_config: dict[str, Any]) -> None:
     """Before a run writes anything into `workdir`: refuse it when the newest readable checkpoint
     there was trained with other settings. Without this a rerun with, say, another seed or epoch
     count went on from the old run's step under a new schedule, its config.yaml and run.json
     recording settings the early steps never had."""
     directory = Path(workdir) / ckpt.CHECKPOINTS
-    for step in reversed(ckpt.available_steps(directory) if directory.is_dir() else []):
+    for step in reversed(saved_steps(workdir)):
         try:
             stored = ckpt.read_meta(directory, step)
         except UserError:
@@ -103,7 +109,7 @@ def check_resumable(workdir: Path, run_config: dict[str, Any]) -> None:
 def saved_line(workdir: Path) -> str:
     """The last line of a training run: where its checkpoints are, and their first and last step."""
     directory = Path(workdir).expanduser().resolve() / ckpt.CHECKPOINTS
-    steps = ckpt.available_steps(directory) if directory.is_dir() else []
+    steps = saved_steps(directory.parent)
     if not steps:
         return f"no checkpoint saved in {directory}"
     which = f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]} to {steps[-1]}"

@@ -50,10 +50,11 @@ def validate_corpus(cfg: CorpusConfig, where: str) -> None:
         raise UserError(f"{where}.source: {cfg.source!r} is not one of {', '.join(SOURCES)}")
     if cfg.kind not in KINDS:
         raise UserError(f"{where}.kind: {cfg.kind!r} is not one of {', '.join(KINDS)}")
-    if cfg.source == "local" and not cfg.path:
-        raise UserError(f"{where}.path: a local corpus needs a path")
-    if cfg.source == "local" and not Path(cfg.path).exists():
-        raise UserError(f"{cfg.path}: {where}.path does not exist")
+    if cfg.source == "local":
+        if not cfg.path:
+            raise UserError(f"{where}.path: a local corpus needs a path")
+        if not Path(cfg.path).exists():
+            raise UserError(f"{cfg.path}: {where}.path does not exist")
     if cfg.source == "hub" and not cfg.hub_id:
         raise UserError(f"{where}.hub_id: a hub corpus needs a dataset id")
     if cfg.source == "hub" and cfg.path:
@@ -121,6 +122,7 @@ def describe(cfg: CorpusConfig) -> dict[str, Any]:
     """Provenance of a corpus for meta.json: the spec plus every local file's size and hash."""
     info: dict[str, Any] = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     if cfg.source == "local":
+        assert cfg.path is not None  # validate_corpus refused a local corpus without one
         root = Path(cfg.path)
         info["files"] = [
             {"path": str(p), "bytes": p.stat().st_size, "sha256": file_sha256(p)} for p in corpus_files(root)
@@ -179,7 +181,8 @@ def wikiextractor_documents(text: str) -> Iterator[Document]:
     the title line that opens each body; a line is a paragraph (the extractor unwraps them). An
     article without its `</doc>` (a cut file) ends at the next `<doc …>` or the file's end, with a
     warning: read to the next `</doc>`, it held the next article and its `<doc …>` line."""
-    opening, lines = None, []
+    opening: str | None = None
+    lines: list[str] = []
     for line in text.split("\n"):
         closed = _DOC_CLOSE.fullmatch(line) is not None
         if closed or _DOC_OPEN.match(line):
@@ -264,6 +267,7 @@ def _hub_texts(cfg: CorpusConfig) -> Iterator[str]:
 def iter_documents(cfg: CorpusConfig) -> Iterator[Document]:
     """Yield one corpus's documents, each a non-empty list of paragraphs (raw, unsegmented)."""
     if cfg.source == "local":
+        assert cfg.path is not None  # validate_corpus refused a local corpus without one
         root = Path(cfg.path)
         files = corpus_files(root)
         docs = itertools.chain.from_iterable(_file_documents(p, cfg.kind, root.is_file()) for p in files)
@@ -389,7 +393,8 @@ class SentenceSegmenter:
             for paragraph in doc
             for chunk in _chunks(paragraph, MAX_CHUNK_CHARS)
         )
-        current, sentences = None, []
+        current: int | None = None
+        sentences: Document = []
         for spacy_doc, d in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size):
             if d != current:
                 if sentences:
@@ -437,4 +442,5 @@ def _init_worker(method: str, spacy_model: str, batch_size: int) -> None:
 
 
 def _segment_group(group: list[Document]) -> list[Document]:
+    assert _worker_segmenter is not None  # the pool's initializer, _init_worker, made it
     return list(_worker_segmenter.segment(group))

@@ -126,8 +126,10 @@ def summarise_evaluations(workdir: Path, metric: str) -> dict[str, Any]:
 
 @dataclasses.dataclass
 class Prepared:
-    """What every seed of a run shares: the task, the model config, the tokenizer, the data."""
+    """What every seed of a run shares: the checkpoint, the task, the model config, the tokenizer,
+    the data."""
 
+    source: pretrained.Checkpoint
     spec: TaskSpec
     metric: str
     model_config: BertConfig
@@ -195,13 +197,12 @@ def check_settings(config: FinetuneConfig, workdir: Path, mesh: jax.sharding.Mes
         check_resumable(directory, dataclasses.asdict(one))
 
 
-def prepare(config: FinetuneConfig) -> Prepared:
-    """Reads the checkpoint's config and tokenizer, checks the settings that need them, then reads
-    and tokenizes the data (`check_settings` has checked the others)."""
+def prepare(config: FinetuneConfig, source: pretrained.Checkpoint) -> Prepared:
+    """Reads the config and tokenizer of `source` (`config.init`, opened), checks the settings that
+    need them, then reads and tokenizes the data (`check_settings` has checked the others)."""
     started = time.perf_counter()
     spec = task_spec(config.task)
     metric = best_metric(config, spec)
-    source = pretrained.open_checkpoint(config.init, config.init_step)
     model_config = pretrained.load_config(
         source, num_labels=spec.num_labels, dtype=compute_dtype(config.dtype, "dtype")
     )
@@ -235,6 +236,7 @@ def prepare(config: FinetuneConfig) -> Prepared:
         [] if glue_dir is None else glue_files(spec.name, "train", glue_dir) + glue_files(spec.name, split, glue_dir)
     )
     return Prepared(
+        source=source,
         spec=spec,
         metric=metric,
         model_config=model_config,
@@ -271,6 +273,7 @@ def finetune(
         run_config=run_config,
         tokenizer=TOKENIZER_DIR,
         matmul_precision=config.matmul_precision,
+        init=prepared.source,
     )
 
     def make_data(position):
@@ -378,7 +381,9 @@ def run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
 def _run(config: FinetuneConfig, workdir: Path) -> dict[str, Any] | None:
     mesh = sharding.make_mesh(config.mesh)
     check_settings(config, workdir, mesh)
-    prepared = prepare(config)
+    # The one opening of `init`, a text of the config: every seed's model config, tokenizer and
+    # initial params come from this handle (a resumed run reads its config and tokenizer too).
+    prepared = prepare(config, pretrained.open_checkpoint(config.init, config.init_step))
     if config.seeds == 1:
         return finetune(config, workdir, prepared, mesh)
     workdir.mkdir(parents=True, exist_ok=True)

@@ -94,6 +94,7 @@ def pretraining_loss(
         loss = metrics["mlm_loss"] + metrics[f"{pair_task}_loss"]
     if interventions is None:
         return loss, metrics
+    assert step is not None  # the trainer passes the step to every loss
     penalty, steered = interventions(out.attentions, batch, step)
     return loss + penalty, metrics | steered
 

@@ -217,11 +217,13 @@ def _train_in_a_child(paragraphs: Iterable[str], config: PrepareConfig) -> dict[
     # Its own session: a terminal's Ctrl-C reaches this process alone, which ends the child.
     with subprocess.Popen([sys.executable, "-c", _TRAINER, json.dumps(settings)], stdin=subprocess.PIPE,
                           stdout=subprocess.PIPE, start_new_session=True) as child:  # fmt: skip
+        feed = child.stdin
+        assert feed is not None  # stdin=PIPE
         try:
             try:
                 for paragraph in paragraphs:
                     # BERT's normaliser reads a newline as a space: one paragraph a line, counted alike.
-                    child.stdin.write(paragraph.replace("\n", " ").replace("\r", " ").encode("utf-8") + b"\n")
+                    feed.write(paragraph.replace("\n", " ").replace("\r", " ").encode("utf-8") + b"\n")
             except BrokenPipeError:  # the child failed: its status says so below
                 pass
             while True:
@@ -234,7 +236,7 @@ def _train_in_a_child(paragraphs: Iterable[str], config: PrepareConfig) -> dict[
             if child.poll() is None:
                 child.kill()
             with contextlib.suppress(BrokenPipeError):  # closed with the paragraphs it was not fed
-                child.stdin.close()
+                feed.close()
     if child.returncode != 0:
         raise RuntimeError(f"the vocabulary trainer's process failed (exit status {child.returncode})")
     return json.loads(vocabulary)
@@ -391,7 +393,8 @@ def _prepare_into(config: PrepareConfig, out: Path) -> dict[str, Any]:
                      timer, counts, begin)  # fmt: skip
     if counts["instances"] == 0:
         raise UserError(
-            f"corpora {', '.join(c.path or c.hub_id for c in config.corpora)}: "
+            # validate_corpus gave each a path (local) or a hub id.
+            f"corpora {', '.join(str(c.path or c.hub_id) for c in config.corpora)}: "
             "no text left after sentence splitting and tokenisation"
         )
     start = time.perf_counter()
@@ -446,6 +449,7 @@ def _vocabulary(
         timer.add("train_vocab", start)
         return vocab_path, {"trained": True, "vocab_size": config.vocab_size}
     vocab_path = out / "vocab.txt"
+    assert config.vocab_file is not None  # validate refused a run with neither it nor train_vocab
     shutil.copyfile(vocab_source_file(config.vocab_file), vocab_path)
     return vocab_path, {"trained": False, "path": str(config.vocab_file)}
 

@@ -20,13 +20,12 @@ from typing import Any, NamedTuple
 
 import jax
 
-from bertjax import checkpoint as ckpt
 from bertjax import pretrained, runinfo, sharding
 from bertjax import settings as config_lib
 from bertjax.config import BertConfig, preset
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from train.checkpoints import check_resumable, setting_changes
+from train.checkpoints import check_resumable, saved_steps, setting_changes
 from train.config import LoopConfig, ModelSettings, OptimizerConfig, PrepareConfig, PretrainConfig
 from train.corpora import corpus_files
 from train.data import PretrainingData, load_meta, num_examples
@@ -258,11 +257,6 @@ def check_settings(config: PretrainConfig, workdir: Path, mesh: jax.sharding.Mes
         if length > model.max_position_embeddings:
             raise UserError(f"{name} {length} exceeds model.max_position_embeddings {model.max_position_embeddings}")
     check_config(config.probe, config.model.max_position_embeddings)
-    # The checkpoint's config against its weights before any data is prepared (a run that resumes
-    # never reads it): `from_pretrained` checks it too, but only after the data and the trainer.
-    if config.train.init_from and not (workdir / ckpt.CHECKPOINTS).is_dir():
-        source = pretrained.open_checkpoint(config.train.init_from, config.train.init_step)
-        pretrained.check_structure(source, pretrained.load_config(source))
 
 
 class Phase(NamedTuple):
@@ -285,6 +279,13 @@ class PhaseData(NamedTuple):
 def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str, Any]:
     mesh = sharding.make_mesh(config.mesh)
     check_settings(config, workdir, mesh)
+    # The one opening of `train.init_from`, a text of the config, handed to phase 1's trainer, and
+    # only where no step is saved: a run that resumes never reads it. Its config is checked against
+    # its weights before any data is prepared (`from_pretrained` would, after the data and the trainer).
+    init = None
+    if config.train.init_from and not saved_steps(workdir):
+        init = pretrained.open_checkpoint(config.train.init_from, config.train.init_step)
+        pretrained.check_structure(init, init.config)
     p1, p2 = config.data, config.phase2
     check_disjoint(config.heldout.corpora, p1.corpora)
     run_config = dataclasses.asdict(config)
@@ -305,7 +306,7 @@ def _run(config: PretrainConfig, workdir: Path, prepare_only: bool) -> dict[str,
         config_lib.save_resolved(config, workdir / "config.yaml")
     if prepare_only:
         return {}
-    outcome = train_phases(config, workdir, mesh, run_config, phases, prepared, probe_set)
+    outcome = train_phases(config, workdir, mesh, run_config, phases, prepared, probe_set, init)
     return {} if outcome is None else dataclasses.asdict(outcome)
 
 
@@ -374,15 +375,18 @@ def train_phases(
     phases: list[Phase],
     prepared: list[PhaseData],
     probe_set: ProbeSet | None,
+    init: pretrained.Checkpoint | None = None,
 ) -> Outcome | None:
     """Trains every phase not yet finished, writing run.json after each; returns the last phase's
-    outcome (None when every phase had finished before)."""
+    outcome (None when every phase had finished before). `init`: `train.init_from` opened, where
+    phase 1 starts from it."""
     start, outcome = 0, None
     probe_sequences = None
     for index, (phase_data, phase) in enumerate(zip(prepared, phases, strict=True), start=1):
         data_dir, heldout_dir, data_config = phase_data
         meta = load_meta(data_dir)
-        trainer = phase_trainer(config, phase, data_config, meta["vocab_size"], workdir, mesh, run_config, start)
+        trainer = phase_trainer(config, phase, data_config, meta["vocab_size"], workdir, mesh, run_config, start,
+                                init if index == 1 else None)  # fmt: skip
         save_tokenizer(data_dir, data_config.lowercase, workdir, resumed=bool(trainer.checkpointer.steps()))
         start = trainer.end
         if index < len(phases) and max(trainer.checkpointer.steps(), default=-1) > trainer.end:
@@ -436,6 +440,7 @@ def phase_trainer(
     mesh: jax.sharding.Mesh,
     run_config: dict[str, Any],
     start_step: int = 0,
+    init: pretrained.Checkpoint | None = None,
 ) -> Trainer:
     """The trainer of `phase` on data prepared with `data_config` (a vocabulary of `vocab_size`),
     from step `start_step`: the model, the pre-training loss with the `intervene` section's
@@ -457,6 +462,7 @@ def phase_trainer(
         tokenizer=TOKENIZER_DIR,
         start_step=start_step,
         matmul_precision=config.model.matmul_precision,
+        init=init,
     )
 
 

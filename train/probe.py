@@ -28,6 +28,7 @@ import logging
 import math
 import time
 from pathlib import Path
+from typing import cast
 
 import jax
 import jax.numpy as jnp
@@ -124,6 +125,7 @@ def read_probe_set(config: ProbeConfig) -> ProbeSet:
     """The probe set, read and parsed (spaCy only when a requested role needs parses; CoNLL-U trees
     come with the file): the sequences `analysis.track` reads for the same task."""
     task = config.task
+    assert task is not None  # a run without a probe task reads no probe set
     if task.startswith(CONLLU_PREFIX):
         path = Path(task[len(CONLLU_PREFIX) :]).expanduser()
         sentences = read_conllu(path, limit=config.n)
@@ -241,7 +243,9 @@ class RoleProbe:
         jax.block_until_ready(params)
         started = time.perf_counter()
         scores, counts = self.scores(params)
-        metrics = summarise(scores, self.config.tau, self.config.alpha, self.config.test, self.config.correction)
+        # check_config admitted no other test or correction.
+        test, correction = cast(stats.Test, self.config.test), cast(stats.Correction, self.config.correction)
+        metrics = summarise(scores, self.config.tau, self.config.alpha, test, correction)
         if counts is not None:
             metrics |= summarise_sas(depattn.sas_table(counts), self.config.sas_relations)
         elapsed = time.perf_counter() - started
@@ -250,7 +254,11 @@ class RoleProbe:
 
 
 def summarise(
-    scores: dict[str, np.ndarray], tau: float, alpha: float, test: str = "t", correction: str = "none"
+    scores: dict[str, np.ndarray],
+    tau: float,
+    alpha: float,
+    test: stats.Test = "t",
+    correction: stats.Correction = "none",
 ) -> dict[str, float]:
     """Per role: the heads holding it (one-sided test of mean β > τ, p < α, p corrected over the
     step's tests with `correction`), the largest mean β and its (layer, head), and the sample

@@ -30,8 +30,9 @@ from bertjax import checkpoint as ckpt
 from bertjax import cli, sharding
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
+from bertjax.model import Model
 from bertjax.precision import matmul_precision
-from bertjax.pretrained import from_pretrained
+from bertjax.pretrained import Checkpoint, from_pretrained
 from bertjax.progress import tqdm
 from train.checkpoints import OPT_SIGNATURE, Checkpointer, abstract_with_shardings, tree_signature
 from train.config import CheckpointConfig, LoopConfig, OptimizerConfig
@@ -109,6 +110,7 @@ class _Window:
     def summary(self, batch_size: int, peak: float | None) -> dict[str, float]:
         """The window's mean metrics and its throughput."""
         means = self.means()
+        assert self.start is not None  # a summary's window began after the first step
         elapsed = time.perf_counter() - self.start
         steps = len(self.metrics)
         return means | throughput(steps, elapsed, batch_size, self.tokens, self.flops, peak, jax.device_count())
@@ -120,7 +122,7 @@ class Trainer:
         *,
         workdir: Path,
         model_config: BertConfig,
-        model_cls: type[nnx.Module],
+        model_cls: type[Model],
         loss_fn: LossFn,
         optimizer: OptimizerConfig,
         loop: LoopConfig,
@@ -130,11 +132,15 @@ class Trainer:
         tokenizer: str,
         start_step: int = 0,
         matmul_precision: str = "default",
+        init: Checkpoint | None = None,
     ):
         """`start_step`: where this phase begins in a multi-phase run (its steps continue the
         previous phase's; its optimizer and learning-rate schedule start afresh).
-        `matmul_precision`: the matrix products' (`bertjax.precision`), for everything `run` computes."""
+        `matmul_precision`: the matrix products' (`bertjax.precision`), for everything `run` computes.
+        `init`: `loop.init_from`, opened by the run's entry (once, and only where the workdir has no
+        checkpoint to resume: a resume never needs it)."""
         check_batch(loop, mesh)
+        self.init = init
         self.matmul_precision = matmul_precision
         self.workdir = Path(workdir)
         self.config = model_config
@@ -190,8 +196,8 @@ class Trainer:
         return jax.device_put(state, self.state_shardings)
 
     def _initial_params(self) -> dict[str, jax.Array]:
-        if self.loop.init_from:
-            model = from_pretrained(self.loop.init_from, self.model_cls, step=self.loop.init_step, seed=self.loop.seed)
+        if self.init is not None:
+            model = from_pretrained(self.init, self.model_cls, seed=self.loop.seed)
             params = ckpt.flatten_params(nnx.state(model, nnx.Param))
             for name, expected in self.abstract_params.items():
                 if params[name].shape != expected.shape:
@@ -218,6 +224,13 @@ class Trainer:
         if restored is None:
             if self.start > 0:
                 raise UserError(f"{self.workdir}: no checkpoint of the previous phase to start step {self.start} from")
+            if self.loop.init_from and self.init is None:
+                # The entry saw steps to resume and left init_from unopened; each has proved
+                # unreadable since (and was set aside): a random init would ignore the setting.
+                raise UserError(
+                    f"{self.checkpointer.directory}: no readable checkpoint to resume from; run the same "
+                    f"command again to start afresh from train.init_from {self.loop.init_from}"
+                )
             return self._fresh_state(self._initial_params()), None
         step, items = restored
         if step < self.start:

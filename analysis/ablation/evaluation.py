@@ -32,6 +32,7 @@ from analysis.common.finite import check_finite, check_finite_output
 from analysis.common.forward import Devices, compiled
 from bertjax import glue, sharding
 from bertjax.errors import UserError
+from bertjax.model import Model
 from bertjax.pretrained import Checkpoint, trained_task
 from sieves.align import bucketed
 from sieves.stats import adjust_pvalues
@@ -94,7 +95,7 @@ def load_eval_set(
     return make_eval_set(arrays, batch_size, glue.TASKS[task].metrics), files
 
 
-def check_classifier(model: nnx.Module, name: str, source: Checkpoint, tasks: Sequence[str]) -> None:
+def check_classifier(model: Model, name: str, source: Checkpoint, tasks: Sequence[str]) -> None:
     """A classifier trained for another label set, or on another task, still returns logits, so
     its metrics would be silently wrong: refuse it before any work. The task is checked where the
     checkpoint (`source`, opened from the text `name`) records it (`bertjax.pretrained.trained_task`)."""
@@ -138,9 +139,7 @@ class MaskedEvaluator:
     rows (topped up with invalid rows to a multiple of the devices). Logits or gradients that are
     not finite stop the run (`finite.check_finite`), unless `allow_nonfinite` (its `allowed`)."""
 
-    def __init__(
-        self, model: nnx.Module, eval_set: EvalSet, devices: Devices | None = None, allow_nonfinite: bool = False
-    ):
+    def __init__(self, model: Model, eval_set: EvalSet, devices: Devices | None = None, allow_nonfinite: bool = False):
         config = model.config
         self.allow_nonfinite = allow_nonfinite
         self.n_layers, self.n_heads = config.num_hidden_layers, config.num_attention_heads

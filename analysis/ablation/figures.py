@@ -5,6 +5,7 @@ disabling and masking heat maps, pruning curves.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -164,8 +165,9 @@ def head_heatmap(
         # Changes of a few tenths of a point would all read 0.00 with two decimals.
         digits = 3 if finite.size and np.abs(finite).max() < 0.1 else 2
         for (layer, head), value in np.ndenumerate(values):
-            # Dark text on light cells, light text on dark ones.
-            shade = mesh.norm(value)
+            # Dark text on light cells, light text on dark ones. A norm maps a scalar to a scalar
+            # (matplotlib's stubs say ArrayLike for any input).
+            shade = cast(float, mesh.norm(value))
             light = abs(shade - 0.5) < 0.3 if diverging else shade > 0.6
             ax.text(head, layer, f"{value:.{digits}f}", ha="center", va="center", fontsize=6,
                     color="black" if light else "white")  # fmt: skip

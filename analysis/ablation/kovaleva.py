@@ -1,7 +1,7 @@
 """The analyses of `python -m analysis.ablate` (Kovaleva et al. 2019; Michel et al. §3) as compute →
 result → writer: attention patterns and features streamed batch by batch, then the classifier
 under disabled and masked heads, held in memory (`compute`); `write` turns the run into the
-tables, figures and run.json of `--out`; `run` is the CLI's path, atomically into `--out`.
+tables, figures and run.json of a saved result (`analysis.api.ablation.ABLATE` is the tool's `Analysis`).
 """
 
 from __future__ import annotations
@@ -48,9 +48,11 @@ from analysis.common.flags import select_formats
 from analysis.common.forward import Devices, at_precision, compiled, padded_batches
 from analysis.common.writing import write_tables_run
 from analysis.heads.finetuning import shape_differences
+from analysis.tools import FigureJob
 from bertjax import glue, runinfo
 from bertjax.errors import UserError
-from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
+from bertjax.model import Model
+from bertjax.pretrained import Checkpoint
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import SpacyParser, parse_examples
 
@@ -61,7 +63,7 @@ ABLATE_OUTPUT = "ablate output"
 CLASSIFIER_ANALYSES = ("disable", "mask")
 
 
-def make_summariser(model: nnx.Module):
+def make_summariser(model: Model):
     """One jitted function per batch: forward with attentions → pattern quantities and column mass,
     so only [L, B, H] and [L, B, H, T] summaries leave the device."""
     summarise, (state,) = compiled(_jit_summariser, model)
@@ -156,27 +158,19 @@ class KovalevaRun:
         """What the CLI prints: each task's changes, then the pattern shares."""
         return "\n".join(self.lines)
 
+    def job(self, name: str, out_dir: Path) -> FigureJob:
+        """Drawing job `name` into `out_dir`: its function and arguments."""
+        return self.figures[name], (out_dir,)
+
     def draw(self, job: str, out_dir: Path) -> list[Path]:
         """The figures of drawing job `job` into `out_dir`, in the `figure_formats` in force."""
         return self.figures[job](out_dir)
 
 
-def run(config: KovalevaConfig, sources: Sources, model=None, tokenizer=None, compare=None) -> tuple[KovalevaRun, dict]:
-    """The CLI's path: the whole analysis (`compute`), written under config.out (to a temporary
-    sibling first) by `write`; returns the run and the run.json written."""
-    started = time.perf_counter()
-    tasks = resolve_tasks(config.task)
-    select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite, ABLATE_OUTPUT) as tmp:
-        result = _compute(config, sources, tasks, started, model, tokenizer, compare)
-        info = write(result, tmp)
-    return result, info
-
-
-def compute(config: KovalevaConfig, sources: Sources, model=None, tokenizer=None, compare=None) -> KovalevaRun:
+def compute(config: KovalevaConfig, sources: Sources, model, tokenizer, compare) -> KovalevaRun:
     """The whole analysis of `sources` in memory; writes nothing (the parse cache aside). `model`
-    and `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead
-    of loading it again; `compare`: (model, tokenizer) of `--compare-ckpt` already loaded."""
+    and `tokenizer`: `config.ckpt` loaded (a BertForSequenceClassification); `compare`: (model,
+    tokenizer) of `--compare-ckpt` where the features are compared with it (`compares`), else None."""
     started = time.perf_counter()
     tasks = resolve_tasks(config.task)
     select_formats(config.figure_format)
@@ -206,16 +200,6 @@ def trained_heads(config: KovalevaConfig) -> bool:
 def compares(config: KovalevaConfig) -> bool:
     """Whether the features are compared with `--compare-ckpt`'s (patterns are of the checkpoint only)."""
     return "features" in config.analyses and bool(config.compare_ckpt)
-
-
-def _load(source: Checkpoint, trained_heads: bool = False, allow_nonfinite: bool = False):
-    # The classifier class loads fine-tuned runs and pre-trained encoders alike (a missing
-    # classifier is initialised and unused: patterns and features read attention only; disabling
-    # and masking read the classifier's accuracy, so they need a trained one).
-    model = from_pretrained(
-        source, "BertForSequenceClassification", trained_heads=trained_heads, allow_nonfinite=allow_nonfinite
-    )
-    return model, load_tokenizer(source)
 
 
 def _parse(parser: SpacyParser, segments: list[tuple[str, ...]], indices: list[int]):
@@ -355,24 +339,15 @@ def _compute(
     config: KovalevaConfig, sources: Sources, tasks: list[str], started: float, model, tokenizer, compare
 ) -> KovalevaRun:
     timings: dict[str, float] = {}
-    clock = time.perf_counter()
     classifier = [a for a in config.analyses if a in CLASSIFIER_ANALYSES]
-    if model is None:
-        model, loaded = _load(sources.checkpoint, trained_heads(config), config.allow_nonfinite)
-        tokenizer = loaded if tokenizer is None else tokenizer
-    elif tokenizer is None:
-        tokenizer = load_tokenizer(sources.checkpoint)
     if classifier:
         check_classifier(model, config.ckpt, sources.checkpoint, tasks)
     # With --compare-ckpt, the checkpoint is taken as the fine-tuned model and the other as its
     # pre-trained start (Kovaleva's comparison); patterns are of the checkpoint only.
     checkpoints = {"checkpoint": (model, tokenizer)}
-    if compares(config):
-        if compare is None:
-            compare = _load(sources.compare, allow_nonfinite=config.allow_nonfinite)
+    if compare is not None:
         check_comparable(config, model.config, tokenizer, compare[0].config, compare[1])
         checkpoints = {"fine-tuned": (model, tokenizer), "pre-trained": compare}
-    timings["load_model"] = time.perf_counter() - clock
     config = fit_max_length(config, min(m.config.max_sequence_length for m, _ in checkpoints.values()))
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     # The classifier analyses run data parallel; the attention summaries (patterns, features) on
@@ -416,7 +391,7 @@ def _compute(
     info = {
         "config": dataclasses.asdict(config),
         "checkpoint": sources.checkpoint.describe(),
-        "compare_checkpoint": sources.compare.describe() if "pre-trained" in checkpoints else None,
+        "compare_checkpoint": None if compare is None or sources.compare is None else sources.compare.describe(),
         "model_config": model.config.to_hf_dict(),
         "pattern_thresholds": dataclasses.asdict(PatternThresholds()),
         "tasks": results,

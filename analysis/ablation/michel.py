@@ -27,8 +27,9 @@ from analysis.common.examples import fit_max_length
 from analysis.common.flags import select_formats
 from analysis.common.forward import Devices, at_precision
 from analysis.common.writing import write_tables_run
+from analysis.tools import FigureJob
 from bertjax import runinfo
-from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
+from bertjax.pretrained import Checkpoint
 from bertjax.progress import tqdm
 
 # What `.bertjax-output` says of this tool's `--out` (`runinfo.atomic_out`): only its kind is replaced.
@@ -56,7 +57,10 @@ class PruneStep:
 
 
 def prune_in_order(
-    order: Sequence[int], counts: Sequence[int], metric_fn: Callable[[np.ndarray], float], shape: tuple[int, int]
+    order: Sequence[int] | np.ndarray,
+    counts: Sequence[int],
+    metric_fn: Callable[[np.ndarray], float],
+    shape: tuple[int, int],
 ) -> list[PruneStep]:
     """Prunes heads (flat indices, layer-major) in a fixed order, measuring at each count."""
     steps = []
@@ -145,27 +149,18 @@ class MichelRun:
     def text(self) -> str:
         return self.line
 
+    def job(self, stem: str, out_dir: Path) -> FigureJob:
+        """The drawing job of figure `stem` into `out_dir`: its function and arguments."""
+        return self.figures[stem], (out_dir,)
+
     def draw(self, stem: str, out_dir: Path) -> list[Path]:
         """The figure `stem` into `out_dir`, in the `figure_formats` in force."""
         return self.figures[stem](out_dir)
 
 
-def run(config: MichelConfig, source: Checkpoint, model=None, tokenizer=None) -> tuple[MichelRun, dict]:
-    """The CLI's path: the whole analysis (`compute`) of `source` (`config.ckpt` opened), written
-    under config.out (to a temporary sibling first) by `write`; returns the run and the run.json
-    written."""
-    started = time.perf_counter()
-    select_formats(config.figure_format)
-    with runinfo.atomic_out(config.out, config.overwrite, PRUNE_OUTPUT) as tmp:
-        result = _compute(config, source, started, model, tokenizer)
-        info = write(result, tmp)
-    return result, info
-
-
-def compute(config: MichelConfig, source: Checkpoint, model=None, tokenizer=None) -> MichelRun:
+def compute(config: MichelConfig, source: Checkpoint, model, tokenizer) -> MichelRun:
     """The whole analysis of `source` (`config.ckpt` opened) in memory; writes nothing. `model`
-    and `tokenizer`: `config.ckpt` already loaded (a BertForSequenceClassification), used instead
-    of loading it again."""
+    and `tokenizer`: `config.ckpt` loaded (a BertForSequenceClassification with its classifier)."""
     started = time.perf_counter()
     select_formats(config.figure_format)
     return _compute(config, source, started, model, tokenizer)
@@ -182,13 +177,7 @@ def _compute(config: MichelConfig, source: Checkpoint, started: float, model, to
     timings: dict[str, float] = {}
     task, metric = config.task, config.metric_name
     clock = time.perf_counter()
-    if model is None:
-        model = from_pretrained(
-            source, "BertForSequenceClassification", trained_heads=True, allow_nonfinite=config.allow_nonfinite
-        )
     check_classifier(model, config.ckpt, source, [task])
-    if tokenizer is None:
-        tokenizer = load_tokenizer(source)
     config = fit_max_length(config, model.config.max_sequence_length)
     shape = (model.config.num_hidden_layers, model.config.num_attention_heads)
     devices = Devices.local(config.devices)
@@ -206,8 +195,10 @@ def _compute(config: MichelConfig, source: Checkpoint, started: float, model, to
     importance_examples = importance_evaluator.eval_set.size
     title = (f"{task}: head importance E|∂L/∂ξ| on {config.importance_split} ({importance_examples} examples), "
              "unit L2 norm per layer")  # fmt: skip
-    figures = {f"{task}_importance": functools.partial(head_heatmap, importance, title, "normalised importance",
-                                                       stem=f"{task}_importance")}  # fmt: skip
+    figures: dict[str, Callable[[Path], list[Path]]] = {
+        f"{task}_importance": functools.partial(head_heatmap, importance, title, "normalised importance",
+                                                stem=f"{task}_importance")
+    }  # fmt: skip
 
     clock = time.perf_counter()
     steps, estimates, random_steps = prune_orders(config, importance, shape, evaluator, importance_evaluator)

@@ -37,7 +37,7 @@ class KovalevaConfig:
     """Everything that decides the numbers of a run; saved in run.json."""
 
     ckpt: str = setting(help=CLASSIFIER_HELP)
-    task: str = setting("mrpc", help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
+    task: tuple[str, ...] = setting(("mrpc",), help="qnli, qqp, mrpc, sst2, a comma-separated list, or all")
     step: int | None = step_setting()
     glue_dir: str | None = glue_dir_setting()
     split: str = setting("dev", choices=SPLITS, help="the split of each task's examples (labelled)")
@@ -52,7 +52,7 @@ class KovalevaConfig:
     cache_dir: str = setting(str(cli.CACHE_ROOT), help="where parses are cached")
     out: str = out_setting("ablate_out")
     overwrite: bool = overwrite_setting()
-    figure_format: str = figure_format_setting()
+    figure_format: tuple[str, ...] = figure_format_setting()
     devices: int | None = devices_setting()
     allow_nonfinite: bool = nonfinite_setting()
     precision: str = precision_setting()
@@ -95,7 +95,7 @@ class MichelConfig:
     random_seeds: int = setting(3, help="random pruning orders to average")
     out: str = out_setting("prune_out")
     overwrite: bool = overwrite_setting()
-    figure_format: str = figure_format_setting()
+    figure_format: tuple[str, ...] = figure_format_setting()
     devices: int | None = devices_setting()
     allow_nonfinite: bool = nonfinite_setting()
     precision: str = precision_setting()

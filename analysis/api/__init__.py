@@ -10,11 +10,11 @@ CLI saves them, the settings and run.json; in Jupyter a roles or track result sh
 role grid and head cards, the others their figures and tables. `head_view` shows one head's
 attention on a sentence or pair of one's own.
 
-The entry points parse their flags into the same config and call the `run_*` function here, so a
-CLI run and a call are one code path: compute, then the one writer of the tool. The one difference
-is `out`: a call without `out=` computes and writes nothing; its result is held in memory
+The entry points parse their flags into the same config, and a command and a call are one code
+path, the runner of `analysis.tools` (`execute`): compute, then the one writer of the tool. The one
+difference is `out`: a call without `out=` computes and writes nothing; its result is held in memory
 (`save(path)` writes it as `--out` would), so that repeated calls in a kernel need no fresh
-directory each.
+directory each. `report`'s page is its result: written where `out` says, by default into RUN_DIR.
 
 The heads analyses are in `analysis.api.heads`, Clark et al.'s in `analysis.api.attention`,
 Kovaleva et al.'s and Michel et al.'s in `analysis.api.ablation`; the results' shared parts in
@@ -38,17 +38,17 @@ _SHARED = {"FigureFile": "analysis.api.common", "TablesResult": "analysis.api.co
 _LAZY = _SHARED | tools.api_names()
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from analysis.api.ablation import (
         AblateResult,
         PruneResult,
-        ablate,
         ablate_config,
-        prune,
         prune_config,
         run_ablate,
         run_prune,
     )
-    from analysis.api.attention import ClarkResult, clark, clark_config, run_clark
+    from analysis.api.attention import ClarkResult, clark_config, run_clark
     from analysis.api.common import FigureFile, TablesResult
     from analysis.api.heads import (
         FinetuneEffectResult,
@@ -56,17 +56,22 @@ if TYPE_CHECKING:
         Report,
         RolesResult,
         TrackResult,
-        finetune_effect,
         head_view,
-        report,
-        roles,
         roles_config,
         run_finetune_effect,
         run_report,
         run_roles,
         run_track,
-        track,
     )
+
+    # The calls `analysis.tools.api_function` makes from the rows.
+    ablate: Callable[..., AblateResult]
+    clark: Callable[..., ClarkResult]
+    finetune_effect: Callable[..., FinetuneEffectResult | None]
+    prune: Callable[..., PruneResult]
+    report: Callable[..., Report]
+    roles: Callable[..., RolesResult | None]
+    track: Callable[..., TrackResult | None]
 
 
 def __getattr__(name: str) -> Any:
@@ -75,13 +80,13 @@ def __getattr__(name: str) -> Any:
         value = getattr(importlib.import_module(_LAZY[name]), name)
         globals()[name] = value
         return value
-    if name in tools.TOOLS and tools.TOOLS[name].analysis is not None:
+    if name in tools.TOOLS:
         return tools.api_function(name)
     raise AttributeError(f"module 'analysis.api' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY, *(n for n, t in tools.TOOLS.items() if t.analysis is not None)})
+    return sorted({*globals(), *_LAZY, *tools.TOOLS})
 
 
 __all__ = [

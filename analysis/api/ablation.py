@@ -1,10 +1,12 @@
-"""Kovaleva et al. and Michel et al. 2019 as calls: `ablate` (`python -m analysis.ablate`) and
-`prune` (`python -m analysis.prune`)."""
+"""Kovaleva et al. and Michel et al. 2019 as tools: their `Analysis` (`ABLATE`, `PRUNE`, whose rows
+in `analysis.tools` make `python -m analysis.ablate|prune` and the calls `analysis.api.ablate|prune`)
+and their results."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -14,16 +16,19 @@ from analysis.ablation.michel import MichelConfig
 from analysis.api.common import (
     Checkpoint,
     Output,
+    TablesAnalysis,
     TablesResult,
     check_given,
-    collect_garbage,
     loaded,
 )
-from bertjax import pretrained
-from bertjax.pretrained import open_checkpoint
-from bertjax.settings import from_kwargs, with_settings
+from analysis.tools import Analysis, execute
+from bertjax.pretrained import load_tokenizer, open_checkpoint
+from bertjax.settings import from_kwargs
 
-# Both load the checkpoint as the classifier they evaluate (ablate's attention analyses read its encoder).
+# Both load the checkpoint as the classifier they evaluate. The classifier class loads fine-tuned
+# runs and pre-trained encoders alike: a missing classifier is initialised and unused by ablate's
+# patterns and features, which read attention only; disabling, masking and pruning read the
+# classifier's accuracy, so they need a trained one (`trained_heads`).
 CLASSIFIER = "BertForSequenceClassification"
 
 
@@ -81,79 +86,71 @@ def prune_config(ckpt: str, settings: dict) -> MichelConfig:
     return from_kwargs(MichelConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
 
 
-@with_settings(KovalevaConfig, skip=("ckpt",))
-def ablate(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> AblateResult:
-    """`python -m analysis.ablate --ckpt CKPT ...` as a call: attention patterns and features, and
-    the classifier with heads and layers disabled or masked.
-
-    Keyword arguments are the flags (see `KovalevaConfig`: step, task, glue_dir, split, n,
-    max_length, batch_size, analyses, alpha, compare_ckpt, compare_step, spacy_model, cache_dir,
-    overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT already
-    loaded (a BertForSequenceClassification)."""
-    collect_garbage()
-    config = ablate_config(ckpt, settings if out is None else settings | {"out": str(out)})
-    sources = ablate_sources(config)
-    compare = None
-    if model is None:
-        checkpoints = [
-            Checkpoint(sources.checkpoint, CLASSIFIER, kovaleva.trained_heads(config), config.allow_nonfinite)
-        ]
-        if sources.compare is not None:
-            checkpoints.append(Checkpoint(sources.compare, CLASSIFIER, allow_nonfinite=config.allow_nonfinite))
-        (model, kept_tokenizer), *others = loaded(checkpoints)
-        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
-        compare = others[0] if others else None
-    else:
-        check_given(model, sources.checkpoint, config.ckpt, config.allow_nonfinite)
-    if out is None:  # held in memory: nothing is written
-        return AblateResult.of(kovaleva.compute(config, sources, model, tokenizer, compare))
-    return run_ablate(config, model, tokenizer, compare, sources)
-
-
 def ablate_sources(config: KovalevaConfig) -> kovaleva.Sources:
     """`--ckpt` opened, and `--compare-ckpt` where the features are compared with it."""
-    compare = open_checkpoint(config.compare_ckpt, config.compare_step) if kovaleva.compares(config) else None
+    compared = config.compare_ckpt if kovaleva.compares(config) else None
+    compare = None if compared is None else open_checkpoint(compared, config.compare_step)
     return kovaleva.Sources(open_checkpoint(config.ckpt, config.step), compare)
 
 
-def run_ablate(
-    config: KovalevaConfig, model=None, tokenizer=None, compare=None, sources: kovaleva.Sources | None = None
-) -> AblateResult:
-    """The ablate run of `config` written into its --out (what `python -m analysis.ablate` calls);
-    `compare`: (model, tokenizer) of `--compare-ckpt` already loaded; `sources`:
-    `ablate_sources(config)`, already opened."""
-    sources = ablate_sources(config) if sources is None else sources
-    run, info = kovaleva.run(config, sources, model, tokenizer, compare)
-    return AblateResult.of(run, info, Path(config.out).expanduser())
+class Ablate(TablesAnalysis):
+    """Attention patterns and features, and the classifier with heads and layers disabled or
+    masked (Kovaleva et al. 2019; Michel et al. 2019 §3). `model`/`tokenizer`: CKPT already loaded
+    (a BertForSequenceClassification); otherwise the checkpoints the last call loaded (CKPT's, and
+    `compare_ckpt`'s where the features are compared), while their files are unchanged."""
+
+    output_kind = kovaleva.ABLATE_OUTPUT
+    result = AblateResult
+    run = staticmethod(kovaleva.compute)
+
+    def load(self, config: KovalevaConfig, model: Any, tokenizer: Any) -> tuple:
+        sources = ablate_sources(config)
+        checkpoints = []
+        if model is None:
+            trained = kovaleva.trained_heads(config)
+            checkpoints.append(Checkpoint(sources.checkpoint, CLASSIFIER, trained, config.allow_nonfinite))
+        else:
+            check_given(model, sources.checkpoint, config.ckpt, config.allow_nonfinite)
+        if sources.compare is not None:
+            checkpoints.append(Checkpoint(sources.compare, CLASSIFIER, allow_nonfinite=config.allow_nonfinite))
+        models = loaded(checkpoints)
+        if model is None:
+            (model, kept_tokenizer), *models = models
+            tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        tokenizer = load_tokenizer(sources.checkpoint) if tokenizer is None else tokenizer
+        return sources, model, tokenizer, models[0] if models else None
 
 
-@with_settings(MichelConfig, skip=("ckpt",))
-def prune(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> PruneResult:
-    """`python -m analysis.prune --ckpt CKPT ...` as a call: head importance and the pruning
-    curves against random orders.
+class Prune(TablesAnalysis):
+    """Head importance and the pruning curves against random orders (Michel et al. 2019 §4).
+    `model`/`tokenizer`: CKPT already loaded (a BertForSequenceClassification); otherwise the
+    checkpoint the last call loaded, while its files are unchanged."""
 
-    Keyword arguments are the flags (see `MichelConfig`: step, task, glue_dir, split, n,
-    importance_split, importance_n, max_length, batch_size, metric, prune_step, reestimate,
-    random_seeds, overwrite, figure_format, devices, allow_nonfinite). `model`/`tokenizer`: CKPT
-    already loaded (a BertForSequenceClassification)."""
-    collect_garbage()
-    config = prune_config(ckpt, settings if out is None else settings | {"out": str(out)})
-    source = open_checkpoint(config.ckpt, config.step)
-    if model is None:
-        ((model, kept_tokenizer),) = loaded([Checkpoint(source, CLASSIFIER, True, config.allow_nonfinite)])
-        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
-    else:
-        check_given(model, source, config.ckpt, config.allow_nonfinite)
-    if out is None:  # held in memory: nothing is written
-        return PruneResult.of(michel.compute(config, source, model, tokenizer))
-    return run_prune(config, model, tokenizer, source)
+    output_kind = michel.PRUNE_OUTPUT
+    result = PruneResult
+    run = staticmethod(michel.compute)
+
+    def load(self, config: MichelConfig, model: Any, tokenizer: Any) -> tuple:
+        source = open_checkpoint(config.ckpt, config.step)
+        if model is None:
+            ((model, kept_tokenizer),) = loaded([Checkpoint(source, CLASSIFIER, True, config.allow_nonfinite)])
+            tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        else:
+            check_given(model, source, config.ckpt, config.allow_nonfinite)
+        return source, model, load_tokenizer(source) if tokenizer is None else tokenizer
 
 
-def run_prune(
-    config: MichelConfig, model=None, tokenizer=None, source: pretrained.Checkpoint | None = None
-) -> PruneResult:
-    """The prune run of `config` written into its --out (what `python -m analysis.prune` calls);
-    `source`: `config.ckpt` already opened."""
-    source = open_checkpoint(config.ckpt, config.step) if source is None else source
-    run, info = michel.run(config, source, model, tokenizer)
-    return PruneResult.of(run, info, Path(config.out).expanduser())
+ABLATE: Analysis = Ablate()
+PRUNE: Analysis = Prune()
+
+
+def run_ablate(config: KovalevaConfig, model: Any = None, tokenizer: Any = None) -> AblateResult | None:
+    """The ablate run of `config` written into its --out, as `python -m analysis.ablate` runs it
+    (`analysis.tools.execute`); None in a process of a distributed job that does not write."""
+    return execute(ABLATE, config, model=model, tokenizer=tokenizer)
+
+
+def run_prune(config: MichelConfig, model: Any = None, tokenizer: Any = None) -> PruneResult | None:
+    """The prune run of `config` written into its --out, as `python -m analysis.prune` runs it
+    (`analysis.tools.execute`); None in a process of a distributed job that does not write."""
+    return execute(PRUNE, config, model=model, tokenizer=tokenizer)

@@ -1,26 +1,27 @@
-"""Clark et al. 2019 as a call: `clark` (`python -m analysis.clark`)."""
+"""Clark et al. 2019 as a tool: its `Analysis` (`CLARK`, whose row in `analysis.tools` makes
+`python -m analysis.clark` and the call `analysis.api.clark`) and its result."""
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from analysis.api.common import (
     Checkpoint,
     Output,
+    TablesAnalysis,
     TablesResult,
     check_given,
-    collect_garbage,
     loaded,
 )
 from analysis.attention import pipeline
-from analysis.attention.options import DEFAULT_OUT
-from analysis.attention.pipeline import ANALYSES, ClarkConfig
-from bertjax import pretrained
-from bertjax.pretrained import open_checkpoint
-from bertjax.settings import from_kwargs, with_settings
+from analysis.attention.options import ClarkConfig, with_analyses_named
+from analysis.tools import Analysis, execute
+from bertjax.pretrained import load_tokenizer, open_checkpoint
+from bertjax.settings import from_kwargs
 
 
 @dataclasses.dataclass(eq=False)
@@ -51,41 +52,36 @@ class ClarkResult(TablesResult):
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
     """A ClarkConfig from keyword arguments named as the flags (`analyses`: "all", the flag's
     comma-separated text or a list); ClarkConfig checks them as it does the flags' values."""
-    config = from_kwargs(ClarkConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
-    # Only named analyses make a missing MLM head or GAP an error; all of them (the default) skip it.
-    return dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
+    return with_analyses_named(from_kwargs(ClarkConfig, settings, skip=("ckpt",), ckpt=str(ckpt)))
 
 
-@with_settings(ClarkConfig, skip=("ckpt",))
-def clark(ckpt: str, *, model=None, tokenizer=None, out: str | Path | None = None, **settings) -> ClarkResult:
-    """`python -m analysis.clark --ckpt CKPT ...` as a call: attention to special tokens and
-    neighbours, head clusters, gradients, dependency heads, probes and coreference heads.
+class Clark(TablesAnalysis):
+    """Attention to special tokens and neighbours, head clusters, gradients, dependency heads,
+    probes and coreference heads (Clark et al. 2019). `model`/`tokenizer`: CKPT already loaded (a
+    `BertForPreTraining` when the gradients run, else a `BertModel`); otherwise the checkpoint the
+    last call loaded, while its files are unchanged."""
 
-    Keyword arguments are the flags (see `ClarkConfig`: step, analyses, data_dir, inputs,
-    glue_dir, split, n, max_length, batch_size, cluster_n, gradient_n, ewt_n, gap_n, first_piece,
-    coref_target, coref_mentions, min_count, probe_train_n, probe_epochs, probe_learning_rate, seed,
-    surface_weighting, attention, baseline_offsets, all_relations_include_root, word_text, segment_ids,
-    overwrite, figure_format, allow_nonfinite). `model`/`tokenizer`: CKPT already loaded (a
-    `BertForPreTraining` when the gradients run, else a `BertModel`)."""
-    collect_garbage()
-    config = clark_config(ckpt, settings | {"out": DEFAULT_OUT if out is None else str(out)})
-    source = open_checkpoint(config.ckpt, config.step)
-    if model is None:
-        checkpoint = Checkpoint(source, pipeline.model_class(config, source), allow_nonfinite=config.allow_nonfinite)
-        ((model, kept_tokenizer),) = loaded([checkpoint])
-        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
-    else:
-        check_given(model, source, config.ckpt, config.allow_nonfinite)
-    if out is None:  # held in memory: nothing is written
-        return ClarkResult.of(pipeline.compute(config, source, model, tokenizer))
-    return run_clark(config, model, tokenizer, source)
+    output_kind = pipeline.CLARK_OUTPUT
+    result = ClarkResult
+    indexed = pipeline.INDEXED_TABLES
+    run = staticmethod(pipeline.compute)
+
+    def load(self, config: ClarkConfig, model: Any, tokenizer: Any) -> tuple:
+        source = open_checkpoint(config.ckpt, config.step)
+        pipeline.prepare(config, source)  # its refusals, before anything is loaded
+        if model is None:
+            kind = pipeline.model_class(config, source)
+            ((model, kept_tokenizer),) = loaded([Checkpoint(source, kind, allow_nonfinite=config.allow_nonfinite)])
+            tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        else:
+            check_given(model, source, config.ckpt, config.allow_nonfinite)
+        return source, model, load_tokenizer(source) if tokenizer is None else tokenizer
 
 
-def run_clark(
-    config: ClarkConfig, model=None, tokenizer=None, source: pretrained.Checkpoint | None = None
-) -> ClarkResult:
-    """The clark run of `config` written into its --out (what `python -m analysis.clark` calls);
-    `source`: `config.ckpt` already opened."""
-    source = open_checkpoint(config.ckpt, config.step) if source is None else source
-    run, info = pipeline.run(config, source, model, tokenizer)
-    return ClarkResult.of(run, info, Path(config.out).expanduser())
+CLARK: Analysis = Clark()
+
+
+def run_clark(config: ClarkConfig, model: Any = None, tokenizer: Any = None) -> ClarkResult | None:
+    """The clark run of `config` written into its --out, as `python -m analysis.clark` runs it
+    (`analysis.tools.execute`); None in a process of a distributed job that does not write."""
+    return execute(CLARK, config, model=model, tokenizer=tokenizer)

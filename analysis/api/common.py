@@ -13,18 +13,21 @@ import html
 import json
 import shutil
 import tempfile
+import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import pandas as pd
 from flax import nnx
 
 from analysis.common.figures import figure_formats, figures_held
 from analysis.common.flags import select_formats
+from analysis.common.writing import write_tables
 from analysis.heads.report import NOT_SAVED
 from analysis.heads.series import checkpoint_identity, hf_identity
+from analysis.tools import FigureJob, execute
 from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import check_finite, from_pretrained, load_tokenizer
@@ -68,6 +71,7 @@ class Checkpoint:
         source = self.source
         if source.kind == "hf":
             return json.dumps(hf_identity(source.path, 0), sort_keys=True)
+        assert source.step is not None  # an orbax checkpoint is opened at a step
         return json.dumps(checkpoint_identity(source.path, source.step), sort_keys=True)
 
 
@@ -208,6 +212,38 @@ class HeldResult:
         return Path(out).expanduser()
 
 
+class _Computed:
+    """An `analysis.tools.Analysis` whose result is computed already: `analysis`'s, written by
+    the runner as `--out` is (`save_with`)."""
+
+    def __init__(self, analysis: Any, result: Any):
+        self.analysis, self.result = analysis, result
+        self.output_kind = analysis.output_kind
+
+    def prepare(self, config: Any) -> None:
+        return None
+
+    def compute(self, config: Any, prepared: None) -> Any:
+        return self.result
+
+    def write(self, result: Any, directory: Path) -> dict:
+        return self.analysis.write(result, directory)
+
+    def text(self, result: Any) -> str:
+        return self.analysis.text(result)
+
+    def figures(self, result: Any, directory: Path) -> Sequence:
+        return self.analysis.figures(result, directory)
+
+
+def save_with(analysis: Any, result: Any, config: Any) -> None:
+    """Writes `result`, computed by `analysis` (an `analysis.tools.Analysis`), into `config.out` as
+    the command writes its `--out` (whole or not at all, `config.overwrite` saying whether an
+    earlier output of its kind is replaced); run.json records the settings `analysis.write`
+    returns, the run's own."""
+    execute(_Computed(analysis, result), config)
+
+
 def unwritten_info(info: dict, timings: dict[str, float]) -> dict:
     """run.json as it would be written, without the figures (none drawn) and the environment: the
     values as JSON gives them back (lists for tuples, text for paths)."""
@@ -238,14 +274,15 @@ class TablesResult(HeldResult):
     output_kind: ClassVar[str]  # what `.bertjax-output` says of it (`runinfo.atomic_out`), its module's
 
     @staticmethod
-    def writer(run, directory: Path) -> dict:
+    def writer(run: Any, directory: Path, /) -> dict:  # positional: each module names its own parameters
         raise NotImplementedError
 
     @classmethod
-    def of(cls, run, info: dict | None = None, directory: Path | None = None):
+    def of(cls, run, info: dict | None = None, directory: Path | None = None) -> Self:
         """The result of `run`; `info`: the run.json written into `directory`, if it was written."""
         info = unwritten_info(run.info, run.timings) if info is None else info
-        return cls(cls.tables_of(run), run.config, info, run, directory)
+        make: Callable[..., Self] = cls  # each kind is a dataclass of these fields, in this order
+        return make(cls.tables_of(run), run.config, info, run, directory)
 
     @staticmethod
     def tables_of(run) -> dict[str, pd.DataFrame]:
@@ -286,6 +323,49 @@ class TablesResult(HeldResult):
 
     def _repr_html_(self) -> str:
         return tables_html(self, NOT_SAVED if self.written is None else str(self.written))
+
+
+class TablesAnalysis:
+    """What the `Analysis` (`analysis.tools`) of a tool whose result is a `TablesResult` shares
+    (clark, ablate, prune): `prepare` collects the garbage of the calls before (`collect_garbage`)
+    and opens and loads the checkpoints (`load`: the arguments of `run` after the config, a
+    `model`/`tokenizer` passed in used instead of loading them), timed as run.json's `load_model`;
+    `compute` returns the `result` class of `run`'s run; `write` writes its tables (the `indexed`
+    ones with their index) and returns its run.json record and timings; the figures are the run's
+    drawing jobs; `written` is the result as written."""
+
+    output_kind: str  # the result's
+    result: ClassVar[type[TablesResult]]
+    indexed: ClassVar[tuple[str, ...]] = ()
+    run: ClassVar[Callable[..., Any]]
+
+    def load(self, config: Any, model: Any, tokenizer: Any) -> tuple:
+        raise NotImplementedError
+
+    def prepare(self, config: Any, model: Any = None, tokenizer: Any = None) -> tuple[tuple, float]:
+        collect_garbage()
+        clock = time.perf_counter()
+        arguments = self.load(config, model, tokenizer)
+        return arguments, time.perf_counter() - clock
+
+    def compute(self, config: Any, prepared: tuple[tuple, float]) -> TablesResult:
+        arguments, loading = prepared
+        run = self.run(config, *arguments)
+        run.timings = {"load_model": loading} | run.timings
+        return self.result.of(run)
+
+    def write(self, result: TablesResult, directory: Path) -> dict:
+        write_tables(result.run.tables, directory, self.indexed)
+        return result.run.info | {"timings_s": result.run.timings}
+
+    def text(self, result: TablesResult) -> str:
+        return result.run.text()
+
+    def figures(self, result: TablesResult, directory: Path) -> list[FigureJob]:
+        return [result.run.job(name, directory) for name in result.run.figures]
+
+    def written(self, result: TablesResult, info: dict, out: Path) -> TablesResult:
+        return self.result.of(result.run, info, out)
 
 
 def tables_html(result, where: str) -> str:

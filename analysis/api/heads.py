@@ -1,12 +1,18 @@
 """The heads analyses as calls (Pande et al. 2021): `roles`, `track`, `finetune_effect`, `report`
-and `head_view`; the results of roles and track show the report's role grid and head cards inline."""
+and `head_view`; the results of roles and track show the report's role grid and head cards inline.
+Roles, track, finetune_effect and report are `analysis.tools.Analysis` (`ROLES`, `TRACK`,
+`FINETUNE_EFFECT`, `REPORT`): their calls are `analysis.tools.api_function`'s, their commands
+`analysis.tools.execute`'s."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+import jax
 import numpy as np
 import pandas as pd
 
@@ -22,12 +28,13 @@ from analysis.api.common import (
     drawn,
     frame,
     loaded,
+    save_with,
     tables_html,
     unwritten_info,
 )
 from analysis.common.figures import figure_formats
 from analysis.common.flags import FIGURE_FORMATS, select_figures, select_formats
-from analysis.heads import finetuning, pipeline, tracking
+from analysis.heads import finetuning, pipeline, seeds, tracking
 from analysis.heads import head_view as head_view_lib
 from analysis.heads.config import (
     EFFECT_FIGURES,
@@ -35,6 +42,9 @@ from analysis.heads.config import (
     EFFECT_TOOL,
     ROLES_FIGURES,
     ROLES_TOOL,
+    SEEDS_CSV,
+    TRACK_CSV,
+    TRACK_FIGURES,
     TRACK_SKIP,
     TRACK_TOOL,
     RolesConfig,
@@ -44,17 +54,18 @@ from analysis.heads.figures import about_line, figure_jobs
 from analysis.heads.report import (
     NOT_SAVED,
     ReportConfig,
+    ReportPage,
     Run,
     held_run,
     readable_checkpoint,
     report_data,
-    write_report,
 )
 from analysis.heads.report_page import render
+from analysis.tools import execute
 from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import open_checkpoint
-from bertjax.settings import fits, flag_fields, from_kwargs, with_settings
+from bertjax.settings import fits, flag_fields, from_kwargs
 
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
 FRAME_HEIGHT = 900
@@ -122,8 +133,8 @@ class RolesResult(_Result):
 
     def _write(self, out: Path, overwrite: bool) -> None:
         config = dataclasses.replace(self.run.config, out=str(out))
-        with runinfo.atomic_out(str(out), overwrite, pipeline.ROLES_OUTPUT) as tmp:
-            pipeline.write(dataclasses.replace(self.run, config=config), tmp)
+        held = dataclasses.replace(self, run=dataclasses.replace(self.run, config=config))
+        save_with(ROLES, held, dataclasses.replace(config, overwrite=overwrite))
         if config.html:
             pipeline.write_html(str(out))
 
@@ -189,9 +200,9 @@ class TrackResult(_Result):
             cache = target.parent / f"{target.name}.cache"
             tracking.prepare_cache(cache, target)
         roles = dataclasses.replace(self.run.config.roles, out=str(out))
-        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles))
-        with runinfo.atomic_out(str(out), overwrite, tracking.TRACK_OUTPUT) as tmp:
-            tracking.write(run, tmp, cache)
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, roles=roles), cache=cache)
+        output = dataclasses.replace(run.config, roles=dataclasses.replace(roles, overwrite=overwrite))
+        save_with(TRACK, dataclasses.replace(self, run=run), output)
         if roles.html:
             pipeline.write_html(str(out))
 
@@ -213,96 +224,203 @@ class Report:
 # -- the analyses -------------------------------------------------------------------------------
 
 
-@with_settings(RolesConfig, tool=ROLES_TOOL, skip=("ckpt",))
-def roles(
-    ckpt: str, *, model=None, tokenizer=None, parser=None, out: str | Path | None = None, **settings
-) -> RolesResult:
-    """`python -m analysis.roles --ckpt CKPT ...` as a call: which heads hold which roles.
+class Roles:
+    """Which heads hold which roles: `roles(ckpt, ...)` is `python -m analysis.roles --ckpt CKPT ...`
+    as a call. Keyword arguments are the flags (see `RolesConfig`); `model`/`tokenizer`: CKPT
+    already loaded; `parser`: a parser object to use instead of spaCy (anything with
+    `parse(texts)`, `name` and `version`), or the flag's value (`"conllu"`, `"spacy"`)."""
 
-    Keyword arguments are the flags (see `RolesConfig`: task, glue_dir, split, n, max_length,
-    batch_size, roles, window, special_rows, tau, alpha, test, correction, parser, spacy_model,
-    conllu, cache_dir, overwrite, figures, figure_format, html, block_score, block_first_sep,
-    syntactic_average, devices, distributed, attention, score, step). `model`/`tokenizer`: CKPT already loaded.
-    `parser`: a parser object to use instead of spaCy (as `pipeline.run` takes), or the flag's
-    value (`"conllu"`, `"spacy"`)."""
-    if isinstance(parser, str):  # the flag's value; taken for a parser object, it was ignored
-        settings["parser"], parser = parser, None
-    collect_garbage()
-    config = roles_config(ckpt, settings if out is None else settings | {"out": str(out)})
-    source = open_checkpoint(config.ckpt, config.step)
-    if model is None:
-        ((model, kept_tokenizer),) = loaded([Checkpoint(source, allow_nonfinite=config.allow_nonfinite)])
-        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
-    else:
-        check_given(model, source, config.ckpt, config.allow_nonfinite)
-    if out is None:  # held in memory: nothing is written
-        return RolesResult.of(pipeline.compute(config, source, parser, model, tokenizer))
-    result = run_roles(config, model, tokenizer, parser, source)
-    if result is not None and config.html:
-        pipeline.write_html(config.out)
-    return result
+    output_kind = pipeline.ROLES_OUTPUT
+
+    def arguments(
+        self, named: dict[str, Any], settings: dict[str, Any], given: dict[str, Any]
+    ) -> tuple[RolesConfig, dict]:
+        """A call's settings and what it hands to `prepare`: its checkpoint opened, and loaded
+        unless given (kept for the next call, `loaded`), a model given checked against it."""
+        if isinstance(given.get("parser"), str):  # the flag's value; taken for a parser object, it was ignored
+            settings, given = settings | {"parser": given["parser"]}, given | {"parser": None}
+        collect_garbage()
+        config = roles_config(named["ckpt"], settings)
+        source = open_checkpoint(config.ckpt, config.step)
+        model, tokenizer = given.get("model"), given.get("tokenizer")
+        if model is None:
+            ((model, kept_tokenizer),) = loaded([Checkpoint(source, allow_nonfinite=config.allow_nonfinite)])
+            tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+        else:
+            check_given(model, source, config.ckpt, config.allow_nonfinite)
+        return config, given | {"source": source, "model": model, "tokenizer": tokenizer}
+
+    def prepare(self, config: RolesConfig, source: pretrained.Checkpoint | None = None, parser=None, model=None,
+                tokenizer=None) -> tuple:  # fmt: skip
+        # Flag mistakes are refused before the checkpoint is opened (a hub id's lookup takes seconds).
+        select_figures(config.figures, ROLES_FIGURES), select_formats(config.figure_format)
+        return open_checkpoint(config.ckpt, config.step) if source is None else source, parser, model, tokenizer
+
+    def compute(self, config: RolesConfig, prepared: tuple) -> RolesResult:
+        return RolesResult.of(pipeline.compute(config, *prepared))
+
+    def write(self, result: RolesResult, directory: Path) -> dict:
+        return pipeline.write(result.run, directory)
+
+    def text(self, result: RolesResult) -> str:
+        return result.run.text()
+
+    def figures(self, result: RolesResult, directory: Path) -> list:
+        return pipeline.draw_jobs(result.run, directory)
+
+    def written(self, result: RolesResult, info: dict, out: Path) -> RolesResult:
+        return RolesResult.of(result.run, info, out)
+
+
+ROLES = Roles()
 
 
 def run_roles(
     config: RolesConfig, model=None, tokenizer=None, parser=None, source: pretrained.Checkpoint | None = None
 ) -> RolesResult | None:
-    """The roles run of `config` written into `config.out` (what `python -m analysis.roles` calls;
-    the `--html` page is the caller's); None in a process of a multi-process job other than the
+    """The roles run of `config` written into `config.out`, as `python -m analysis.roles` runs it
+    (the `--html` page is the caller's); None in a process of a multi-process job other than the
     first, which writes nothing. `source`: `config.ckpt` already opened."""
-    # Flag mistakes are refused before the checkpoint is opened (a hub id's lookup takes seconds).
-    select_figures(config.figures, ROLES_FIGURES), select_formats(config.figure_format)
-    source = open_checkpoint(config.ckpt, config.step) if source is None else source
-    done = pipeline.run(config, source, parser=parser, model=model, tokenizer=tokenizer)
-    if done is None:
-        return None
-    run, info = done
-    return RolesResult.of(run, info, Path(config.out).expanduser())
+    return execute(ROLES, config, source=source, parser=parser, model=model, tokenizer=tokenizer)
 
 
-@with_settings(TrackConfig, RolesConfig, tool=TRACK_TOOL, skip=TRACK_SKIP)
-def track(
-    *, run: str | None = None, ckpt: str | Sequence[str] = (), out: str | Path | None = None, **settings
-) -> TrackResult | None:
-    """`python -m analysis.track --run WORKDIR | --ckpt SRC[@LABEL] ...` as a call: the roles along
-    a series of checkpoints. `ckpt` is one source or a list (each `SOURCE[@LABEL]`); `steps` a
-    list or the flag's comma-separated text; `shard` the flag's "I/N". The other keyword
-    arguments are the flags of `TrackConfig` and the data, test and output flags, as for `roles`."""
-    if (run is None) == (not ckpt):
-        raise UserError("one of the arguments --run --ckpt is required (and not both)")
-    if not (isinstance(ckpt, (str, Path)) or (isinstance(ckpt, (list, tuple)) and all(isinstance(c, (str, Path)) for c in ckpt))):  # fmt: skip
-        raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
-    series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
-    steps, shard = settings.get("steps"), settings.get("shard")
-    if steps is not None and not isinstance(steps, str) and not fits(steps, tuple[int, ...]):
-        raise UserError(f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300])
-    if shard is not None and not isinstance(shard, str):
-        raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
-    collect_garbage()
-    own = {f.name for f in flag_fields(TrackConfig)}
-    data = {k: v for k, v in settings.items() if k not in own} | ({} if out is None else {"out": str(out)})
-    roles = roles_config(run or "", data, TRACK_TOOL, TRACK_SKIP)
-    config = from_kwargs(TrackConfig, {k: v for k, v in settings.items() if k in own}, roles=roles, series=series)
-    if out is None and config.shard is None:  # held in memory; written only into a scores cache given
-        return TrackResult.of(tracking.compute(config, None if config.scores_cache is None else config.cache_dir))
-    if out is None and config.scores_cache is None:
-        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
-    result = run_track(config)
-    if result is not None and config.roles.html:
-        pipeline.write_html(config.roles.out)
-    return result
+class Track:
+    """Head roles along a series of checkpoints: `track(run=WORKDIR | ckpt=[SRC[@LABEL], ...], ...)`
+    is `python -m analysis.track --run WORKDIR | --ckpt SRC[@LABEL] ...` as a call. `ckpt` is one
+    source or a list (each `SOURCE[@LABEL]`); `steps` a list or the flag's comma-separated text;
+    `shard` the flag's "I/N". The other keyword arguments are the flags of `TrackConfig` and the
+    data, test and output flags, as for `roles`. Without `out` the scores are held in memory (or
+    kept in `scores_cache`, where given) and nothing else is written; a shard scores into the
+    scores cache only, and writes nothing into `out`."""
+
+    output_kind = tracking.TRACK_OUTPUT
+
+    def arguments(
+        self, named: dict[str, Any], settings: dict[str, Any], given: dict[str, Any]
+    ) -> tuple[TrackConfig, dict]:
+        """A call's settings (the series: `run` or `ckpt`, which are no settings) and what it hands
+        to `prepare`: whether the scores are held in memory, and the progress lines' `say`."""
+        run, ckpt = given.get("run"), given.get("ckpt") or ()
+        if (run is None) == (not ckpt):
+            raise UserError("one of the arguments --run --ckpt is required (and not both)")
+        if not (isinstance(ckpt, (str, Path)) or (isinstance(ckpt, (list, tuple)) and all(isinstance(c, (str, Path)) for c in ckpt))):  # fmt: skip
+            raise UserError(f"ckpt: expected a checkpoint source or a list of them, got {ckpt!r}"[:300])
+        series = (str(ckpt),) if isinstance(ckpt, (str, Path)) else tuple(str(c) for c in ckpt)
+        steps, shard = settings.get("steps"), settings.get("shard")
+        if steps is not None and not isinstance(steps, str) and not fits(steps, tuple[int, ...]):
+            raise UserError(
+                f"steps: expected a list of integers or the flag's comma-separated text, got {steps!r}"[:300]
+            )
+        if shard is not None and not isinstance(shard, str):
+            raise UserError(f"shard: expected the flag's text 'I/N' (e.g. '0/2'), got {shard!r}"[:300])
+        collect_garbage()
+        own = {f.name for f in flag_fields(TrackConfig)}
+        roles = roles_config(
+            str(run or ""), {k: v for k, v in settings.items() if k not in own}, TRACK_TOOL, TRACK_SKIP
+        )
+        config = from_kwargs(TrackConfig, {k: v for k, v in settings.items() if k in own}, roles=roles, series=series)
+        writes = "out" in settings
+        if not writes and config.shard is not None and config.scores_cache is None:
+            raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
+        # A call that writes nothing says nothing: its result shows itself.
+        held = not writes and config.shard is None
+        return config, {"held": held and config.scores_cache is None, "say": tracking._quiet if held else print}
+
+    def prepare(self, config: TrackConfig, held: bool = False, say: Any = print) -> tuple:
+        """The series' checks, its members and the settings fitted to them (`tracking.prepare`),
+        and the scores cache made ready (None: `held`, the scores kept in memory)."""
+        if config.shard is not None and config.roles.html:
+            raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
+        started = time.perf_counter()
+        fitted, members = tracking.prepare(config)
+        cache = None if held else fitted.cache_dir
+        if cache is not None:
+            tracking.prepare_cache(cache, Path(fitted.roles.out).expanduser().resolve())
+        return fitted, members, cache, started, say
+
+    def compute(self, config: TrackConfig, prepared: tuple) -> TrackResult | None:
+        fitted, members, cache, started, say = prepared
+        run = tracking.compute_members(fitted, members, cache, started, say)
+        return None if run is None else TrackResult.of(run)
+
+    def writes(self, config: TrackConfig) -> bool:
+        return config.shard is None  # a shard scores into the cache only
+
+    def replaces(self, target: Path) -> bool:
+        return (target / TRACK_CSV).is_file()  # re-running into the same --out is the point of the cache
+
+    def write(self, result: TrackResult, directory: Path) -> dict:
+        assert result.run.cache is not None  # held scores get one when saved (`TrackResult._write`)
+        return tracking.write(result.run, directory, result.run.cache)
+
+    def text(self, result: TrackResult) -> str:
+        return result.run.text()
+
+    def figures(self, result: TrackResult, directory: Path) -> list:
+        return []  # drawn by `write`, through the figure cache beside the scores
+
+    def written(self, result: TrackResult, info: dict, out: Path) -> TrackResult:
+        return TrackResult.of(result.run, info, out)
+
+
+TRACK = Track()
 
 
 def run_track(config: TrackConfig, say=print) -> TrackResult | None:
-    """The track run of `config` written into its --out (what `python -m analysis.track` calls;
-    the `--html` page is the caller's); None for a `--shard` job and in a process other than the
+    """The track run of `config` written into its --out, as `python -m analysis.track` runs it
+    (the `--html` page is the caller's); None for a `--shard` job and in a process other than the
     first, which write nothing into --out. `say` gets the progress lines."""
-    if config.shard is not None and config.roles.html:
-        raise UserError("--html: a --shard job writes no outputs; give --html to the invocation without --shard")
-    done = tracking.run(config, say)
-    if done is None:
-        return None
-    run, info = done
-    return TrackResult.of(run, info, Path(config.roles.out).expanduser())
+    return execute(TRACK, config, say=say)
+
+
+def run_seeds(config: TrackConfig, workdirs: list[str], say=print) -> pd.DataFrame:
+    """Several runs of one recipe (`--run` repeated): each tracked into `<out>/<its name>/` with the
+    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`. The
+    whole of `<out>` is one output (`runinfo.atomic_out`, of its own kind): written into a temporary
+    and moved in when complete, replacing only an earlier across-seed output. Each run's steps are
+    cached under `<scores cache>/<its name>` (default `<out>.cache/<its name>`, beside `<out>`).
+    `say` gets each run's lines and the summary's."""
+    out = Path(config.roles.out).expanduser().resolve()
+    resolved = [Path(w).expanduser().resolve() for w in workdirs]
+    for i, path in enumerate(resolved):
+        if path in resolved[:i]:
+            raise UserError(f"--run {path} is given twice (as {workdirs[resolved.index(path)]} and {workdirs[i]}); "
+                            "each seed's run once")  # fmt: skip
+    names = [path.name for path in resolved]
+    if len(set(names)) < len(names):
+        names = [f"{i}-{name}" for i, name in enumerate(names)]
+    caches = {name: config.cache_dir / name for name in names}
+    if config.shard is not None or jax.process_index() != 0:
+        # A shard (or a process other than the first) scores into the caches and writes no --out.
+        for name, workdir in zip(names, workdirs, strict=True):
+            _track_seed(config, workdir, out / name, caches[name], say)
+        return pd.DataFrame()
+    # Re-running into the same --out is the point of the caches: an earlier across-seed output may go.
+    with runinfo.atomic_out(out, config.roles.overwrite or (out / SEEDS_CSV).is_file(), tracking.SEEDS_OUTPUT) as tmp:
+        tracking.prepare_cache(config.cache_dir, out)  # the runs' caches are under it: not inside --out
+        directories = {}
+        for name, workdir in zip(names, workdirs, strict=True):
+            _track_seed(config, workdir, out / name, caches[name], say, into=tmp / name)
+            directories[name] = tmp / name
+        table, tracks = seeds.summarize(directories)
+        table.to_csv(tmp / SEEDS_CSV, index=False)
+        if "onset" in select_figures(config.roles.figures, TRACK_FIGURES):
+            with figure_formats(select_formats(config.roles.figure_format)):
+                for task in pd.unique(next(iter(tracks.values()))["task"]):
+                    seeds.plot_seeds(tracks, task, tmp, f"{task}_seeds")
+    say(tracking.seeds_text(table, len(workdirs)))
+    say(f"wrote {out / SEEDS_CSV}")
+    return table
+
+
+def _track_seed(config: TrackConfig, workdir: str, member_out: Path, cache: Path, say,
+                into: Path | None = None) -> None:  # fmt: skip
+    """One seed's run tracked as `member_out` (written into `into`, if given: `execute`)."""
+    say(f"track: run {workdir} → {member_out}")
+    roles = dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out))
+    done = execute(TRACK, dataclasses.replace(config, roles=roles, scores_cache=str(cache)), into=into, say=say)
+    if done is not None:
+        say(done.run.text())
 
 
 @dataclasses.dataclass(eq=False)
@@ -327,8 +445,9 @@ class FinetuneEffectResult(HeldResult):
 
     def _write(self, out: Path, overwrite: bool) -> None:
         data = dataclasses.replace(self.run.config.data, out=str(out))
-        with runinfo.atomic_out(str(out), overwrite, finetuning.EFFECT_OUTPUT) as tmp:
-            finetuning.write(dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data)), tmp)
+        run = dataclasses.replace(self.run, config=dataclasses.replace(self.run.config, data=data))
+        output = dataclasses.replace(run.config, data=dataclasses.replace(data, overwrite=overwrite))
+        save_with(FINETUNE_EFFECT, dataclasses.replace(self, run=run), output)
         if data.html:
             pipeline.write_html(str(out))
 
@@ -350,9 +469,8 @@ class FinetuneEffectResult(HeldResult):
                 return [FigureFile(p) for p in paths]
 
         def draw(folder: Path) -> list[Path]:
-            plot = {"beta_change": finetuning.plot_beta_change, "attention_similarity": finetuning.plot_similarity}
             with figure_formats(select_formats(self.settings.data.figure_format)):
-                return plot[name](self.tables[name], folder, name)
+                return finetuning.PLOTS[name](self.tables[name], folder, name)
 
         return drawn(draw, self.written)
 
@@ -360,46 +478,64 @@ class FinetuneEffectResult(HeldResult):
         return tables_html(self, NOT_SAVED if self.written is None else str(self.written))
 
 
-@with_settings(RolesConfig, tool=EFFECT_TOOL, skip=EFFECT_SKIP)
-def finetune_effect(
-    pre: str,
-    post: str | Sequence[str],
-    *,
-    model=None,
-    tokenizer=None,
-    post_models: Sequence | None = None,
-    out: str | Path | None = None,
-    **settings,
-) -> FinetuneEffectResult | None:
-    """`python -m analysis.finetune_effect --pre PRE --post CKPT[:TASK] ...` as a call: the change in
-    mean β per coarse role and layer third, and the per-head cosine similarity of the attention
-    before and after fine-tuning. `post` is one spec or a list; the other keyword arguments are the
-    data and output flags (task, glue_dir, split, n, max_length, batch_size, roles, window,
-    special_rows, parser, spacy_model, conllu, cache_dir, devices, distributed, allow_nonfinite,
-    overwrite, figures, figure_format, html). `model`/`tokenizer`: PRE already loaded;
-    `post_models`: each post checkpoint already loaded, in the order of `post`."""
-    specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
-    if not specs:
-        raise UserError("post: give at least one fine-tuned checkpoint")
-    collect_garbage()
-    data = roles_config(str(pre), settings if out is None else settings | {"out": str(out)}, EFFECT_TOOL, EFFECT_SKIP)
-    config = finetuning.effect_config(specs, data)
-    sources = effect_sources(config)
-    if model is not None:
-        check_given(model, sources[0], data.ckpt, data.allow_nonfinite)
-    # A count that differs is the run's line.
-    for post_model, post, source in zip(post_models or (), config.posts, sources[1:], strict=False):
-        check_given(post_model, source, post.ckpt, data.allow_nonfinite)
-    if model is None and post_models is None:
-        (model, kept_tokenizer), *posts = loaded([Checkpoint(s, allow_nonfinite=data.allow_nonfinite) for s in sources])
-        tokenizer = kept_tokenizer if tokenizer is None else tokenizer
-        post_models = [post_model for post_model, _ in posts]
-    if out is None:  # held in memory: nothing is written
-        return FinetuneEffectResult.of(finetuning.compute(config, sources, model, tokenizer, post_models))
-    result = run_finetune_effect(config, model, tokenizer, post_models, sources)
-    if result is not None and data.html:
-        pipeline.write_html(data.out)
-    return result
+class FinetuneEffect:
+    """What fine-tuning does to the heads: `finetune_effect(pre, post, ...)` is `python -m
+    analysis.finetune_effect --pre PRE --post CKPT[:TASK] ...` as a call, the change in mean β per
+    coarse role and layer third, and the per-head cosine similarity of the attention before and
+    after fine-tuning. `post` is one spec or a list; the other keyword arguments are the data and
+    output flags. `model`/`tokenizer`: PRE already loaded; `post_models`: each post checkpoint
+    already loaded, in the order of `post`."""
+
+    output_kind = finetuning.EFFECT_OUTPUT
+
+    def arguments(
+        self, named: dict[str, Any], settings: dict[str, Any], given: dict[str, Any]
+    ) -> tuple[finetuning.EffectConfig, dict]:
+        """A call's settings and what it hands to `prepare`: the checkpoints opened, and loaded
+        unless given (kept for the next call, `loaded`), the models given checked against them."""
+        post = named["post"]
+        specs = [str(post)] if isinstance(post, (str, Path)) else [str(p) for p in post]
+        if not specs:
+            raise UserError("post: give at least one fine-tuned checkpoint")
+        collect_garbage()
+        data = roles_config(str(named["pre"]), settings, EFFECT_TOOL, EFFECT_SKIP)
+        config = finetuning.effect_config(specs, data)
+        sources = effect_sources(config)
+        model, tokenizer, post_models = given.get("model"), given.get("tokenizer"), given.get("post_models")
+        if model is not None:
+            check_given(model, sources[0], data.ckpt, data.allow_nonfinite)
+        # A count that differs is the run's line.
+        for post_model, post_config, source in zip(post_models or (), config.posts, sources[1:], strict=False):
+            check_given(post_model, source, post_config.ckpt, data.allow_nonfinite)
+        if model is None and post_models is None:
+            checkpoints = [Checkpoint(s, allow_nonfinite=data.allow_nonfinite) for s in sources]
+            (model, kept_tokenizer), *posts = loaded(checkpoints)
+            tokenizer = kept_tokenizer if tokenizer is None else tokenizer
+            post_models = [post_model for post_model, _ in posts]
+        return config, {"sources": sources, "model": model, "tokenizer": tokenizer, "post_models": post_models}
+
+    def prepare(self, config: finetuning.EffectConfig, sources: Sequence[pretrained.Checkpoint] | None = None,
+                model=None, tokenizer=None, post_models: Sequence | None = None) -> tuple:  # fmt: skip
+        select_figures(config.data.figures, EFFECT_FIGURES), select_formats(config.data.figure_format)  # as Roles
+        return effect_sources(config) if sources is None else sources, model, tokenizer, post_models
+
+    def compute(self, config: finetuning.EffectConfig, prepared: tuple) -> FinetuneEffectResult:
+        return FinetuneEffectResult.of(finetuning.compute(config, *prepared))
+
+    def write(self, result: FinetuneEffectResult, directory: Path) -> dict:
+        return finetuning.write(result.run, directory)
+
+    def text(self, result: FinetuneEffectResult) -> str:
+        return result.run.text()
+
+    def figures(self, result: FinetuneEffectResult, directory: Path) -> list:
+        return finetuning.draw_jobs(result.run, directory)
+
+    def written(self, result: FinetuneEffectResult, info: dict, out: Path) -> FinetuneEffectResult:
+        return FinetuneEffectResult.of(result.run, info, out)
+
+
+FINETUNE_EFFECT = FinetuneEffect()
 
 
 def effect_sources(config: finetuning.EffectConfig) -> list[pretrained.Checkpoint]:
@@ -414,33 +550,18 @@ def run_finetune_effect(
     post_models: Sequence | None = None,
     sources: Sequence[pretrained.Checkpoint] | None = None,
 ) -> FinetuneEffectResult | None:
-    """The comparison of `config` written into its --out (what `python -m analysis.finetune_effect`
-    calls; the `--html` page is the caller's); None in a process of a multi-process job other than
-    the first, which writes nothing. `sources`: `effect_sources(config)`, already opened."""
-    select_figures(config.data.figures, EFFECT_FIGURES), select_formats(config.data.figure_format)  # as run_roles
-    sources = effect_sources(config) if sources is None else sources
-    done = finetuning.run(config, sources, model, tokenizer, post_models)
-    if done is None:
-        return None
-    run, info = done
-    return FinetuneEffectResult.of(run, info, Path(config.data.out).expanduser())
+    """The comparison of `config` written into its --out, as `python -m analysis.finetune_effect`
+    runs it (the `--html` page is the caller's); None in a process of a multi-process job other
+    than the first, which writes nothing. `sources`: `effect_sources(config)`, already opened."""
+    return execute(FINETUNE_EFFECT, config, sources=sources, model=model, tokenizer=tokenizer, post_models=post_models)
 
 
-def report(
-    run_dir: str | Path,
-    *,
-    examples: int = 4,
-    out: str | Path | None = None,
-    overwrite: bool = False,
-    coref: str | Path | None = None,
-) -> Report:
-    """`python -m analysis.report RUN_DIR` as a call: writes the page (default RUN_DIR/report.html)."""
-    text = lambda path: None if path is None else str(path)
-    return run_report(ReportConfig(str(run_dir), examples, text(out), overwrite, text(coref)))
+# `report(run_dir, ...)`: the page as a `Report`, shown inline in Jupyter.
+REPORT = ReportPage(Report)
 
 
 def run_report(config: ReportConfig) -> Report:
-    return Report(write_report(config))
+    return execute(REPORT, config)
 
 
 def head_view(

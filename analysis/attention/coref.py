@@ -40,8 +40,9 @@ import dataclasses
 import io
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -55,6 +56,7 @@ from analysis.common.finite import check_finite
 from analysis.common.forward import compiled, padded_batches
 from bertjax import runinfo
 from bertjax.errors import UserError
+from bertjax.model import Model
 from sieves.align import EncodedSequence
 from sieves.stats import one_sided_test
 
@@ -67,6 +69,13 @@ HEAD_COLUMNS = (
     "layer", "head", "dev_accuracy", "test_accuracy", "test_ci_low", "test_ci_high", "test_p_chance", "dev_n", "test_n",
 )  # fmt: skip
 BASELINE_COLUMNS = ("baseline", "dev_accuracy", "test_accuracy", "test_ci_low", "test_ci_high", "test_n")
+T = TypeVar("T")
+
+
+def per_candidate(values: Iterable[T]) -> tuple[T, T]:
+    """`values`, one per candidate: exactly two."""
+    first, second = values
+    return first, second
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,7 +109,7 @@ class CorefInput:
     @property
     def targets(self) -> tuple[np.ndarray, np.ndarray]:
         """Every piece attended to, per candidate (its mentions' together)."""
-        return tuple(np.concatenate(mentions) for mentions in self.attended)
+        return per_candidate(np.concatenate(mentions) for mentions in self.attended)
 
 
 def mention_span(path: Path, line: int, text: str, mention: str, field: dict[str, str]) -> tuple[int, int]:
@@ -226,8 +235,9 @@ def encode_gap(
         [e.text for e in scored], add_special_tokens=False, return_offsets_mapping=True, return_attention_mask=False
     )
     width = max_length - 2
-    inputs = []
+    inputs: list[CorefInput] = []
     for example, ids, offsets in zip(scored, encoded["input_ids"], encoded["offset_mapping"], strict=True):
+        assert example.label is not None  # `scored` holds the labelled rows only
         offsets = np.asarray(offsets, np.int64).reshape(-1, 2)
         pronoun = span_pieces(offsets, *example.pronoun)
         spans = name_occurrences(example) if mentions == "all" else ([example.spans[0]], [example.spans[1]])
@@ -277,8 +287,8 @@ def encode_gap(
         inputs.append(
             CorefInput(
                 seq, shift(pronoun), tuple(map(shift, marked)), example.label, stop - start < len(ids),
-                tuple(tuple(shift(p) for p, _ in o) for o in occurrences),
-                tuple(tuple(shift(t) for _, t in o) for o in occurrences), example.id,
+                per_candidate(tuple(shift(p) for p, _ in o) for o in occurrences),
+                per_candidate(tuple(shift(t) for _, t in o) for o in occurrences), example.id,
             )
         )  # fmt: skip
     counts["scored"] = len(inputs)
@@ -307,7 +317,7 @@ def candidate_attention(
     return jnp.where(owned, per_mention[..., None, :], -jnp.inf).max(axis=-1)
 
 
-def make_candidate_attention_fn(model: nnx.Module):
+def make_candidate_attention_fn(model: Model):
     """A jitted forward returning `candidate_attention` of each batch."""
     run, (state,) = compiled(_jit_candidate_attention, model)
     return lambda *arrays: run(state, *arrays)
@@ -353,7 +363,7 @@ def candidate_scores(
     One that is not finite stops the run (`finite.check_finite`, `allowed` its): a NaN chooses
     neither candidate and would count as a wrong head. (Every candidate keeps its marked mention,
     so −inf, no mention, cannot come back.)"""
-    scores: list[np.ndarray | None] = [None] * len(inputs)
+    scores: dict[int, np.ndarray] = {}
     for chunk, arrays in padded_batches([item.seq for item in inputs], batch_size, max_length, desc):
         length = arrays["input_ids"].shape[1]
         items = [inputs[seq.index] for seq in chunk]
@@ -368,7 +378,7 @@ def candidate_scores(
             check_finite(np.moveaxis(out[b], -1, 0), "the attention from the pronoun to a candidate",
                          f"{desc}, example {inputs[seq.index].id}", allowed=allowed)  # fmt: skip
             scores[seq.index] = out[b]
-    return np.stack(scores) if scores else np.zeros((0, 0, 0, 2), np.float32)
+    return np.stack([scores[i] for i in range(len(inputs))]) if inputs else np.zeros((0, 0, 0, 2), np.float32)
 
 
 def correct_choices(scores: np.ndarray, labels: np.ndarray) -> np.ndarray:

@@ -23,6 +23,7 @@ from analysis.attention.surface import key_flag_batches
 from analysis.common.finite import check_finite
 from analysis.common.forward import compiled
 from bertjax.errors import UserError
+from bertjax.model import Model
 from bertjax.pretrained import SAFETENSORS, SAFETENSORS_INDEX, Checkpoint
 from sieves.align import EncodedSequence
 
@@ -36,9 +37,8 @@ MLM_TENSORS = (MLM_TENSOR, "lm_head.dense.weight")
 
 def has_mlm_head(source: Checkpoint) -> bool:
     """Whether the checkpoint holds trained MLM-head weights (not only the encoder)."""
-    if source.kind == "orbax":
-        shapes = source.meta["param_shapes"]
-        return any(key.startswith("cls/predictions/") for key in shapes)
+    if source.meta is not None:  # an orbax step's (a HF checkpoint has none)
+        return any(key.startswith("cls/predictions/") for key in source.meta["param_shapes"])
     if (source.path / SAFETENSORS).is_file():
         from safetensors import safe_open
 
@@ -79,7 +79,7 @@ def mask_batch(
     return masked, positions, labels, weights
 
 
-def mlm_loss(model: nnx.Module, offsets, input_ids, attention_mask, token_type_ids, positions, labels, weights):
+def mlm_loss(model: Model, offsets, input_ids, attention_mask, token_type_ids, positions, labels, weights):
     """Σ over sequences of the mean cross-entropy at that sequence's masked positions."""
     out = model(input_ids, attention_mask, token_type_ids, masked_positions=positions, attention_offsets=offsets)
     losses = optax.softmax_cross_entropy_with_integer_labels(out.prediction_logits, labels)
@@ -87,7 +87,7 @@ def mlm_loss(model: nnx.Module, offsets, input_ids, attention_mask, token_type_i
     return jnp.sum(per_sequence)
 
 
-def make_gradient_fn(model: nnx.Module):
+def make_gradient_fn(model: Model):
     """Jitted: (inputs, key kinds [K, B, T], real rows [B, T]) → (Σ|g| [L, K], counts [K], the
     sum of |g| of each head over those cells [L, H])."""
     run, (state,) = compiled(_jit_gradients, model)
@@ -116,7 +116,7 @@ def _jit_gradients(graphdef):
 
 
 def gradient_importance(
-    model: nnx.Module,
+    model: Model,
     seqs: Sequence[EncodedSequence],
     punct_ids: Sequence[int],
     mask_id: int,
@@ -129,7 +129,8 @@ def gradient_importance(
     that is not finite stops the run naming its head (`finite.check_finite`, `allowed` its)."""
     run = make_gradient_fn(model)
     rng = np.random.default_rng(seed)
-    sums, counts = 0.0, 0.0
+    # 0-d starts, broadcast to the first batch's shape.
+    sums, counts = np.zeros(()), np.zeros(())
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "attention gradients"):
         special = arrays["is_cls"] + arrays["is_sep"]
         other = arrays["attention_mask"] * (1.0 - special - arrays["is_punct"])

@@ -48,6 +48,12 @@ SURFACE_N = 1000
 PROBE_TRAIN_N = 2000
 
 
+def with_analyses_named(config: ClarkConfig) -> ClarkConfig:
+    """`config` knowing whether `--analyses` named the analyses: only named ones make a missing MLM
+    head or GAP an error; all of them (the default) skip it (the row's `resolve`)."""
+    return dataclasses.replace(config, analyses_explicit=config.analyses != ANALYSES)
+
+
 def parse_analyses(text: str) -> tuple[str, ...]:
     """`--analyses`: `all` or a comma-separated subset of ANALYSES."""
     return ANALYSES if text.strip() == "all" else tuple(x.strip() for x in text.split(",") if x.strip())
@@ -108,7 +114,7 @@ class ClarkConfig:
                                        "Clark et al.'s 'any of the antecedent's mentions') or marked (the occurrence "
                                        "GAP marks)")  # fmt: skip
     overwrite: bool = overwrite_setting()
-    figure_format: str = figure_format_setting()
+    figure_format: tuple[str, ...] = figure_format_setting()
     # Only an explicit choice makes a missing MLM head or GAP an error (the default skips them).
     analyses_explicit: bool = internal(False, "whether --analyses named the analyses (not all)")
     allow_nonfinite: bool = nonfinite_setting()

@@ -1,6 +1,7 @@
 """The analyses of Clark et al. 2019 end to end (`python -m analysis.clark`): inputs (WikiText
 segment pairs, a GLUE task, UD English-EWT, GAP), the surface, cluster, gradient, dependency-head,
-probe and coreference analyses, their tables and figures, written atomically into `--out`.
+probe and coreference analyses, their tables and figures (`compute`; `write` writes a saved
+result; `analysis.api.attention.CLARK` is the tool's `Analysis`).
 """
 
 from __future__ import annotations
@@ -26,10 +27,11 @@ from analysis.common.flags import select_formats
 from analysis.common.forward import at_precision
 from analysis.common.writing import write_tables_run
 from analysis.heads.report import readable_checkpoint
+from analysis.tools import FigureJob
 from bertjax import glue, runinfo, wikitext
 from bertjax.errors import UserError
 from bertjax.model import BertForPreTraining
-from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
+from bertjax.pretrained import Checkpoint
 from sieves import depattn
 from sieves.align import EncodedSequence, encode_batch
 from sieves.parse import Parse, Word, read_conllu
@@ -151,10 +153,15 @@ class ClarkRun:
         """What the CLI prints: the skipped analyses and each analysis's summary, in run order."""
         return "\n".join(self.lines)
 
+    def job(self, stem: str, out_dir: Path) -> FigureJob:
+        """The drawing job of figure `stem` into `out_dir`: its plotting function and arguments."""
+        plot, table, args = self.figures[stem]
+        return plot, (self.tables[table], out_dir, *args)
+
     def draw(self, stem: str, out_dir: Path) -> list[Path]:
         """The figure `stem` into `out_dir`, in the `figure_formats` in force."""
-        plot, table, args = self.figures[stem]
-        return plot(self.tables[table], out_dir, *args)
+        plot, args = self.job(stem, out_dir)
+        return plot(*args)
 
 
 def prepare(config: ClarkConfig, source: Checkpoint) -> bool:
@@ -167,21 +174,9 @@ def prepare(config: ClarkConfig, source: Checkpoint) -> bool:
     return gradients_ok
 
 
-def run(config: ClarkConfig, source: Checkpoint, model=None, tokenizer=None) -> tuple[ClarkRun, dict]:
-    """The CLI's path: the selected analyses (`compute`) of `source` (`config.ckpt` opened), written
-    under config.out (to a temporary sibling first) by `write`; returns the run and the run.json
-    written."""
-    started = time.perf_counter()
-    gradients_ok = prepare(config, source)
-    with runinfo.atomic_out(Path(config.out).expanduser().resolve(), config.overwrite, CLARK_OUTPUT) as tmp:
-        result = _compute(config, source, gradients_ok, model, tokenizer, started)
-        info = write(result, tmp)
-    return result, info
-
-
-def compute(config: ClarkConfig, source: Checkpoint, model=None, tokenizer=None) -> ClarkRun:
+def compute(config: ClarkConfig, source: Checkpoint, model, tokenizer) -> ClarkRun:
     """The selected analyses of `source` (`config.ckpt` opened) in memory; writes nothing. `model`
-    and `tokenizer`: `config.ckpt` already loaded (a notebook's), used instead of loading it again."""
+    and `tokenizer`: `config.ckpt` loaded (`model_class`, or the caller's own)."""
     started = time.perf_counter()
     gradients_ok = prepare(config, source)
     return _compute(config, source, gradients_ok, model, tokenizer, started)
@@ -228,19 +223,13 @@ class _Collected:
 def _compute(config: ClarkConfig, source, gradients_ok: bool, model, tokenizer, started: float) -> ClarkRun:
     got = _Collected()
     wanted = wanted_analyses(config, source, gradients_ok, got.results, got.lines)
-    clock = time.perf_counter()
-    if model is None:
-        model = from_pretrained(source, model_class(config, source), allow_nonfinite=config.allow_nonfinite)
-    elif "gradients" in wanted and not isinstance(model, BertForPreTraining):
+    if "gradients" in wanted and not isinstance(model, BertForPreTraining):  # a caller's own model
         raise UserError(
             f"model: the gradients need {config.ckpt} loaded as BertForPreTraining (its MLM head), "
             f"not {type(model).__name__}: bertjax.from_pretrained(ckpt, 'BertForPreTraining')"
         )
     encoder = model.bert if isinstance(model, BertForPreTraining) else model
-    if tokenizer is None:
-        tokenizer = load_tokenizer(source)
     config = fit_max_length(config, encoder.config.max_sequence_length)
-    got.timings["load_model"] = time.perf_counter() - clock
 
     if wanted & {"surface", "cluster", "gradients"}:
         _sequence_analyses(config, wanted, model, encoder, tokenizer, got)

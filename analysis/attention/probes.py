@@ -44,6 +44,8 @@ class ProbeSentence:
 
 
 def probe_sentence(word: WordAttention) -> ProbeSentence:
+    # `wordattn.iter_word_attention`, which feeds the probes, records all three.
+    assert word.to_special is not None and word.from_special is not None and word.embeddings is not None
     forward = np.concatenate([word.maps, word.to_special[..., None]], axis=-1)  # [L, H, W, W+1]
     backward = np.concatenate([np.swapaxes(word.maps, -1, -2), word.from_special[..., None]], axis=-1)
     width = len(word.word_dep)
@@ -78,7 +80,7 @@ def pad(sentences: Sequence[ProbeSentence], kind: str) -> dict[str, np.ndarray]:
     n = len(sentences)
     first = sentences[0]
     n_features = first.attention.shape[-1] if kind == "attention" else 2 * MAX_DISTANCE + 2
-    arrays = {
+    arrays: dict[str, np.ndarray] = {
         "features": np.zeros((n, width, width + 1, n_features), np.float16),
         "embeddings": np.zeros((n, width + 1, first.embeddings.shape[-1]), np.float32),
         "gold": np.zeros((n, width), np.int32),

@@ -25,6 +25,7 @@ from flax import nnx
 from analysis.attention.options import SURFACE_WEIGHTINGS as WEIGHTINGS
 from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.forward import compiled, padded_batches
+from bertjax.model import Model
 from bertjax.readings import attention_reading, attention_rows
 from sieves.align import EncodedSequence
 
@@ -127,7 +128,7 @@ def key_flag_batches(
         yield arrays
 
 
-def _attention_fn(model: nnx.Module, reduce, reading: str, *options):
+def _attention_fn(model: Model, reduce, reading: str, *options):
     """Jitted forward whose stacked attention [L, B, H, T, T] of `reading` (`--attention`: the
     weights or the norm-weighted attention) goes straight into `reduce(attention, arrays,
     *options)` (`reduce` a module-level function: part of the key of the compiled function, as
@@ -160,7 +161,7 @@ def _js_reduce(attention, arrays):
 
 
 def surface_statistics(
-    model: nnx.Module,
+    model: Model,
     seqs: Sequence[EncodedSequence],
     punct_ids: Sequence[int],
     batch_size: int,
@@ -176,7 +177,8 @@ def surface_statistics(
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
     run = _attention_fn(model, _surface_reduce, reading, weighting)
-    total_sums, total_counts, silent = 0.0, 0.0, False
+    # 0-d starts, broadcast to the first batch's shape.
+    total_sums, total_counts, silent = np.zeros(()), np.zeros(()), np.zeros((), bool)
     for arrays in key_flag_batches(seqs, batch_size, max_length, punct_ids, "surface"):
         (sums, counts), batch_silent = run(arrays)
         total_sums = total_sums + np.asarray(sums, np.float64)
@@ -189,7 +191,7 @@ def surface_statistics(
 
 
 def head_js_divergence(
-    model: nnx.Module,
+    model: Model,
     seqs: Sequence[EncodedSequence],
     batch_size: int,
     max_length: int,
@@ -200,7 +202,7 @@ def head_js_divergence(
     of `seqs` (NaN for a pair with a head whose attention is undefined; `allowed` as
     `surface_statistics`')."""
     run = _attention_fn(model, _js_reduce, reading)
-    total, rows, silent = 0.0, 0.0, False
+    total, rows, silent = np.zeros(()), 0.0, np.zeros((), bool)
     for arrays in key_flag_batches(seqs, batch_size, max_length, (), "head distances"):
         sums, batch_silent = run(arrays)
         total = total + np.asarray(sums, np.float64)

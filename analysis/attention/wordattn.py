@@ -19,11 +19,12 @@ from flax import nnx
 
 from analysis.common.finite import check_finite
 from analysis.common.forward import compiled, padded_batches
+from bertjax.model import Model
 from sieves.align import EncodedSequence
 from sieves.wordattn import WordAttention, pooling_batch, special_maps, word_maps
 
 
-def make_word_attention_fn(model: nnx.Module):
+def make_word_attention_fn(model: Model):
     """A jitted forward that returns word maps, special-token columns/rows and pooled embeddings."""
     run, (state,) = compiled(_jit_word_attention, model)
     return lambda *arrays: run(state, *arrays)

@@ -159,7 +159,7 @@ def best_segmentation(x: np.ndarray, y: np.ndarray, max_segments: int = MAX_SEGM
     return chosen, starts
 
 
-def information_criterion(rss: np.ndarray, y: np.ndarray, parameters) -> np.ndarray:
+def information_criterion(rss: np.ndarray | float, y: np.ndarray, parameters: np.ndarray | int) -> np.ndarray:
     """BIC, n·ln(RSS/n) + parameters·ln n, of fits with residual sums `rss` to curves y [..., n]
     (+inf where the RSS is not finite)."""
     n = y.shape[-1]

@@ -13,19 +13,18 @@ import logging
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import jax
 
 from bertjax import cli, distributed, glue, runinfo
 from bertjax.errors import UserError
 from bertjax.progress import tqdm
-from sieves.align import MIN_LENGTH, EncodedSequence, encode_batch
+from sieves.align import MIN_LENGTH, EncodedSequence, backend_encode, encode_batch
 from sieves.builders import get_role, present_roles
 from sieves.parse import TEXT_PREFIX, SpacyParser, parse_examples, read_conllu, read_text_examples
 
 log = logging.getLogger(__name__)
-C = TypeVar("C")
 
 CONLLU_TASK = "ud"
 # `--task text:FILE`: any text, one example per line (a tab splits a pair), so a model with its own
@@ -49,28 +48,35 @@ PIECES_SAMPLE = 1000
 
 
 class ExampleSettings(Protocol):
-    """The settings that choose and prepare the examples (a `heads.config.RolesConfig` has them)."""
+    """The settings that choose and prepare the examples (a `heads.config.RolesConfig` has them).
+    Read-only: the configs are frozen."""
 
-    n: int
-    glue_dir: str | None
-    split: str
-    conllu: str | None
-    max_length: int
-    roles: tuple[str, ...]
-    parser: str
-    spacy_model: str | None
-    cache_dir: str
+    @property
+    def n(self) -> int: ...
+    @property
+    def glue_dir(self) -> str | None: ...
+    @property
+    def split(self) -> str: ...
+    @property
+    def conllu(self) -> str | None: ...
+    @property
+    def max_length(self) -> int: ...
+    @property
+    def roles(self) -> tuple[str, ...]: ...
+    @property
+    def parser(self) -> str: ...
+    @property
+    def spacy_model(self) -> str | None: ...
+    @property
+    def cache_dir(self) -> str: ...
 
 
-def resolve_tasks(spec: str) -> list[str]:
-    """`all`, one task, `text:FILE`, or a comma-separated list of them, in the order given."""
+def resolve_tasks(spec: Sequence[str]) -> list[str]:
+    """The tasks `--task` names (a list, as the settings hold it: `all`, tasks, `text:FILE`), in
+    the order given."""
     text_task_files(spec)  # checks the files and their names before any work
     tasks = [
-        t
-        for part in spec.split(",")
-        for t in (
-            [text_label(part.strip())] if part.strip().startswith(TEXT_PREFIX) else glue.resolve_tasks(part.strip())
-        )
+        t for part in spec for t in ([text_label(part)] if part.startswith(TEXT_PREFIX) else glue.resolve_tasks(part))
     ]
     return list(dict.fromkeys(tasks))
 
@@ -80,11 +86,13 @@ def text_label(part: str) -> str:
     return TEXT_LABEL + ("".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "file")
 
 
-def text_task_files(spec: str) -> dict[str, Path]:
-    """The `text:FILE` parts of a --task value, by the task name they get; two files with one name
+def text_task_files(spec: Sequence[str]) -> dict[str, Path]:
+    """The `text:FILE` parts of a --task list, by the task name they get; two files with one name
     (a/x.txt, b/x.txt) would write into each other's outputs, so they are refused."""
+    if isinstance(spec, str):  # its letters would be read as tasks
+        raise TypeError(f"--task is a list of names as the settings hold it, not the text {spec!r}")
     files: dict[str, Path] = {}
-    for part in (p.strip() for p in spec.split(",")):
+    for part in spec:
         if not part.startswith(TEXT_PREFIX):
             continue
         path = Path(part[len(TEXT_PREFIX) :])
@@ -97,19 +105,26 @@ def text_task_files(spec: str) -> dict[str, Path]:
     return files
 
 
+def conllu_file(config: ExampleSettings) -> Path:
+    """The gold trees' file of the `ud` task, which a config with `--parser conllu` must name."""
+    if config.conllu is None:
+        raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
+    return Path(config.conllu)
+
+
 def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ...]], list[int], dict[Path, str]]:
     """(segments per example, example indices, files read) in file order; each file with the
     sha256 of the bytes parsed (a task from the hub's copy has no file)."""
     if task == CONLLU_TASK:
-        sentences = read_conllu(Path(config.conllu), limit=config.n)
-        digest = runinfo.input_sha256(Path(config.conllu))
-        return [(text,) for text, _ in sentences], list(range(len(sentences))), {Path(config.conllu): digest}
+        sentences = read_conllu(conllu_file(config), limit=config.n)
+        digest = runinfo.input_sha256(conllu_file(config))
+        return [(text,) for text, _ in sentences], list(range(len(sentences))), {conllu_file(config): digest}
     if task.startswith(TEXT_LABEL):
-        files = text_task_files(getattr(config, "task", ""))
-        if task not in files:
+        text_files = text_task_files(getattr(config, "task", ()))
+        if task not in text_files:
             raise UserError(f"--task: {task!r} names no text:FILE of this run")
-        segments, digest = read_text_examples(files[task], config.n)
-        return segments, list(range(len(segments))), {files[task]: digest}
+        segments, digest = read_text_examples(text_files[task], config.n)
+        return segments, list(range(len(segments))), {text_files[task]: digest}
     glue_dir = None if config.glue_dir is None else Path(config.glue_dir)
     examples = glue.load_glue(task, config.split, glue_dir, config.n)
     files = glue.glue_files(task, config.split, glue_dir) if glue_dir else []
@@ -119,7 +134,7 @@ def examples_for(config: ExampleSettings, task: str) -> tuple[list[tuple[str, ..
 
 def parse_segments(config: ExampleSettings, task: str, segments: Sequence[tuple[str, ...]], parser):
     if task == CONLLU_TASK:
-        return [(words,) for _, words in read_conllu(Path(config.conllu), limit=config.n)]
+        return [(words,) for _, words in read_conllu(conllu_file(config), limit=config.n)]
     return parse_examples(parser, segments)
 
 
@@ -187,8 +202,7 @@ def pieces_per_word(tokenizer, segments: Sequence[tuple[str, ...]]) -> float:
     words = sum(len(text.split()) for text in texts)
     if not words:
         return 0.0
-    pieces = tokenizer(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    return sum(map(len, pieces)) / words
+    return sum(len(e.ids) for e in backend_encode(tokenizer, [texts], None, special=False)) / words
 
 
 def process_shares(data: dict[str, TaskData]) -> dict[str, TaskData]:
@@ -266,7 +280,7 @@ def encode_tasks(
         trees = None
         if task == CONLLU_TASK:
             trees = parse_segments(config, task, d.segments, None)  # the file read again, for its trees
-            if runinfo.input_sha256(Path(config.conllu)) != d.files[Path(config.conllu)]:
+            if runinfo.input_sha256(conllu_file(config)) != d.files[conllu_file(config)]:
                 raise UserError(f"{config.conllu} changed while it was read; run again once it stays put")
         encoded: list[EncodedSequence] = []
         with tqdm(total=len(d.segments), desc=f"{task} encode", unit="example",
@@ -305,6 +319,18 @@ def warn_unknown_text(task: str, tokenizer, encoded: Sequence[EncodedSequence], 
             "attention inside its words",
             task, ratio, PIECES_PER_WORD,
         )  # fmt: skip
+
+
+class LengthLimited(Protocol):
+    """A run config `fit_max_length` can cut: a dataclass with `max_length`."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
+
+    @property
+    def max_length(self) -> int: ...
+
+
+C = TypeVar("C", bound=LengthLimited)
 
 
 def fit_max_length(config: C, positions: int) -> C:

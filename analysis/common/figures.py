@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
-from typing import Literal
+from typing import Any, Literal
 
 import matplotlib
 import numpy as np
@@ -90,7 +90,7 @@ def save_figure(fig: Figure, out_dir: Path, stem: str) -> list[Path]:
     paths = []
     for fmt in _formats.get():
         paths.append(out_dir / f"{stem}.{fmt}")
-        options = {"dpi": PNG_DPI} if fmt == "png" else {}
+        options: dict[str, Any] = {"dpi": PNG_DPI} if fmt == "png" else {}
         if held is not None:
             buffer = io.BytesIO()
             fig.savefig(buffer, format=fmt, **options)
@@ -284,6 +284,8 @@ class FigurePool:
         for _ in self._processes:
             self._jobs.put(None)
         for process in self._processes:
+            # Every worker was started with both pipes.
+            assert process.stdin is not None and process.stdout is not None
             if now:
                 process.kill()
             with contextlib.suppress(OSError):
@@ -360,6 +362,7 @@ class FigureCache:
         self.directory = directory
         code = hashlib.sha256(matplotlib.__version__.encode())
         for module in drawing_modules:
+            assert module.__file__ is not None, f"{module.__name__} has no source file to hash"
             code.update(Path(module.__file__).read_bytes())
         self.code = code.hexdigest()
 
@@ -378,6 +381,6 @@ class FigureCache:
         paths = draw()
         self.directory.mkdir(parents=True, exist_ok=True)
         for path, entry in zip(paths, cached, strict=True):
-            with runinfo.atomic_file(entry, binary=True, overwrite=True) as f, open(path, "rb") as source:
-                shutil.copyfileobj(source, f)
+            with runinfo.atomic_file(entry, binary=True, overwrite=True) as f, open(path, "rb") as drawn:
+                shutil.copyfileobj(drawn, f)
         return paths

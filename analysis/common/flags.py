@@ -14,7 +14,7 @@ from typing import Any
 
 from bertjax.errors import UserError
 from bertjax.precision import MATMUL_PRECISIONS
-from bertjax.settings import setting
+from bertjax.settings import comma_list, setting
 
 # PNG by default: SVG writing costs as much again as PNG (every mesh cell and glyph a path), and
 # most runs' figures are looked at, not edited. Vector formats on request.
@@ -22,8 +22,7 @@ FIGURE_FORMATS = ("png", "svg", "pdf")
 DEFAULT_FORMATS = ("png",)
 
 
-def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
-    asked = [part.strip() for part in spec.split(",") if part.strip()]
+def _choice(flag: str, asked: Sequence[str], choices: Sequence[str], words: Sequence[str]) -> tuple[str, ...]:
     unknown = [a for a in asked if a not in choices]
     if unknown or not asked:
         what = f"unknown value {unknown[0]!r}" if unknown else "names nothing"
@@ -32,17 +31,23 @@ def _choice(flag: str, spec: str, choices: Sequence[str], words: Sequence[str]) 
     return tuple(c for c in choices if c in asked)
 
 
-def select_figures(spec: str, kinds: Sequence[str]) -> tuple[str, ...]:
-    """The kinds `--figures SPEC` asks for, in `kinds`' order: `all`, `none` or a list of kinds."""
-    if spec.strip() == "all":
+def select_figures(spec: Sequence[str], kinds: Sequence[str]) -> tuple[str, ...]:
+    """The kinds `--figures` (a list, as the settings hold it) asks for, in `kinds`' order: `all`,
+    `none` or kinds. "all" stays a word in the settings, not the kinds it means: the heads tools
+    share the setting and each draws its own kinds."""
+    if isinstance(spec, str):  # its letters would be read as kinds
+        raise TypeError(f"--figures is a list of kinds as the settings hold it, not the text {spec!r}")
+    if tuple(spec) == ("all",):
         return tuple(kinds)
-    if spec.strip() == "none":
+    if tuple(spec) == ("none",):
         return ()
     return _choice("--figures", spec, kinds, ["all", "none"])
 
 
-def select_formats(spec: str) -> tuple[str, ...]:
+def select_formats(spec: Sequence[str]) -> tuple[str, ...]:
     """The formats `--figure-format SPEC` asks for, in FIGURE_FORMATS order."""
+    if isinstance(spec, str):  # its letters would be read as formats
+        raise TypeError(f"--figure-format is a list of formats as the settings hold it, not the text {spec!r}")
     return _choice("--figure-format", spec, FIGURE_FORMATS, [])
 
 
@@ -90,10 +95,11 @@ def refuse_early(config: Any, writes_out: bool = True, replaces: str | None = No
         runinfo.check_out(config.out, config.overwrite or own)
     task, glue_dir = getattr(config, "task", None), getattr(config, "glue_dir", None)
     if task is not None and getattr(config, "parser", None) != "conllu":
-        parts = [part.strip() for part in task.split(",") if part.strip()]
+        parts = (task,) if isinstance(task, str) else task  # analysis.prune takes one task, the others a list
         tasks = [t for part in parts if not part.startswith(TEXT_PREFIX) for t in glue.resolve_tasks(part)]
-        for name in tasks if glue_dir is not None else ():
-            glue.glue_files(name, config.split, Path(glue_dir))
+        if glue_dir is not None:
+            for name in tasks:
+                glue.glue_files(name, config.split, Path(glue_dir))
     step, ckpt = getattr(config, "step", None), Path(getattr(config, "ckpt", "") or "").expanduser()
     if step is not None and ckpt.is_dir() and (steps.step_of(ckpt) is not None or steps.checkpoint_dir(ckpt)):
         steps.resolve_step(ckpt, step)
@@ -138,7 +144,7 @@ def figures_help(kinds: Sequence[str]) -> str:
 
 
 def figure_format_setting() -> Any:
-    return setting(",".join(DEFAULT_FORMATS), help=f"comma-separated subset of {','.join(FIGURE_FORMATS)}")
+    return setting(DEFAULT_FORMATS, help=f"comma-separated subset of {','.join(FIGURE_FORMATS)}")
 
 
 def devices_setting() -> Any:
@@ -171,16 +177,17 @@ def attention_setting(sources: Sequence[str]) -> Any:
     return setting("weights", choices=sources, help=attention_help(sources))
 
 
-def add_no_figures(p: argparse.ArgumentParser, default: str) -> None:
+def add_no_figures(p: argparse.ArgumentParser, default: Sequence[str]) -> None:
     """`--no-figures`, the short form of `--figures none`."""
-    p.add_argument("--no-figures", dest="figures", action="store_const", const="none", default=default,
+    p.add_argument("--no-figures", dest="figures", action="store_const", const=("none",), default=default,
                    help="the same as --figures none")  # fmt: skip
 
 
-def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: str = "all") -> None:
+def add_figure_arguments(p: argparse.ArgumentParser, kinds: Sequence[str], default: Sequence[str] = ("all",)) -> None:
     """`--figures`, `--no-figures` and `--figure-format` for a command without a settings
-    dataclass (a benchmark that draws a tool's figures), spelled and explained as the tools'."""
-    p.add_argument("--figures", default=default, help=figures_help(kinds))
+    dataclass (a benchmark that draws a tool's figures), spelled and explained as the tools', and
+    parsed into lists as theirs are."""
+    p.add_argument("--figures", default=",".join(default), type=comma_list, help=figures_help(kinds))
     add_no_figures(p, default)
-    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS),
+    p.add_argument("--figure-format", default=",".join(DEFAULT_FORMATS), type=comma_list,
                    help=f"comma-separated subset of {','.join(FIGURE_FORMATS)}")  # fmt: skip

@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from bertjax import cli, sharding
+from bertjax.model import Model
 from bertjax.precision import matmul_precision
 from bertjax.progress import tqdm
 from sieves.align import EncodedSequence, batches, bucketed, pad_batch
@@ -94,7 +95,7 @@ class Devices:
         return sharding.mesh_record(self.mesh)
 
 
-def compiled(build: Callable, *models: nnx.Module, static: tuple = ()) -> tuple[Any, tuple]:
+def compiled(build: Callable, *models: Model, static: tuple = ()) -> tuple[Any, tuple]:
     """(`build(*graphdefs, *static)`, the models' states): `build` returns jitted functions that take
     the states as arguments; it runs once per (build, the models' classes and configs, `static`) in
     a process and what it returned is used again for every later model of the same architecture.

@@ -11,6 +11,7 @@ import logging
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 from analysis.common.flags import (
     ATTENTION_SOURCES,
@@ -37,6 +38,7 @@ from bertjax import cli
 from bertjax.errors import UserError
 from bertjax.settings import add_config_flags, add_flags, check, default_of, internal, setting
 from sieves.builders import DEFAULT_ROLES, get_role
+from sieves.choices import CORRECTIONS, TESTS, Correction, Test
 
 # A track's table and an across-seed summary's: what marks an earlier output of each, which a run
 # replaces without --overwrite (here, for the CLI's checks before its heavy imports).
@@ -53,7 +55,7 @@ ROLES_FIGURES = (
 # What `analysis.roles` draws unless `--figures` says otherwise: the figure a user looks at first
 # (which role each head holds). Drawing all six cost more than the analysis itself on a small
 # model (BENCHMARKS.md row 2); `--figures all` draws every paper figure.
-DEFAULT_ROLES_FIGURES = "role_grid"
+DEFAULT_ROLES_FIGURES = ("role_grid",)
 # The figure kinds of `analysis.track` (per task) and `analysis.finetune_effect`, for `--figures`.
 TRACK_FIGURES = ("role_fractions", "emergence", "mean_beta", "onset")
 EFFECT_FIGURES = ("beta_change", "attention_similarity")
@@ -76,7 +78,9 @@ class RolesConfig:
     flags (track and finetune_effect not those of `ROLES_ONLY`), the API the same keywords."""
 
     ckpt: str = ckpt_setting()
-    task: str = setting("all", help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all")  # fmt: skip
+    # "all" stays a word of the list (as asked, and as run.json records it): `resolve_tasks` says
+    # which tasks it means, in the one place that knows them.
+    task: tuple[str, ...] = setting(("all",), help="qnli, qqp, mrpc, sst2, text:FILE (one example per line), a comma-separated list, or all")  # fmt: skip
     step: int | None = step_setting()
     glue_dir: str | None = glue_dir_setting()
     split: str = setting(
@@ -89,11 +93,12 @@ class RolesConfig:
                                      help="comma-separated roles")  # fmt: skip
     window: int = setting(2, help="local window k")
     special_rows: bool = setting(True, help="do not score [CLS]/[SEP] rows for positional roles")
-    tau: str = setting("3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")
+    # A number, or the word "auto" (the paper's rule, read from the scores): parsed once here.
+    tau: float | Literal["auto"] = setting(3.0, shown="3", help="threshold τ, or 'auto' (smallest integer above the grand mean)")  # fmt: skip
     alpha: float = setting(0.05, help="level of each one-sided test")
-    test: str = setting("t", choices=("t", "z", "bootstrap"),
+    test: Test = setting("t", choices=TESTS,
                         help="t: one-sided t-test (ddof 1); z: normal tail; bootstrap: bootstrap-t, for skewed β")  # fmt: skip
-    correction: str = setting("none", choices=("none", "holm", "bh"),
+    correction: Correction = setting("none", choices=CORRECTIONS,
                               help="multiple-comparison correction across all the run's tests: none, Holm, Benjamini-Hochberg")  # fmt: skip
     # Resamples of the bootstrap-t test (--test bootstrap) and of track's onset intervals, and
     # their seed: the same seed gives the same resamples, so a re-run reproduces every bound.
@@ -108,8 +113,8 @@ class RolesConfig:
     out: str = out_setting("roles_out")
     overwrite: bool = overwrite_setting()
     # `--figures` and `--figure-format` as given; each analysis checks them against its own kinds.
-    figures: str = setting(DEFAULT_ROLES_FIGURES, help=figures_help(ROLES_FIGURES))
-    figure_format: str = figure_format_setting()
+    figures: tuple[str, ...] = setting(DEFAULT_ROLES_FIGURES, help=figures_help(ROLES_FIGURES))
+    figure_format: tuple[str, ...] = figure_format_setting()
     html: bool = setting(False, help="also write report.html (python -m analysis.report) into --out")
     # The authors' variants (docs/fidelity.md); the defaults are the paper's definitions.
     block_score: str = setting("paper", choices=("paper", "entropy"),
@@ -156,14 +161,10 @@ class RolesConfig:
         if not 0.0 < self.alpha < 1.0:
             raise UserError(f"--alpha must be in (0, 1), got {self.alpha}")
         if self.tau != "auto":
-            try:
-                finite = math.isfinite(float(self.tau))
-            except ValueError:
-                finite = False
-            if not finite:
+            if not math.isfinite(self.tau):
                 raise UserError(f"--tau must be a finite number or 'auto', got {self.tau!r}")
-            if float(self.tau) < 0:  # every head would pass: β = n·α is never negative
-                raise UserError(f"--tau must be ≥ 0 (β, n times the attention, is never negative), got {self.tau}")
+            if self.tau < 0:  # every head would pass: β = n·α is never negative
+                raise UserError(f"--tau must be ≥ 0 (β, n times the attention, is never negative), got {self.tau:g}")
         if not self.roles:
             raise UserError("--roles: name at least one role (leave roles out for all of them)")
         for role in self.roles:
@@ -244,6 +245,12 @@ class TrackConfig:
                 f"--attention must be one of {', '.join(ONE_READING)} in analysis.track, got {self.roles.attention!r}"
             )
 
+    # The output settings, as the runner (`analysis.tools.execute`) reads them of every tool's.
+    out = property(lambda self: self.roles.out)
+    overwrite = property(lambda self: self.roles.overwrite)
+    distributed = property(lambda self: self.roles.distributed)
+    figure_format = property(lambda self: self.roles.figure_format)
+
     @property
     def cache_dir(self) -> Path:
         if self.scores_cache is not None:
@@ -291,7 +298,7 @@ ONE_READING_SETTING = {"choices": ONE_READING, "help": attention_help(ONE_READIN
 # CLI and its API function read these, so each default exists once. The fields' own defaults are
 # analysis.roles' (it changes none); track and finetune_effect, with few figure kinds, draw them all.
 ROLES_TOOL: dict[str, dict] = {}
-_EVERY_FIGURE = {"default": "all"}
+_EVERY_FIGURE = {"default": ("all",)}
 TRACK_TOOL = {"out": {"default": "track_out"}, "figures": {**_EVERY_FIGURE, "help": figures_help(TRACK_FIGURES)},
               "attention": ONE_READING_SETTING}  # fmt: skip
 TRACK_SKIP = ("ckpt", *ROLES_ONLY)

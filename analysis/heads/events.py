@@ -269,7 +269,7 @@ def save_lead_lag_replicates(path, found: dict[tuple[str, str], Earliest], curve
         arrays[f"{task}/{group}/heads"] = np.array(first.heads)
         if first.replicates is not None:
             arrays[f"{task}/{group}/replicates"] = first.replicates.astype(np.float32)
-    np.savez_compressed(path, **arrays)
+    np.savez_compressed(path, allow_pickle=False, **arrays)  # read back without pickle, as every npz here
 
 
 def load_lead_lag_replicates(path) -> tuple[dict[tuple[str, str], Earliest], Earliest]:

@@ -13,7 +13,7 @@ import functools
 import itertools
 import math
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Literal
@@ -252,7 +252,8 @@ def _sequence_score_panel(ax: Axes, pooled: Mapping[str, np.ndarray], colours: M
         shown = np.clip(values, edges[0], None) if log else values
         ax.hist(
             shown,
-            bins=edges,
+            # matplotlib takes any array of edges; its stubs name only Sequence[float].
+            bins=edges,  # type: ignore[arg-type]
             weights=np.full(values.size, 1.0 / values.size),
             histtype="step",
             color=colours[role],
@@ -386,12 +387,13 @@ def robust_log_norm(positive: np.ndarray) -> tuple[Normalize, Literal["neither",
     if not low < high:
         return Normalize(), "neither"
     beyond = (bool(positive.min() < low), bool(positive.max() > high))
-    return LogNorm(low, high), {
+    extends: dict[tuple[bool, bool], Literal["neither", "min", "max", "both"]] = {
         (False, False): "neither",
         (True, False): "min",
         (False, True): "max",
         (True, True): "both",
-    }[beyond]
+    }
+    return LogNorm(low, high), extends[beyond]
 
 
 def plot_mean_heatmaps(
@@ -418,6 +420,7 @@ def plot_mean_heatmaps(
             else ")"
         )
         log_scale(colorbar.ax, "y")
+        assert norm.vmin is not None and norm.vmax is not None  # robust_log_norm gave its LogNorm both
         if norm.vmin <= tau <= norm.vmax:
             colorbar.ax.axhline(tau, color="#d62728", linewidth=2)
             label += f"\nred line: τ = {tau:g}"
@@ -515,7 +518,7 @@ def figure_jobs(
             own = roles[roles["task"] == task]
             stem = f"{task}_{kind}"
             line = (about or {}).get(task, "")
-            draw, args = {
+            plots: dict[str, tuple[Callable[..., object], tuple]] = {
                 "role_grid": (plot_role_grid, (own, task, out_dir, stem)),
                 "coarse_overlap": (
                     functools.partial(plot_coarse_overlap, coarse=dict(coarse)),
@@ -528,7 +531,8 @@ def figure_jobs(
                 "mean_heatmaps": (plot_mean_heatmaps, (own, task, tau, out_dir, stem)),
                 "p_heatmaps": (plot_p_heatmaps, (own, task, alpha, out_dir, stem)),
                 "local_vs_syntactic": (_local_vs_syntactic_paths, (own, task, out_dir, stem)),
-            }[kind]
+            }
+            draw, args = plots[kind]
             jobs.append((functools.partial(draw, about=line) if line else draw, args))
     return jobs
 

@@ -5,7 +5,6 @@ similarity of the attention maps before and after (Kovaleva et al.), on the same
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import time
@@ -25,7 +24,7 @@ from analysis.common.figures import save_figure
 from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.flags import select_figures, select_formats
 from analysis.common.forward import DataParallel, Devices, at_precision, compiled
-from analysis.common.writing import write_tables_run
+from analysis.common.writing import write_tables
 from analysis.heads.config import EFFECT_FIGURES as FIGURES
 from analysis.heads.config import ONE_READING, RolesConfig
 from analysis.heads.scoring import (
@@ -37,11 +36,14 @@ from analysis.heads.scoring import (
     scored_batches,
 )
 from analysis.heads.summary import layer_groups
-from bertjax import distributed, glue, runinfo
+from analysis.tools import FigureJob
+from bertjax import distributed, glue
 from bertjax.config import BertConfig
 from bertjax.errors import UserError
+from bertjax.model import Model
 from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from bertjax.readings import attention_reading, attention_rows
+from bertjax.settings import comma_list
 from sieves.align import EncodedSequence
 from sieves.builders import ROLES, present_roles
 from sieves.kernel import sieve_scores
@@ -74,14 +76,20 @@ class EffectConfig:
     data: RolesConfig
     posts: tuple[Post, ...]
 
+    # The output settings, as the runner (`analysis.tools.execute`) reads them of every tool's.
+    out = property(lambda self: self.data.out)
+    overwrite = property(lambda self: self.data.overwrite)
+    distributed = property(lambda self: self.data.distributed)
+    figure_format = property(lambda self: self.data.figure_format)
 
-def parse_post(spec: str, default_tasks: str) -> tuple[str, tuple[str, ...]]:
+
+def parse_post(spec: str, default_tasks: tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
     """`CKPT` (tasks from --task) or `CKPT:TASK[,TASK]` when the suffix names tasks; a suffix that
     names none must belong to an existing path."""
     path, sep, suffix = spec.rpartition(":")
     if sep and path:
         try:
-            return path, tuple(resolve_tasks(suffix))
+            return path, tuple(resolve_tasks(comma_list(suffix)))
         except UserError:
             if not Path(spec).expanduser().exists():
                 raise UserError(
@@ -116,7 +124,7 @@ def effect_config(post: Sequence[str], data: RolesConfig) -> EffectConfig:
     specs = [parse_post(spec, data.task) for spec in post]
     labels = post_labels([path for path, _ in specs])
     posts = tuple(Post(path, tasks, label) for (path, tasks), label in zip(specs, labels, strict=True))
-    tasks = ",".join(dict.fromkeys(t for p in posts for t in p.tasks))
+    tasks = tuple(dict.fromkeys(t for p in posts for t in p.tasks))
     return EffectConfig(data=dataclasses.replace(data, task=tasks), posts=posts)
 
 
@@ -165,8 +173,8 @@ def attention_cosine(pre: jax.Array, post: jax.Array, real: jax.Array) -> jax.Ar
 
 
 def make_comparer(
-    pre: nnx.Module,
-    post: nnx.Module,
+    pre: Model,
+    post: Model,
     devices: Devices | None = None,
     reading: str = "weights",
     reference: int | None = None,
@@ -210,7 +218,7 @@ def compare_task(
     streamed batch by batch."""
     present, absent = present_roles((seq.num_segments for seq in seqs), config.roles)
     before, after = ScoreCollector(config.roles, present), ScoreCollector(config.roles, present)
-    total = 0.0
+    total: np.ndarray = np.zeros(())  # broadcasts to [L, H] at the first batch
     for chunk, (pre_scores, post_scores, counts, cosine, pre_silent, post_silent) in scored_batches(
         comparer, seqs, present, config, desc
     ):
@@ -251,28 +259,21 @@ def check_same_vocabulary(pre_tokenizer, post: str, post_source: Checkpoint) -> 
 class EffectRun:
     """A finetune_effect run held in memory: `tables` by file name without `.csv` (beta_change,
     head_means, attention_similarity), `info` (run.json's provenance and settings, without the
-    figures and the environment, which the writer adds), the timings so far and the clock the run
-    started at."""
+    figures and the environment, which the writer adds) and the timings of its stages."""
 
     config: EffectConfig
     tables: dict[str, pd.DataFrame]
     info: dict
     timings: dict[str, float]
-    started: float
 
     def text(self) -> str:
         """What the CLI prints at the end of a run."""
         return format_changes(self.tables["beta_change"], self.tables["attention_similarity"])
 
     @property
-    def figures(self) -> list[str]:
+    def figures(self) -> tuple[str, ...]:
         """The figure kinds the config asks for, in drawing order."""
         return select_figures(self.config.data.figures, FIGURES)
-
-    def draw(self, kind: str, out_dir: Path) -> list[Path]:
-        """The figure `kind` into `out_dir`, in the `figure_formats` in force."""
-        plot = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}[kind]
-        return plot(self.tables[kind], out_dir, kind)
 
 
 def prepare(config: EffectConfig, sources: Sequence[Checkpoint], post_models: Sequence | None = None) -> EffectConfig:
@@ -292,31 +293,6 @@ def prepare(config: EffectConfig, sources: Sequence[Checkpoint], post_models: Se
     return config
 
 
-def run(
-    config: EffectConfig,
-    sources: Sequence[Checkpoint],
-    model=None,
-    tokenizer=None,
-    post_models: Sequence | None = None,
-) -> tuple[EffectRun, dict] | None:
-    """The CLI's path: `compute`, then `write` into --out (atomically; its checks come before any
-    work). Returns the run and the run.json written, or None in a process of a multi-process job
-    other than the first (process 0 alone writes; the others score their shares)."""
-    started = time.perf_counter()
-    config = prepare(config, sources, post_models)
-    writes = jax.process_index() == 0
-    with (
-        runinfo.atomic_out(config.data.out, config.data.overwrite, EFFECT_OUTPUT)
-        if writes
-        else contextlib.nullcontext() as tmp
-    ):
-        result = _compute(config, sources, started, model, tokenizer, post_models)
-        if tmp is None:  # not process 0: its shares are in process 0's output
-            return None
-        info = write(result, tmp)
-    return result, info
-
-
 def compute(
     config: EffectConfig,
     sources: Sequence[Checkpoint],
@@ -328,13 +304,12 @@ def compute(
     aside). `sources`: the pre-trained checkpoint, then each of `config.posts`, opened. `model`,
     `tokenizer`: the pre-trained checkpoint already loaded; `post_models`: each post checkpoint
     already loaded, in the order of `config.posts`."""
-    started = time.perf_counter()
-    return _compute(prepare(config, sources, post_models), sources, started, model, tokenizer, post_models)
+    return _compute(prepare(config, sources, post_models), sources, model, tokenizer, post_models)
 
 
 @at_precision("data.precision")
 def _compute(
-    config: EffectConfig, sources: Sequence[Checkpoint], started: float, pre, tokenizer, post_models: Sequence | None
+    config: EffectConfig, sources: Sequence[Checkpoint], pre, tokenizer, post_models: Sequence | None
 ) -> EffectRun:
     rc = config.data
     pre_source, *post_sources = sources
@@ -389,7 +364,7 @@ def _compute(
         "mesh": devices.record(),
         "processes": jax.process_count(),
     }
-    return EffectRun(config, tables, info, timings, started)
+    return EffectRun(config, tables, info, timings)
 
 
 def task_tables(
@@ -419,9 +394,17 @@ def task_tables(
 
 
 def write(result: EffectRun, directory: Path) -> dict:
-    """The one writer of a finetune_effect run (the CLI's and the API's): the tables, the figures
-    `result.config` asks for and run.json, into `directory`; returns the run.json written."""
-    return write_tables_run(result, directory, figure_format=result.config.data.figure_format)
+    """The one writer of a finetune_effect run's tables (the CLI's and the API's) into `directory`;
+    returns what run.json records of the run, its own stages' `timings_s` among them, for the
+    runner to complete."""
+    write_tables(result.tables, directory)
+    # `config` again: its place kept, its `out` a saved copy's
+    return result.info | {"config": dataclasses.asdict(result.config), "timings_s": result.timings}
+
+
+def draw_jobs(result: EffectRun, directory: Path) -> list[FigureJob]:
+    """The figures `result.config` asks for, as jobs drawing into `directory`."""
+    return [(PLOTS[kind], (result.tables[kind], directory, kind)) for kind in result.figures]
 
 
 def format_changes(changes: pd.DataFrame, similarity: pd.DataFrame) -> str:
@@ -494,3 +477,6 @@ def plot_similarity(similarity: pd.DataFrame, out_dir: Path, stem: str) -> list[
     fig.colorbar(mesh, ax=axes, shrink=0.8, label="cosine similarity")
     fig.suptitle("Attention before vs after fine-tuning, per head")
     return save_figure(fig, out_dir, stem)
+
+
+PLOTS = {"beta_change": plot_beta_change, "attention_similarity": plot_similarity}

@@ -81,7 +81,7 @@ def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int
     stats = {}
     for r, name in enumerate(present):
         scored = counts[r, 0] > 0
-        grid = {f: [[None] * (layers * heads)] for f in STAT_FIELDS}
+        grid: dict[str, list[list]] = {f: [[None] * (layers * heads)] for f in STAT_FIELDS}
         grid["n"] = [[int(scored)] * (layers * heads)]
         grid["mean"] = [_numbers(scores[r, 0].astype(np.float64).ravel()) if scored else [None] * (layers * heads)]
         grid["assigned"] = [[False] * (layers * heads)]
@@ -112,7 +112,7 @@ def page_data(model, tokenizer, text: str | Sequence[str], layer: int, head: int
         "steps": None,
         "posts": None,
         "alpha": config.alpha,
-        "tau": float(config.tau),
+        "tau": config.tau,  # the default: a head view takes no --tau (a number; "auto" needs a run's scores)
         "settings": settings,
         "split_tasks": [],
         "stats": {TASK: stats},

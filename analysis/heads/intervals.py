@@ -24,6 +24,7 @@ from scipy.stats import t as stats_t
 from analysis.common.changepoint import INTERVAL
 from analysis.heads.scoring import TaskScores
 from sieves import stats
+from sieves.choices import Correction, Test
 
 
 class PairedResampler:
@@ -45,7 +46,7 @@ class PairedResampler:
             self._weights[task] = cached
         return cached
 
-    def pvalues(self, results: dict[str, TaskScores], tau: float, test: str, alpha: float | None = None) -> np.ndarray:
+    def pvalues(self, results: dict[str, TaskScores], tau: float, test: Test, alpha: float | None = None) -> np.ndarray:
         """[B, m] p-values of the one-sided tests of every replicate, the m tests in the order of
         `scoring.test_roles`' rows (task, role, layer, head); with `alpha` (no correction to
         come), the decisions p < α themselves, from critical values (a quantile per sample size
@@ -84,7 +85,7 @@ class PairedResampler:
 
 
 def replicate_pvalues(
-    weights: np.ndarray, x: np.ndarray, tau: float, test: str, alpha: float | None = None
+    weights: np.ndarray, x: np.ndarray, tau: float, test: Test, alpha: float | None = None
 ) -> np.ndarray:
     """p of H1: mean > τ for each resample (rows of `weights` [B, n]) of x [n, K]: the t tail
     (the z tail with `test` z), NaN where a resample has under 2 sequences or no spread, as
@@ -107,7 +108,7 @@ def replicate_pvalues(
     return np.where(untestable, np.nan, p)
 
 
-def decide(pvalues: list[np.ndarray], correction: str, scope: str, alpha: float) -> np.ndarray:
+def decide(pvalues: list[np.ndarray], correction: Correction, scope: str, alpha: float) -> np.ndarray:
     """held [B, S, m] from the replicates' p-values of each of S steps ([B, m] each; or their
     decisions, bool, when there is no correction), the correction applied per step or over the
     whole series, as the run's own tests."""

@@ -64,6 +64,7 @@ def role_onsets(
     for (task, layer, head, role), part in rows.groupby(["task", "layer", "head", "role"], sort=False):
         held = part["assigned"].fillna(False).astype(bool).to_numpy()
         index, trailing = (int(v) for v in onset_index(held, persistence))
+        onset_step: float  # a step, or NaN without an onset
         if index < held.size:
             onset_step, mean, status = int(part["step"].iloc[index]), float(part["mean"].iloc[index]), "onset"
         else:
@@ -116,6 +117,7 @@ def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: i
     row |= dict.fromkeys(SMOOTH_COLUMNS, pd.NA)
     if found is None:
         return row
+    assert found.smooth is not None  # curve_changepoint fits the smooth model unless told not to
     times = np.stack([found.smooth.steps, found.smooth.low, found.smooth.high], axis=1).ravel()
     row |= {c: pd.NA if np.isnan(t) else round(float(t)) for c, t in zip(SMOOTH_COLUMNS, times, strict=True)}
     row["smooth_better"] = found.smooth_better
@@ -131,6 +133,7 @@ def curve_row(curve: str, task: str, steps, values, falling: bool, replicates: i
         row["changepoint_step"] = int(steps[found.first])
         row["slope_per_efold"] = found.slope
     if found.low is not None:
+        assert found.no_change_share is not None  # set with the interval's bounds
         row["no_change_share"] = found.no_change_share
         if found.high is not None and (found.first >= 0 or found.no_change_share < 1):
             row["changepoint_low"] = int(steps[found.low]) if found.low >= 0 else int(steps[0])
@@ -311,7 +314,7 @@ def plot_onset(
         "loss": 1.0,
         "sas": 1.0,
         "roles": 1.6,
-        "onsets": 0.5 + 0.12 * (0 if not with_intervals else len(task_onsets)),
+        "onsets": 0.5 + 0.12 * (len(task_onsets) if with_intervals and task_onsets is not None else 0),
     }
     fig = Figure(figsize=(7.2, 1.2 + sum(heights[p] for p in panels)), layout="constrained")
     axes = fig.subplots(len(panels), 1, sharex=True, squeeze=False, height_ratios=[heights[p] for p in panels])[:, 0]
@@ -320,9 +323,11 @@ def plot_onset(
     colours = role_colours(list(counts.columns))
     for ax, panel in zip(axes, panels, strict=True):
         if panel == "loss":
+            assert loss is not None  # the panel is drawn only with a loss curve
             ax.plot(loss.index, loss.to_numpy(), color="black", marker="o", markersize=2)
             ax.set_ylabel("held-out\nMLM loss")
         elif panel == "sas":
+            assert overall is not None  # the panel is drawn only with the SAS
             ax.plot(overall.index, overall["uas"], color="#1f77b4", marker="o", markersize=3, label="SAS (best head)")
             ax.plot(overall.index, overall["baseline_uas"], color="grey", linestyle=":", label="best offset")
             ax.set_ylabel("UAS, all words")

@@ -1,12 +1,13 @@
 """The roles analysis (`python -m analysis.roles`) as compute → result → writer: `compute` loads
 the checkpoint and the examples, scores and tests, and returns a `RolesRun` held in memory;
-`write` turns one into the files of `--out` (`roles.csv`, `scores.npz`, `summary.csv`, the figures,
-`run.json`); `run` is the CLI's path, both into a temporary sibling of `--out` renamed when complete.
+`write` turns one into the tables and scores of `--out` (`roles.csv`, `scores.npz`, `summary.csv`)
+and `draw_jobs` into its figures; the runner (`analysis.tools.execute`, through
+`analysis.api.heads.Roles`) draws them and writes run.json, into a temporary sibling of `--out`
+renamed when complete.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import time
@@ -17,8 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.common.examples import Inputs, fit_max_length, prepare_inputs
-from analysis.common.figures import FigurePool, figure_formats, pool_size
-from analysis.common.flags import attention_readings, select_figures, select_formats
+from analysis.common.flags import attention_readings, select_figures
 from analysis.common.forward import Devices, at_precision
 from analysis.heads import readings as second_readings
 from analysis.heads import summary
@@ -35,7 +35,8 @@ from analysis.heads.scoring import (
     score_readings,
     test_roles,
 )
-from bertjax import distributed, runinfo
+from analysis.tools import FigureJob
+from bertjax import distributed
 from bertjax.pretrained import Checkpoint, from_pretrained, load_tokenizer
 from sieves.builders import ROLES
 
@@ -51,9 +52,8 @@ COARSE = {name: role.coarse for name, role in ROLES.items()}
 class RolesRun:
     """A roles run held in memory: `table` (roles.csv), `summary` (summary.csv), each task's
     per-sequence scores (`results`, scores.npz), τ, `info` (run.json's provenance and settings,
-    without the figures and the environment, which the writer adds), the timings so far and the
-    clock the run started at (run.json's total runs from it to the end of the writing). A run
-    of `--attention both` holds its second reading in `readings`."""
+    without the figures and the environment, which the writer adds) and the timings of its
+    stages. A run of `--attention both` holds its second reading in `readings`."""
 
     config: RolesConfig
     table: pd.DataFrame
@@ -62,7 +62,6 @@ class RolesRun:
     tau: float
     info: dict
     timings: dict[str, float]
-    started: float
     readings: list[second_readings.Reading] = dataclasses.field(default_factory=list)
 
     def text(self) -> str:
@@ -75,34 +74,8 @@ class RolesRun:
         return "\n".join(lines)
 
 
-def run(
-    config: RolesConfig, source: Checkpoint, parser=None, model=None, tokenizer=None
-) -> tuple[RolesRun, dict] | None:
-    """The CLI's path: `compute`, then `write` into `config.out` (atomically; its checks come before
-    any work). Returns the run and the run.json written, or None in a process of a multi-process
-    job other than the first, which writes nothing. `source`, `parser`, `model`, `tokenizer`: as
-    `compute` takes them."""
-    distributed.initialize(config.distributed)
-    started = time.perf_counter()
-    kinds = select_figures(config.figures, ROLES_FIGURES)
-    select_formats(config.figure_format)
-    writes = jax.process_index() == 0
-    with (
-        runinfo.atomic_out(config.out, config.overwrite, ROLES_OUTPUT) if writes else contextlib.nullcontext() as tmp,
-        # Started before the model loads, so that the workers' imports overlap the loading.
-        FigurePool(pool_size(len(config_tasks(config)) * len(kinds)) if writes else 0) as pool,
-    ):
-        result = compute(config, source, parser, model, tokenizer, started)
-        if tmp is None:  # not process 0: its share is in process 0's output
-            return None
-        info = write(result, tmp, pool)
-    return result, info
-
-
 @at_precision()
-def compute(
-    config: RolesConfig, source: Checkpoint, parser=None, model=None, tokenizer=None, started: float | None = None
-) -> RolesRun:
+def compute(config: RolesConfig, source: Checkpoint, parser=None, model=None, tokenizer=None) -> RolesRun:
     """The whole analysis of `source` (`config.ckpt` opened) in memory; writes nothing (the parse
     cache aside).
 
@@ -114,13 +87,12 @@ def compute(
     `jax.distributed`) each process encodes and scores its share of every task's sequences, and
     the scores are gathered: every process returns the whole run."""
     distributed.initialize(config.distributed)
-    started = time.perf_counter() if started is None else started
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     if model is None:
         model = from_pretrained(source, allow_nonfinite=config.allow_nonfinite)
     if tokenizer is None:
-        tokenizer = load_tokenizer(source)
+        tokenizer = load_tokenizer(source, light=True)
     devices = Devices.local(config.devices)
     readings = attention_readings(config.attention)
     scorer = make_scorer(model, entropy_roles(config), devices, readings, reference_length(config))
@@ -145,7 +117,7 @@ def compute(
     ]
     timings["tests_and_tables"] = time.perf_counter() - clock
     info = provenance(config, tau, source, model, devices, inputs, results)
-    return RolesRun(config, table, digest, results, tau, info, timings, started, second)
+    return RolesRun(config, table, digest, results, tau, info, timings, second)
 
 
 def provenance(
@@ -174,40 +146,32 @@ def provenance(
     }
 
 
-def write(result: RolesRun, directory: Path, pool: FigurePool | None = None) -> dict:
-    """The one writer of a roles run (the CLI's and the API's): the tables, the scores, the figures
-    `result.config` asks for (drawn by `pool`'s workers, or here without one) and run.json, into
-    `directory`; returns the run.json written."""
-    config = result.config
+def write(result: RolesRun, directory: Path) -> dict:
+    """The one writer of a roles run's tables and scores (the CLI's and the API's) into
+    `directory`; returns what run.json records of the run, its own stages' `timings_s` among them,
+    for the runner to complete."""
     extra = {r.name: second_readings.write(directory, r) for r in result.readings}
     result.table.to_csv(directory / "roles.csv", index=False)
-    np.savez(directory / "scores.npz", **score_arrays(result.results))
+    # Numbers only: np.load reads it unpickled.
+    np.savez(directory / "scores.npz", allow_pickle=False, **score_arrays(result.results))
+    result.summary.to_csv(directory / "summary.csv", index=False)
+    return result.info | {
+        "config": dataclasses.asdict(result.config),  # its place kept: the run's, or a saved copy's `out`
+        "figures": [],  # the runner's list, kept in its place before the readings
+        **({"readings": extra} if extra else {}),
+        "timings_s": result.timings,
+    }
 
-    clock = time.perf_counter()
+
+def draw_jobs(result: RolesRun, directory: Path) -> list[FigureJob]:
+    """The figures `result.config` asks for, as jobs drawing into `directory`."""
+    config = result.config
     scores_by_key = {(t, r): s for t, res in result.results.items() for r, s in res.scores.items()}
     name = readable_checkpoint(config.ckpt)
     about = {t: about_line(name, r.n_sequences, result.tau) for t, r in result.results.items()}
     kinds = select_figures(config.figures, ROLES_FIGURES)
-    jobs = figure_jobs(result.table, scores_by_key, directory, tau=result.tau, alpha=config.alpha, coarse=COARSE,
+    return figure_jobs(result.table, scores_by_key, directory, tau=result.tau, alpha=config.alpha, coarse=COARSE,
                        kinds=kinds, about=about)  # fmt: skip
-    with contextlib.ExitStack() as stack:
-        if pool is None:
-            pool = stack.enter_context(FigurePool(0))
-        with figure_formats(select_formats(config.figure_format)):
-            pool.submit(jobs)
-        figures = pool.results()
-    timings = result.timings | {"figures": time.perf_counter() - clock}
-    result.summary.to_csv(directory / "summary.csv", index=False)
-    timings["total"] = time.perf_counter() - result.started
-
-    info = result.info | {
-        "config": dataclasses.asdict(config),  # its place kept: the run's, or a saved copy's `out`
-        "figures": sorted(p.name for p in figures),
-        **({"readings": extra} if extra else {}),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
-    }
-    runinfo.write_run_json(directory, info)
-    return info
 
 
 def write_html(out: str) -> str | None:

@@ -48,7 +48,8 @@ def write(directory: Path, reading: Reading) -> dict:
     name = reading.name
     files = {"roles": f"roles_{name}.csv", "scores": f"scores_{name}.npz", "summary": f"summary_{name}.csv"}
     reading.table.to_csv(directory / files["roles"], index=False)
-    np.savez(directory / files["scores"], **score_arrays(reading.results))
+    # Numbers only: np.load reads it unpickled.
+    np.savez(directory / files["scores"], allow_pickle=False, **score_arrays(reading.results))
     coarse = {role_name: role.coarse for role_name, role in ROLES.items()}
     summary.summarize(reading.table, coarse=coarse).to_csv(directory / files["summary"], index=False)
     reading.comparison.to_csv(directory / COMPARISON, index=False)

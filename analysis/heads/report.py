@@ -13,8 +13,9 @@ import dataclasses
 import json
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import IO, Any
 
 import jax.numpy as jnp
 import numpy as np
@@ -26,11 +27,13 @@ from analysis.common.flags import attention_readings
 from analysis.heads.config import REPORT, ReportConfig, RolesConfig  # noqa: F401 — ReportConfig: callers import it from here
 from analysis.heads.report_page import GENERATOR, render
 from analysis.heads.scoring import reference_length
+from analysis.tools import execute
 from bertjax import runinfo
 from bertjax.errors import UserError
+from bertjax.model import Model as Network  # `Model` here names a model on the page
 from bertjax.pretrained import from_pretrained, load_tokenizer
 from bertjax.readings import attention_reading
-from bertjax.settings import field_types, fits, spelled
+from bertjax.settings import field_types, fits, flag_fields, spelled, typed
 from sieves.align import EncodedSequence, encode_batch, pad_batch
 from sieves.builders import SieveOptions, build_batch, get_role, present_roles
 from sieves.kernel import sieve_scores
@@ -159,15 +162,20 @@ def read_reading(reading: str, path: Path, settings: RolesConfig, info: dict) ->
 
 def settings_of(config: dict, source: Path | None = None, prefix: str = "config") -> RolesConfig:
     """The run's RolesConfig from its run.json (keys this version does not know are ignored), each
-    value of the type the field has, or one line naming the field."""
+    value of the type the field has, or one line naming the field. A value read as the API reads
+    its keywords (`typed`): a run written before τ was a number and the lists were lists holds
+    them as the flags' text (`"tau": "3"`, `"figures": "role_grid"`)."""
     kinds = field_types(RolesConfig)
+    flag_names = {f.name for f in flag_fields(RolesConfig)}
     values = {}
     for key, value in config.items():
         if key not in kinds:
             continue
+        with contextlib.suppress(UserError):  # refused below, naming the run.json key
+            value = typed(RolesConfig, key, value) if key in flag_names else value
         if not fits(value, kinds[key]):
             raise UserError(f"{source}: {prefix}.{key} must be {spelled(kinds[key]).replace('tuple[str, ...]', 'a list of strings')}, got {value!r}")  # fmt: skip
-        values[key] = tuple(value) if isinstance(value, list) else value
+        values[key] = value
     try:
         return RolesConfig(**values)
     except UserError as e:  # a value out of range: the message names the flag that sets it
@@ -272,7 +280,7 @@ def grid_of(rows: pd.DataFrame, column: str, layers: int, heads: int) -> list:
     """`column` of one (task, role[, step]) as a flat layer-major [L·H] list."""
     flat = np.full(layers * heads, np.nan, dtype=object)
     flat[(rows["layer"] * heads + rows["head"]).to_numpy()] = rows[column].to_numpy()
-    out = []
+    out: list[bool | int | float | None] = []
     for v in flat:
         if isinstance(v, (bool, np.bool_)):
             out.append(bool(v))
@@ -296,7 +304,7 @@ def stats_data(run: Run, layers: int, heads: int) -> dict:
                 part = table[(table["task"] == task) & (table["post_ckpt"] == post)]
                 if part.empty:
                     continue
-                entry = {"roles": {r: {f: grid_of(g, f, layers, heads) for f in ("n", "pre", "post")}
+                entry: dict[str, object] = {"roles": {r: {f: grid_of(g, f, layers, heads) for f in ("n", "pre", "post")}
                                    for r, g in part.groupby("role", sort=False)}}  # fmt: skip
                 if cosine is not None:
                     c = cosine[(cosine["task"] == task) & (cosine["post_ckpt"] == post)]
@@ -447,7 +455,7 @@ def held_roles(run: Run, task: str, present: Sequence[str], layers: int, heads: 
     return held
 
 
-def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], tokenizer, parser, size: int) -> dict:
+def task_examples(run: Run, task: str, loaded: Sequence[tuple[Model, Network]], tokenizer, parser, size: int) -> dict:
     settings = run.settings
     segments, indices, files = examples_for(settings, task)
     recorded = {entry["path"]: entry["sha256"] for entry in (run.info.get("data_files") or {}).get(task, [])}
@@ -458,6 +466,7 @@ def task_examples(run: Run, task: str, loaded: list[tuple[Model, object]], token
     short = [i for i, s in enumerate(plain) if s.length <= MAX_SHOWN_TOKENS]
     candidates = (short or sorted(range(len(plain)), key=lambda i: plain[i].length))[:CANDIDATES]
     chosen_segments = [segments[i] for i in candidates]
+    parses: list | None
     if task == CONLLU_TASK:
         every = parse_segments(settings, task, segments, parser)
         parses = [every[i] for i in candidates]
@@ -499,7 +508,7 @@ def sequence_entry(
     }
 
 
-def step_examples(model, tokenizer, sequences: dict[str, Sequence[EncodedSequence]], settings: RolesConfig) -> dict:
+def step_examples(model, tokenizer, sequences: Mapping[str, Sequence[EncodedSequence]], settings: RolesConfig) -> dict:
     """What a track records of one step for its report (`EXAMPLES_JSON`): per task, one example
     (its first sequence short enough to draw, else its shortest; the same at every step) with
     this step's attention and β. One sequence, not the report's pool: the pool is chosen from the
@@ -531,7 +540,7 @@ def recorded_examples(by_step: dict | str, path: Path, tasks: Sequence[str], siz
     if isinstance(by_step, str):
         return _missing(by_step)
     try:
-        examples = {}
+        examples: dict[str, dict] = {}
         for step in sorted(by_step, key=int):
             for task, recorded in by_step[step].items():
                 if task not in tasks:
@@ -732,22 +741,50 @@ def _is_report(path: Path) -> bool:
         return False
 
 
+class ReportPage:
+    """The page of an analysis output, `python -m analysis.report RUN_DIR` (an
+    `analysis.tools.Analysis` whose output is one file): the run read, the example attention
+    computed (`report_data`), the page rendered into the file (default RUN_DIR/report.html; a call
+    always writes it). Returns `made(path)` once written (the path itself by default)."""
+
+    output_kind = "report"
+
+    def __init__(self, made: Callable[[Path], Any] = Path):
+        self.made = made
+
+    def file(self, config: ReportConfig) -> tuple[Path, Path | None]:
+        path = check_target(config)
+        run_dir = Path(config.run_dir).expanduser().resolve()
+        # A page written into a run's folder holds that folder's lock, as the run did: a run
+        # replacing the folder meanwhile would drop the page, or the page land in the old one.
+        return path, run_dir if path.resolve().parent == run_dir else None
+
+    def prepare(self, config: ReportConfig) -> None:
+        return None
+
+    def compute(self, config: ReportConfig, prepared: None) -> dict:
+        return report_data(read_run(config.run_dir), config)
+
+    def write(self, data: dict, file: IO[str]) -> dict:
+        file.write(render(data))
+        return {}
+
+    def text(self, data: dict) -> str:
+        return ""  # the command prints `wrote_line`
+
+    def figures(self, data: dict, directory: Path) -> list:
+        return []
+
+    def written(self, data: dict, info: dict, out: Path) -> Any:
+        return self.made(out)
+
+
+REPORT_PAGE = ReportPage()
+
+
 def write_report(config: ReportConfig) -> Path:
     """Reads the run, computes the example attention and writes the page (atomically)."""
-    path = check_target(config)
-    run_dir = Path(config.run_dir).expanduser().resolve()
-    inside = path.resolve().parent == run_dir
-    # A page written into a run's folder holds that folder's lock, as the run did (`runinfo.exclusive`):
-    # a run replacing the folder meanwhile would drop the page, or the page land in the old one.
-    with runinfo.exclusive(run_dir, "run directory") if inside else contextlib.nullcontext():
-        run = read_run(config.run_dir)
-        data = report_data(run, config)
-        try:
-            with runinfo.atomic_file(check_target(config), overwrite=True) as f:  # as check_target allowed
-                f.write(render(data))
-        except OSError as e:
-            raise UserError(f"{path}: cannot write the report ({e.strerror})") from None
-    return path
+    return execute(REPORT_PAGE, config)
 
 
 def wrote_line(path: Path) -> str:

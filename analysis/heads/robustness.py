@@ -35,6 +35,7 @@ from analysis.heads.intervals import PairedResampler, onset_index
 from analysis.heads.scoring import TaskScores
 from sieves import stats
 from sieves.align import encode_batch
+from sieves.choices import Correction, Test
 
 ROBUSTNESS_CSV = "robustness.csv"
 TAUS = (2.0, 3.0, 5.0, 8.0)
@@ -51,7 +52,7 @@ class Scored:
     heads: events.Trajectories
 
 
-def held_at(track: pd.DataFrame, tau: float, alpha: float, correction: str, test: str) -> np.ndarray:
+def held_at(track: pd.DataFrame, tau: float, alpha: float, correction: Correction, test: Test) -> np.ndarray:
     """Whether each row of `track` holds its role at `tau`, from its mean, SD and n: the one-sided
     test's tail (Student's t, or the normal with `test` z), corrected per step."""
     n = track["n"].to_numpy(np.float64)
@@ -67,7 +68,7 @@ def held_at(track: pd.DataFrame, tau: float, alpha: float, correction: str, test
 
 
 def robustness(scored: dict[str, Scored], heldout: pd.DataFrame | None, heldout_reps: dict[str, np.ndarray],
-               persistence: int, alpha: float, correction: str, test: str, replicates: int, seed: int,
+               persistence: int, alpha: float, correction: Correction, test: Test, replicates: int, seed: int,
                groups: dict[str, str]) -> pd.DataFrame:  # fmt: skip
     """`robustness.csv`: one row per task, group, reading and variant (the module doc), the scores
     in `scored`'s order; empty without held-out metrics."""
@@ -94,7 +95,7 @@ def robustness(scored: dict[str, Scored], heldout: pd.DataFrame | None, heldout_
 
 
 def _score_rows(score: str, scored: Scored, steps: list, heldout: pd.DataFrame, curves: dict, changepoints: dict,
-                persistence: int, alpha: float, correction: str, test: str, groups: dict[str, str]) -> list[tuple]:  # fmt: skip
+                persistence: int, alpha: float, correction: Correction, test: Test, groups: dict[str, str]) -> list[tuple]:  # fmt: skip
     """The rows of one score: every τ, curve and cap."""
     key = ["task", "layer", "head", "role"]
     ordered, heads = scored.track.sort_values("step", kind="stable"), scored.heads

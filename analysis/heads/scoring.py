@@ -23,6 +23,7 @@ from analysis.common.finite import check_finite, silent_heads, warn_undefined
 from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
+from bertjax.model import Model
 from bertjax.readings import attention_rows
 from sieves import stats
 from sieves.align import EncodedSequence
@@ -76,7 +77,7 @@ def convert_score(results: dict[str, TaskScores], lengths: dict[str, np.ndarray]
 
 
 def make_scorer(
-    model: nnx.Module,
+    model: Model,
     entropy: tuple[bool, ...] = (),
     devices: Devices | None = None,
     readings: tuple[str, ...] = ("weights",),
@@ -136,7 +137,7 @@ def scored_batches(
         rows = np.zeros((len(config.roles), size, length), bool)
         sieves = np.zeros((len(config.roles), size, length, length), bool)
         rows[slots, : len(chunk)], sieves[slots, : len(chunk)] = built_rows, built_sieves
-        extra = ()
+        extra: tuple[np.ndarray, ...] = ()
         if config.syntactic_average == "arcs":
             weights = np.ones((len(config.roles), size, length), np.float32)
             weights[slots, : len(chunk)] = arc_row_weights(chunk, present, length)
@@ -153,7 +154,8 @@ class ScoreCollector:
         self.present = list(present)
         self.scores: dict[str, list[np.ndarray]] = {r: [] for r in present}
         self.indices: dict[str, list[np.ndarray]] = {r: [] for r in present}
-        self.silent: np.ndarray | bool = False  # [L, H]: undefined in some sequence
+        # [L, H] from the first batch on (a 0-d False broadcasts to it): undefined in some sequence
+        self.silent: np.ndarray = np.zeros((), bool)
 
     def add(
         self,
@@ -214,7 +216,7 @@ def test_roles(results: dict[str, TaskScores], config: RolesConfig) -> tuple[pd.
     if config.tau == "auto":
         tau = float(stats.tau_auto(s for r in results.values() for s in r.scores.values()))
     else:
-        tau = float(config.tau)
+        tau = config.tau
     frames = []
     for task, result in results.items():
         for role, scores in result.scores.items():

@@ -78,7 +78,9 @@ def run_members(run: str, wanted: Sequence[int] | None, with_init: bool) -> list
     check_one_tokenizer(directory, members)
     if not with_init:
         return members
-    run_config = members[-1].source.meta.get("run_config") or {}
+    meta = members[-1].source.meta
+    assert meta is not None  # run_steps refused a HF directory: a run's members are orbax steps
+    run_config = meta.get("run_config") or {}
     if not run_config.get("init") or "task" not in run_config:
         raise UserError(f"--with-init: {run} is not a fine-tuning run (its config names no init checkpoint)")
     if steps[0] == 0:
@@ -126,9 +128,10 @@ def series_members(specs: Sequence[str], steps: Sequence[int] | None) -> list[Me
     # An integer label is the step; an unlabelled bertjax checkpoint brings its own.
     numeric = [_integer(label) if label is not None else (src.step if src.kind == "orbax" else None)
                for (_, label), src in zip(parts, sources, strict=True)]  # fmt: skip
-    if all(n is not None for n in numeric):
+    known = [n for n in numeric if n is not None]
+    if len(known) == len(numeric):
         members = [Member(n, label if label is not None else str(n), text, src)
-                   for n, (text, label), src in zip(numeric, parts, sources, strict=True)]  # fmt: skip
+                   for n, (text, label), src in zip(known, parts, sources, strict=True)]  # fmt: skip
         members.sort(key=lambda m: m.step)
     else:
         members = [Member(i, label if label is not None else text, text, src)
@@ -201,12 +204,16 @@ def tokenizer_location(source: Checkpoint) -> tuple:
     """Where a checkpoint's tokenizer is stored: members sharing one are compared once."""
     if source.kind == "hf":
         return ("hf", str(source.path.resolve()))
+    assert source.meta is not None  # only a HF checkpoint has none
     return ("orbax", str(source.path.resolve()), source.meta["tokenizer"])
 
 
 def check_one_tokenizer(directory: Path, members: Sequence[Member]) -> None:
     """Sequences are encoded once for all steps, so every step must name the same tokenizer."""
-    tokenizers = {m.step: m.source.meta["tokenizer"] for m in members}
+    tokenizers = {}
+    for m in members:
+        assert m.source.meta is not None  # a run's members are orbax steps, each with its metadata
+        tokenizers[m.step] = m.source.meta["tokenizer"]
     if len(set(tokenizers.values())) > 1:
         found = ", ".join(f"step {s}: {t}" for s, t in tokenizers.items())
         raise UserError(f"{directory}: the checkpoints use different tokenizers ({found}); track them separately")
@@ -244,4 +251,5 @@ def member_identity(member: Member) -> dict:
         return hf_identity(member.source.path, member.step)
     # The path names the checkpoint's own step; "step" is its place in the series (and the cache
     # file's name), the same for a run's members.
+    assert member.source.step is not None  # neither hub nor HF: an orbax checkpoint, which has its step
     return {**checkpoint_identity(member.source.path, member.source.step), "step": member.step}

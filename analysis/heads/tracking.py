@@ -33,7 +33,7 @@ from analysis.common.examples import Inputs, check_sources, fit_max_length, prep
 from analysis.common.figures import FigureCache, figure_formats
 from analysis.common.flags import select_figures, select_formats
 from analysis.common.forward import Devices, at_precision
-from analysis.heads import events, intervals, onset, robustness, seeds, tracking_figures
+from analysis.heads import events, intervals, onset, robustness, tracking_figures
 from analysis.heads import figures as heads_figures
 from analysis.heads.config import SEEDS_CSV, TRACK_CSV, RolesConfig, TrackConfig, config_tasks, parse_steps  # noqa: F401 — the names callers import from here
 from analysis.heads.config import TRACK_FIGURES as FIGURES
@@ -237,7 +237,7 @@ def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # cache shared between hosts, never write one file.
     try:
         with runinfo.atomic_file(path, binary=True, overwrite=True) as f:
-            np.savez(f, **arrays)
+            np.savez(f, allow_pickle=False, **arrays)  # numbers and JSON text: np.load reads it unpickled
     except OSError as e:
         # The cache is often on another disk than --out: a full one is named, not --out.
         if (reason := runinfo.no_space(e)) is None:
@@ -294,8 +294,8 @@ def read_cached(path: Path, load=load_scores, expected: dict | None = None):
             with np.load(path) as stored:
                 about = json.loads(str(stored["about"]))
             # As save_scores stored them: through JSON (tuples become lists).
-            expected = json.loads(json.dumps(expected, default=str))
-            for key, value in expected.items():
+            as_stored = json.loads(json.dumps(expected, default=str))
+            for key, value in as_stored.items():
                 if about.get(key) != value:
                     log.warning(
                         "scores cache entry %s holds scores of other %s than its name says; its step is scored again",
@@ -322,8 +322,8 @@ class TrackRun:
     """A track run held in memory: the tables (`track` is track.csv; `onsets`, `curves`, `sas`,
     `sas_margin`: onset.csv, curve_onsets.csv, sas.csv, sas_margin.csv), what the figures read
     beside them (held-out metrics, τ per step, each task's N), `info` (run.json's provenance and
-    settings, without the cache's files, the figures and the environment, which the writer adds),
-    the timings so far and the clock the run started at.
+    settings, without the cache's files, the figures and the environment, which the writer adds)
+    and the timings so far.
 
     The per-sequence scores live in the scores cache (`cache`: where each step's entry was read or
     written) or, for a run given no cache (an API call without `out`), in memory (`held`), as the
@@ -353,16 +353,13 @@ class TrackRun:
     sas_counts: dict
     info: dict
     timings: dict[str, float]
-    started: float
     # Each step's example attention (`step_examples`; None for a cache entry written before it was
     # recorded), written to EXAMPLES_JSON for the report's step slider.
     examples: dict[int, dict | None] = dataclasses.field(default_factory=dict)
 
     def scores(self, step: int) -> dict[str, TaskScores]:
         """The per-sequence scores of `step`, from memory or from the cache."""
-        if self.held is not None:
-            return self.held[step]
-        return load_scores(self.keys.path(self.cache, step))
+        return step_scores(self.held, self.keys, self.cache, step)
 
     def text(self) -> str:
         """What the CLI prints at the end of a run: the shares of heads, the tests made, the onsets,
@@ -415,10 +412,21 @@ class CacheKeys:
         return cache_path(cache_dir, self.settings, self.identities[step])
 
     def sas_path(self, cache_dir: Path, step: int) -> Path:
+        assert self.sas_settings is not None  # only a run with --sas has SAS entries
         return cache_path(cache_dir, self.sas_settings, self.identities[step], "sas")
 
     def expected(self, step: int, sas: bool = False) -> dict:
         return {"settings": self.sas_settings if sas else self.settings, "checkpoint": self.identities[step]}
+
+
+def step_scores(
+    held: dict[int, dict[str, TaskScores]] | None, keys: CacheKeys, cache: Path | None, step: int
+) -> dict[str, TaskScores]:
+    """The per-sequence scores of `step`: `held` in memory, or (without) in the cache."""
+    if held is not None:
+        return held[step]
+    assert cache is not None  # scores not held in memory are in the cache
+    return load_scores(keys.path(cache, step))
 
 
 def sas_curve(sas: pd.DataFrame) -> pd.Series:
@@ -459,42 +467,6 @@ def prepare(config: TrackConfig) -> tuple[TrackConfig, list[Member]]:
             "--sas: not with --distributed (the SAS counts are not gathered across processes); run it alone"
         )
     return config, members
-
-
-def run(config: TrackConfig, say: Say = print, into: Path | None = None) -> tuple[TrackRun, dict] | None:
-    """The CLI's path: analyses the series' checkpoints (cached ones from the cache) and writes
-    --out (atomically); returns the run and the run.json written. A shard (`config.shard`) scores
-    its uncached members into the cache, writes nothing into --out and returns None. In a job of
-    several processes each scores its share of every uncached step, and process 0 alone fills the
-    cache and writes --out (the others return None). `say` gets the progress lines. `into`: where
-    to write instead, inside a larger output being written (`run_seeds`' temporary), --out then
-    naming where it will be once that output is moved in."""
-    started = time.perf_counter()
-    config, members = prepare(config)
-    out = Path(config.roles.out).expanduser().resolve()
-    prepare_cache(config.cache_dir, out)
-    if config.shard is not None or jax.process_index() != 0:
-        # A shard writes only into the cache; in a multi-process job process 0 writes --out.
-        compute_members(config, members, config.cache_dir, started, say)
-        return None
-    target = out if into is None else into
-    # Re-running into the same --out is the point of the cache: a previous track output may go.
-    with runinfo.atomic_out(target, config.roles.overwrite or (target / TRACK_CSV).is_file(), TRACK_OUTPUT) as tmp:
-        result = compute_members(config, members, config.cache_dir, started, say)
-        info = write(result, tmp, config.cache_dir)
-    return result, info
-
-
-def compute(config: TrackConfig, cache: Path | None = None, say: Say = _quiet) -> TrackRun:
-    """The series analysed in memory: with a scores cache (`cache`), cached steps are read from it
-    and new ones stored in it; without, nothing is written (the parse cache aside)."""
-    if config.shard is not None:
-        raise UserError("shard: a shard scores into the scores cache only; give it scores_cache and out")
-    started = time.perf_counter()
-    config, members = prepare(config)
-    if cache is not None:
-        prepare_cache(cache, Path(config.roles.out).expanduser().resolve())
-    return compute_members(config, members, cache, started, say)
 
 
 @at_precision("roles.precision")
@@ -541,7 +513,7 @@ def compute_members(
         return None
     if not writes_outputs:  # not process 0 of a multi-process job
         return None
-    return tabulate(config, members, work, started)
+    return tabulate(config, members, work)
 
 
 def start_line(config: TrackConfig, steps: list[int], mine: list[int], todo: list[int], sas_todo: list[int],
@@ -650,7 +622,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
     # Loaded only now: a re-run whose every step is cached needs no tokenizer (nor transformers).
     first = next(iter(by_step.values())).source
     tokenizer = load_tokenizer(first)
-    sequences = work.inputs.encode(tokenizer, work.timings) if work.todo else None
+    sequences = work.inputs.encode(tokenizer, work.timings) if work.todo else {}
     sas_sequences = None
     if work.sas_todo:
         sas_sequences = encode_batch(tokenizer, [(text,) for text, _ in work.sas_sentences],
@@ -677,6 +649,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
             if work.held is not None:
                 work.held[step] = results
             elif jax.process_index() == 0:
+                assert work.cache is not None  # scores not held in memory go into the cache
                 save_scores(work.keys.path(work.cache, step), results, work.keys.settings, work.keys.identities[step],
                             work.examples[step])  # fmt: skip
             work.tester.test(step, results)
@@ -689,6 +662,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
                 raise UserError(f"step {step}: {e}") from None
             if work.cache is not None:
                 keys = work.keys
+                assert keys.sas_settings is not None  # SAS is counted only with --sas
                 save_sas(
                     keys.sas_path(work.cache, step), work.sas_counts[step], keys.sas_settings, keys.identities[step]
                 )
@@ -698,7 +672,7 @@ def score_steps(config: TrackConfig, by_step: dict[int, Member], work: Work) -> 
         work.timings[f"step {step}"] = time.perf_counter() - clock
 
 
-def tabulate(config: TrackConfig, members: list[Member], work: Work, started: float) -> TrackRun:
+def tabulate(config: TrackConfig, members: list[Member], work: Work) -> TrackRun:
     """The track table (corrected over the series if asked), the SAS table, the onsets with their
     intervals and the curves' changepoints, and the run's provenance."""
     rc, timings, inputs = config.roles, work.timings, work.inputs
@@ -748,8 +722,7 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
         other = "share" if rc.score == "beta" else "beta"
         first = members[0].source
         scored[other] = robustness.other_score(
-            other, steps, rows, lambda step: work.held[step] if work.held is not None else load_scores(
-                work.keys.path(work.cache, step)),
+            other, steps, rows, lambda step: step_scores(work.held, work.keys, work.cache, step),
             robustness.sequence_lengths(load_tokenizer(first), inputs),
             work.tester.step_config, work.tester.resampler,
         )  # fmt: skip
@@ -802,11 +775,12 @@ def tabulate(config: TrackConfig, members: list[Member], work: Work, started: fl
             "cache": None,
         },
     }
-    recorded = {s: work.examples[s] if s in work.examples else load_examples(work.keys.path(work.cache, s))
-                for s in steps} if work.cache is not None else dict(work.examples)  # fmt: skip
+    recorded: dict[int, dict | None] = dict(work.examples)
+    if work.cache is not None:
+        recorded = {s: recorded[s] if s in recorded else load_examples(work.keys.path(work.cache, s)) for s in steps}
     return TrackRun(config, members, track, onsets, curves, events.events_table(head_events), curve_events, lead_lag, lead_lag_behind, robust,
                     sas_table, sas_margin, heldout, taus, inputs.n_sequences, work.keys,
-                    work.cache, work.held, work.sas_counts, info, timings, started, recorded)  # fmt: skip
+                    work.cache, work.held, work.sas_counts, info, timings, recorded)  # fmt: skip
 
 
 def timing_events(config: TrackConfig, work: Work, rows: pd.DataFrame, steps: list[int],
@@ -836,10 +810,11 @@ def timing_events(config: TrackConfig, work: Work, rows: pd.DataFrame, steps: li
 
 
 def write(result: TrackRun, directory: Path, cache: Path) -> dict:
-    """The one writer of a track run (the CLI's and the API's): the tables, the figures
-    `result.config` asks for (kept in `cache`'s figure cache) and run.json, into `directory`;
-    scores held in memory are stored in the scores cache `cache` first, as a CLI run stores them,
-    and run.json names the entries there. Returns the run.json written."""
+    """The one writer of a track run (the CLI's and the API's, through `analysis.tools.execute`,
+    which writes run.json): the tables and the figures `result.config` asks for (kept in `cache`'s
+    figure cache) into `directory`; scores held in memory are stored in the scores cache `cache`
+    first, as a CLI run stores them. Returns what run.json records: the run's settings, the cache
+    entries, the figures drawn and the run's own timings."""
     config = result.config
     steps = list(result.taus)
     if result.held is not None:
@@ -847,11 +822,13 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
             save_scores(result.keys.path(cache, step), result.held[step], result.keys.settings,
                         result.keys.identities[step], result.examples.get(step))  # fmt: skip
         for step in steps if config.sas is not None else []:
+            assert result.keys.sas_settings is not None  # a run with --sas has them
             save_sas(result.keys.sas_path(cache, step), result.sas_counts[step], result.keys.sas_settings,
                      result.keys.identities[step])  # fmt: skip
     result.track.to_csv(directory / TRACK_CSV, index=False)
     if result.sas is not None:
         result.sas.to_csv(directory / SAS_CSV, index=False)
+    if result.sas_margin is not None:  # computed with the SAS
         result.sas_margin.to_csv(directory / SAS_MARGIN_CSV, index=False)
     result.onsets.to_csv(directory / onset.ONSET_CSV, index=False)
     result.curves.to_csv(directory / onset.CURVE_ONSETS_CSV, index=False)
@@ -867,17 +844,14 @@ def write(result: TrackRun, directory: Path, cache: Path) -> dict:
 
     clock = time.perf_counter()
     figures = draw_figures(result, directory, cache / "figures")
-    timings = result.timings | {"figures": time.perf_counter() - clock}
-    timings["total"] = time.perf_counter() - result.started
     info = result.info | {
         "config": dataclasses.asdict(config),  # its place kept: the run's, or a saved copy's `out`
         "scores_cache": {str(s): str(result.keys.path(cache, s)) for s in steps},
-        "figures": sorted(p.name for p in figures),
-        "timings_s": {k: round(v, 3) for k, v in timings.items()},
+        "figures": [p.name for p in figures],
+        "timings_s": result.timings | {"figures": time.perf_counter() - clock},
     }
     if config.sas is not None:
         info["sas"] = info["sas"] | {"cache": {str(s): str(result.keys.sas_path(cache, s)) for s in steps}}
-    runinfo.write_run_json(directory, info)
     return info
 
 
@@ -886,7 +860,7 @@ def draw_figures(result: TrackRun, directory: Path, figure_cache: Path) -> list[
     and held-out metrics are those of an earlier run's is copied from `figure_cache`."""
     config, rc, track = result.config, result.config.roles, result.track
     members = result.members
-    draw = {
+    draw: dict[str, Callable[..., list[Path]]] = {
         "role_fractions": plot_role_fractions,
         "emergence": plot_emergence,
         "mean_beta": functools.partial(plot_mean_beta, taus=result.taus),
@@ -946,7 +920,7 @@ def tests_line(tests: dict) -> str:
     return f"tests: {tests['count']} over the series ({tests['per_step']} a step), {tests['correction']}-corrected per {tests['scope']}"
 
 
-def check_same_work(todo: list[int], cache_dir: Path) -> None:
+def check_same_work(todo: list[int], cache_dir: Path | None) -> None:
     """In a multi-process job every process must score the same steps (they gather each step's
     scores together): it would not if the scores cache were not one directory they all see."""
     if jax.process_count() == 1:
@@ -965,56 +939,6 @@ def shard_text(shard: tuple[int, int]) -> str:
 
 # What marks an across-seed output (`run_seeds`): `--overwrite` replaces only another of these.
 SEEDS_OUTPUT = "across-seed track output"
-
-
-def run_seeds(config: TrackConfig, workdirs: list[str], say: Say = print) -> pd.DataFrame:
-    """Several runs of one recipe (`--run` repeated): each tracked into `<out>/<its name>/` with the
-    settings of `config`, then the across-seed summary (`analysis.heads.seeds`) into `<out>`. The
-    whole of `<out>` is one output (`runinfo.atomic_out`, of its own kind): written into a temporary
-    and moved in when complete, replacing only an earlier across-seed output. Each run's steps are
-    cached under `<scores cache>/<its name>` (default `<out>.cache/<its name>`, beside `<out>`).
-    `say` gets each run's lines and the summary's."""
-    out = Path(config.roles.out).expanduser().resolve()
-    resolved = [Path(w).expanduser().resolve() for w in workdirs]
-    for i, path in enumerate(resolved):
-        if path in resolved[:i]:
-            raise UserError(f"--run {path} is given twice (as {workdirs[resolved.index(path)]} and {workdirs[i]}); "
-                            "each seed's run once")  # fmt: skip
-    names = [path.name for path in resolved]
-    if len(set(names)) < len(names):
-        names = [f"{i}-{name}" for i, name in enumerate(names)]
-    caches = {name: config.cache_dir / name for name in names}
-    if config.shard is not None or jax.process_index() != 0:
-        # A shard (or a process other than the first) scores into the caches and writes no --out.
-        for name, workdir in zip(names, workdirs, strict=True):
-            _track_seed(config, workdir, out / name, caches[name], say)
-        return pd.DataFrame()
-    # Re-running into the same --out is the point of the caches: an earlier across-seed output may go.
-    with runinfo.atomic_out(out, config.roles.overwrite or (out / SEEDS_CSV).is_file(), SEEDS_OUTPUT) as tmp:
-        prepare_cache(config.cache_dir, out)  # the runs' caches are under it: not inside --out
-        directories = {}
-        for name, workdir in zip(names, workdirs, strict=True):
-            _track_seed(config, workdir, out / name, caches[name], say, into=tmp / name)
-            directories[name] = tmp / name
-        table, tracks = seeds.summarize(directories)
-        table.to_csv(tmp / SEEDS_CSV, index=False)
-        if "onset" in select_figures(config.roles.figures, FIGURES):
-            with figure_formats(select_formats(config.roles.figure_format)):
-                for task in pd.unique(next(iter(tracks.values()))["task"]):
-                    seeds.plot_seeds(tracks, task, tmp, f"{task}_seeds")
-    say(seeds_text(table, len(workdirs)))
-    say(f"wrote {out / SEEDS_CSV}")
-    return table
-
-
-def _track_seed(config: TrackConfig, workdir: str, member_out: Path, cache: Path, say: Say,
-                into: Path | None = None) -> None:  # fmt: skip
-    """One seed's run tracked as `member_out` (written into `into`, if given: `run`)."""
-    say(f"track: run {workdir} → {member_out}")
-    done = run(dataclasses.replace(config, roles=dataclasses.replace(config.roles, ckpt=workdir, out=str(member_out)),
-                                   scores_cache=str(cache)), say, into)  # fmt: skip
-    if done is not None:
-        say(done[0].text())
 
 
 def seeds_text(table: pd.DataFrame, runs: int) -> str:
