@@ -324,7 +324,7 @@ class Track:
             raise UserError("shard: a shard scores into the scores cache only; give it scores_cache")
         # A call that writes nothing says nothing: its result shows itself.
         held = not writes and config.shard is None
-        return config, {"held": held and config.scores_cache is None, "say": tracking._quiet if held else print}
+        return config, {"held": held and config.scores_cache is None, "say": tracking.quiet if held else print}
 
     def prepare(self, config: TrackConfig, held: bool = False, say: Any = print) -> tuple:
         """The series' checks, its members and the settings fitted to them (`tracking.prepare`),

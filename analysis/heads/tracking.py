@@ -313,7 +313,7 @@ def read_cached(path: Path, load=load_scores, expected: dict | None = None):
 Say = Callable[[str], None]
 
 
-def _quiet(line: str) -> None:
+def quiet(line: str) -> None:
     """The `say` of a caller that wants no progress lines (the API: its result shows itself)."""
 
 
