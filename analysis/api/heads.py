@@ -224,13 +224,39 @@ class Report:
 # -- the analyses -------------------------------------------------------------------------------
 
 
-class Roles:
+class _RunAnalysis:
+    """What roles and finetune_effect share as `Analysis`: a module computing a run from the prepared
+    objects (`compute(config, *prepared)`), writing it (`write`) and listing its figures' jobs
+    (`draw_jobs`), and the result class holding the run (`of(run, info, out)`)."""
+
+    module: Any
+    result: Any
+
+    def compute(self, config: Any, prepared: tuple) -> Any:
+        return self.result.of(self.module.compute(config, *prepared))
+
+    def write(self, result: Any, directory: Path) -> dict:
+        return self.module.write(result.run, directory)
+
+    def text(self, result: Any) -> str:
+        return result.run.text()
+
+    def figures(self, result: Any, directory: Path) -> list:
+        return self.module.draw_jobs(result.run, directory)
+
+    def written(self, result: Any, info: dict, out: Path) -> Any:
+        return self.result.of(result.run, info, out)
+
+
+class Roles(_RunAnalysis):
     """Which heads hold which roles: `roles(ckpt, ...)` is `python -m analysis.roles --ckpt CKPT ...`
     as a call. Keyword arguments are the flags (see `RolesConfig`); `model`/`tokenizer`: CKPT
     already loaded; `parser`: a parser object to use instead of spaCy (anything with
     `parse(texts)`, `name` and `version`), or the flag's value (`"conllu"`, `"spacy"`)."""
 
     output_kind = pipeline.ROLES_OUTPUT
+    module = pipeline
+    result = RolesResult
 
     def arguments(
         self, named: dict[str, Any], settings: dict[str, Any], given: dict[str, Any]
@@ -255,21 +281,6 @@ class Roles:
         # Flag mistakes are refused before the checkpoint is opened (a hub id's lookup takes seconds).
         select_figures(config.figures, ROLES_FIGURES), select_formats(config.figure_format)
         return open_checkpoint(config.ckpt, config.step) if source is None else source, parser, model, tokenizer
-
-    def compute(self, config: RolesConfig, prepared: tuple) -> RolesResult:
-        return RolesResult.of(pipeline.compute(config, *prepared))
-
-    def write(self, result: RolesResult, directory: Path) -> dict:
-        return pipeline.write(result.run, directory)
-
-    def text(self, result: RolesResult) -> str:
-        return result.run.text()
-
-    def figures(self, result: RolesResult, directory: Path) -> list:
-        return pipeline.draw_jobs(result.run, directory)
-
-    def written(self, result: RolesResult, info: dict, out: Path) -> RolesResult:
-        return RolesResult.of(result.run, info, out)
 
 
 ROLES = Roles()
@@ -478,7 +489,7 @@ class FinetuneEffectResult(HeldResult):
         return tables_html(self, NOT_SAVED if self.written is None else str(self.written))
 
 
-class FinetuneEffect:
+class FinetuneEffect(_RunAnalysis):
     """What fine-tuning does to the heads: `finetune_effect(pre, post, ...)` is `python -m
     analysis.finetune_effect --pre PRE --post CKPT[:TASK] ...` as a call, the change in mean β per
     coarse role and layer third, and the per-head cosine similarity of the attention before and
@@ -487,6 +498,8 @@ class FinetuneEffect:
     already loaded, in the order of `post`."""
 
     output_kind = finetuning.EFFECT_OUTPUT
+    module = finetuning
+    result = FinetuneEffectResult
 
     def arguments(
         self, named: dict[str, Any], settings: dict[str, Any], given: dict[str, Any]
@@ -518,21 +531,6 @@ class FinetuneEffect:
                 model=None, tokenizer=None, post_models: Sequence | None = None) -> tuple:  # fmt: skip
         select_figures(config.data.figures, EFFECT_FIGURES), select_formats(config.data.figure_format)  # as Roles
         return effect_sources(config) if sources is None else sources, model, tokenizer, post_models
-
-    def compute(self, config: finetuning.EffectConfig, prepared: tuple) -> FinetuneEffectResult:
-        return FinetuneEffectResult.of(finetuning.compute(config, *prepared))
-
-    def write(self, result: FinetuneEffectResult, directory: Path) -> dict:
-        return finetuning.write(result.run, directory)
-
-    def text(self, result: FinetuneEffectResult) -> str:
-        return result.run.text()
-
-    def figures(self, result: FinetuneEffectResult, directory: Path) -> list:
-        return finetuning.draw_jobs(result.run, directory)
-
-    def written(self, result: FinetuneEffectResult, info: dict, out: Path) -> FinetuneEffectResult:
-        return FinetuneEffectResult.of(result.run, info, out)
 
 
 FINETUNE_EFFECT = FinetuneEffect()
