@@ -17,6 +17,12 @@
 #       # (plain-s0, plain-s1), with prev and next suppressed on every head (positional-s0, -s1) and
 #       # with [CLS] suppressed (cls-s0, -s1); tracked from step 1000, on the loss's plateau (the rule
 #       # fixed before the runs, docs/emergence.md), each tarball with its per-sequence held-out sums
+#   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh prepare   # into .gpu-size/
+#   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh run OUT
+#       # issue 48's GPU-size recipe (configs/pretrain/emergence-gpu.yaml: 8 layers × 8 heads,
+#       # hidden 512, T = 128, batch 256, bf16 on a GPU) for seeds 0 and 1 side by side, 3000 steps,
+#       # checkpoints log-spaced and every 250 steps, tracked as the seeds are at T = 128, each
+#       # tarball with its per-sequence held-out sums and the lead/lag replicates (the joint intervals)
 #
 # The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
@@ -31,16 +37,18 @@
 # the per-stage time limits, and a run whose workdir holds checkpoints resumes from them.
 set -euo pipefail
 mode=${1:?usage: bash benchmarks/emergence_seeds.sh prepare | run OUT}
-carry=${BERTJAX_SEEDS_DIR:-.gpu-seeds}
+set_name=${BERTJAX_SEEDS_SET:-}
+[[ $set_name == gpu-size ]] && carry=${BERTJAX_SEEDS_DIR:-.gpu-size} || carry=${BERTJAX_SEEDS_DIR:-.gpu-seeds}
 prepared=${BERTJAX_SEEDS_PREPARED:-/tmp/bj-seeds}
 work=${BERTJAX_SEEDS_WORK:-/tmp/bj-runs}
 data=${BERTJAX_DATA:-../shared/data}
 py=${PYTHON:-python3}
-config=configs/pretrain/emergence.yaml
+config=configs/pretrain/emergence.yaml length=64 objectives=(mlm nsp)
+[[ $set_name == gpu-size ]] && config=configs/pretrain/emergence-gpu.yaml length=128 objectives=(gpu)
 ewt=$carry/en_ewt-ud-dev.conllu
 if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then
-  data_args=(data.max_documents=60 data.vocab_size=1000 heldout.sequences=64 heldout.batch_size=32)
-  train_args=(model.preset=tiny model.max_position_embeddings=64 train.steps=6 train.global_batch_size=4
+  data_args=(data.max_documents=60 data.vocab_size=1000 heldout.sequences=64 heldout.batch_size=32 train.global_batch_size=4)
+  train_args=(model.preset=tiny model.max_position_embeddings=$length train.steps=6 train.global_batch_size=4
     heldout.every=2 probe.every=3 probe.n=8 checkpoint.log_spaced=3 "checkpoint.steps=[4]")
   track_args=(--n 8 --sas-n 8 --bootstrap 50 --batch-size 8)
   mlm_seeds=(0) nsp_seeds=(0) budget_train=600 budget_track=600
@@ -52,21 +60,27 @@ else
   mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=280 budget_track=190
 fi
 if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET; fi
-if [[ ${BERTJAX_SEEDS_SET:-} == pre-ln ]]; then
+if [[ $set_name == pre-ln ]]; then
   train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
-elif [[ ${BERTJAX_SEEDS_SET:-} == steering ]]; then
+elif [[ $set_name == steering ]]; then
   nsp_seeds=() mlm_name=plain steering=(positional cls)
   # The events' window starts on the plateau, after the first (unigram) descent.
   if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then window_from=4; else mlm_seeds=(0 1) window_from=1000; fi
-elif [[ -n ${BERTJAX_SEEDS_SET:-} ]]; then
-  echo "error: BERTJAX_SEEDS_SET must be pre-ln, steering or unset, got ${BERTJAX_SEEDS_SET}" >&2; exit 2
+elif [[ $set_name == gpu-size ]]; then
+  nsp_seeds=() mlm_name=gpu mlm_seeds=(0 1) keep_sums=1
+  # Two medium runs share the GPU for ~5 minutes: 3000 steps, probes at the recipe's length.
+  [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || train_args=(heldout.every=100 probe.every=200 probe.max_length=128 train.steps=3000
+    "checkpoint.steps=[$(seq -s, 250 250 3000)]")
+  budget_train=${BERTJAX_SEEDS_BUDGET:-300} budget_track=${BERTJAX_SEEDS_BUDGET:-170}
+elif [[ -n $set_name ]]; then
+  echo "error: BERTJAX_SEEDS_SET must be pre-ln, steering, gpu-size or unset, got $set_name" >&2; exit 2
 else
   mlm_name=mlm
 fi
 declare -A interventions=([positional]="[{role: prev, mode: suppress}, {role: next, mode: suppress}]"
                           [cls]="[{role: cls, mode: suppress}]")
 nsp_args=(data.pair_task=nsp data.train_vocab=false "data.vocab_file=$prepared/mlm/data-T64/vocab.txt")
-heldout_args=("heldout.corpora=[]" "heldout.data_dir=$prepared/mlm/heldout-T64")
+heldout_args=("heldout.corpora=[]" "heldout.data_dir=$prepared/${objectives[0]}/heldout-T$length")
 parse_args=(--cache-dir "$carry/parses" --spacy-model "$carry/spacy-model")
 
 prepare() {
@@ -82,11 +96,13 @@ prepare() {
     --random-preset tiny --vocab "$data/vocab/bert-base-uncased-vocab.txt" --cache-dir "$prepared/parses" \
     --export-parses "$prepared/parses.json"
   cp -r "$prepared/parses" "$carry/parses"
-  [[ -d $prepared/mlm/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/mlm" \
-    --prepare-only "${data_args[@]}"
-  [[ -d $prepared/nsp/data-T64 ]] || "$py" -m train.pretrain --config "$config" --workdir "$prepared/nsp" \
-    --prepare-only "${data_args[@]}" "${nsp_args[@]}" "heldout.corpora=[]"
-  cp -r "$prepared/mlm" "$carry/mlm" && cp -r "$prepared/nsp" "$carry/nsp"
+  [[ -d $prepared/${objectives[0]}/data-T$length ]] || "$py" -m train.pretrain --config "$config" \
+    --workdir "$prepared/${objectives[0]}" --prepare-only "${data_args[@]}"
+  if [[ ${objectives[*]} == *nsp* && ! -d $prepared/nsp/data-T64 ]]; then
+    "$py" -m train.pretrain --config "$config" --workdir "$prepared/nsp" \
+      --prepare-only "${data_args[@]}" "${nsp_args[@]}" "heldout.corpora=[]"
+  fi
+  for objective in "${objectives[@]}"; do cp -r "$prepared/$objective" "$carry/$objective"; done
   rm -rf "$carry"/*/.*.lock
   [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || "$py" -m pip download -q --no-deps --only-binary=:all: -d "$carry/wheels" --python-version 3.12 \
     --platform manylinux2014_x86_64 omegaconf==2.4.0 tensorboardX==2.6.5 conllu==6.0.0
@@ -102,7 +118,7 @@ one_run() {
   [[ -d $work/$name/checkpoints ]] || rm -rf "$work/$name"
   timeout --signal=TERM --kill-after=20 "$budget_train" "$py" -m train.pretrain --config "$config" \
     --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" "${heldout_args[@]}" train.seed="$seed" \
-    "data_dir=$prepared/$objective/data-T64" \
+    "data_dir=$prepared/$objective/data-T$length" \
     "probe.task=conllu:$(realpath "$ewt")" >"$work/$name.train.log" 2>&1 || echo "$name: pretrain exit $?" >>"$work/$name.train.log"
   if [[ -n ${window_from:-} && -d $work/$name/checkpoints ]]; then
     steps=(--steps "$(ls "$work/$name/checkpoints" | grep -E '^[0-9]+$' | sort -n | awk -v from="$window_from" \
@@ -114,7 +130,7 @@ one_run() {
     # The second pass reads every step from the cache: tests and figures only.
     timeout --signal=TERM --kill-after=20 "$([[ $scope == none ]] && echo "$budget_track" || echo 60)" \
       "$py" -m analysis.track --run "$work/$name" \
-      --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length 64 "${track_args[@]}" "${steps[@]+"${steps[@]}"}" --sas "$ewt" \
+      --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length "$length" "${track_args[@]}" "${steps[@]+"${steps[@]}"}" --sas "$ewt" \
       "${parse_args[@]}" "${correction[@]}" --scores-cache "$work/$name.cache" --out "$work/$name/$out" \
       >"$work/$name.$out.log" 2>&1 || echo "$name: $out exit $?" >>"$work/$name.$out.log"
   done
@@ -131,7 +147,7 @@ run() {
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
   # Five processes share the GPU: none may take most of its memory up front.
   export XLA_PYTHON_CLIENT_PREALLOCATE=false TF_CPP_MIN_LOG_LEVEL=2
-  rm -rf "$prepared/mlm" "$prepared/nsp" && cp -r "$carry/mlm" "$carry/nsp" "$prepared/"
+  for objective in "${objectives[@]}"; do rm -rf "${prepared:?}/$objective" && cp -r "$carry/$objective" "$prepared/"; done
   "$py" - "$out/env.json" <<'EOF'
 import importlib.metadata as m, json, sys, jax
 names = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "transformers", "numpy")
@@ -139,7 +155,7 @@ env = {"devices": [str(d) for d in jax.devices()], "versions": {n: m.version(n) 
 open(sys.argv[1], "w").write(json.dumps(env) + "\n")
 EOF
   local pids=() names=() runs=()
-  for seed in "${mlm_seeds[@]}"; do runs+=("$mlm_name-s$seed mlm $seed"); done
+  for seed in "${mlm_seeds[@]}"; do runs+=("$mlm_name-s$seed ${objectives[0]} $seed"); done
   for seed in "${nsp_seeds[@]+"${nsp_seeds[@]}"}"; do runs+=("nsp-s$seed nsp $seed"); done
   for condition in "${steering[@]+"${steering[@]}"}"; do
     for seed in "${mlm_seeds[@]}"; do runs+=("$condition-s$seed mlm $seed $condition"); done
@@ -151,9 +167,10 @@ EOF
   done
   for pid in "${pids[@]+"${pids[@]}"}"; do wait "$pid" || true; done
   for name in "${names[@]}"; do
-    # The steering set keeps the per-sequence held-out sums: its comparisons pair held-out sequences.
+    # The steering and gpu-size sets keep the per-sequence held-out sums and the lead/lag replicates:
+    # their comparisons pair held-out sequences, and their joint intervals regenerate from them.
     tar czf "$out/$name.tar.gz" -C "$work" --exclude=checkpoints --exclude='data-T*' \
-      $([[ -n ${steering+x} ]] || echo "--exclude=*.npz") --exclude=tokenizer --exclude=tensorboard "$name" \
+      $([[ -n ${steering+x}${keep_sums:-} ]] || echo "--exclude=*.npz") --exclude=tokenizer --exclude=tensorboard "$name" \
       $(cd "$work" && echo "$name".*.log)
   done
   tail -n 3 "$work"/*.log
