@@ -378,6 +378,42 @@ def plateau() -> str:
     )
 
 
+GPU_SIZE = RUNS / "gpu-size"
+GPU_SIZE_GROUPS = {"positional (local, prev, next)": ["local", "prev", "next"],
+                   "[CLS], [SEP], delimiter": ["cls", "sep", "delimiter"],
+                   "syntactic (nsubj, dobj, amod, advmod, any)": ["nsubj", "dobj", "amod", "advmod", "syntactic"]}  # fmt: skip
+
+
+def _probes(metrics: Path) -> pd.DataFrame:
+    """The role probes a run recorded: one row per probe step, `ROLE/max_beta` and `ROLE/heads`."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    probes = {int(r["step"]): {k[len("probe/"):]: v for k, v in r.items() if k.startswith("probe/")}
+              for r in rows if any(k.startswith("probe/") for k in r)}  # fmt: skip
+    return pd.DataFrame.from_dict(probes, orient="index").sort_index()
+
+
+def gpu_size() -> str:
+    """The GPU-size recipe's two seeds (issue 48 item 10): held-out MLM, and per role group the
+    largest probe β and the first probe step with a head holding one of its roles."""
+    lines = ["| seed | steps | held-out MLM loss at step 1 / 100 / 1000 / last | held-out MLM accuracy, steps ≥ 100 | "
+             + " | ".join(f"{group}: largest β (first step with a head)" for group in GPU_SIZE_GROUPS) + " |",
+             "|" + " --- |" * (4 + len(GPU_SIZE_GROUPS))]  # fmt: skip
+    for run in sorted(p for p in GPU_SIZE.iterdir() if p.is_dir()):
+        heldout = onset.read_heldout(run)
+        loss, accuracy = heldout[onset.LOSS_CURVE], heldout[onset.ACCURACY_CURVE]
+        last = int(heldout.index.max())
+        at = " / ".join(f"{loss.loc[step]:.3f}" for step in (1, 100, 1000, last))
+        late = accuracy[accuracy.index >= 100]
+        probes = _probes(run / "metrics.jsonl")
+        cells = []
+        for roles in GPU_SIZE_GROUPS.values():
+            largest = probes[[f"{r}/max_beta" for r in roles]].max().max()
+            held = probes[(probes[[f"{r}/heads" for r in roles]] > 0).any(axis=1)]
+            cells.append(f"{largest:.2f} ({int(held.index.min()) if len(held) else 'none'})")
+        lines.append(f"| {run.name} | {last} | {at} | {late.min():.3f}–{late.max():.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def synthetic() -> str:
     """The recipe's run, step by step (section 1; the family's member w64-2x2-s0 is this run again)."""
     member = RUNS / "synthetic"
@@ -421,6 +457,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "history-roles": history_roles,
     "history-changepoints": history_changepoints,
     "plateau": plateau,
+    "gpu-size": gpu_size,
 }
 
 

@@ -328,7 +328,10 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
     }
     runs = [({}, ["prepare"]), ({}, ["run", str(tmp_path / "out")]),
             ({"BERTJAX_SEEDS_SET": "pre-ln", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")]),
-            ({"BERTJAX_SEEDS_SET": "steering", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")])]  # fmt: skip
+            ({"BERTJAX_SEEDS_SET": "steering", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")]),
+            ({"BERTJAX_SEEDS_SET": "gpu-size", "BERTJAX_SEEDS_DIR": str(tmp_path / "carry-gpu")}, ["prepare"]),
+            ({"BERTJAX_SEEDS_SET": "gpu-size", "BERTJAX_SEEDS_DIR": str(tmp_path / "carry-gpu"), "BERTJAX_SEEDS_SERIAL": "1"},
+             ["run", str(tmp_path / "out")])]  # fmt: skip
     for extra, argv in runs:
         result = subprocess.run(["bash", "benchmarks/emergence_seeds.sh", *argv], cwd=ROOT, env=env | extra,
                                 capture_output=True, text=True, timeout=1800, check=False)  # fmt: skip
@@ -359,6 +362,18 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
         assert ("intervene:" in config and f"role: {role}" in config) if role else "role: " not in config, config
         assert f"heldout:\n  corpora: []\n  data_dir: {shared_heldout}\n" in config, config
         assert min(steps) == 4, steps
+    # The gpu-size set: the GPU recipe's config at T = 128, two seeds, each with what its joint
+    # intervals need (per-sequence held-out sums, the lead/lag replicates), scored on its own held-out set.
+    gpu_heldout = tmp_path / "prepared" / "gpu" / "heldout-T128"
+    for name in ("gpu-s0", "gpu-s1"):
+        with tarfile.open(tmp_path / "out" / f"{name}.tar.gz") as tar:
+            names = set(tar.getnames())
+            config = tar.extractfile(f"{name}/config.yaml").read().decode()
+        assert {f"{name}/track/events.csv", f"{name}/track/lead_lag_replicates.npz"} <= names, names
+        assert any(n.startswith(f"{name}/heldout-sequences/") for n in names)
+        assert not any("checkpoints" in n for n in names), name
+        assert "max_seq_length: 128" in config and f"seed: {name[-1]}" in config, config
+        assert f"heldout:\n  corpora: []\n  data_dir: {gpu_heldout}\n" in config, config
 
 
 def test_cli_start_times_help_against_a_baseline_tree(capsys):

@@ -40,7 +40,7 @@ def _block(page_script, page: str, name: str) -> str:
 
 @pytest.mark.parametrize("name", ["headline", "seeds-data", "seeds-runs", "seeds-convention", "seeds-onsets", "seeds-contrasts", "seeds-cls",
                                   "seeds-corrected", "seeds-lengths", "synthetic", "family", "family-verdict",
-                                  "history-heldout", "history-roles", "history-changepoints", "plateau"])  # fmt: skip
+                                  "history-heldout", "history-roles", "history-changepoints", "plateau", "gpu-size"])  # fmt: skip
 def test_each_block_of_the_page_is_what_the_files_give(page_script, generated, name):
     assert set(generated) == set(page_script.BLOCKS)
     assert _block(page_script, (DOCS / "emergence.md").read_text(), name) == generated[name]
