@@ -20,9 +20,10 @@
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh prepare   # into .gpu-size/
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh run OUT
 #       # issue 48's GPU-size recipe (configs/pretrain/emergence-gpu.yaml: 8 layers × 8 heads,
-#       # hidden 512, T = 128, batch 256, bf16 on a GPU) for seeds 0 and 1 side by side, 3000 steps,
-#       # checkpoints log-spaced and every 250 steps, tracked as the seeds are at T = 128, each
-#       # tarball with its per-sequence held-out sums and the lead/lag replicates (the joint intervals)
+#       # hidden 512, T = 128, batch 256, bf16 on a GPU), seed 0 for its 10000 steps, checkpoints
+#       # log-spaced and every 500 steps, tracked as the seeds are at T = 128, the tarball with its
+#       # per-sequence held-out sums and the lead/lag replicates (the joint intervals);
+#       # BERTJAX_SEEDS_GPU_SEEDS="1" (or "0 1", side by side), _STEPS and _EVERY change them
 #
 # The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
@@ -67,11 +68,15 @@ elif [[ $set_name == steering ]]; then
   # The events' window starts on the plateau, after the first (unigram) descent.
   if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then window_from=4; else mlm_seeds=(0 1) window_from=1000; fi
 elif [[ $set_name == gpu-size ]]; then
-  nsp_seeds=() mlm_name=gpu mlm_seeds=(0 1) keep_sums=1
-  # Two medium runs share the GPU for ~5 minutes: 3000 steps, probes at the recipe's length.
-  [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || train_args=(heldout.every=100 probe.every=200 probe.max_length=128 train.steps=3000
-    "checkpoint.steps=[$(seq -s, 250 250 3000)]")
-  budget_train=${BERTJAX_SEEDS_BUDGET:-300} budget_track=${BERTJAX_SEEDS_BUDGET:-170}
+  # The recipe's 10000 steps, one seed a call (two medium runs side by side ran ~19 steps/s each on
+  # an H200: 10000 steps of two would fill a call without their tracks). The 2026-11-28 runs:
+  # BERTJAX_SEEDS_GPU_SEEDS="0 1" BERTJAX_SEEDS_GPU_STEPS=3000 BERTJAX_SEEDS_GPU_EVERY=250, track 170 s.
+  read -ra mlm_seeds <<<"${BERTJAX_SEEDS_GPU_SEEDS:-0}"
+  nsp_seeds=() mlm_name=gpu keep_sums=1
+  steps=${BERTJAX_SEEDS_GPU_STEPS:-10000} every=${BERTJAX_SEEDS_GPU_EVERY:-500}
+  [[ -n ${BERTJAX_SEEDS_TINY:-} ]] || train_args=(heldout.every=100 probe.every=200 probe.max_length=128
+    train.steps="$steps" "checkpoint.steps=[$(seq -s, "$every" "$every" "$steps")]")
+  budget_train=${BERTJAX_SEEDS_BUDGET:-330} budget_track=${BERTJAX_SEEDS_BUDGET:-220}
 elif [[ -n $set_name ]]; then
   echo "error: BERTJAX_SEEDS_SET must be pre-ln, steering, gpu-size or unset, got $set_name" >&2; exit 2
 else

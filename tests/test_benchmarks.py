@@ -330,8 +330,8 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
             ({"BERTJAX_SEEDS_SET": "pre-ln", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")]),
             ({"BERTJAX_SEEDS_SET": "steering", "BERTJAX_SEEDS_SERIAL": "1"}, ["run", str(tmp_path / "out")]),
             ({"BERTJAX_SEEDS_SET": "gpu-size", "BERTJAX_SEEDS_DIR": str(tmp_path / "carry-gpu")}, ["prepare"]),
-            ({"BERTJAX_SEEDS_SET": "gpu-size", "BERTJAX_SEEDS_DIR": str(tmp_path / "carry-gpu"), "BERTJAX_SEEDS_SERIAL": "1"},
-             ["run", str(tmp_path / "out")])]  # fmt: skip
+            ({"BERTJAX_SEEDS_SET": "gpu-size", "BERTJAX_SEEDS_DIR": str(tmp_path / "carry-gpu"), "BERTJAX_SEEDS_SERIAL": "1",
+              "BERTJAX_SEEDS_GPU_SEEDS": "0 1"}, ["run", str(tmp_path / "out")])]  # fmt: skip
     for extra, argv in runs:
         result = subprocess.run(["bash", "benchmarks/emergence_seeds.sh", *argv], cwd=ROOT, env=env | extra,
                                 capture_output=True, text=True, timeout=1800, check=False)  # fmt: skip
