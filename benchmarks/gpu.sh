@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu.sh run OUT [SET]       # there: the device machine, with .gpu carried
 #
 # SET `bench` (the default; issue 50's rows): 6a, bertjax's step beside the torch baseline (eager
-# and torch.compile, bf16 autocast, SDPA, fused AdamW) in one process; 6b, the 4-task analysis cold
+# and torch.compile, bf16 autocast, SDPA, fused AdamW) in one process, then bertjax with rbg dropout
+# masks, and with those and attention dropout 0 beside torch.compile; 6b, the 4-task analysis cold
 # then warm, each with its stages' seconds; 8, the scoring stage on 1 device and on all. SET
 # `emergence`: row 14, the `intervene` section's cost per step (base then mini, batch 32 × 128, the
 # unsteered step beside prev+next and [CLS] suppressed), then the GPU emergence run and its track.
@@ -48,7 +49,7 @@ if [[ -n $tiny ]]; then
     "heldout.corpora=[{name: blake, source: local, path: $data/gutenberg/blake-poems.txt, kind: gutenberg}]"
     heldout.sequences=8 heldout.batch_size=4 checkpoint.log_spaced=2)
   # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
-  budget=(6a=900 6b-cold=600 6b-warm=600 8=600 14=600 emergence=600 track=600)
+  budget=(6a=900 6a-rbg=900 6a-attn0=900 6b-cold=600 6b-warm=600 8=600 14=600 emergence=600 track=600)
 else
   analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
   step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20 --backends bertjax,torch,torch-compile)
@@ -62,7 +63,7 @@ else
   # compiled, three of base at ~40 s each as in 6a; it rides with the emergence run because
   # `bench` has no time left): 30 s of each call's 8 minutes are left for the set-up and the
   # transfers.
-  budget=(6a=200 6b-cold=120 6b-warm=60 8=70 14=200 emergence=110 track=60)
+  budget=(6a=200 6a-rbg=70 6a-attn0=120 6b-cold=120 6b-warm=60 8=70 14=200 emergence=110 track=60)
 fi
 emergence_config=(--config configs/pretrain/emergence-gpu.yaml --workdir "$work/emergence-gpu" "${emergence[@]}")
 # The parses there: a spaCy model directory holding only meta.json names the cache's keys, and a
@@ -141,6 +142,13 @@ bench() {
   # 6a: BERT-base T = 128 bf16 pre-training steps (MFU), and the same step in HF's PyTorch as its
   # users run it, eager and compiled, timed interleaved: the rows are ratios to it.
   stage 6a "$py" -m benchmarks.train_step "${step_args[@]}"
+  # Issue 50 item 1, what each change buys: the dropout masks from rbg (train.dropout_rng), then
+  # also attention dropout 0 (the emergence recipes'; jax.nn.dot_product_attention) beside
+  # torch.compile at the same recipe. Ordered by worth: the call's limit cuts the last stages.
+  variant=("${step_args[@]}") && variant[${#variant[@]}-1]=bertjax
+  stage 6a-rbg "$py" -m benchmarks.train_step "${variant[@]}" --dropout-rng rbg
+  variant[${#variant[@]}-1]=bertjax,torch-compile
+  stage 6a-attn0 "$py" -m benchmarks.train_step "${variant[@]}" --dropout-rng rbg --attention-dropout 0
   # 6b: the 4-task analysis twice, in fresh processes sharing a fresh compilation cache: the first's
   # first_run_s is a cold process's, the second's a new process's with the programs on disk.
   roles=("$py" -m benchmarks.roles_overhead --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue"

@@ -65,7 +65,7 @@ class Step:
         # The same batch for every variant (one seed; the vocabulary data.vocab_size, 30522 by default).
         batch = make_batch(self.trainer.config, config.train.global_batch_size, config.data.max_seq_length, seed)
         self.batch = sharding.global_batch(batch, mesh)
-        self.key = jax.random.key(config.train.seed)
+        self.key = self.trainer.dropout_key()
         self.metrics: dict[str, jax.Array] = {}
 
     def __call__(self) -> None:

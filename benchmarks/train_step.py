@@ -115,7 +115,7 @@ def make_batch(config: BertConfig, batch_size: int, seq_len: int, seed: int = 0)
 class BertjaxStep:
     """`Trainer`'s compiled step, timed in steady state: the donated state is fed back in."""
 
-    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path):
+    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path, dropout_rng: str):
         from bertjax import sharding
         from bertjax.model import BertForPreTraining
         from train.checkpoints import CheckpointConfig
@@ -131,7 +131,9 @@ class BertjaxStep:
             loss_fn=pretraining_loss,
             optimizer=OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE),
             # Many steps so that the linear decay keeps the learning rate ~constant while timed.
-            loop=LoopConfig(steps=1_000_000, global_batch_size=len(batch["input_ids"]), seed=0),
+            loop=LoopConfig(
+                steps=1_000_000, global_batch_size=len(batch["input_ids"]), seed=0, dropout_rng=dropout_rng
+            ),
             checkpoint=CheckpointConfig(every=0),  # never reached: only the step function is called
             mesh=sharding.make_mesh(sharding.MeshConfig()),
             run_config={},
@@ -140,7 +142,7 @@ class BertjaxStep:
         self.n_params = self.trainer.n_params
         self.state, _ = self.trainer.restore_or_init()
         self.batch = sharding.global_batch(batch, self.trainer.mesh)
-        self.key = jax.random.key(0)
+        self.key = self.trainer.dropout_key()
         self.metrics: dict[str, jax.Array] = {}
         self.on_accelerator = jax.devices()[0].platform != "cpu"
 
@@ -239,13 +241,16 @@ def interleaved(runners: list[Callable[[], Any]], repeat: int) -> list[list[floa
 
 def run_preset(name: str, args) -> list[dict[str, Any]]:
     batch_size = args.batch_size or default_batch_size(name)
-    config = preset(name, dtype=args.dtype, max_position_embeddings=max(512, args.seq_len))
+    overrides = {} if args.attention_dropout is None else {"attention_probs_dropout_prob": args.attention_dropout}
+    config = preset(name, dtype=args.dtype, max_position_embeddings=max(512, args.seq_len), **overrides)
     batch = make_batch(config, batch_size, args.seq_len, seed=args.seed)
     settings = {
         "preset": name,
         "batch": batch_size,
         "seq_len": args.seq_len,
         "dtype": args.dtype,
+        "attention_dropout": config.attention_probs_dropout_prob,
+        "dropout_rng": args.dropout_rng,
         "malloc": "reuse" if args.reuse_freed_memory else "default",
     }
     peak = peak_flops(jax.devices()[0])
@@ -256,7 +261,7 @@ def run_preset(name: str, args) -> list[dict[str, Any]]:
             for backend in args.backends:
                 common.log(f"{name}: building {backend} (batch {batch_size} × T {args.seq_len}, {args.dtype})")
                 if backend == "bertjax":
-                    runner = BertjaxStep(config, batch, Path(workdir) / backend)
+                    runner = BertjaxStep(config, batch, Path(workdir) / backend, args.dropout_rng)
                     runners.append(runner)
                     # The first call compiles; it is reported, not timed with the rest.
                     extra[backend] = {"compile_s": common.time_calls(runner, repeat=1, warmup=0)[0]}
@@ -321,6 +326,19 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         choices=("float32", "bfloat16"),
         default="float32",
         help="compute dtype over fp32 params (torch: bf16 autocast)",
+    )
+    p.add_argument(
+        "--attention-dropout",
+        type=float,
+        default=None,
+        help="attention dropout of both sides (default: the preset's 0.1); at 0 bertjax attends through "
+        "jax.nn.dot_product_attention, as the emergence recipes train",
+    )
+    p.add_argument(
+        "--dropout-rng",
+        choices=("threefry2x32", "rbg"),
+        default="threefry2x32",
+        help="bertjax's generator of the dropout masks (train.dropout_rng)",
     )
     p.add_argument("--warmup", type=int, default=2, help="untimed steps per backend (after bertjax's compile)")
     p.add_argument("--seed", type=int, default=0, help="seed of the batch")

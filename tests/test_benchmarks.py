@@ -292,7 +292,17 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
         assert result.returncode == 0, result.stderr[-4000:]
     out = tmp_path / "out"
     stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
-    assert [s["stage"] for s in stages] == ["6a", "6b-cold", "6b-warm", "8", "14", "emergence", "track"]
+    assert [s["stage"] for s in stages] == [
+        "6a",
+        "6a-rbg",
+        "6a-attn0",
+        "6b-cold",
+        "6b-warm",
+        "8",
+        "14",
+        "emergence",
+        "track",
+    ]
     assert all(s["rc"] == 0 for s in stages), stages
     assert json.loads((out / "env.json").read_text())["devices"]
     rows = {name: [json.loads(line) for line in (out / f"{name}.jsonl").read_text().splitlines()] for name in
@@ -300,8 +310,14 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     assert [row["side"] for row in rows["6b"]].count("ratio") == 2, rows["6b"]  # the cold and the warm process
     assert all(row["stages_s"] for row in rows["6b"] if row["side"] == "roles_end_to_end")
     # bertjax beside both torch baselines, in one process: a step line each, and a ratio to each.
-    assert {row["backend"] for row in rows["6a"] if "speedup" not in row} == {"bertjax", "torch", "torch-compile"}
-    assert sorted(row["baseline"] for row in rows["6a"] if "speedup" in row) == ["torch", "torch-compile"]
+    default = [row for row in rows["6a"] if row["dropout_rng"] == "threefry2x32"]
+    assert {row["backend"] for row in default if "speedup" not in row} == {"bertjax", "torch", "torch-compile"}
+    assert sorted(row["baseline"] for row in default if "speedup" in row) == ["torch", "torch-compile"]
+    # Then the variants: rbg masks alone, and with attention dropout 0 beside torch.compile.
+    variants = {(row["attention_dropout"], row["backend"], row.get("baseline")) for row in rows["6a"]
+                if row["dropout_rng"] == "rbg"}  # fmt: skip
+    assert variants == {(0.1, "bertjax", None), (0.0, "bertjax", None), (0.0, "torch-compile", None),
+                        (0.0, "bertjax", "torch-compile")}, variants  # fmt: skip
     assert rows["8"]
     # The intervene section's cost: each steering's ratio to the unsteered step, in the same call.
     assert sorted(row["variant"] for row in rows["14"] if "cost" in row) == ["cls", "positional"]

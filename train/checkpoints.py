@@ -54,7 +54,8 @@ def log_spaced_steps(count: int, total: int) -> list[int]:
 RESUMABLE_SETTINGS = ("train.log_every", "checkpoint.", "mesh.", "distributed", "seeds", "data.eval_batch_size",
                       "data.segment_workers", "data.shard_size", "heldout.", "probe.")  # fmt: skip
 # Settings added since runs were first recorded, at the value a run that records none trained with.
-ADDED_SETTINGS = {"model.matmul_precision": "default", "matmul_precision": "default", "intervene": []}
+ADDED_SETTINGS = {"model.matmul_precision": "default", "matmul_precision": "default", "intervene": [],
+                  "train.dropout_rng": "threefry2x32"}  # fmt: skip
 
 
 def setting_changes(

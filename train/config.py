@@ -16,7 +16,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from bertjax import cli
 from bertjax.errors import UserError
@@ -168,12 +168,22 @@ class ModelSettings:
         check_matmul_precision(self.matmul_precision, "model.matmul_precision")
 
 
+# Both are deterministic given the seed, so a resumed run draws the masks it would have drawn.
+# unsafe_rbg is left out: its fold_in does not promise independent streams.
+DropoutRng = Literal["threefry2x32", "rbg"]
+
+
 @dataclasses.dataclass
 class LoopConfig:
     steps: int = setting(1000, help="optimizer steps")
     global_batch_size: int = setting(32, help="sequences per step, over all devices and processes")
     grad_accum_steps: int = setting(1, help="micro-batches per step; each is global_batch_size / this")
     seed: int = setting(0, help="seed of the init, the dropout and the batches' order")
+    dropout_rng: DropoutRng = setting(
+        "threefry2x32",
+        help="JAX's generator of the dropout masks: threefry2x32 (its default: the same bits on every backend) "
+        "or rbg (XLA's RngBitGenerator: cheaper bits on GPUs and TPUs; other masks, the same distribution)",
+    )
     log_every: int = setting(10, help="steps between metric lines (metrics.jsonl, TensorBoard)")
     init_from: str | None = setting(
         None,

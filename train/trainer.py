@@ -217,6 +217,10 @@ class Trainer:
         )
         return init(jax.random.key(self.loop.seed))
 
+    def dropout_key(self) -> jax.Array:
+        """The run's key of the dropout masks; each step folds its number in."""
+        return jax.random.key(self.loop.seed, impl=self.loop.dropout_rng)
+
     def restore_or_init(self) -> tuple[dict[str, Any], dict[str, Any] | None]:
         """(train state, data position to resume from or None)."""
         abstract_params = abstract_with_shardings(self.abstract_params, self.param_shardings)
@@ -367,7 +371,7 @@ class Trainer:
         started = time.perf_counter()
         state, position = self.restore_or_init()
         data = make_data(position)
-        key = jax.random.key(self.loop.seed)
+        key = self.dropout_key()
         start = int(jax.device_get(state["step"]))
         # The flag `cli.run` also sets (in place here for callers other than the CLIs): read after
         # each step, which then saves a checkpoint and ends the loop.
