@@ -19,7 +19,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from analysis.common.flags import refuse_early
-from analysis.heads.config import EFFECT_SKIP, RolesConfig
+from analysis.heads.config import EFFECT_SECTIONS, RolesConfig
 from analysis.tools import Command
 from bertjax import cli, settings
 
@@ -35,8 +35,8 @@ def _pair_flags(p: argparse.ArgumentParser) -> None:
 
 def _settings(p: argparse.ArgumentParser, a: argparse.Namespace, argv: list[str] | None) -> RolesConfig:
     """The roles settings of the comparison, parsed without JAX."""
-    data = settings.from_flags(RolesConfig, p, a, argv, skip=EFFECT_SKIP, ckpt=a.pre)
-    settings.print_config_if_asked(a, data, skip=EFFECT_SKIP)
+    data = settings.from_flags(RolesConfig, p, a, argv, sections=EFFECT_SECTIONS, ckpt=a.pre)
+    settings.print_config_if_asked(a, data, sections=EFFECT_SECTIONS)
     return data
 
 

@@ -69,8 +69,9 @@ class Analysis(Protocol):
 class Tool:
     """A row of the table: `python -m analysis.<name>` and `analysis.api.<name>(...)`.
 
-    `settings`: the typed settings class; its flags are `flags(parser, tool, skip)` where given
-    (with `tool` and `skip` as `settings.add_flags` takes them), else its fields' and `--config`.
+    `settings`: the typed settings class; its flags are `flags(parser, tool, takes)` where given
+    (with `tool`, and `takes` as `settings.add_flags` takes `sections`: the sections of a shared
+    settings class that this tool takes), else its fields' and `--config`.
     `analysis`: its `Analysis` (the runner computes and writes). `section`: the attribute of the
     settings holding `out`, `overwrite` and `html` (a tool whose settings nest the roles settings). `refuses`: the command refuses the mistakes that need no
     model (`refuse_early`) before it imports the analysis. `html`: it writes `--html`'s page.
@@ -89,7 +90,7 @@ class Tool:
     analysis: str
     flags: str | None = None
     tool: str | None = None
-    skip: str | None = None
+    takes: str | None = None
     section: str | None = None
     refuses: bool = True
     html: bool = False
@@ -122,14 +123,14 @@ def register(tool: Tool) -> Tool:
 
 for _row in (
     Tool("roles", f"{_HEADS}:RolesConfig", analysis="analysis.api.heads:ROLES", flags=f"{_HEADS}:add_roles_flags",
-         tool=f"{_HEADS}:ROLES_TOOL", html=True, api="analysis.api.heads",
+         tool=f"{_HEADS}:ROLES_TOOL", takes=f"{_HEADS}:ROLES_SECTIONS", html=True, api="analysis.api.heads",
          exports=("RolesResult", "roles_config", "run_roles"), given=("model", "tokenizer", "parser")),
     Tool("track", f"{_HEADS}:TrackConfig", analysis="analysis.api.heads:TRACK", flags=f"{_HEADS}:add_roles_flags",
-         tool=f"{_HEADS}:TRACK_TOOL", skip=f"{_HEADS}:TRACK_SKIP", section="roles", refuses=False, html=True,
+         tool=f"{_HEADS}:TRACK_TOOL", takes=f"{_HEADS}:TRACK_SECTIONS", section="roles", refuses=False, html=True,
          api="analysis.api.heads", exports=("TrackResult", "run_track"), positional=(),
          given=("run", "ckpt"), schemas=(f"{_HEADS}:RolesConfig",)),
     Tool("finetune_effect", f"{_HEADS}:RolesConfig", analysis="analysis.api.heads:FINETUNE_EFFECT",
-         flags=f"{_HEADS}:add_roles_flags", tool=f"{_HEADS}:EFFECT_TOOL", skip=f"{_HEADS}:EFFECT_SKIP",
+         flags=f"{_HEADS}:add_roles_flags", tool=f"{_HEADS}:EFFECT_TOOL", takes=f"{_HEADS}:EFFECT_SECTIONS",
          section="data", refuses=False, html=True, api="analysis.api.heads",
          exports=("FinetuneEffectResult", "run_finetune_effect"), positional=("pre", "post"),
          given=("model", "tokenizer", "post_models")),
@@ -178,8 +179,9 @@ class Command:
         a = p.parse_args(argv)
         if self.parse is not None:
             return self.parse(p, a, argv)
-        config = resolved(self.tool, settings.from_flags(load(self.tool.settings), p, a, argv))
-        settings.print_config_if_asked(a, config)
+        sections = taken_sections(self.tool)
+        config = resolved(self.tool, settings.from_flags(load(self.tool.settings), p, a, argv, sections=sections))
+        settings.print_config_if_asked(a, config, sections=sections)
         return config
 
     def run(self, config: Any) -> Any:
@@ -194,12 +196,18 @@ def resolved(tool: Tool, config: Any) -> Any:
     return config if tool.resolve is None else load(tool.resolve)(config)
 
 
+def taken_sections(tool: Tool) -> Sequence[settings.Section] | None:
+    """The sections of a shared settings class that `tool` takes (None: all its settings)."""
+    return None if tool.takes is None else load(tool.takes)
+
+
 def add_tool_flags(p: argparse.ArgumentParser, tool: Tool) -> None:
     """The flags of `tool`'s settings (and `--config`/`--print-config`)."""
+    sections = taken_sections(tool)
     if tool.flags is not None:
-        load(tool.flags)(p, {} if tool.tool is None else load(tool.tool), () if tool.skip is None else load(tool.skip))
+        load(tool.flags)(p, {} if tool.tool is None else load(tool.tool), sections)
         return
-    settings.add_flags(p, load(tool.settings))
+    settings.add_flags(p, load(tool.settings), sections=sections)
     settings.add_config_flags(p)
 
 
@@ -332,7 +340,7 @@ def api_function(name: str) -> Callable[..., Any]:
     schema = load(tool.settings)
     spec = tool.analysis
     defaults = None if tool.tool is None else load(tool.tool)
-    skip = () if tool.skip is None else tuple(load(tool.skip))
+    sections = taken_sections(tool)
 
     def call(*args: Any, out: str | Path | None = None, **kwargs: Any) -> Any:
         if len(args) > len(tool.positional):
@@ -349,7 +357,7 @@ def api_function(name: str) -> Callable[..., Any]:
         if (arguments := getattr(analysis, "arguments", None)) is not None:
             config, objects = arguments(given, kwargs | written, objects)
         else:
-            config = settings.from_kwargs(schema, kwargs | written, defaults, (*tool.positional, *skip), **given)
+            config = settings.from_kwargs(schema, kwargs | written, defaults, sections, **given)
         config = resolved(tool, config)
         # A one-file analysis' file is its result: written where `out` says, or where its `file` puts it.
         result = execute(analysis, config, write=out is not None or hasattr(analysis, "file"), **objects)
@@ -366,14 +374,18 @@ def api_function(name: str) -> Callable[..., Any]:
         "\n\n" + inspect.cleandoc(about) if about else ""
     )
     more = [load(spec) for spec in tool.schemas]
-    call = settings.with_settings(schema, *more, tool=defaults, skip=(*tool.positional, "out", *skip))(call)
-    # Its positional settings by name in `help()` and completion, not `*args`.
+    # Its positional settings by name in `help()` and completion, not `*args`: parameters of its
+    # own, which `with_settings` does not list again as keywords.
     signature = inspect.signature(call)
     named = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in tool.positional]
+    rest = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    call.__signature__ = signature.replace(parameters=[*named, *rest])  # type: ignore[attr-defined]
+    call = settings.with_settings(schema, *more, tool=defaults, sections=sections)(call)
+    signature = inspect.signature(call)
     # A `given` that is a setting too (roles' `parser`: an object, or the flag's value) shows the setting's default.
     named += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
               for n in tool.given if n not in signature.parameters]  # fmt: skip
-    rest = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+    rest = list(signature.parameters.values())[len(tool.positional) :]
     call.__signature__ = signature.replace(parameters=[*named, *rest])  # type: ignore[attr-defined]
     return call
 

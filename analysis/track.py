@@ -37,7 +37,7 @@ from __future__ import annotations
 import argparse
 
 from analysis.common.flags import refuse_early
-from analysis.heads.config import SEEDS_CSV, TRACK_CSV, TRACK_SKIP, RolesConfig, TrackConfig
+from analysis.heads.config import SEEDS_CSV, TRACK_CSV, TRACK_SECTIONS, RolesConfig, TrackConfig
 from analysis.tools import Command
 from bertjax import cli, settings
 
@@ -56,11 +56,11 @@ def _series_flags(p: argparse.ArgumentParser) -> None:
 def _parse(p: argparse.ArgumentParser, a: argparse.Namespace, argv: list[str] | None) -> tuple[TrackConfig, list[str]]:
     """The track's config and the workdirs of --run (several: the seeds of one recipe)."""
     roles = settings.from_flags(
-        RolesConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else ""
+        RolesConfig, p, a, argv, sections=TRACK_SECTIONS, file_schemas=[TrackConfig], ckpt=a.run[0] if a.run else ""
     )
-    config = settings.from_flags(TrackConfig, p, a, argv, skip=TRACK_SKIP, file_schemas=[RolesConfig], roles=roles,
-                                 series=tuple(a.ckpt or ()))  # fmt: skip
-    settings.print_config_if_asked(a, roles, config, skip=TRACK_SKIP)
+    config = settings.from_flags(TrackConfig, p, a, argv, sections=TRACK_SECTIONS, file_schemas=[RolesConfig],
+                                 roles=roles, series=tuple(a.ckpt or ()))  # fmt: skip
+    settings.print_config_if_asked(a, roles, config, sections=TRACK_SECTIONS)
     return config, list(a.run or ())
 
 

@@ -9,6 +9,8 @@
 - YAML: every analysis CLI takes `--config FILE.yaml` (`from_flags`: values under the flags given
   on the command line) and `--print-config` (the resolved settings as YAML, to edit and pass back); the training CLIs read YAML plus dotted `key=value` overrides (`load_config`), and draw their own
   few flags from a settings dataclass per command too (`add_flags(..., file_supplies=False)`).
+- Commands that share one schema each take named sections of it (`Section`, `sections=`), which
+  partition its settings (`check_sections`): the heads tools' RolesConfig.
 
 Each field's type is its annotation evaluated (`field_types`), one of the few the checks know
 (`check_types` holds every value to it); a dataclass with any other is refused when its flags,
@@ -90,6 +92,42 @@ def flag_name(schema: type, field: dataclasses.Field) -> str:
 
 def flag_fields(schema: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(schema) if "setting" in f.metadata]
+
+
+@dataclasses.dataclass(frozen=True)
+class Section:
+    """A named part of `schema`'s settings, which a command takes whole or not at all: where
+    several commands share one schema, each names the sections it takes (`sections=` of
+    `add_flags`, `from_flags`, `from_kwargs`, `with_settings`, `print_config_if_asked`), and
+    `check_sections` holds the schema's sections to a partition of its settings."""
+
+    schema: type
+    name: str
+    fields: tuple[str, ...]
+
+
+def check_sections(schema: type, sections: Sequence[Section]) -> None:
+    """TypeError unless `sections` are `schema`'s and hold each of its settings exactly once, so
+    that a setting added to the schema without a section, which no command sharing it would take,
+    fails at import."""
+    names = [f.name for f in flag_fields(schema)]
+    given = [n for s in sections for n in s.fields]
+    problems = [f"section {s.name!r} is {s.schema.__name__}'s" for s in sections if s.schema is not schema]
+    problems += [f"{n!r} in no section" for n in names if n not in given]
+    problems += [f"{n!r} in {given.count(n)} sections" for n in dict.fromkeys(given) if given.count(n) > 1]
+    problems += [f"{n!r} is no setting" for n in dict.fromkeys(given) if n not in names]
+    if problems:
+        raise TypeError(f"{schema.__name__}'s sections: {'; '.join(problems)}")
+
+
+def taken(schema: type, sections: Sequence[Section] | None) -> set[str]:
+    """The names of `schema`'s settings that a command taking `sections` takes: those of its
+    sections of `schema`, or every one where it names none of `schema`'s (None: no schema is
+    divided; track takes all of TrackConfig and some sections of RolesConfig)."""
+    mine = [s for s in sections or () if s.schema is schema]
+    if not mine:
+        return {f.name for f in flag_fields(schema)}
+    return {n for s in mine for n in s.fields}
 
 
 # -- a setting's type: resolved from its real annotation, and one of a few -----------------------
@@ -239,25 +277,26 @@ def add_flags(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,
     schema: type,
     *,
-    skip: Sequence[str] = (),
+    sections: Sequence[Section] | None = None,
     tool: Mapping[str, Mapping[str, Any]] | None = None,
     file_supplies: bool = True,
 ) -> None:
-    """The flags of `schema`'s fields but those of `skip`, in the schema's order, each with its
-    help, choices and default. `tool` maps a field to what differs where several tools share a
-    schema (`default`, `help`, `choices`): each tool states it once, and its API takes the same
-    mapping (`from_kwargs`). `file_supplies`: a `--config` file of these settings may give a
+    """The flags of `schema`'s fields that a command taking `sections` takes (`taken`), in the
+    schema's order, each with its help, choices and default. `tool` maps a field to what differs
+    where several tools share a schema (`default`, `help`, `choices`): each tool states it once,
+    and its API takes the same mapping (`from_kwargs`). `file_supplies`: a `--config` file of these settings may give a
     required one (`from_flags`); not where `--config` names another file (a training command's
     run config), whose required flags stay required of the command line. A positional list
     (`flag` without dashes, `tuple[str, ...]`) takes any number of words, each as it is: train's
     `key=value` overrides."""
     tool = tool or {}
     kinds = field_types(schema)
-    unknown = sorted((set(skip) | set(tool)) - {f.name for f in flag_fields(schema)})
+    unknown = sorted(set(tool) - {f.name for f in flag_fields(schema)})
     if unknown:
         raise TypeError(f"{schema.__name__}: no setting named {', '.join(unknown)}")
+    takes = taken(schema, sections)
     for field in flag_fields(schema):
-        if field.name in skip:
+        if field.name not in takes:
             continue
         spec = {**field.metadata["setting"], **tool.get(field.name, {})}
         default = spec.get("default", field.default)
@@ -337,20 +376,21 @@ def from_flags(
     args: argparse.Namespace,
     argv: Sequence[str] | None,
     *,
-    skip: Sequence[str] = (),
+    sections: Sequence[Section] | None = None,
     file_schemas: Sequence[type] = (),
     **fixed: Any,
 ) -> T:
     """The settings of `schema` from parsed flags: the schema's fields that `args` holds, under a
     `--config` file's values where one is given, and `fixed` (values the command derives from
     other flags) over both. A command whose flags fill several schemas names the others in
-    `file_schemas`, so that the one file may hold the settings of all; `skip` as for `add_flags`
-    (the settings the command does not take, which a file may not set either)."""
+    `file_schemas`, so that the one file may hold the settings of all; `sections` as for
+    `add_flags` (of any of these schemas: a setting the command does not take, a file may not set
+    either)."""
     values = flag_values(schema, args)
     path = getattr(args, "config", None)
     if path is not None:
         given = given_flags(parser, argv)
-        from_file = _yaml_settings(schema, Path(path), file_schemas, skip)
+        from_file = _yaml_settings(schema, Path(path), file_schemas, sections)
         values = {k: v for k, v in values.items() if k in given or k not in from_file} | {
             k: v for k, v in from_file.items() if k not in given
         }
@@ -367,11 +407,11 @@ def flag_values(schema: type, args: argparse.Namespace) -> dict[str, Any]:
     return values | words
 
 
-def print_config_if_asked(args: argparse.Namespace, *configs: Any, skip: Sequence[str] = ()) -> None:
-    """`--print-config`: the resolved settings of `configs` (but `skip`'s, as for `add_flags`) as
-    YAML on stdout, then exit 0."""
+def print_config_if_asked(args: argparse.Namespace, *configs: Any, sections: Sequence[Section] | None = None) -> None:
+    """`--print-config`: the resolved settings of `configs` that a command taking `sections`
+    takes (as for `add_flags`) as YAML on stdout, then exit 0."""
     if getattr(args, "print_config", False):
-        print("".join(to_yaml(config, skip) for config in configs), end="")
+        print("".join(to_yaml(config, sections) for config in configs), end="")
         raise SystemExit(0)
 
 
@@ -382,7 +422,9 @@ def _check_config_file(path: Path, flag: str = "") -> None:
         raise UserError(f"{flag}{path}: not a regular file (a pipe, device or directory); give the file itself")
 
 
-def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Sequence[str]) -> dict[str, Any]:
+def _yaml_settings(
+    schema: type, path: Path, others: Sequence[type], sections: Sequence[Section] | None
+) -> dict[str, Any]:
     """A --config file's settings of `schema`, typed and checked against its annotations by
     OmegaConf; a key that is no setting of `schema` or `others` is refused by name."""
     from omegaconf import OmegaConf
@@ -394,7 +436,7 @@ def _yaml_settings(schema: type, path: Path, others: Sequence[type], skip: Seque
         return {}
     if not hasattr(data, "keys"):
         raise UserError(f"--config {path}: expected a mapping of settings, one per line (key: value)")
-    known = {f.name for s in (schema, *others) for f in flag_fields(s)} - set(skip)
+    known = {n for s in (schema, *others) for n in taken(s, sections)}
     unknown = sorted(set(data.keys()) - known)
     if unknown:
         raise UserError(f"--config {path}: unknown setting {unknown[0]!r} (choose from {', '.join(sorted(known))})")
@@ -452,14 +494,16 @@ def from_kwargs(
     schema: type[T],
     kwargs: Mapping[str, Any],
     tool: Mapping[str, Mapping[str, Any]] | None = None,
-    skip: Sequence[str] = (),
+    sections: Sequence[Section] | None = None,
     **fixed: Any,
 ) -> T:
     """The settings of `schema` from an API call's keyword arguments, named as the fields: a text
     where the field takes another type is read as the flag's text would be (`roles="prev,next"`),
     a path becomes its text (run.json records text), and an unknown name is a TypeError as Python
-    raises for any function. `tool` and `skip` as for `add_flags`; `fixed` over everything."""
-    fields = {f.name: f for f in flag_fields(schema) if f.name not in skip}
+    raises for any function. `tool` and `sections` as for `add_flags`; `fixed` over everything:
+    a keyword naming one of its settings is unknown too (`ckpt`, given by position)."""
+    names = taken(schema, sections) - set(fixed)
+    fields = {f.name: f for f in flag_fields(schema) if f.name in names}
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
@@ -500,21 +544,23 @@ def typed(schema: type, name: str, value: Any) -> Any:
 
 
 def with_settings(
-    *schemas: type, tool: Mapping[str, Mapping[str, Any]] | None = None, skip: Sequence[str] = ()
+    *schemas: type, tool: Mapping[str, Mapping[str, Any]] | None = None, sections: Sequence[Section] | None = None
 ) -> Callable[[F], F]:
-    """An API function's signature with one keyword argument per setting of `schemas` (but
-    `skip`'s), each with the tool's default, where its code takes them as `**settings`: what
-    `help()`, `inspect.signature` and a notebook's completion show."""
+    """An API function's signature with one keyword argument per setting of `schemas` that a
+    command taking `sections` takes (as for `add_flags`) and that is no parameter of its own,
+    each with the tool's default, where its code takes them as `**settings`: what `help()`,
+    `inspect.signature` and a notebook's completion show."""
 
     def decorate(function: F) -> F:
         signature = inspect.signature(function)
         parameters = [p for p in signature.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-        taken = {p.name for p in parameters} | set(skip)
+        shown = {p.name for p in parameters}
         defaults = tool_defaults(tool)
         for schema in schemas:
+            names = taken(schema, sections)
             for field in flag_fields(schema):
-                if field.name not in taken:
-                    taken.add(field.name)
+                if field.name in names and field.name not in shown:
+                    shown.add(field.name)
                     default = defaults.get(field.name, field.default)
                     parameters.append(
                         inspect.Parameter(
@@ -531,11 +577,12 @@ def with_settings(
     return decorate
 
 
-def to_yaml(config: Any, skip: Sequence[str] = ()) -> str:
-    """A tool's settings as YAML, which `--config` reads back."""
+def to_yaml(config: Any, sections: Sequence[Section] | None = None) -> str:
+    """A tool's settings (those a command taking `sections` takes) as YAML, which `--config`
+    reads back."""
     from omegaconf import OmegaConf
 
-    names = {f.name for f in flag_fields(type(config))} - set(skip)
+    names = taken(type(config), sections)
     values = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(config).items() if k in names}
     return OmegaConf.to_yaml(OmegaConf.create(values))
 

@@ -454,7 +454,7 @@ def test_the_other_calls_keywords_default_as_the_flags():
     )
     assert api.prune_config("c", {"out": "prune_out"}) == prune_cli.parse_args(["--ckpt", "c"])
     assert api.prune_config("c", {"out": "prune_out", "n": 8}).importance_n == 8
-    data = api.roles_config("p", {"out": "finetune_effect_out"}, heads_config.EFFECT_TOOL, heads_config.EFFECT_SKIP)
+    data = api.roles_config("p", {"out": "finetune_effect_out"}, heads_config.EFFECT_TOOL, heads_config.EFFECT_SECTIONS)
     assert finetuning.effect_config(["q:mrpc"], data) == effect_cli.parse_args(["--pre", "p", "--post", "q:mrpc"])
     for call, keywords in (
         (api.clark, {"max_len": 3}),

@@ -117,7 +117,7 @@ def test_the_api_takes_the_flags_text_or_typed_values():
     with pytest.raises(TypeError, match="unexpected keyword argument"):
         settings.from_kwargs(heads.RolesConfig, {"analyses_explicit": True}, ckpt="c")
     with pytest.raises(TypeError, match="unexpected keyword argument"):  # internal: no flag sets it
-        settings.from_kwargs(ClarkConfig, {"analyses_explicit": True}, skip=("ckpt",), ckpt="c")
+        settings.from_kwargs(ClarkConfig, {"analyses_explicit": True}, ckpt="c")
     with pytest.raises(UserError, match="n: expected an integer"):
         settings.from_kwargs(heads.RolesConfig, {"n": "8"}, ckpt="c")
 
@@ -142,6 +142,69 @@ def test_the_api_signatures_list_every_setting_with_the_tools_default():
     assert inspect.signature(api.prune).parameters["random_seeds"].default == 3
     for function, schema in ((api.ablate, KovalevaConfig), (api.clark, ClarkConfig)):
         assert {f.name for f in settings.flag_fields(schema)} - {"ckpt"} <= set(inspect.signature(function).parameters)
+
+
+# The sets the heads tools took before the sections (issue 51): RolesConfig's settings but those of
+# the skip tables `("ckpt", *ROLES_ONLY)` (track) and `("ckpt", *ROLES_ONLY, *TEST_SETTINGS)`
+# (finetune_effect), written out here so that the sections are held to them.
+OLD_ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
+OLD_TEST_SETTINGS = ("tau", "alpha", "test", "correction", "bootstrap", "bootstrap_seed")
+
+
+def _roles_settings() -> set[str]:
+    return {f.name for f in settings.flag_fields(heads.RolesConfig)}
+
+
+def test_the_roles_sections_partition_its_settings_and_a_setting_in_none_fails():
+    settings.check_sections(heads.RolesConfig, heads.ROLES_SECTIONS)  # as at import
+    assert set(heads.ROLES_SECTIONS) >= {*heads.TRACK_SECTIONS, *heads.EFFECT_SECTIONS}
+    # A field added to RolesConfig (a subclass here) without a section of its own fails loudly.
+    field = ("planted", int, settings.setting(0, help="a new setting"))
+    planted = dataclasses.make_dataclass("Planted", [field], bases=(heads.RolesConfig,), frozen=True)
+    sections = [dataclasses.replace(s, schema=planted) for s in heads.ROLES_SECTIONS]
+    with pytest.raises(TypeError, match="'planted' in no section"):
+        settings.check_sections(planted, sections)
+    checkpoint, *rest = heads.ROLES_SECTIONS
+    with pytest.raises(TypeError, match="'ckpt' in 2 sections"):
+        settings.check_sections(heads.RolesConfig, [checkpoint, *rest, checkpoint])
+    with pytest.raises(TypeError, match="'ckpt' in no section"):
+        settings.check_sections(heads.RolesConfig, rest)
+    with pytest.raises(TypeError, match="'max_len' is no setting"):
+        settings.check_sections(heads.RolesConfig, [*heads.ROLES_SECTIONS, settings.Section(heads.RolesConfig, "typo", ("max_len",))])  # fmt: skip
+    with pytest.raises(TypeError, match="section 'checkpoint' is RolesConfig's"):
+        settings.check_sections(planted, [checkpoint, *sections[1:]])
+
+
+@pytest.mark.parametrize(
+    ("name", "old"),
+    [
+        ("roles", _roles_settings()),
+        ("track", _roles_settings() - {"ckpt", *OLD_ROLES_ONLY}),
+        ("finetune_effect", _roles_settings() - {"ckpt", *OLD_ROLES_ONLY, *OLD_TEST_SETTINGS}),
+    ],
+)
+def test_a_heads_tools_settings_are_its_sections_as_its_skip_table_left_them(name, old):
+    """Its flags, its --print-config keys and its call's keywords: the settings of the sections it
+    composes, the same RolesConfig settings its skip table left it."""
+    import argparse
+    import inspect
+
+    import yaml
+
+    from analysis import api, tools
+
+    tool = tools.TOOLS[name]
+    sections = tools.load(tool.takes)
+    composed = {n for s in sections for n in s.fields}
+    assert composed == old
+    parser = argparse.ArgumentParser()
+    tools.add_tool_flags(parser, tool)
+    assert {a.dest for a in parser._actions} & _roles_settings() == old
+    config = api.roles_config("c", {})
+    assert set(yaml.safe_load(settings.to_yaml(config, sections))) == old
+    # A call takes its checkpoints by position (roles' `ckpt`) or as objects (track's series).
+    keywords = set(inspect.signature(getattr(api, name)).parameters) - {"ckpt"}
+    assert keywords & _roles_settings() == old - {"ckpt"}
 
 
 # -- a setting's type: from the real annotation, whether or not the module postpones annotations ---

@@ -78,12 +78,12 @@ class PruneResult(TablesResult):
 def ablate_config(ckpt: str, settings: dict) -> KovalevaConfig:
     """A KovalevaConfig from keyword arguments named as the flags (`analyses`: the flag's
     comma-separated text or a list); KovalevaConfig checks them as it does the flags' values."""
-    return from_kwargs(KovalevaConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
+    return from_kwargs(KovalevaConfig, settings, ckpt=str(ckpt))
 
 
 def prune_config(ckpt: str, settings: dict) -> MichelConfig:
     """A MichelConfig from keyword arguments named as the flags; it checks them as the flags'."""
-    return from_kwargs(MichelConfig, settings, skip=("ckpt",), ckpt=str(ckpt))
+    return from_kwargs(MichelConfig, settings, ckpt=str(ckpt))
 
 
 def ablate_sources(config: KovalevaConfig) -> kovaleva.Sources:

@@ -52,7 +52,7 @@ class ClarkResult(TablesResult):
 def clark_config(ckpt: str, settings: dict) -> ClarkConfig:
     """A ClarkConfig from keyword arguments named as the flags (`analyses`: "all", the flag's
     comma-separated text or a list); ClarkConfig checks them as it does the flags' values."""
-    return with_analyses_named(from_kwargs(ClarkConfig, settings, skip=("ckpt",), ckpt=str(ckpt)))
+    return with_analyses_named(from_kwargs(ClarkConfig, settings, ckpt=str(ckpt)))
 
 
 class Clark(TablesAnalysis):

@@ -38,14 +38,15 @@ from analysis.heads import finetuning, pipeline, seeds, tracking
 from analysis.heads import head_view as head_view_lib
 from analysis.heads.config import (
     EFFECT_FIGURES,
-    EFFECT_SKIP,
+    EFFECT_SECTIONS,
     EFFECT_TOOL,
     ROLES_FIGURES,
+    ROLES_SECTIONS,
     ROLES_TOOL,
     SEEDS_CSV,
     TRACK_CSV,
     TRACK_FIGURES,
-    TRACK_SKIP,
+    TRACK_SECTIONS,
     TRACK_TOOL,
     RolesConfig,
     TrackConfig,
@@ -65,17 +66,19 @@ from analysis.tools import execute
 from bertjax import pretrained, runinfo
 from bertjax.errors import UserError
 from bertjax.pretrained import open_checkpoint
-from bertjax.settings import fits, flag_fields, from_kwargs
+from bertjax.settings import Section, fits, flag_fields, from_kwargs
 
 # The height of an inline page: the grid and a card with an example of up to ~40 tokens.
 FRAME_HEIGHT = 900
 
 
-def roles_config(ckpt: str, settings: dict, tool: dict = ROLES_TOOL, skip: Sequence[str] = ("ckpt",)) -> RolesConfig:
-    """A RolesConfig from keyword arguments named as the flags, with the tool's defaults
-    (`analysis.heads.config`: ROLES_TOOL, TRACK_TOOL, EFFECT_TOOL); RolesConfig checks them as it
-    does the flags' values."""
-    return from_kwargs(RolesConfig, settings, tool, skip, ckpt=str(ckpt))
+def roles_config(
+    ckpt: str, settings: dict, tool: dict = ROLES_TOOL, sections: Sequence[Section] = ROLES_SECTIONS
+) -> RolesConfig:
+    """A RolesConfig from keyword arguments named as the flags, with the tool's defaults and
+    sections (`analysis.heads.config`: ROLES_TOOL and ROLES_SECTIONS, TRACK_..., EFFECT_...);
+    RolesConfig checks them as it does the flags' values."""
+    return from_kwargs(RolesConfig, settings, tool, sections, ckpt=str(ckpt))
 
 
 class _Result(HeldResult):
@@ -327,7 +330,7 @@ class Track:
         collect_garbage()
         own = {f.name for f in flag_fields(TrackConfig)}
         roles = roles_config(
-            str(run or ""), {k: v for k, v in settings.items() if k not in own}, TRACK_TOOL, TRACK_SKIP
+            str(run or ""), {k: v for k, v in settings.items() if k not in own}, TRACK_TOOL, TRACK_SECTIONS
         )
         config = from_kwargs(TrackConfig, {k: v for k, v in settings.items() if k in own}, roles=roles, series=series)
         writes = "out" in settings
@@ -511,7 +514,7 @@ class FinetuneEffect(_RunAnalysis):
         if not specs:
             raise UserError("post: give at least one fine-tuned checkpoint")
         collect_garbage()
-        data = roles_config(str(named["pre"]), settings, EFFECT_TOOL, EFFECT_SKIP)
+        data = roles_config(str(named["pre"]), settings, EFFECT_TOOL, EFFECT_SECTIONS)
         config = finetuning.effect_config(specs, data)
         sources = effect_sources(config)
         model, tokenizer, post_models = given.get("model"), given.get("tokenizer"), given.get("post_models")
@@ -578,10 +581,10 @@ def head_view(
     `tokenizer`. Other keyword arguments are the sieve flags (window, special_rows,
     block_first_sep, max_length, spacy_model, cache_dir, allow_nonfinite: weights that are NaN or
     ±Inf are refused, as every analysis refuses them, unless allowed)."""
-    allowed = ("window", "special_rows", "block_first_sep", "max_length", "spacy_model", "cache_dir", "allow_nonfinite")
+    head_view_settings = Section(RolesConfig, "head view", ("window", "special_rows", "block_first_sep",
+                                                            "max_length", "spacy_model", "cache_dir", "allow_nonfinite"))  # fmt: skip
     given = not isinstance(model_or_ckpt, (str, Path))
-    skip = [f.name for f in flag_fields(RolesConfig) if f.name not in allowed]
-    config = roles_config("the model given" if given else str(model_or_ckpt), settings, {}, skip)
+    config = roles_config("the model given" if given else str(model_or_ckpt), settings, {}, (head_view_settings,))
     head_view_lib.check_request(text, layer, head, role)
     if given:
         check_model(model_or_ckpt, "model_or_ckpt")

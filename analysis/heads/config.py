@@ -36,7 +36,7 @@ from analysis.common.flags import (
 )
 from bertjax import cli
 from bertjax.errors import UserError
-from bertjax.settings import add_config_flags, add_flags, check, default_of, internal, setting
+from bertjax.settings import Section, add_config_flags, add_flags, check, check_sections, default_of, internal, setting
 from sieves.builders import DEFAULT_ROLES, get_role
 from sieves.choices import CORRECTIONS, TESTS, Correction, Test
 
@@ -74,8 +74,9 @@ def _roles(text: str) -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class RolesConfig:
     """Everything that decides the numbers of a run; saved in run.json. Each field is declared
-    once, with its flag (`bertjax.settings`): analysis.roles, track and finetune_effect take these
-    flags (track and finetune_effect not those of `ROLES_ONLY`), the API the same keywords."""
+    once, with its flag (`bertjax.settings`), and in one of the sections below: analysis.roles
+    takes every section's flags, track and finetune_effect those of `TRACK_SECTIONS` and
+    `EFFECT_SECTIONS`, the API the same keywords."""
 
     ckpt: str = ckpt_setting()
     # "all" stays a word of the list (as asked, and as run.json records it): `resolve_tasks` says
@@ -173,6 +174,28 @@ class RolesConfig:
             raise UserError(f"--roles names a role twice: {','.join(self.roles)}")
         if self.parser == "conllu" and not self.conllu:
             raise UserError("--parser conllu needs --conllu FILE (a CoNLL-U file of gold trees)")
+
+
+# RolesConfig's settings by what takes them; a field in no section fails the check below at import.
+# One checkpoint: track and finetune_effect name theirs by flags of their own (--run/--ckpt, --pre/--post).
+CHECKPOINT = Section(RolesConfig, "checkpoint", ("ckpt",))
+# The step of the one checkpoint and the authors' variants of the scores: track and finetune_effect
+# score with the published definitions, each checkpoint of a series at its own step.
+STEP_AND_VARIANTS = Section(RolesConfig, "step and scoring variants",
+                            ("step", "block_score", "block_first_sep", "syntactic_average"))  # fmt: skip
+# finetune_effect compares β means; it runs no hypothesis test.
+HYPOTHESIS_TESTS = Section(RolesConfig, "hypothesis tests",
+                           ("tau", "alpha", "test", "correction", "bootstrap", "bootstrap_seed"))  # fmt: skip
+EVERY_HEADS_TOOL = Section(RolesConfig, "every heads tool", (
+    "task", "glue_dir", "split", "n", "max_length", "batch_size", "roles", "window", "special_rows", "parser",
+    "spacy_model", "conllu", "cache_dir", "out", "overwrite", "figures", "figure_format", "html", "devices",
+    "distributed", "allow_nonfinite", "attention", "score", "precision",
+))  # fmt: skip
+# What each heads tool takes (bertjax.settings.add_flags' `sections`).
+ROLES_SECTIONS = (CHECKPOINT, STEP_AND_VARIANTS, HYPOTHESIS_TESTS, EVERY_HEADS_TOOL)
+TRACK_SECTIONS = (HYPOTHESIS_TESTS, EVERY_HEADS_TOOL)
+EFFECT_SECTIONS = (EVERY_HEADS_TOOL,)
+check_sections(RolesConfig, ROLES_SECTIONS)
 
 
 def parse_steps(text: str | None) -> tuple[int, ...] | None:
@@ -287,11 +310,6 @@ def config_tasks(config: RolesConfig) -> list[str]:
     return [CONLLU_TASK] if config.parser == "conllu" else resolve_tasks(config.task)
 
 
-# The flags only `analysis.roles` takes: track and finetune_effect score with the published
-# definitions, each checkpoint of a series at its own step.
-ROLES_ONLY = ("step", "block_score", "block_first_sep", "syntactic_average")
-# finetune_effect compares β means; it runs no hypothesis test.
-TEST_SETTINGS = ("tau", "alpha", "test", "correction", "bootstrap", "bootstrap_seed")
 ONE_READING_SETTING = {"choices": ONE_READING, "help": attention_help(ONE_READING)}
 
 # What each heads tool sets differently in the shared RolesConfig (bertjax.settings.add_flags): its
@@ -301,14 +319,13 @@ ROLES_TOOL: dict[str, dict] = {}
 _EVERY_FIGURE = {"default": ("all",)}
 TRACK_TOOL = {"out": {"default": "track_out"}, "figures": {**_EVERY_FIGURE, "help": figures_help(TRACK_FIGURES)},
               "attention": ONE_READING_SETTING}  # fmt: skip
-TRACK_SKIP = ("ckpt", *ROLES_ONLY)
 EFFECT_TOOL = {"out": {"default": "finetune_effect_out"},
                "figures": {**_EVERY_FIGURE, "help": figures_help(EFFECT_FIGURES)}, "attention": ONE_READING_SETTING}  # fmt: skip
-EFFECT_SKIP = ("ckpt", *ROLES_ONLY, *TEST_SETTINGS)
 
 
-def add_roles_flags(p: argparse.ArgumentParser, tool: dict, skip: Sequence[str] = ()) -> None:
-    """A heads tool's flags, from RolesConfig, with `--no-figures` and `--config`/`--print-config`."""
-    add_flags(p, RolesConfig, skip=skip, tool=tool)
+def add_roles_flags(p: argparse.ArgumentParser, tool: dict, sections: Sequence[Section] | None = None) -> None:
+    """A heads tool's flags, those of RolesConfig's `sections` (None: all), with `--no-figures` and
+    `--config`/`--print-config`."""
+    add_flags(p, RolesConfig, sections=sections, tool=tool)
     add_no_figures(p, default_of(RolesConfig, "figures", tool))
     add_config_flags(p)
