@@ -30,9 +30,10 @@ from bertjax import cli
 STEPS = (1, 3, 10, 31, 96, 200, 300)
 
 
-def random_run(workdir: Path, vocab: Path, steps: tuple[int, ...] = STEPS) -> Path:
-    """A training workdir with the tiny preset at random weights saved at `steps`, as the trainer
-    saves them (params + meta), and the vocabulary's tokenizer."""
+def random_run(workdir: Path, vocab: Path, steps: tuple[int, ...] = STEPS, preset: str = "tiny", **sizes: int) -> Path:
+    """A training workdir with `preset` (tiny), resized by `sizes` (config fields), at random
+    weights saved at `steps`, as the trainer saves them (params + meta), and the vocabulary's
+    tokenizer."""
     import orbax.checkpoint as ocp
     from flax import nnx
     from transformers import BertTokenizerFast
@@ -44,7 +45,7 @@ def random_run(workdir: Path, vocab: Path, steps: tuple[int, ...] = STEPS) -> Pa
     manager = ocp.CheckpointManager(workdir / ckpt.CHECKPOINTS, item_names=(ckpt.PARAMS, ckpt.META))
     for seed, step in enumerate(steps):
         model = bertjax.init_model(
-            bertjax.preset("tiny", max_position_embeddings=128), bertjax.BertForPreTraining, seed=seed
+            bertjax.preset(preset, **{"max_position_embeddings": 128, **sizes}), bertjax.BertForPreTraining, seed=seed
         )
         params = ckpt.flatten_params(nnx.state(model, nnx.Param))
         manager.save(step, args=ocp.args.Composite(**ckpt.save_args(params, ckpt.make_meta(model, "tokenizer", {}))))

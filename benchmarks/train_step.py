@@ -115,7 +115,7 @@ def make_batch(config: BertConfig, batch_size: int, seq_len: int, seed: int = 0)
 class BertjaxStep:
     """`Trainer`'s compiled step, timed in steady state: the donated state is fed back in."""
 
-    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path, dropout_rng: str):
+    def __init__(self, config: BertConfig, batch: dict[str, np.ndarray], workdir: Path, dropout_rng: str | None = None):
         from bertjax import sharding
         from bertjax.model import BertForPreTraining
         from train.checkpoints import CheckpointConfig
@@ -132,7 +132,11 @@ class BertjaxStep:
             optimizer=OptimizerConfig(name="adamw", learning_rate=LEARNING_RATE),
             # Many steps so that the linear decay keeps the learning rate ~constant while timed.
             loop=LoopConfig(
-                steps=1_000_000, global_batch_size=len(batch["input_ids"]), seed=0, dropout_rng=dropout_rng
+                steps=1_000_000,
+                global_batch_size=len(batch["input_ids"]),
+                seed=0,
+                # None: the trainer's default generator.
+                **({} if dropout_rng is None else {"dropout_rng": dropout_rng}),
             ),
             checkpoint=CheckpointConfig(every=0),  # never reached: only the step function is called
             mesh=sharding.make_mesh(sharding.MeshConfig()),

@@ -416,3 +416,17 @@ def test_model_load_compares_two_trees(shared_data, capsys):
         assert side["load_s"] == pytest.approx(side["model_s"] + side["tokenizer_s"])
         assert side["load_s"] <= side["process_s"]
     assert ratio["load_ratio"] == pytest.approx(this["load_s"] / baseline["load_s"])
+
+
+def test_random_run_takes_a_preset_and_sizes(shared_data, tmp_path):
+    """The GPU-size recipe's shapes (8 layers × 8 heads, T = 128) with a cheap hidden size: the
+    series the track's host-side benchmark scores (BENCHMARKS.md, 2026-11-28)."""
+    from benchmarks.track_cache import random_run
+    from bertjax.pretrained import load_config, open_checkpoint
+
+    vocab = shared_data / "vocab" / "bert-base-uncased-vocab.txt"
+    run = random_run(tmp_path / "run", vocab, (5, 9), "medium", hidden_size=16, intermediate_size=32)
+    for step in (5, 9):
+        config = load_config(open_checkpoint(run, step))
+        assert (config.num_hidden_layers, config.num_attention_heads) == (8, 8)
+        assert (config.hidden_size, config.intermediate_size, config.max_position_embeddings) == (16, 32, 128)

@@ -401,6 +401,8 @@ HEADER = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
         ("tau_negative", "error: --tau must be ≥ 0 (β, n times the attention, is never negative), got -1"),
         ("unwritable_out", "cannot write there"),
         ("no_role_defined", "error: --roles block: no requested role is defined for sst2 (block needs sentence pairs)"),
+        # Raised in the thread that encodes the tasks while the model loads: the run's one line all the same.
+        ("unusable_parse_cache", "cannot use the parse cache"),
     ],
 )
 def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_hf, shared_data, tmp_path, cli_error):
@@ -442,6 +444,9 @@ def test_bad_input_gives_one_line_and_no_output(case, expected, tiny_hf, shared_
     elif case == "no_role_defined":
         argv[3] = "sst2"
         argv += ["--roles", "block"]
+    elif case == "unusable_parse_cache":
+        (tmp_path / "parses" / "spacy_parses.sqlite3").mkdir(parents=True)  # a folder where the database goes
+        argv += ["--cache-dir", str(tmp_path / "parses")]
     message = cli_error(roles_cli.main, argv)
     assert message.startswith("error: ") and expected in message
     assert not out.exists()
