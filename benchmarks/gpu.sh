@@ -41,7 +41,7 @@ steps=${EMERGENCE_STEPS:-2000}
 
 if [[ -n $tiny ]]; then
   analysis_tasks=(mrpc:train) analysis_n=8 preset=tiny track=(--task mrpc --n 8)
-  step_args=(--tiny --repeat 2 --backends bertjax,torch,torch-compile) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
+  step_args=(--tiny --repeat 2) scale_args=(--task mrpc --n 8 --repeat 1) roles_repeat=1
   cost_args=(--preset tiny --batch-size 2 --seq-len 32 --repeat 2 --warmup 0)
   # One small book trains and another is held out, so that preparing takes seconds.
   emergence=(model.preset=tiny train.steps=3 train.global_batch_size=4 train.log_every=1 data.vocab_size=1000
@@ -52,7 +52,7 @@ if [[ -n $tiny ]]; then
   budget=(6a=900 6a-rbg=900 6a-attn0=900 6b-cold=600 6b-warm=600 8=600 14=600 emergence=600 track=600)
 else
   analysis_tasks=(qnli,qqp:dev mrpc,sst2:train) analysis_n=1000 preset=base track=(--task mrpc,sst2 --n 200)
-  step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20 --backends bertjax,torch,torch-compile)
+  step_args=(--preset base --dtype bfloat16 --batch-size 256 --repeat 20)
   scale_args=(--repeat 3) roles_repeat=3
   cost_args=(--preset base,mini --batch-size 32 --seq-len 128 --repeat 10)
   # The recipe's first 12,000 documents of the mixed stream (weights keep both corpora in
@@ -141,14 +141,13 @@ EOF
 bench() {
   # 6a: BERT-base T = 128 bf16 pre-training steps (MFU), and the same step in HF's PyTorch as its
   # users run it, eager and compiled, timed interleaved: the rows are ratios to it.
-  stage 6a "$py" -m benchmarks.train_step "${step_args[@]}"
+  stage 6a "$py" -m benchmarks.train_step "${step_args[@]}" --backends bertjax,torch,torch-compile
   # Issue 50 item 1, what each change buys: the dropout masks from rbg (train.dropout_rng), then
   # also attention dropout 0 (the emergence recipes'; jax.nn.dot_product_attention) beside
   # torch.compile at the same recipe. Ordered by worth: the call's limit cuts the last stages.
-  variant=("${step_args[@]}") && variant[${#variant[@]}-1]=bertjax
-  stage 6a-rbg "$py" -m benchmarks.train_step "${variant[@]}" --dropout-rng rbg
-  variant[${#variant[@]}-1]=bertjax,torch-compile
-  stage 6a-attn0 "$py" -m benchmarks.train_step "${variant[@]}" --dropout-rng rbg --attention-dropout 0
+  stage 6a-rbg "$py" -m benchmarks.train_step "${step_args[@]}" --backends bertjax --dropout-rng rbg
+  stage 6a-attn0 "$py" -m benchmarks.train_step "${step_args[@]}" --backends bertjax,torch-compile --dropout-rng rbg \
+    --attention-dropout 0
   # 6b: the 4-task analysis twice, in fresh processes sharing a fresh compilation cache: the first's
   # first_run_s is a cold process's, the second's a new process's with the programs on disk.
   roles=("$py" -m benchmarks.roles_overhead --random-preset "$preset" --vocab "$vocab" --glue-dir "$glue"
