@@ -451,7 +451,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "events-run-robustness": emergence_events.run_robustness,
     "family": family,
     "family-verdict": family_verdict,
-    "steering": lambda: emergence_steering.table(pd.read_csv(emergence_steering.COMMITTED / "summary.csv")),
+    "steering": lambda: steering("w64-4x4"),
     "synthetic": synthetic,
     "history-heldout": history_heldout,
     "history-roles": history_roles,
@@ -459,6 +459,11 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "plateau": plateau,
     "gpu-size": gpu_size,
 }
+
+
+def steering(size_name: str) -> str:
+    size = emergence_steering.SIZES[size_name]
+    return emergence_steering.table(pd.read_csv(size.committed / "summary.csv"), size)
 
 
 def block_span(page: str, name: str) -> tuple[int, int]:

@@ -3,6 +3,7 @@ seeds, unsteered against prev and next suppressed and against [CLS] suppressed.
 
     .venv/bin/python docs/emergence_steering.py run      # trains and tracks what is missing (resumable)
     .venv/bin/python docs/emergence_steering.py table    # the page's table from the committed summary
+    .venv/bin/python docs/emergence_steering.py run --size issue   # the issue's size (below)
 
 The recipe is docs/emergence.md's family member w64-4x4 (`configs/pretrain/synthetic.yaml`, the
 language of 64 words, 4 layers × 4 heads, hidden 64, T = 32, batch 32, 1000 steps), with checkpoints
@@ -32,9 +33,23 @@ every seed:
 Reported beside the verdict: every run's loss changepoint and 10/50% points with their intervals, its
 earliest positional (`local` group) head's 50% point (`lead_lag.csv`), its final loss and its heads.
 
-Outputs: `runs/emergence-steering/` (not committed) and `docs/emergence/steering/` (committed):
-`summary.csv`, and per run its track's `track.csv.gz`, `events.csv`, `curve_events.csv`,
-`curve_onsets.csv`, `lead_lag.csv`, `run.json`, and the training's `metrics.jsonl`.
+The issue's size (`--size issue`), added 2026-11-28 once a step of it measured 0.4 s on these
+cores (the 1.2 s above was on a loaded machine): the same language, rule and conditions at the
+emergence notes' measurement, 4 layers × 4 heads, hidden 128, T = 64, batch 64, 1400 steps,
+checkpoints every 50 steps from 200 to 1350. Its window starts at step 200, fixed before any run of
+this size from what was known then: the notes' run has positional heads from step ~380 and 18.5% MLM
+accuracy at step 400, and a step here sees four times the tokens of a w64-4x4 step, whose unigram
+descent ended by step 251; so 200 is past the first descent and leaves four evaluations before the
+notes' first positional head. Seeds run one after the other (plain, positional, cls), each seed's
+rows committed when its three runs are done, so a session that ends mid-way keeps the seeds it
+finished; the table reports the seeds run, and a seed missing is written as missing, not as held.
+Beside each run's files this size commits its final held-out per-sequence sums (`heldout-sequences/`),
+so that the paired difference can be recomputed from committed files.
+
+Outputs: `runs/emergence-steering/` and `runs/emergence-steering-issue/` (not committed),
+`docs/emergence/steering/` and `docs/emergence/steering-issue/` (committed): `summary.csv`, and per
+run its track's `track.csv.gz`, `events.csv`, `curve_events.csv`, `curve_onsets.csv`,
+`lead_lag.csv`, `run.json`, and the training's `metrics.jsonl`.
 """
 
 from __future__ import annotations
@@ -52,13 +67,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import emergence_family as family
 
+from analysis.common.heldout import SEQUENCES_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
-WORK = ROOT / "runs" / "emergence-steering"
-COMMITTED = ROOT / "docs" / "emergence" / "steering"
 LANGUAGE = family.Member(64, 4, 4, 0)
-STEPS = 1000
-FROM_STEP = 251
-CHECKPOINTS = list(range(300, STEPS, 50))
 SEEDS = (0, 1, 2)
 INTERVENTIONS = {
     "plain": None,
@@ -67,6 +79,34 @@ INTERVENTIONS = {
 }
 RESAMPLES = 1000
 TRACK_FILES = ("events.csv", "curve_events.csv", "curve_onsets.csv", "lead_lag.csv", "run.json")
+
+
+@dataclass(frozen=True)
+class Size:
+    """One model and schedule the experiment runs at, with where its files go."""
+
+    name: str
+    work: Path
+    committed: Path
+    steps: int
+    from_step: int
+    checkpoints: tuple[int, ...]
+    seq_length: int
+    overrides: tuple[str, ...]  # beyond the family's recipe and its layers and heads
+
+
+SIZES = {
+    "w64-4x4": Size(
+        "w64-4x4", ROOT / "runs" / "emergence-steering", ROOT / "docs" / "emergence" / "steering",
+        steps=1000, from_step=251, checkpoints=tuple(range(300, 1000, 50)), seq_length=32, overrides=(),
+    ),
+    "issue": Size(
+        "issue", ROOT / "runs" / "emergence-steering-issue", ROOT / "docs" / "emergence" / "steering-issue",
+        steps=1400, from_step=200, checkpoints=tuple(range(200, 1400, 50)), seq_length=64,
+        overrides=("model.hidden_size=128", "model.max_position_embeddings=64", "data.max_seq_length=64",
+                   "train.global_batch_size=64"),
+    ),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -82,44 +122,46 @@ class Run:
 RUNS = [Run(seed, condition) for seed in SEEDS for condition in INTERVENTIONS]
 
 
-def run_one(run: Run) -> None:
+def run_one(size: Size, run: Run) -> None:
     from analysis import track
     from bertjax import cli
     from train import pretrain, synthetic
 
-    language = WORK / "language"
+    language = size.work / "language"
     if not (language / "pairs.txt").exists():
         synthetic.write(language, words=LANGUAGE.words, successors=2, tokens=300_000, seed=LANGUAGE.seed)
-    root = WORK / run.name
+    root = size.work / run.name
     workdir, tracked = root / "run", root / "track"
-    first = WORK / RUNS[0].name / "run"
+    first = size.work / RUNS[0].name / "run"
+    data, heldout = f"data-T{size.seq_length}", f"heldout-T{size.seq_length}"
     overrides = [
         f"data.corpora.0.path={language / 'train.txt'}",
         f"heldout.corpora.0.path={language / 'heldout.txt'}",
         f"data.vocab_size={family.VOCAB_SIZE[LANGUAGE.words]}",
-        f"train.steps={STEPS}",
+        f"train.steps={size.steps}",
         f"train.seed={run.seed}",
         f"model.num_hidden_layers={LANGUAGE.layers}",
         f"model.num_attention_heads={LANGUAGE.heads}",
-        f"checkpoint.steps=[{','.join(map(str, CHECKPOINTS))}]",
+        f"checkpoint.steps=[{','.join(map(str, size.checkpoints))}]",
+        *size.overrides,
     ]
     if run != RUNS[0]:
         # One prepared data set and one held-out set for every run: the held-out sequences pair.
-        overrides.append(f"data_dir={first / 'data-T32'}")
+        overrides.append(f"data_dir={first / data}")
         if not workdir.exists():
             workdir.mkdir(parents=True)
-            shutil.copytree(first / "heldout-T32", workdir / "heldout-T32")
+            shutil.copytree(first / heldout, workdir / heldout)
     if INTERVENTIONS[run.condition]:
         overrides.append(f"intervene={INTERVENTIONS[run.condition]}")
     if not (tracked / "events.csv").exists():
         cli.run(pretrain.main, ["--config", str(family.CONFIG), "--workdir", str(workdir), *overrides])
-        steps = [FROM_STEP, *CHECKPOINTS, STEPS]
+        steps = sorted({size.from_step, *size.checkpoints, size.steps})
         cli.run(track.main, ["--run", str(workdir), "--task", f"text:{language / 'pairs.txt'}", "--n", "100",
                              "--tau", str(family.TAU), "--roles", family.ROLES, "--steps", ",".join(map(str, steps)),
                              "--no-figures", "--out", str(tracked)])  # fmt: skip
 
 
-def final_loss_difference(steered: Path, plain: Path, seed: int) -> tuple[float, float, float]:
+def final_loss_difference(steered: Path, plain: Path, seed: int, last_step: int) -> tuple[float, float, float]:
     """The final held-out MLM loss of `steered` less `plain`'s, with the 5–95% interval of resampling
     the held-out sequences, one resample applied to both runs (the same sequences and masks)."""
     from analysis.common.heldout import read_heldout_sequences
@@ -127,7 +169,7 @@ def final_loss_difference(steered: Path, plain: Path, seed: int) -> tuple[float,
     a, b = read_heldout_sequences(steered), read_heldout_sequences(plain)
     if a.masked.shape != b.masked.shape or not (a.masked == b.masked).all():
         raise SystemExit(f"{steered} and {plain} were not evaluated on the same held-out sequences")
-    last = list(a.steps).index(STEPS), list(b.steps).index(STEPS)
+    last = list(a.steps).index(last_step), list(b.steps).index(last_step)
     loss_a, loss_b, masked = a.loss[last[0]], b.loss[last[1]], a.masked.astype(np.float64)
     point = loss_a.sum() / masked.sum() - loss_b.sum() / masked.sum()
     rng = np.random.default_rng(seed)
@@ -144,8 +186,8 @@ def positional_heads_at_last(tracked: Path) -> int:
     return last[["layer", "head"]].drop_duplicates().shape[0]
 
 
-def summarize(run: Run) -> dict:
-    root = WORK / run.name
+def summarize(size: Size, run: Run) -> dict:
+    root = size.work / run.name
     tracked, workdir = root / "track", root / "run"
     curves = pd.read_csv(tracked / "curve_events.csv")
     loss_events = curves[curves["curve"] == "heldout_mlm_loss"].set_index("event")
@@ -154,7 +196,7 @@ def summarize(run: Run) -> dict:
     local = lead[(lead["group"] == "local") & (lead["event"] == "rise_50")]
     row = {
         "run": run.name, "seed": run.seed, "condition": run.condition,
-        "final_heldout_loss": round(family.heldout_curve(workdir / "metrics.jsonl", "heldout_mlm_loss")[STEPS], 4),
+        "final_heldout_loss": round(family.heldout_curve(workdir / "metrics.jsonl", "heldout_mlm_loss")[size.steps], 4),
         "positional_heads_at_last": positional_heads_at_last(tracked),
         "loss_changepoint": changepoint["changepoint_step"], "loss_changepoint_low": changepoint["changepoint_low"],
         "loss_changepoint_high": changepoint["changepoint_high"],
@@ -172,8 +214,8 @@ def summarize(run: Run) -> dict:
         "local_rise_50_high": None if first is None else first["earliest_high"],
     }
     if run.condition != "plain":
-        plain = WORK / Run(run.seed, "plain").name / "run"
-        point, low, high = final_loss_difference(workdir, plain, run.seed)
+        plain = size.work / Run(run.seed, "plain").name / "run"
+        point, low, high = final_loss_difference(workdir, plain, run.seed, size.steps)
         row |= {
             "loss_vs_plain": round(point, 4),
             "loss_vs_plain_low": round(low, 4),
@@ -200,15 +242,20 @@ def verdicts(summary: pd.DataFrame) -> dict[int, list[str]]:
     return out
 
 
-def commit_outputs(run: Run) -> None:
-    out = COMMITTED / run.name
+def commit_outputs(size: Size, run: Run) -> None:
+    out = size.committed / run.name
     out.mkdir(parents=True, exist_ok=True)
-    root = WORK / run.name
+    root = size.work / run.name
     for name in TRACK_FILES:
         shutil.copyfile(root / "track" / name, out / name)
     with gzip.GzipFile(out / "track.csv.gz", "wb", mtime=0) as sink:
         sink.write((root / "track" / "track.csv").read_bytes())
     shutil.copyfile(root / "run" / "metrics.jsonl", out / "metrics.jsonl")
+    if size.name != "w64-4x4":
+        # The final held-out per-sequence sums: the paired difference from committed files alone.
+        final = Path(SEQUENCES_DIR) / f"step-{size.steps:09d}.npz"
+        (out / SEQUENCES_DIR).mkdir(exist_ok=True)
+        shutil.copyfile(root / "run" / final, out / final)
 
 
 def _interval(point, low, high) -> str:
@@ -217,10 +264,11 @@ def _interval(point, low, high) -> str:
     return f"{point:.0f} [{low:.0f}, {high:.0f}]" if not pd.isna(low) else f"{point:.0f}"
 
 
-def table(summary: pd.DataFrame) -> str:
+def table(summary: pd.DataFrame, size: Size) -> str:
     """The page's table (one row per run) and the verdict line."""
     lines = [
-        "| run | positional heads at 1000 | held-out loss at 1000 | vs unsteered (5–95%) | loss fall from 251 "
+        f"| run | positional heads at {size.steps} | held-out loss at {size.steps} | vs unsteered (5–95%) "
+        f"| loss fall from {size.from_step} "
         "| loss changepoint | loss 50% point | earliest positional head's 50% point |",
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -237,12 +285,15 @@ def table(summary: pd.DataFrame) -> str:
             f"| {_interval(r['loss_rise_50'], r['loss_rise_50_low'], r['loss_rise_50_high'])} "
             f"| {_interval(r['local_rise_50'], r['local_rise_50_low'], r['local_rise_50_high'])} |"
         )
-    failed = verdicts(summary)
+    complete = summary.groupby("seed")["condition"].transform(lambda c: set(c) == set(INTERVENTIONS))
+    failed = verdicts(summary[complete])
     held = [seed for seed, checks in failed.items() if not checks]
+    missing = [seed for seed in SEEDS if seed not in failed]
     lines.append("")
     lines.append(
         f"**The known answer holds in {len(held)} of {len(failed)} seeds.**"
         + "".join(f" Seed {seed}: {', '.join(checks)} failed." for seed, checks in failed.items() if checks)
+        + (f" Not run yet: seed {', '.join(map(str, missing))}." if missing else "")
     )
     return "\n".join(lines)
 
@@ -250,17 +301,31 @@ def table(summary: pd.DataFrame) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["run", "table"])
+    parser.add_argument("--size", choices=sorted(SIZES), default="w64-4x4")
     args = parser.parse_args(argv)
+    size = SIZES[args.size]
+    summary_path = size.committed / "summary.csv"
     if args.command == "table":
-        print(table(pd.read_csv(COMMITTED / "summary.csv")))
+        print(table(pd.read_csv(summary_path), size))
         return
+    # Rows committed by an earlier session stand; a seed is rerun whole when any of its runs is missing,
+    # since its steered rows pair with its unsteered run's held-out sequences.
+    done = {r["run"]: r for r in pd.read_csv(summary_path).to_dict("records")} if summary_path.exists() else {}
     rows = []
-    for run in RUNS:
-        run_one(run)
-        rows.append(summarize(run))
-        commit_outputs(run)
-        print(f"{run.name}: {rows[-1]}", file=sys.stderr, flush=True)
-    pd.DataFrame(rows).to_csv(COMMITTED / "summary.csv", index=False)
+    for seed in SEEDS:
+        runs = [run for run in RUNS if run.seed == seed]
+        if all(run.name in done for run in runs):
+            rows += [done[run.name] for run in runs]
+            continue
+        if seed != RUNS[0].seed:
+            run_one(size, RUNS[0])  # the shared prepared data live in the first run's folder
+        for run in runs:
+            run_one(size, run)
+            rows.append(summarize(size, run))
+            commit_outputs(size, run)
+            print(f"{run.name}: {rows[-1]}", file=sys.stderr, flush=True)
+        size.committed.mkdir(parents=True, exist_ok=True)
+        pd.DataFrame(rows).to_csv(summary_path, index=False)
 
 
 if __name__ == "__main__":
