@@ -20,7 +20,7 @@ import pandas as pd
 from flax import nnx
 
 from analysis.common.finite import check_finite, silent_heads, warn_undefined
-from analysis.common.forward import DataParallel, Devices, compiled, padded_batches
+from analysis.common.forward import DataParallel, Devices, compiled, padded_batches, padded_lengths
 from analysis.heads.config import RolesConfig
 from bertjax import distributed
 from bertjax.model import Model
@@ -91,7 +91,7 @@ def make_scorer(
     # One compiled function per architecture: tracking a run compiles once.
     score, (state,) = compiled(_jit_scorer, model, static=(readings,))
     return DataParallel(
-        partial(score, entropy_roles=entropy, reference_length=reference), state, devices, SCORER_BATCH_AXES
+        score, state, devices, SCORER_BATCH_AXES, {"entropy_roles": entropy, "reference_length": reference}
     )
 
 
@@ -131,6 +131,10 @@ def scored_batches(
     # GPU, most of a cold run).
     slots = [config.roles.index(role) for role in present]
     size = scorer.rows(config.batch_size)
+    scorer.compile_ahead(
+        scorer_inputs(len(config.roles), size, length, config.syntactic_average == "arcs")
+        for length in padded_lengths(seqs, config.batch_size, config.max_length)
+    )
     for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc, size):
         length = arrays["input_ids"].shape[1]
         built_rows, built_sieves = build_batch(chunk, present, options, length)
@@ -144,6 +148,14 @@ def scored_batches(
             extra = (weights,)
         outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves, *extra)
         yield chunk, tuple(np.asarray(x) for x in outputs)
+
+
+def scorer_inputs(roles: int, rows: int, length: int, row_weights: bool) -> tuple[np.ndarray, ...]:
+    """Host arrays of the shapes and types a scorer call takes for a batch of `rows` × `length`
+    (values unused: what `DataParallel.compile_ahead` compiles for)."""
+    ids = np.zeros((rows, length), np.int32)
+    masks = (np.zeros((roles, rows, length), bool), np.zeros((roles, rows, length, length), bool))
+    return ids, ids, ids, *masks, *((np.ones((roles, rows, length), np.float32),) if row_weights else ())
 
 
 class ScoreCollector:
