@@ -175,7 +175,9 @@ class DataParallel:
         shapes = tuple(map(_shape_and_type, arrays))
         mesh = None if self.devices is None else self.devices.mesh
         statics = tuple(sorted(self.static.items()))
-        return self.fn, statics, self._state_shapes, mesh, shapes, jax.config.jax_default_matmul_precision
+        # jax.config sets each flag as an attribute at run time, which its class does not declare.
+        precision = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
+        return self.fn, statics, self._state_shapes, mesh, shapes, precision
 
     def _placed(self, arrays: Sequence[Any]) -> tuple:
         if self.devices is None:
