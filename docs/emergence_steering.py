@@ -4,6 +4,7 @@ seeds, unsteered against prev and next suppressed and against [CLS] suppressed.
     .venv/bin/python docs/emergence_steering.py run      # trains and tracks what is missing (resumable)
     .venv/bin/python docs/emergence_steering.py table    # the page's table from the committed summary
     .venv/bin/python docs/emergence_steering.py run --size issue   # the issue's size (below)
+    .venv/bin/python docs/emergence_steering.py plateau            # its unsteered run at lower learning rates
 
 The recipe is docs/emergence.md's family member w64-4x4 (`configs/pretrain/synthetic.yaml`, the
 language of 64 words, 4 layers × 4 heads, hidden 64, T = 32, batch 32, 1000 steps), with checkpoints
@@ -45,6 +46,16 @@ rows committed when its three runs are done, so a session that ends mid-way keep
 finished; the table reports the seeds run, and a seed missing is written as missing, not as held.
 Beside each run's files this size commits its final held-out per-sequence sums (`heldout-sequences/`),
 so that the paired difference can be recomputed from committed files.
+
+`plateau`, written after seed 0 of the issue's size had run and before what follows was run: at
+this size none of seed 0's three runs left the unigram plateau (held-out MLM accuracy 0.105 from
+step 18 to 1400), so the experiment could not ask its question there. The recipe's learning rate,
+2e-3, was set for hidden 64; `plateau` trains seed 0's unsteered run again at 1e-3 and at 5e-4,
+everything else the issue size's (the same prepared data, no tracking), and commits each one's
+`metrics.jsonl` under `lr-<rate>/`. The reading, fixed here: a rate **leaves the plateau** when its
+held-out MLM accuracy at step 1400 exceeds its accuracy at step 200 by at least 0.05. It picks no
+recipe by itself: a rate that leaves it would be the next issue-size experiment's, written on the
+page before that experiment runs.
 
 Outputs: `runs/emergence-steering/` and `runs/emergence-steering-issue/` (not committed),
 `docs/emergence/steering/` and `docs/emergence/steering-issue/` (committed): `summary.csv`, and per
@@ -122,6 +133,21 @@ class Run:
 RUNS = [Run(seed, condition) for seed in SEEDS for condition in INTERVENTIONS]
 
 
+def recipe(size: Size, seed: int) -> list[str]:
+    """The overrides of the family's recipe that make `size`'s model and data, for `seed`."""
+    language = size.work / "language"
+    return [
+        f"data.corpora.0.path={language / 'train.txt'}",
+        f"heldout.corpora.0.path={language / 'heldout.txt'}",
+        f"data.vocab_size={family.VOCAB_SIZE[LANGUAGE.words]}",
+        f"train.steps={size.steps}",
+        f"train.seed={seed}",
+        f"model.num_hidden_layers={LANGUAGE.layers}",
+        f"model.num_attention_heads={LANGUAGE.heads}",
+        *size.overrides,
+    ]
+
+
 def run_one(size: Size, run: Run) -> None:
     from analysis import track
     from bertjax import cli
@@ -134,17 +160,7 @@ def run_one(size: Size, run: Run) -> None:
     workdir, tracked = root / "run", root / "track"
     first = size.work / RUNS[0].name / "run"
     data, heldout = f"data-T{size.seq_length}", f"heldout-T{size.seq_length}"
-    overrides = [
-        f"data.corpora.0.path={language / 'train.txt'}",
-        f"heldout.corpora.0.path={language / 'heldout.txt'}",
-        f"data.vocab_size={family.VOCAB_SIZE[LANGUAGE.words]}",
-        f"train.steps={size.steps}",
-        f"train.seed={run.seed}",
-        f"model.num_hidden_layers={LANGUAGE.layers}",
-        f"model.num_attention_heads={LANGUAGE.heads}",
-        f"checkpoint.steps=[{','.join(map(str, size.checkpoints))}]",
-        *size.overrides,
-    ]
+    overrides = [*recipe(size, run.seed), f"checkpoint.steps=[{','.join(map(str, size.checkpoints))}]"]
     if run != RUNS[0]:
         # One prepared data set and one held-out set for every run: the held-out sequences pair.
         overrides.append(f"data_dir={first / data}")
@@ -159,6 +175,55 @@ def run_one(size: Size, run: Run) -> None:
         cli.run(track.main, ["--run", str(workdir), "--task", f"text:{language / 'pairs.txt'}", "--n", "100",
                              "--tau", str(family.TAU), "--roles", family.ROLES, "--steps", ",".join(map(str, steps)),
                              "--no-figures", "--out", str(tracked)])  # fmt: skip
+
+
+PLATEAU_RATES = ("1e-3", "5e-4")
+PLATEAU_MARGIN = 0.05
+
+
+def run_plateau(size: Size) -> None:
+    """Seed 0's unsteered run at each of `PLATEAU_RATES`, trained only; its metrics committed."""
+    from bertjax import cli
+    from train import pretrain
+
+    first = size.work / RUNS[0].name / "run"
+    for rate in PLATEAU_RATES:
+        workdir = size.work / f"lr-{rate}"
+        if not workdir.exists():
+            workdir.mkdir(parents=True)
+            shutil.copytree(first / f"heldout-T{size.seq_length}", workdir / f"heldout-T{size.seq_length}")
+        overrides = [
+            *recipe(size, 0),
+            f"data_dir={first / f'data-T{size.seq_length}'}",
+            f"optimizer.learning_rate={rate}",
+            "checkpoint.steps=[]",
+        ]
+        metrics = workdir / "metrics.jsonl"
+        if not metrics.exists() or size.steps not in family.heldout_curve(metrics, "heldout_mlm_loss"):
+            cli.run(pretrain.main, ["--config", str(family.CONFIG), "--workdir", str(workdir), *overrides])
+        out = size.committed / f"lr-{rate}"
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(workdir / "metrics.jsonl", out / "metrics.jsonl")
+
+
+def plateau_table(size: Size) -> str:
+    """Held-out MLM accuracy of seed 0's unsteered run by learning rate, the recipe's first."""
+    runs = {"2e-3 (the recipe)": size.committed / "s0-plain", **{r: size.committed / f"lr-{r}" for r in PLATEAU_RATES}}
+    steps = (200, 400, 800, size.steps)
+    lines = [
+        "| learning rate | " + " | ".join(f"accuracy at {s}" for s in steps) + " | loss at 1400 | leaves the plateau |",
+        "| --- | " + " | ".join("---" for _ in steps) + " | --- | --- |",
+    ]
+    for name, folder in runs.items():
+        accuracy = family.heldout_curve(folder / "metrics.jsonl", "heldout_mlm_accuracy")
+        loss = family.heldout_curve(folder / "metrics.jsonl", "heldout_mlm_loss")[size.steps]
+        leaves = accuracy[size.steps] - accuracy[200] >= PLATEAU_MARGIN
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{accuracy[s]:.3f}" for s in steps)
+            + f" | {loss:.3f} | {'yes' if leaves else 'no'} |"
+        )
+    return "\n".join(lines)
 
 
 def final_loss_difference(steered: Path, plain: Path, seed: int, last_step: int) -> tuple[float, float, float]:
@@ -300,11 +365,15 @@ def table(summary: pd.DataFrame, size: Size) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["run", "table"])
+    parser.add_argument("command", choices=["run", "table", "plateau"])
     parser.add_argument("--size", choices=sorted(SIZES), default="w64-4x4")
     args = parser.parse_args(argv)
     size = SIZES[args.size]
     summary_path = size.committed / "summary.csv"
+    if args.command == "plateau":
+        run_plateau(SIZES["issue"])
+        print(plateau_table(SIZES["issue"]))
+        return
     if args.command == "table":
         print(table(pd.read_csv(summary_path), size))
         return
