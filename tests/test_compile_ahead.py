@@ -16,7 +16,7 @@ from jax._src.dispatch import BACKEND_COMPILE_EVENT
 import bertjax
 from analysis.common import examples, forward
 from analysis.heads import config as roles_config
-from analysis.heads import scoring
+from analysis.heads import finetuning, scoring
 
 
 @pytest.fixture
@@ -106,3 +106,22 @@ def test_a_task_is_scored_with_every_padded_length_compiled_ahead(tiny_hf, share
     for role in ahead.scores:
         np.testing.assert_array_equal(ahead.scores[role], at_the_call.scores[role])
         np.testing.assert_array_equal(ahead.indices[role], at_the_call.indices[role])
+
+
+def test_finetune_effect_compiles_its_padded_lengths_ahead(tiny_hf, shared_data, tmp_path, compiles):
+    config = roles_config.RolesConfig(
+        ckpt=str(tiny_hf), task=("sst2",), glue_dir=str(shared_data / "glue"), n=40, batch_size=6
+    )
+    # Models of their own size, so that no program is cached.
+    pre, post = (
+        bertjax.init_model(bertjax.preset("tiny", max_position_embeddings=128, num_hidden_layers=5), seed=seed)
+        for seed in (0, 1)
+    )
+    tokenizer = bertjax.load_tokenizer(str(tiny_hf))
+    parser = examples.make_parser(dataclasses.replace(config, cache_dir=str(tmp_path)))
+    seqs = examples.encode_tasks(config, examples.load_tasks(config, ["sst2"]), tokenizer, parser, {})["sst2"]
+    comparer = finetuning.make_comparer(pre, post)
+    compiles.clear()  # the models' initialisation
+    finetuning.compare_task(comparer, seqs, config, "sst2")
+    lengths = forward.padded_lengths(seqs, config.batch_size, config.max_length)
+    assert len(compiles) == len(lengths) and all(name.startswith("compile-ahead") for name in compiles)

@@ -184,12 +184,13 @@ def make_comparer(
     `reading` (`--attention`: the weights or the norm-weighted attention); data parallel over
     `devices`. `reference` (`scoring.reference_length`): the share score instead of β."""
     compare, states = compiled(_jit_comparer, pre, post, static=(reading, reference))
-    return DataParallel(lambda states, *arrays: compare(*states, *arrays), states, devices, SCORER_BATCH_AXES)
+    return DataParallel(compare, states, devices, SCORER_BATCH_AXES)
 
 
 def _jit_comparer(pre_graph, post_graph, reading, reference):
     @jax.jit
-    def compare(pre_state, post_state, input_ids, attention_mask, token_type_ids, rows, sieves):
+    def compare(states, input_ids, attention_mask, token_type_ids, rows, sieves):
+        pre_state, post_state = states
         real = attention_mask.astype(bool)
 
         def attend(graph, state):
