@@ -124,7 +124,8 @@ def scored_batches(
     """Each length-sorted batch and what `scorer(input_ids, attention_mask, token_type_ids, rows,
     sieves)` returns for it (with the row weights appended under `--syntactic-average arcs`), on
     the host. The masks hold every role of `config.roles`, in that order, and are empty for roles
-    not `present`."""
+    not `present`. One batch is kept in flight: the next batch's masks are built on the host while
+    the device computes the one before (dispatch does not wait for the result)."""
     options = SieveOptions(config.window, config.special_rows, config.block_first_sep == "b")
     # The same role count for every task, so single-segment tasks (no `block`) reuse the pair
     # tasks' compiled shapes: an empty role costs a sliver of β, a recompile costs seconds (on a
@@ -135,6 +136,7 @@ def scored_batches(
         scorer_inputs(len(config.roles), size, length, config.syntactic_average == "arcs")
         for length in padded_lengths(seqs, config.batch_size, config.max_length)
     )
+    in_flight = None
     for chunk, arrays in padded_batches(seqs, config.batch_size, config.max_length, desc, size):
         length = arrays["input_ids"].shape[1]
         built_rows, built_sieves = build_batch(chunk, present, options, length)
@@ -147,7 +149,11 @@ def scored_batches(
             weights[slots, : len(chunk)] = arc_row_weights(chunk, present, length)
             extra = (weights,)
         outputs = scorer(arrays["input_ids"], arrays["attention_mask"], arrays["token_type_ids"], rows, sieves, *extra)
-        yield chunk, tuple(np.asarray(x) for x in outputs)
+        if in_flight is not None:
+            yield in_flight[0], tuple(np.asarray(x) for x in in_flight[1])
+        in_flight = chunk, outputs
+    if in_flight is not None:
+        yield in_flight[0], tuple(np.asarray(x) for x in in_flight[1])
 
 
 def scorer_inputs(roles: int, rows: int, length: int, row_weights: bool) -> tuple[np.ndarray, ...]:
