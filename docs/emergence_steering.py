@@ -57,8 +57,17 @@ held-out MLM accuracy at step 1400 exceeds its accuracy at step 200 by at least 
 recipe by itself: a rate that leaves it would be the next issue-size experiment's, written on the
 page before that experiment runs.
 
-Outputs: `runs/emergence-steering/` and `runs/emergence-steering-issue/` (not committed),
-`docs/emergence/steering/` and `docs/emergence/steering-issue/` (committed): `summary.csv`, and per
+`--size issue-lr1e-3`, written after `plateau`'s 1e-3 run had reached step 1000 and before any run
+of this set: the issue's size at learning rate 1e-3, everything else as `--size issue` (the same
+window from step 200, checkpoints, conditions, seeds in order and rule P1, P2, C1, C2). 1e-3 is the
+rate nearest the recipe's that left the plateau (its held-out MLM accuracy 0.105 at step 50, 0.176
+at 200, 0.212 at 400, 0.665 at 600, 0.776 at 1000); 200 is still in its slow phase, after the first
+descent (step 50) and before the drop (400 to 650). The `issue` set at 2e-3 was stopped after seed
+1's unsteered run, which stayed on the plateau like seed 0's (`s1-plain/`, committed; not in the
+summary, which holds whole seeds only).
+
+Outputs: `runs/emergence-steering[-SIZE]/` (not committed) and `docs/emergence/steering[-SIZE]/`
+(committed; no suffix for w64-4x4): `summary.csv`, and per
 run its track's `track.csv.gz`, `events.csv`, `curve_events.csv`, `curve_onsets.csv`,
 `lead_lag.csv`, `run.json`, and the training's `metrics.jsonl`.
 """
@@ -106,6 +115,8 @@ class Size:
     overrides: tuple[str, ...]  # beyond the family's recipe and its layers and heads
 
 
+ISSUE_SIZE = ("model.hidden_size=128", "model.max_position_embeddings=64", "data.max_seq_length=64",
+              "train.global_batch_size=64")  # fmt: skip
 SIZES = {
     "w64-4x4": Size(
         "w64-4x4", ROOT / "runs" / "emergence-steering", ROOT / "docs" / "emergence" / "steering",
@@ -114,8 +125,13 @@ SIZES = {
     "issue": Size(
         "issue", ROOT / "runs" / "emergence-steering-issue", ROOT / "docs" / "emergence" / "steering-issue",
         steps=1400, from_step=200, checkpoints=tuple(range(200, 1400, 50)), seq_length=64,
-        overrides=("model.hidden_size=128", "model.max_position_embeddings=64", "data.max_seq_length=64",
-                   "train.global_batch_size=64"),
+        overrides=ISSUE_SIZE,
+    ),
+    "issue-lr1e-3": Size(
+        "issue-lr1e-3", ROOT / "runs" / "emergence-steering-issue-lr1e-3",
+        ROOT / "docs" / "emergence" / "steering-issue-lr1e-3",
+        steps=1400, from_step=200, checkpoints=tuple(range(200, 1400, 50)), seq_length=64,
+        overrides=(*ISSUE_SIZE, "optimizer.learning_rate=1e-3"),
     ),
 }  # fmt: skip
 
@@ -358,7 +374,7 @@ def table(summary: pd.DataFrame, size: Size) -> str:
     lines.append(
         f"**The known answer holds in {len(held)} of {len(failed)} seeds.**"
         + "".join(f" Seed {seed}: {', '.join(checks)} failed." for seed, checks in failed.items() if checks)
-        + (f" Not run yet: seed {', '.join(map(str, missing))}." if missing else "")
+        + (f" Seeds not run to the end: {', '.join(map(str, missing))}." if missing else "")
     )
     return "\n".join(lines)
 
