@@ -1,13 +1,18 @@
 """Sieve builders (the sieve table of docs/roles.md) and the role registry.
 
 A builder turns one `EncodedSequence` into `(rows, sieve)`: `rows[t]` marks the scored rows and
-`sieve[t, s]` marks S(t). Adding a role is one builder decorated with `register_role`.
+`sieve[t, s]` marks S(t). Adding a role is one builder decorated with `register_role`. The
+built-in roles also build a whole padded batch at once (`register_batch`), the same masks with a
+few array operations instead of a Python loop over the sequences: the masks are the host's share
+of the scoring, which on a GPU is most of it (tests/test_sieves_builders.py holds each to its
+one-sequence builder).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -39,13 +44,16 @@ Builder = Callable[[EncodedSequence, SieveOptions], Masks]
 @dataclass(frozen=True)
 class Role:
     """A named sieve. `needs_pair`: undefined on single-segment inputs (report it absent there);
-    `needs_parse`: scores nothing without a dependency parse. `coarse` is the group it reports in."""
+    `needs_parse`: scores nothing without a dependency parse. `coarse` is the group it reports in.
+    `batch`: the same masks for a whole `Padded` batch at once (rows [B, T], sieves [B, T, T]),
+    where the role has one."""
 
     name: str
     build: Builder
     coarse: str
     needs_pair: bool = False
     needs_parse: bool = False
+    batch: Callable[[Padded, SieveOptions], Masks] | None = None
 
 
 ROLES: dict[str, Role] = {}
@@ -70,6 +78,64 @@ def register_role(
         return build
 
     return register
+
+
+def register_batch(name: str) -> Callable[[Callable[[Padded, SieveOptions], Masks]], Callable]:
+    """Decorator adding the batch builder of the registered role `name`."""
+
+    def register(batch: Callable[[Padded, SieveOptions], Masks]) -> Callable:
+        ROLES[name] = replace(ROLES[name], batch=batch)
+        return batch
+
+    return register
+
+
+class Padded:
+    """A batch of sequences as arrays [B, T] padded to `length` (False, 0 or -1 past each end), for
+    the batch builders; what only the relation roles read is computed on first use."""
+
+    def __init__(self, seqs: Sequence[EncodedSequence], length: int):
+        self.seqs, self.length = seqs, length
+        self.n = np.array([seq.length for seq in seqs])
+        positions = np.arange(length)
+        self.valid = positions[None, :] < self.n[:, None]
+        self.pairs = self.valid[:, :, None] & self.valid[:, None, :]
+        self.special = self._stack(lambda seq: seq.special, False)
+        self.is_cls = self._stack(lambda seq: seq.is_cls, False)
+        self.is_sep = self._stack(lambda seq: seq.is_sep, False)
+        self.offsets = positions[None, :] - positions[:, None]  # [T, T]: s - t
+
+    def _stack(self, field: Callable[[EncodedSequence], np.ndarray], fill) -> np.ndarray:
+        first = field(self.seqs[0]) if self.seqs else np.zeros(0, bool)
+        out = np.full((len(self.seqs), self.length), fill, dtype=first.dtype)
+        for b, seq in enumerate(self.seqs):
+            out[b, : seq.length] = field(seq)
+        return out
+
+    def positional_rows(self, options: SieveOptions) -> np.ndarray:
+        return self.valid if options.special_rows else self.valid & ~self.special
+
+    @functools.cached_property
+    def arcs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(word_ids, each piece's head word, its relation label, whether it can be a relation
+        row: aligned, not its own head, the head owning a piece), [B, T] each, as
+        `relation_masks` reads them."""
+        word_ids = self._stack(lambda seq: seq.word_ids, -1)
+        head = np.full(word_ids.shape, -1, dtype=word_ids.dtype)
+        label = np.full(word_ids.shape, "", dtype=object)
+        candidate = np.zeros(word_ids.shape, dtype=bool)
+        for b, seq in enumerate(self.seqs):
+            if not seq.word_dep:
+                continue
+            n = seq.length
+            aligned = seq.word_ids >= 0
+            word = np.where(aligned, seq.word_ids, 0)
+            head[b, :n] = seq.word_head[word]
+            has_piece = np.zeros(len(seq.word_dep), dtype=bool)
+            has_piece[seq.word_ids[aligned]] = True
+            label[b, :n] = np.asarray(seq.word_dep, dtype=object)[word]
+            candidate[b, :n] = aligned & (head[b, :n] != word) & has_piece[head[b, :n]]
+        return word_ids, head, label, candidate
 
 
 def _positional_rows(seq: EncodedSequence, options: SieveOptions) -> np.ndarray:
@@ -176,6 +242,85 @@ def syntactic_sieve(seq: EncodedSequence, options: SieveOptions) -> Masks:
     return relation_masks(seq, RELATIONS)
 
 
+# -- the same masks, a batch at a time (each held to the builder above by the tests) -------------
+
+
+def _within(padded: Padded, sieve: np.ndarray) -> np.ndarray:
+    """`sieve` cut to each sequence's own tokens (both axes)."""
+    return padded.pairs & sieve
+
+
+@register_batch("local")
+def _local_batch(padded: Padded, options: SieveOptions) -> Masks:
+    return padded.positional_rows(options), _within(padded, np.abs(padded.offsets) <= options.window)
+
+
+@register_batch("prev")
+def _prev_batch(padded: Padded, options: SieveOptions) -> Masks:
+    rows = padded.positional_rows(options) & (np.arange(padded.length) >= 1)
+    offsets = padded.offsets
+    return rows, _within(padded, (offsets >= -options.window) & (offsets <= -1))
+
+
+@register_batch("next")
+def _next_batch(padded: Padded, options: SieveOptions) -> Masks:
+    rows = padded.positional_rows(options) & (np.arange(padded.length)[None, :] <= padded.n[:, None] - 2)
+    offsets = padded.offsets
+    return rows, _within(padded, (offsets >= 1) & (offsets <= options.window))
+
+
+@register_batch("block")
+def _block_batch(padded: Padded, options: SieveOptions) -> Masks:
+    paired = np.array([seq.num_segments == 2 for seq in padded.seqs])
+    segments = padded._stack(lambda seq: seq.segments, -1)
+    row_segment = segments.copy()
+    if options.first_sep_in_b:
+        first_sep = np.argmax(padded.is_sep, axis=1)
+        has_sep = padded.is_sep.any(axis=1)
+        # As the one-sequence builder: argmax of no separator is position 0.
+        row_segment[np.arange(len(row_segment)), np.where(has_sep, first_sep, 0)] = 1
+    same_segment = row_segment[:, :, None] == segments[:, None, :]
+    sieve = _within(padded, same_segment & ~padded.special[:, None, :]) & paired[:, None, None]
+    return padded.positional_rows(options) & paired[:, None], sieve
+
+
+def _column_batch(padded: Padded, options: SieveOptions, keys: np.ndarray) -> Masks:
+    return padded.positional_rows(options), _within(padded, np.broadcast_to(keys[:, None, :], padded.pairs.shape))
+
+
+@register_batch("cls")
+def _cls_batch(padded: Padded, options: SieveOptions) -> Masks:
+    return _column_batch(padded, options, padded.is_cls)
+
+
+@register_batch("sep")
+def _sep_batch(padded: Padded, options: SieveOptions) -> Masks:
+    return _column_batch(padded, options, padded.is_sep)
+
+
+@register_batch("delimiter")
+def _delimiter_batch(padded: Padded, options: SieveOptions) -> Masks:
+    return _column_batch(padded, options, padded.is_cls | padded.is_sep)
+
+
+def _relation_batch(padded: Padded, relations: Sequence[str]) -> Masks:
+    word_ids, head, label, candidate = padded.arcs
+    rows = candidate & np.isin(label, list(relations))
+    return rows, rows[:, :, None] & (word_ids[:, None, :] == head[:, :, None])
+
+
+def _relation_builder(relations: Sequence[str]) -> Callable[[Padded, SieveOptions], Masks]:
+    def batch(padded: Padded, options: SieveOptions) -> Masks:
+        return _relation_batch(padded, relations)
+
+    return batch
+
+
+for _relation in RELATIONS:
+    register_batch(_relation)(_relation_builder((_relation,)))
+register_batch("syntactic")(_relation_builder(RELATIONS))
+
+
 def get_role(name: str) -> Role:
     if name not in ROLES:
         raise UserError(f"unknown role {name!r}; known roles: {', '.join(ROLES)}")
@@ -199,12 +344,18 @@ def build_batch(seqs: Sequence[EncodedSequence], roles: Sequence[str], options: 
     """
     rows = np.zeros((len(roles), len(seqs), length), dtype=bool)
     sieves = np.zeros((len(roles), len(seqs), length, length), dtype=bool)
+    for seq in seqs:
+        if seq.length > length:
+            raise ValueError(f"sequence {seq.index} has {seq.length} tokens, more than length={length}")
+    padded = Padded(seqs, length)
     for r, name in enumerate(roles):
         role = get_role(name)
+        if role.batch is not None:
+            built_rows, sieves[r] = role.batch(padded, options)
+            rows[r] = built_rows & sieves[r].any(axis=-1)
+            continue
         for b, seq in enumerate(seqs):
             n = seq.length
-            if n > length:
-                raise ValueError(f"sequence {seq.index} has {n} tokens, more than length={length}")
             seq_rows, seq_sieve = role.build(seq, options)
             sieves[r, b, :n, :n] = seq_sieve
             rows[r, b, :n] = seq_rows & seq_sieve.any(axis=1)

@@ -299,3 +299,83 @@ def test_real_sequences_have_non_empty_sieves(minilm_tokenizer, ud_english_ewt: 
             np.testing.assert_array_equal(rows[r, b, : seq.length], built_rows)
     assert rows[DEFAULT_ROLES.index("syntactic")].any()
     assert (rows[DEFAULT_ROLES.index("syntactic")] == rows[7:11].any(axis=0)).all()
+
+
+def _one_at_a_time(seqs, roles, options, length):
+    """The slow, obvious reference of `build_batch`: each role's one-sequence builder, sequence by
+    sequence, written into the padded arrays."""
+    rows = np.zeros((len(roles), len(seqs), length), dtype=bool)
+    sieves = np.zeros((len(roles), len(seqs), length, length), dtype=bool)
+    for r, role in enumerate(roles):
+        for b, seq in enumerate(seqs):
+            seq_rows, seq_sieve = ROLES[role].build(seq, options)
+            sieves[r, b, : seq.length, : seq.length] = seq_sieve
+            rows[r, b, : seq.length] = seq_rows & seq_sieve.any(axis=1)
+    return rows, sieves
+
+
+def _real_batches(minilm_tokenizer, ud_english_ewt: Path):
+    """Pairs and single sentences of UD English-EWT with their gold parses, at a length that cuts
+    some (truncated words own no piece), in batches mixing lengths and segment counts; and a pair
+    whose segment A lost every piece, a pair without a parse, and the hand-made sequences above."""
+    sentences = read_conllu(ud_english_ewt / "en_ewt-ud-dev.conllu", limit=60)
+    pairs = encode_batch(
+        minilm_tokenizer,
+        [[sentences[i][0], sentences[i + 1][0]] for i in range(0, 40, 2)],
+        [[sentences[i][1], sentences[i + 1][1]] for i in range(0, 40, 2)],
+        max_length=40,
+    )
+    singles = encode_batch(minilm_tokenizer, [[s[0]] for s in sentences[40:]], [[s[1]] for s in sentences[40:]], 40)
+    unparsed = encode_batch(minilm_tokenizer, [[sentences[0][0], sentences[1][0]]], None, max_length=40)
+    made = [
+        PAIR,
+        SINGLE,
+        make_seq([0, 0, 1, 1]),
+        make_seq([0, 0, 0, 0, 1, 1], [-1, 0, 1, -1, 2, -1], ("nsubj",) * 3, (1, 1, 2)),
+    ]
+    return [pairs[:7], pairs[7:] + singles[:3], singles[3:], unparsed + made]
+
+
+@pytest.mark.parametrize("window", [1, 2, 3])
+@pytest.mark.parametrize("special_rows", [True, False])
+@pytest.mark.parametrize("first_sep_in_b", [True, False])
+def test_batch_builders_give_the_one_sequence_builders_masks(
+    minilm_tokenizer, ud_english_ewt: Path, window, special_rows, first_sep_in_b
+) -> None:
+    options = SieveOptions(window, special_rows, first_sep_in_b)
+    assert all(ROLES[role].batch is not None for role in DEFAULT_ROLES)
+    for seqs in _real_batches(minilm_tokenizer, ud_english_ewt):
+        length = max(seq.length for seq in seqs) + 3  # padding past every sequence
+        found, expected = (
+            build_batch(seqs, DEFAULT_ROLES, options, length),
+            _one_at_a_time(seqs, DEFAULT_ROLES, options, length),
+        )
+        np.testing.assert_array_equal(found[0], expected[0])
+        np.testing.assert_array_equal(found[1], expected[1])
+
+
+@pytest.mark.parametrize("role", ["prev", "block", "nsubj"])
+def test_a_planted_batch_builder_defect_is_caught(minilm_tokenizer, ud_english_ewt: Path, role, monkeypatch) -> None:
+    # Each defect is one a batch builder could plausibly make: prev's window taking the token
+    # itself, block's separator columns kept, a relation's sieve not cut to its rows.
+    import dataclasses
+
+    correct = ROLES[role].batch
+
+    def planted(padded, options):
+        rows, sieve = correct(padded, options)
+        if role == "prev":
+            return rows, sieve | (padded.pairs & np.eye(padded.length, dtype=bool))
+        if role == "block":
+            return rows, sieve | (padded.pairs & padded.is_sep[:, None, :])
+        word_ids, head, _, _ = padded.arcs
+        return rows, padded.pairs & (word_ids[:, None, :] == head[:, :, None])
+
+    monkeypatch.setitem(ROLES, role, dataclasses.replace(ROLES[role], batch=planted))
+    options = SieveOptions()
+    mismatched = False
+    for seqs in _real_batches(minilm_tokenizer, ud_english_ewt):
+        length = max(seq.length for seq in seqs)
+        found, expected = build_batch(seqs, [role], options, length), _one_at_a_time(seqs, [role], options, length)
+        mismatched |= not (np.array_equal(found[0], expected[0]) and np.array_equal(found[1], expected[1]))
+    assert mismatched
