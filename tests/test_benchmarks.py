@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -182,6 +183,33 @@ def test_host_stages_compares_two_trees_stage_by_stage(shared_data, random_tiny,
         host = sum(v for k, v in side["stages_s"].items() if k not in ("mrpc/score", "total"))
         assert side["host_s"] == pytest.approx(host) and side["runs"] == 1
     assert ratio["identical"] is True and ratio["host_ratio"] == pytest.approx(this["host_s"] / baseline["host_s"])
+
+
+def test_scoring_host_compares_the_masks_of_two_trees(shared_data, random_tiny, tmp_path, capsys):
+    """This tree against itself: both sides' host seconds, their ratio, the masks found identical;
+    a baseline whose masks differ (a planted sieve) is reported as not identical."""
+    from benchmarks import scoring_host
+
+    ckpt, _ = random_tiny
+    argv = ["--ckpt", ckpt, "--glue-dir", str(shared_data / "glue"), "--task", "mrpc", "--n", "4", "--repeat", "1",
+            "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    scoring_host.main(["--baseline", str(ROOT), *argv])
+    this, baseline, ratio = json_lines(capsys.readouterr().out)
+    assert (this["tree"], baseline["tree"], ratio["side"]) == ("this", "baseline", "ratio")
+    assert this["batches"] == baseline["batches"] == 1 and ratio["identical"] is True
+    assert ratio["host_ratio"] == pytest.approx(this["host_s"] / baseline["host_s"])
+    planted = tmp_path / "planted"
+    shutil.copytree(ROOT / "sieves", planted / "sieves")
+    for package in ("analysis", "bertjax", "train"):
+        (planted / package).symlink_to(ROOT / package)
+    builders = planted / "sieves" / "builders.py"
+    builders.write_text(
+        builders.read_text().replace(
+            "np.abs(padded.offsets) <= options.window", "np.abs(padded.offsets) <= options.window + 1"
+        )
+    )
+    scoring_host.main(["--baseline", str(planted), *argv])
+    assert json_lines(capsys.readouterr().out)[-1]["identical"] is False
 
 
 def test_attention_norms_runs_on_a_tiny_shape(shared_data, random_tiny, tmp_path, capsys):
