@@ -100,12 +100,12 @@ class Padded:
         positions = np.arange(length)
         self.valid = positions[None, :] < self.n[:, None]
         self.pairs = self.valid[:, :, None] & self.valid[:, None, :]
-        self.special = self._stack(lambda seq: seq.special, False)
-        self.is_cls = self._stack(lambda seq: seq.is_cls, False)
-        self.is_sep = self._stack(lambda seq: seq.is_sep, False)
+        self.special = self.stack(lambda seq: seq.special, False)
+        self.is_cls = self.stack(lambda seq: seq.is_cls, False)
+        self.is_sep = self.stack(lambda seq: seq.is_sep, False)
         self.offsets = positions[None, :] - positions[:, None]  # [T, T]: s - t
 
-    def _stack(self, field: Callable[[EncodedSequence], np.ndarray], fill) -> np.ndarray:
+    def stack(self, field: Callable[[EncodedSequence], np.ndarray], fill) -> np.ndarray:
         first = field(self.seqs[0]) if self.seqs else np.zeros(0, bool)
         out = np.full((len(self.seqs), self.length), fill, dtype=first.dtype)
         for b, seq in enumerate(self.seqs):
@@ -120,7 +120,7 @@ class Padded:
         """(word_ids, each piece's head word, its relation label, whether it can be a relation
         row: aligned, not its own head, the head owning a piece), [B, T] each, as
         `relation_masks` reads them."""
-        word_ids = self._stack(lambda seq: seq.word_ids, -1)
+        word_ids = self.stack(lambda seq: seq.word_ids, -1)
         head = np.full(word_ids.shape, -1, dtype=word_ids.dtype)
         label = np.full(word_ids.shape, "", dtype=object)
         candidate = np.zeros(word_ids.shape, dtype=bool)
@@ -272,7 +272,7 @@ def _next_batch(padded: Padded, options: SieveOptions) -> Masks:
 @register_batch("block")
 def _block_batch(padded: Padded, options: SieveOptions) -> Masks:
     paired = np.array([seq.num_segments == 2 for seq in padded.seqs])
-    segments = padded._stack(lambda seq: seq.segments, -1)
+    segments = padded.stack(lambda seq: seq.segments, -1)
     row_segment = segments.copy()
     if options.first_sep_in_b:
         first_sep = np.argmax(padded.is_sep, axis=1)
