@@ -35,7 +35,7 @@ Reported beside the verdict: every run's loss changepoint and 10/50% points with
 earliest positional (`local` group) head's 50% point (`lead_lag.csv`), its final loss and its heads.
 
 The issue's size (`--size issue`), added 2026-11-28 once a step of it measured 0.4 s on these
-cores (the 1.2 s above was on a loaded machine): the same language, rule and conditions at the
+cores (against the 1.2 s above, from an earlier session): the same language, rule and conditions at the
 emergence notes' measurement, 4 layers × 4 heads, hidden 128, T = 64, batch 64, 1400 steps,
 checkpoints every 50 steps from 200 to 1350. Its window starts at step 200, fixed before any run of
 this size from what was known then: the notes' run has positional heads from step ~380 and 18.5% MLM
