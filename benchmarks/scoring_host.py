@@ -108,22 +108,8 @@ def run(args) -> list[dict]:
 
 def parse_args(argv: list[str] | None):
     p = common.arguments(__doc__.split("\n\n")[0], repeat=5)
-    p.add_argument("--baseline", required=True, help="another tree to compare with (e.g. `git archive` of a commit)")
-    p.add_argument("--ckpt", help="tokenizer's checkpoint (default: all-MiniLM-L6-v2 from the test extra)")
-    p.add_argument("--glue-dir", required=True)
-    p.add_argument("--task", default="all", help="all, or tasks separated by commas")
-    p.add_argument("--split", default="dev")
-    p.add_argument("--n", type=int, default=1000)
-    p.add_argument("--cache-dir", help="parse cache (default: a fresh one, filled by the first run)")
-    a = p.parse_args(argv)
-    a.ckpt = a.ckpt or common.minilm_checkpoint()
-    # The runs start in their trees: paths given relative to here must not move with them.
-    a.glue_dir = str(Path(a.glue_dir).resolve())
-    if Path(a.ckpt).exists():
-        a.ckpt = str(Path(a.ckpt).resolve())
-    if a.cache_dir:
-        a.cache_dir = str(Path(a.cache_dir).resolve())
-    return a
+    common.add_tree_task_arguments(p)
+    return common.resolve_tree_task_arguments(p.parse_args(argv))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
