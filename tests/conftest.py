@@ -39,6 +39,24 @@ def shared_data() -> Path:
     return root
 
 
+@pytest.fixture(scope="session")
+def docs_script():
+    """Loads a script of docs/ (they are not a package) by name, once a session: `docs_script("emergence_page")`."""
+    import importlib.util
+
+    docs = Path(__file__).resolve().parents[1] / "docs"
+
+    def load(name: str):
+        if name not in sys.modules:
+            spec = importlib.util.spec_from_file_location(name, docs / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        return sys.modules[name]
+
+    return load
+
+
 def _require(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(reason)

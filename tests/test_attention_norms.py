@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,8 @@ from test_probe import language, overrides, trees  # noqa: F401 — `language` a
 import bertjax
 from bertjax import readings
 from bertjax.readings import norm_weighted
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # Bounds, float32 (u = 2⁻²⁴ ≈ 6e-8) against float64.
 # A norm ‖f_h(x_j)‖ is computed as ‖v_h R_hᵀ‖ (bertjax.readings.value_norms): the value projection (d
@@ -357,50 +360,32 @@ def test_attention_takes_three_spellings(cli_error):
     assert "--attention: invalid choice: 'norm'" in line
 
 
-def test_the_docs_table_is_the_committed_csv():
+def test_the_docs_table_is_the_committed_csv(docs_script):
     """docs/attention-norms.md shows what docs/attention_norms_minilm.py wrote."""
-    import importlib.util
-    from pathlib import Path
-
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    spec = importlib.util.spec_from_file_location("attention_norms_minilm", docs / "attention_norms_minilm.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = docs_script("attention_norms_minilm")
     table = pd.read_csv(script.CSV)
-    assert script.markdown(table) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    assert script.markdown(table) in (DOCS / "attention-norms.md").read_text(encoding="utf-8")
     # The issue's MRPC numbers (weights / norms / both): [CLS] 68 / 12 / 12, [SEP] 2 / 0 / 0.
     mrpc = table[table["task"] == "mrpc"].set_index("role")
     assert mrpc.loc["cls"].tolist() == ["mrpc", 68, 12, 12] and mrpc.loc["sep"].tolist() == ["mrpc", 2, 0, 0]
 
 
-def test_the_docs_fine_tuning_tables_are_the_committed_csvs():
+def test_the_docs_fine_tuning_tables_are_the_committed_csvs(docs_script):
     """docs/attention-norms.md shows what docs/attention_norms_finetune.py wrote, and each role's
     counts add up: the heads after are those before, plus those gained, less those lost."""
-    import importlib.util
-    from pathlib import Path
-
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    spec = importlib.util.spec_from_file_location("attention_norms_finetune", docs / "attention_norms_finetune.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = docs_script("attention_norms_finetune")
     roles, layers = pd.read_csv(script.ROLES_CSV), pd.read_csv(script.LAYERS_CSV)
-    assert script.markdown(roles, layers) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    assert script.markdown(roles, layers) in (DOCS / "attention-norms.md").read_text(encoding="utf-8")
     assert (roles["held_post"] == roles["held_pre"] + roles["gained"] - roles["lost"]).all()
     assert sorted(roles["reading"].unique()) == ["norms", "weights"] and len(layers) == 2 * 6
 
 
-def test_the_docs_training_run_table_is_the_committed_csv():
+def test_the_docs_training_run_table_is_the_committed_csv(docs_script):
     """docs/attention-norms.md shows what docs/attention_norms_emergence.py wrote; a head holding a
     role on both readings holds it on each."""
-    import importlib.util
-    from pathlib import Path
-
-    docs = Path(__file__).resolve().parents[1] / "docs"
-    spec = importlib.util.spec_from_file_location("attention_norms_emergence", docs / "attention_norms_emergence.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    table = pd.read_csv(docs / "emergence" / "norms" / "preln-s0.csv")
-    assert script.markdown(table, script.page_steps(table)) in (docs / "attention-norms.md").read_text(encoding="utf-8")
+    script = docs_script("attention_norms_emergence")
+    table = pd.read_csv(DOCS / "emergence" / "norms" / "preln-s0.csv")
+    assert script.markdown(table, script.page_steps(table)) in (DOCS / "attention-norms.md").read_text(encoding="utf-8")
     assert ((table["both"] <= table["weights"]) & (table["both"] <= table["norms"])).all()
     assert table[["weights", "norms"]].max().max() <= 16  # 4 layers × 4 heads
 
