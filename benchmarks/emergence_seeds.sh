@@ -16,7 +16,9 @@
 #       # issue 49's real-text experiment, in a call of its own: MLM-only seeds 0 and 1 unsteered
 #       # (plain-s0, plain-s1), with prev and next suppressed on every head (positional-s0, -s1) and
 #       # with [CLS] suppressed (cls-s0, -s1); tracked from step 1000, on the loss's plateau (the rule
-#       # fixed before the runs, docs/emergence.md), each tarball with its per-sequence held-out sums
+#       # fixed before the runs, docs/emergence.md), each tarball with its per-sequence held-out sums;
+#       # BERTJAX_SEEDS_STEERING_SEEDS="0" runs one seed's three runs (a CPU's way: with _SERIAL and
+#       # _BUDGET, ~1.5-2 h a run on 2 cores); `python docs/emergence_steering.py real --from OUT` reads them
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh prepare   # into .gpu-size/
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh run OUT
 #       # issue 48's GPU-size recipe (configs/pretrain/emergence-gpu.yaml: 8 layers × 8 heads,
@@ -60,13 +62,20 @@ else
   track_args=(--n 1000 --sas-n 1000 --bootstrap 1000 --batch-size 128)
   mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=280 budget_track=190
 fi
-if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET; fi
+# The second track pass (tests and figures from the cache) takes well under a minute on a GPU, more on a CPU.
+budget_series=60
+if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then
+  budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET budget_series=$BERTJAX_SEEDS_BUDGET
+fi
 if [[ $set_name == pre-ln ]]; then
   train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
 elif [[ $set_name == steering ]]; then
   nsp_seeds=() mlm_name=plain steering=(positional cls)
   # The events' window starts on the plateau, after the first (unigram) descent.
   if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then window_from=4; else mlm_seeds=(0 1) window_from=1000; fi
+  # A CPU runs the set a seed at a time (BERTJAX_SEEDS_STEERING_SEEDS=0, then 1): serially, a seed's
+  # three runs finish before the next seed starts.
+  [[ -z ${BERTJAX_SEEDS_STEERING_SEEDS:-} ]] || read -ra mlm_seeds <<<"$BERTJAX_SEEDS_STEERING_SEEDS"
 elif [[ $set_name == gpu-size ]]; then
   # The recipe's 10000 steps, one seed a call (two medium runs side by side ran ~19 steps/s each on
   # an H200: 10000 steps of two would fill a call without their tracks). The 2026-11-28 runs:
@@ -133,7 +142,7 @@ one_run() {
     local correction=() out=track
     [[ $scope == series ]] && correction=(--correction holm --correction-scope series) out=track-holm-series
     # The second pass reads every step from the cache: tests and figures only.
-    timeout --signal=TERM --kill-after=20 "$([[ $scope == none ]] && echo "$budget_track" || echo 60)" \
+    timeout --signal=TERM --kill-after=20 "$([[ $scope == none ]] && echo "$budget_track" || echo "$budget_series")" \
       "$py" -m analysis.track --run "$work/$name" \
       --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length "$length" "${track_args[@]}" "${steps[@]+"${steps[@]}"}" --sas "$ewt" \
       "${parse_args[@]}" "${correction[@]}" --scores-cache "$work/$name.cache" --out "$work/$name/$out" \
