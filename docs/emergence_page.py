@@ -455,6 +455,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "steering-issue": lambda: steering("issue"),
     "steering-issue-plateau": lambda: emergence_steering.plateau_table(emergence_steering.SIZES["issue"]),
     "steering-issue-lr": lambda: steering("issue-lr1e-3"),
+    "steering-real": lambda: emergence_steering.real_table(emergence_steering.summarize_real()),
     "synthetic": synthetic,
     "history-heldout": history_heldout,
     "history-roles": history_roles,

@@ -66,6 +66,24 @@ descent (step 50) and before the drop (400 to 650). The `issue` set at 2e-3 was 
 1's unsteered run, which stayed on the plateau like seed 0's (`s1-plain/`, committed; not in the
 summary, which holds whole seeds only).
 
+`real` (written 2026-11-28, before any steered run of the set had trained; its unsteered seed 0 had,
+on this CPU, as the seeds set's `mlm-s0`, whose first 100 steps the current code reproduces bit for
+bit): reads issue 49's real-text set, `BERTJAX_SEEDS_SET=steering bash benchmarks/emergence_seeds.sh
+run OUT` (the emergence recipe, MLM only, 8000 steps, seeds 0 and 1; unsteered, prev and next
+suppressed on every head, [CLS] suppressed; every run scored on one held-out set and tracked on
+MRPC, SST-2 and QNLI dev from step 1000, on the loss's plateau, as fixed with the set). `--from`
+collects the set's tarballs (a device call's OUT) or run folders (a CPU's work folder) into
+`docs/emergence/steering-real/`; the summary and the table come from the committed files alone.
+Per seed and steered condition, the **drop shift**: the held-out MLM loss's 50% point over the
+window, steered less unsteered, with the 5–95% interval over the 1000 resamples of the held-out
+sequences, replicate b of both runs drawn with the same weights. The reading, fixed here: in a seed
+the drop moves **later** when the interval lies above 0, **earlier** when below, and no shift is
+detected otherwise; the page counts the seeds each way per condition, and states a direction for a
+condition only when every seed run shows it. A seed's three runs train on one kind of device (the
+table says which). Reported beside it: the final held-out loss against the unsteered run (paired, as
+P2), the heads assigned prev, next or local on any task at step 8000, the loss changepoint, and
+MRPC's earliest positional head's 50% point.
+
 Outputs: `runs/emergence-steering[-SIZE]/` (not committed) and `docs/emergence/steering[-SIZE]/`
 (committed; no suffix for w64-4x4): `summary.csv`, and per
 run its track's `track.csv.gz`, `events.csv`, `curve_events.csv`, `curve_onsets.csv`,
@@ -76,6 +94,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import shutil
 import sys
 from dataclasses import dataclass
@@ -88,6 +107,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import emergence_family as family
 
 from analysis.common.heldout import SEQUENCES_DIR
+from analysis.heads import events
 
 ROOT = Path(__file__).resolve().parents[1]
 LANGUAGE = family.Member(64, 4, 4, 0)
@@ -262,22 +282,33 @@ def final_loss_difference(steered: Path, plain: Path, seed: int, last_step: int)
 
 
 def positional_heads_at_last(tracked: Path) -> int:
-    track = pd.read_csv(tracked / "track.csv")
+    """Heads assigned prev, next or local at the last tracked step, on any task tracked."""
+    track = pd.read_csv(tracked / "track.csv" if (tracked / "track.csv").exists() else tracked / "track.csv.gz")
     last = track[(track["step"] == track["step"].max()) & track["role"].isin(family.POSITIONAL) & track["assigned"]]
     return last[["layer", "head"]].drop_duplicates().shape[0]
 
 
 def summarize(size: Size, run: Run) -> dict:
     root = size.work / run.name
-    tracked, workdir = root / "track", root / "run"
+    plain = None if run.condition == "plain" else size.work / Run(run.seed, "plain").name / "run"
+    return summarize_run(run, root / "track", root / "run", plain, size.steps)
+
+
+def summarize_run(run: Run, tracked: Path, workdir: Path, plain: Path | None, last_step: int,
+                  task: str | None = None) -> dict:  # fmt: skip
+    """One run's row: its heads and held-out loss at `last_step`, the loss's events over the tracked
+    window, the earliest positional head's 50% point on `task` (the first task tracked when None) and,
+    for a steered run, its final loss against the unsteered run in `plain` (paired)."""
     curves = pd.read_csv(tracked / "curve_events.csv")
     loss_events = curves[curves["curve"] == "heldout_mlm_loss"].set_index("event")
     changepoint = pd.read_csv(tracked / "curve_onsets.csv").set_index("curve").loc["heldout_mlm_loss"]
     lead = pd.read_csv(tracked / "lead_lag.csv")
     local = lead[(lead["group"] == "local") & (lead["event"] == "rise_50")]
+    if task is not None:
+        local = local[local["task"] == task]
     row = {
         "run": run.name, "seed": run.seed, "condition": run.condition,
-        "final_heldout_loss": round(family.heldout_curve(workdir / "metrics.jsonl", "heldout_mlm_loss")[size.steps], 4),
+        "final_heldout_loss": round(family.heldout_curve(workdir / "metrics.jsonl", "heldout_mlm_loss")[last_step], 4),
         "positional_heads_at_last": positional_heads_at_last(tracked),
         "loss_changepoint": changepoint["changepoint_step"], "loss_changepoint_low": changepoint["changepoint_low"],
         "loss_changepoint_high": changepoint["changepoint_high"],
@@ -294,9 +325,8 @@ def summarize(size: Size, run: Run) -> dict:
         "local_rise_50_low": None if first is None else first["earliest_low"],
         "local_rise_50_high": None if first is None else first["earliest_high"],
     }
-    if run.condition != "plain":
-        plain = size.work / Run(run.seed, "plain").name / "run"
-        point, low, high = final_loss_difference(workdir, plain, run.seed, size.steps)
+    if plain is not None:
+        point, low, high = final_loss_difference(workdir, plain, run.seed, last_step)
         row |= {
             "loss_vs_plain": round(point, 4),
             "loss_vs_plain_low": round(low, 4),
@@ -379,11 +409,174 @@ def table(summary: pd.DataFrame, size: Size) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class RealSet:
+    """The real-text set as benchmarks/emergence_seeds.sh runs it, and where its files are committed."""
+
+    committed: Path
+    steps: int = 8000
+    from_step: int = 1000
+    task: str = "mrpc"
+    seeds: tuple[int, ...] = (0, 1)
+
+    def runs(self) -> list[Run]:
+        return [Run(seed, condition) for seed in self.seeds for condition in INTERVENTIONS]
+
+
+REAL = RealSet(ROOT / "docs" / "emergence" / "steering-real")
+REAL_TRACK_FILES = (*TRACK_FILES, events.LEAD_LAG_REPLICATES)
+
+
+def _real_source(source: Path, run: Run) -> tuple[str, Path] | None:
+    """Where benchmarks/emergence_seeds.sh's steering set left `run`: its tarball (a device call's
+    OUT) or its run folder (a CPU's work folder); None when neither is there."""
+    name = f"{run.condition}-s{run.seed}"
+    for candidate in (source / f"{name}.tar.gz", source / name):
+        if candidate.exists():
+            return name, candidate
+    return None
+
+
+def collect_real(source: Path, real: RealSet = REAL) -> list[Run]:
+    """Copies what the page reads of each run of the set found in `source` into `real.committed`,
+    flat per run as the synthetic sets' (the training's run.json as train-run.json); the runs found."""
+    import tarfile
+
+    final = f"{SEQUENCES_DIR}/step-{real.steps:09d}.npz"
+    wanted = {**{f"track/{n}": n for n in REAL_TRACK_FILES}, "track/track.csv": "track.csv",
+              "metrics.jsonl": "metrics.jsonl", "config.yaml": "config.yaml", "run.json": "train-run.json",
+              final: final}  # fmt: skip
+    found = []
+    for run in real.runs():
+        located = _real_source(source, run)
+        if located is None:
+            continue
+        name, path = located
+        contents: dict[str, bytes] = {}
+        if path.is_dir():
+            contents = {
+                kept: (path / member).read_bytes() for member, kept in wanted.items() if (path / member).exists()
+            }
+        else:
+            with tarfile.open(path) as tar:
+                members = set(tar.getnames())
+                for member, kept in wanted.items():
+                    if f"{name}/{member}" in members:
+                        contents[kept] = tar.extractfile(f"{name}/{member}").read()  # type: ignore[union-attr]
+        missing = sorted(set(wanted.values()) - set(contents))
+        if missing:
+            # A CPU's work folder holds the runs still training or tracking: read what has finished.
+            print(f"{path}: no {', '.join(missing)}: not finished, skipped", file=sys.stderr)
+            continue
+        out = real.committed / run.name
+        (out / SEQUENCES_DIR).mkdir(parents=True, exist_ok=True)
+        track = contents.pop("track.csv")
+        with gzip.GzipFile(out / "track.csv.gz", "wb", mtime=0) as sink:
+            sink.write(track)
+        for kept, data in contents.items():
+            (out / kept).write_bytes(data)
+        found.append(run)
+    return found
+
+
+def drop_shift(steered: Path, plain: Path) -> tuple[float, float, float]:
+    """The held-out loss's 50% point (over the tracked window) of `steered` less `plain`'s: the
+    point events' difference, and the 5–95% interval of the difference over the resamples of the
+    held-out sequences, replicate b of both runs drawn with the same weights (the same held-out set,
+    resampling seed and count: checked)."""
+    tracks = [json.loads((folder / "run.json").read_text()) for folder in (steered, plain)]
+    for key in ("onsets", "analysed_steps"):
+        if tracks[0][key] != tracks[1][key]:
+            raise SystemExit(f"{steered} and {plain} were tracked with different {key}: their resamples do not pair")
+    (_, a), (_, b) = (
+        events.load_lead_lag_replicates(folder / events.LEAD_LAG_REPLICATES) for folder in (steered, plain)
+    )
+    if a.replicates is None or b.replicates is None:
+        raise SystemExit(f"{steered} or {plain} has no held-out replicates: the shift has no interval")
+    at = events.EVENTS.index("rise_50")
+    _, low, high = events.difference(a.replicates[:, at], b.replicates[:, at])
+    return float(a.point[at] - b.point[at]), low, high
+
+
+def summarize_real(real: RealSet = REAL) -> pd.DataFrame:
+    """The set's rows from the committed files alone: each run as `summarize_run`, a steered run's
+    with its drop shift against its seed's unsteered run."""
+    rows = []
+    for run in real.runs():
+        folder = real.committed / run.name
+        plain = real.committed / Run(run.seed, "plain").name
+        if not folder.exists() or not plain.exists():
+            continue
+        row = summarize_run(run, folder, folder, None if run.condition == "plain" else plain, real.steps, real.task)
+        if run.condition != "plain":
+            shift = drop_shift(folder, plain)
+            row |= dict(zip(("drop_shift", "drop_shift_low", "drop_shift_high"), np.round(shift), strict=True))
+        row["device"] = json.loads((folder / "train-run.json").read_text())["devices"]["kind"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+SHIFT_WORDS = {"after": "later", "before": "earlier", "overlapping": "no shift detected"}
+
+
+def real_table(summary: pd.DataFrame, real: RealSet = REAL) -> str:
+    """The real-text set's table (one row per run) and its reading, by the rule in the docstring."""
+    if summary.empty:
+        return "No run of the real-text set has been collected."
+    lines = [
+        f"| run | positional heads at {real.steps} | held-out loss at {real.steps} | vs unsteered (5–95%) "
+        f"| loss fall from {real.from_step} | loss changepoint | loss 50% point | drop shift vs unsteered (5–95%) "
+        f"| earliest {real.task.upper()} positional head's 50% point | device |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in summary.to_dict("records"):
+        versus = "–" if pd.isna(r.get("loss_vs_plain")) else (
+            f"{r['loss_vs_plain']:+.3f} [{r['loss_vs_plain_low']:+.3f}, {r['loss_vs_plain_high']:+.3f}]")  # fmt: skip
+        shift = "–" if pd.isna(r.get("drop_shift")) else (
+            f"{r['drop_shift']:+.0f} [{r['drop_shift_low']:+.0f}, {r['drop_shift_high']:+.0f}]")  # fmt: skip
+        lines.append(
+            f"| {r['run']} | {r['positional_heads_at_last']} | {r['final_heldout_loss']:.3f} | {versus} "
+            f"| {r['loss_fall']:.3f} "
+            f"| {_interval(r['loss_changepoint'], r['loss_changepoint_low'], r['loss_changepoint_high'])} "
+            f"| {_interval(r['loss_rise_50'], r['loss_rise_50_low'], r['loss_rise_50_high'])} | {shift} "
+            f"| {_interval(r['local_rise_50'], r['local_rise_50_low'], r['local_rise_50_high'])} | {r['device']} |"
+        )
+    complete = summary.groupby("seed")["condition"].transform(lambda c: set(c) == set(INTERVENTIONS))
+    steered = summary[complete & (summary["condition"] != "plain")]
+    seeds = sorted(summary.loc[complete, "seed"].unique())
+    readings = [] if seeds else ["No seed has its three runs yet."]
+    for condition, label in (
+        (("positional", "Suppressing prev and next"), ("cls", "Suppressing [CLS]")) if seeds else ()
+    ):
+        rows = steered[steered["condition"] == condition]
+        words = [] if rows.empty else [SHIFT_WORDS[events.relation_of_difference(low, high)]
+                 for low, high in zip(rows["drop_shift_low"], rows["drop_shift_high"], strict=True)]  # fmt: skip
+        counts = ", ".join(f"{word} in {words.count(word)}" for word in SHIFT_WORDS.values())
+        readings.append(f"{label}: the drop {counts}, of {len(words)} seeds.")
+    missing = [seed for seed in real.seeds if seed not in seeds]
+    lines += ["", "**" + " ".join(readings) + "**"
+              + (f" Seeds not run to the end: {', '.join(map(str, missing))}." if missing else "")]  # fmt: skip
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["run", "table", "plateau"])
+    parser.add_argument("command", choices=["run", "table", "plateau", "real"])
     parser.add_argument("--size", choices=sorted(SIZES), default="w64-4x4")
+    parser.add_argument("--from", dest="source", type=Path,
+                        help="real: the steering set's outputs (tarballs or run folders) to collect first")  # fmt: skip
     args = parser.parse_args(argv)
+    if args.command == "real":
+        if args.source is not None:
+            if not args.source.is_dir():
+                raise SystemExit(f"error: {args.source} is not a folder of the steering set's outputs")
+            found = collect_real(args.source)
+            print(f"collected {', '.join(run.name for run in found) or 'no run'} from {args.source}", file=sys.stderr)
+        summary = summarize_real()
+        if not summary.empty:
+            summary.to_csv(REAL.committed / "summary.csv", index=False)
+        print(real_table(summary))
+        return
     size = SIZES[args.size]
     summary_path = size.committed / "summary.csv"
     if args.command == "plateau":

@@ -356,7 +356,7 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     assert len(list(out.iterdir())) <= 8 and all(path.is_file() for path in out.iterdir())
 
 
-def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path):
+def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path, docs_script):
     """benchmarks/emergence_seeds.sh, prepare then run, both recipes' sets (BERTJAX_SEEDS_TINY): the
     commands a lent GPU or a CPU afternoon runs, checked in seconds; each run comes back as a tarball
     with its track and its config, never its checkpoints, every run of every set scored on the one
@@ -406,6 +406,19 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
         assert ("intervene:" in config and f"role: {role}" in config) if role else "role: " not in config, config
         assert f"heldout:\n  corpora: []\n  data_dir: {shared_heldout}\n" in config, config
         assert min(steps) == 4, steps
+    # What the page reads of them (docs/emergence_steering.py real --from OUT), at the tiny set's steps.
+    steering = docs_script("emergence_steering")
+    real = steering.RealSet(tmp_path / "committed", steps=6, from_step=4, seeds=(0,))
+    assert steering.collect_real(tmp_path / "out", real) == real.runs()
+    summary = steering.summarize_real(real)
+    assert list(summary["run"]) == ["s0-plain", "s0-positional", "s0-cls"] and (summary["device"] == "cpu").all()
+    assert summary["drop_shift"].notna().tolist() == [False, True, True]
+    assert summary["loss_vs_plain"].notna().tolist() == [False, True, True]
+    assert "of 1 seeds." in steering.real_table(summary, real)
+    assert not list((tmp_path / "committed").rglob("checkpoints"))
+    # A run folder still training (a CPU's work folder) is skipped, not read.
+    (tmp_path / "busy" / "plain-s0").mkdir(parents=True)
+    assert steering.collect_real(tmp_path / "busy", steering.RealSet(tmp_path / "busy-committed", seeds=(0,))) == []
     # The gpu-size set: the GPU recipe's config at T = 128, two seeds, each with what its joint
     # intervals need (per-sequence held-out sums, the lead/lag replicates), scored on its own held-out set.
     gpu_heldout = tmp_path / "prepared" / "gpu" / "heldout-T128"

@@ -3,28 +3,21 @@ number on the page without a file and a script behind it fails here."""
 
 from __future__ import annotations
 
-import importlib.util
 import io
+import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, DOCS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
-def page_script():
-    return _load("emergence_page")
+def page_script(docs_script):
+    return docs_script("emergence_page")
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +33,8 @@ def _block(page_script, page: str, name: str) -> str:
 
 @pytest.mark.parametrize("name", ["headline", "seeds-data", "seeds-runs", "seeds-convention", "seeds-onsets", "seeds-contrasts", "seeds-cls",
                                   "seeds-corrected", "seeds-lengths", "synthetic", "family", "family-verdict",
-                                  "history-heldout", "history-roles", "history-changepoints", "plateau", "gpu-size"])  # fmt: skip
+                                  "history-heldout", "history-roles", "history-changepoints", "plateau", "gpu-size",
+                                  "steering", "steering-issue", "steering-issue-plateau", "steering-issue-lr", "steering-real"])  # fmt: skip
 def test_each_block_of_the_page_is_what_the_files_give(page_script, generated, name):
     assert set(generated) == set(page_script.BLOCKS)
     assert _block(page_script, (DOCS / "emergence.md").read_text(), name) == generated[name]
@@ -85,3 +79,54 @@ def test_roles_by_step_gives_the_committed_tables_columns(page_script):
     held = track[(track["step"] == track["step"].max()) & (track["task"] == "mrpc") & (track["role"] == "next")]
     assert last["heads_held"].item() == held["assigned"].sum()
     assert last["max_mean_beta"].item() == pytest.approx(held["mean"].max(), abs=5e-5)  # rounded to 4 places
+
+
+def test_the_real_text_summary_is_the_committed_runs(page_script):
+    """steering-real/summary.csv is what the reader derives from the committed runs (none: no summary)."""
+    steering = sys.modules["emergence_steering"]
+    derived = steering.summarize_real()
+    path = steering.REAL.committed / "summary.csv"
+    if derived.empty:
+        assert not path.exists()
+        return
+    pd.testing.assert_frame_equal(pd.read_csv(path), pd.read_csv(io.StringIO(derived.to_csv(index=False))))
+
+
+def _steering_run(folder: Path, curve_replicates, point, onsets_seed: int = 0) -> Path:
+    """A run folder as the real-text set's reader sees it: the track's run.json (how its resamples
+    were drawn) and the lead/lag replicates of its held-out loss curve's events."""
+    from analysis.heads import events
+
+    folder.mkdir(parents=True)
+    (folder / "run.json").write_text(json.dumps({"onsets": {"replicates": len(curve_replicates), "seed": onsets_seed},
+                                                 "analysed_steps": [1000, 2000, 8000]}))  # fmt: skip
+    events.save_lead_lag_replicates(folder / events.LEAD_LAG_REPLICATES, {},
+                                    events.Earliest(1, np.asarray(point, float), np.asarray(curve_replicates, float)))  # fmt: skip
+    return folder
+
+
+def test_the_drop_shift_pairs_the_two_runs_resamples(page_script, tmp_path):
+    """steered − unsteered 50% point of the held-out loss, replicate by replicate: the interval is
+    the 5–95% of the paired differences (a slow reference: the sorted differences' 50th and 950th
+    of 1000, inverted-CDF quantiles). The runs share most of their resampling noise (the same
+    held-out sequences drawn), so pairing narrows the interval: planted, an unpaired interval (the
+    unsteered run's replicates shuffled) is too wide, and one at 25–75% too narrow; both fail."""
+    steering = sys.modules["emergence_steering"]
+    rng = np.random.default_rng(0)
+    shared = rng.normal(1700, 120, size=1000)  # the held-out resample's effect, common to both runs
+    plain = np.stack([shared - 300, shared - 100, shared + rng.normal(0, 15, 1000), shared + 400], axis=1)
+    steered = plain + 150 + rng.normal(0, 15, size=plain.shape)
+    a = _steering_run(tmp_path / "steered", steered, [1400, 1600, 1850, 2100])
+    b = _steering_run(tmp_path / "plain", plain, [1400, 1600, 1700, 2100])
+    point, low, high = steering.drop_shift(a, b)
+    ordered = sorted(steered[i, 2] - plain[i, 2] for i in range(1000))
+    assert point == 150 and (low, high) == pytest.approx((ordered[49], ordered[949]), abs=1e-3)  # float32 storage
+    assert 100 < low < 150 < high < 200
+    unpaired = np.sort(steered[:, 2] - rng.permutation(plain[:, 2]))
+    assert unpaired[949] - unpaired[49] > 4 * (high - low)
+    narrow = np.quantile(np.array(ordered), [0.25, 0.75], method="inverted_cdf")
+    assert (narrow[0], narrow[1]) != pytest.approx((low, high), abs=1e-3)
+    # Runs resampled differently do not pair: refused.
+    c = _steering_run(tmp_path / "other-seed", plain, [1400, 1600, 1700, 2100], onsets_seed=1)
+    with pytest.raises(SystemExit, match="different onsets"):
+        steering.drop_shift(a, c)
