@@ -84,10 +84,15 @@ table says which). Reported beside it: the final held-out loss against the unste
 P2), the heads assigned prev, next or local on any task at step 8000, the loss changepoint, and
 MRPC's earliest positional head's 50% point.
 
+The issue sizes' tables show each steered run's drop shift (as `real`'s, below) where the set's
+lead/lag replicates are committed (kept from the `issue-lr1e-3` set on; added to its table after its
+three seeds had run): reported beside the rule's checks, not one of them.
+
 Outputs: `runs/emergence-steering[-SIZE]/` (not committed) and `docs/emergence/steering[-SIZE]/`
 (committed; no suffix for w64-4x4): `summary.csv`, and per
 run its track's `track.csv.gz`, `events.csv`, `curve_events.csv`, `curve_onsets.csv`,
-`lead_lag.csv`, `run.json`, and the training's `metrics.jsonl`.
+`lead_lag.csv`, `run.json`, and the training's `metrics.jsonl` (the issue sizes also
+`lead_lag_replicates.npz` and the final held-out per-sequence sums).
 """
 
 from __future__ import annotations
@@ -363,7 +368,9 @@ def commit_outputs(size: Size, run: Run) -> None:
         sink.write((root / "track" / "track.csv").read_bytes())
     shutil.copyfile(root / "run" / "metrics.jsonl", out / "metrics.jsonl")
     if size.name != "w64-4x4":
-        # The final held-out per-sequence sums: the paired difference from committed files alone.
+        # The final held-out per-sequence sums and the loss events' replicates: the paired
+        # differences (final loss, drop shift) from committed files alone.
+        shutil.copyfile(root / "track" / events.LEAD_LAG_REPLICATES, out / events.LEAD_LAG_REPLICATES)
         final = Path(SEQUENCES_DIR) / f"step-{size.steps:09d}.npz"
         (out / SEQUENCES_DIR).mkdir(exist_ok=True)
         shutil.copyfile(root / "run" / final, out / final)
@@ -375,27 +382,54 @@ def _interval(point, low, high) -> str:
     return f"{point:.0f} [{low:.0f}, {high:.0f}]" if not pd.isna(low) else f"{point:.0f}"
 
 
+SHIFT_COLUMN = "drop shift vs unsteered (5–95%)"
+
+
+def _shift_cell(shift: tuple[float, float, float] | None) -> str:
+    return "–" if shift is None or pd.isna(shift[0]) else f"{shift[0]:+.0f} [{shift[1]:+.0f}, {shift[2]:+.0f}]"
+
+
+def _run_cells(r: dict, shift: str | None) -> str:
+    """One run's cells of a steering table: heads, final loss (and against unsteered), the loss's fall,
+    changepoint and 50% point, the drop shift when the table has one, the earliest positional head."""
+    versus = (
+        "–"
+        if pd.isna(r.get("loss_vs_plain"))
+        else (f"{r['loss_vs_plain']:+.3f} [{r['loss_vs_plain_low']:+.3f}, {r['loss_vs_plain_high']:+.3f}]")
+    )
+    cells = [
+        r["run"], str(r["positional_heads_at_last"]), f"{r['final_heldout_loss']:.3f}", versus, f"{r['loss_fall']:.3f}",
+        _interval(r["loss_changepoint"], r["loss_changepoint_low"], r["loss_changepoint_high"]),
+        _interval(r["loss_rise_50"], r["loss_rise_50_low"], r["loss_rise_50_high"]),
+        *([] if shift is None else [shift]),
+        _interval(r["local_rise_50"], r["local_rise_50_low"], r["local_rise_50_high"]),
+    ]  # fmt: skip
+    return "| " + " | ".join(cells) + " |"
+
+
+def committed_shifts(summary: pd.DataFrame, committed: Path) -> dict[str, tuple[float, float, float]] | None:
+    """Each steered run's drop shift from its committed lead/lag replicates, by run; None unless
+    every steered run of the summary committed them (the sets run before they were kept)."""
+    shifts = {}
+    for r in summary[summary["condition"] != "plain"].to_dict("records"):
+        steered, plain = committed / r["run"], committed / Run(int(r["seed"]), "plain").name
+        if not all((folder / events.LEAD_LAG_REPLICATES).exists() for folder in (steered, plain)):
+            return None
+        shifts[r["run"]] = drop_shift(steered, plain)
+    return shifts
+
+
 def table(summary: pd.DataFrame, size: Size) -> str:
-    """The page's table (one row per run) and the verdict line."""
-    lines = [
-        f"| run | positional heads at {size.steps} | held-out loss at {size.steps} | vs unsteered (5–95%) "
-        f"| loss fall from {size.from_step} "
-        "| loss changepoint | loss 50% point | earliest positional head's 50% point |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
+    """The page's table (one row per run) and the verdict line; with the drop shift beside the rule's
+    checks (not one of them) where the set's replicates are committed."""
+    shifts = committed_shifts(summary, size.committed)
+    columns = [f"run | positional heads at {size.steps} | held-out loss at {size.steps} | vs unsteered (5–95%) "
+               f"| loss fall from {size.from_step} | loss changepoint | loss 50% point",
+               *([] if shifts is None else [SHIFT_COLUMN]), "earliest positional head's 50% point"]  # fmt: skip
+    header = " | ".join(columns)
+    lines = [f"| {header} |", "|" + " --- |" * (header.count(" | ") + 1)]
     for r in summary.to_dict("records"):
-        versus = (
-            "–"
-            if pd.isna(r.get("loss_vs_plain"))
-            else (f"{r['loss_vs_plain']:+.3f} [{r['loss_vs_plain_low']:+.3f}, {r['loss_vs_plain_high']:+.3f}]")
-        )
-        lines.append(
-            f"| {r['run']} | {r['positional_heads_at_last']} | {r['final_heldout_loss']:.3f} | {versus} "
-            f"| {r['loss_fall']:.3f} "
-            f"| {_interval(r['loss_changepoint'], r['loss_changepoint_low'], r['loss_changepoint_high'])} "
-            f"| {_interval(r['loss_rise_50'], r['loss_rise_50_low'], r['loss_rise_50_high'])} "
-            f"| {_interval(r['local_rise_50'], r['local_rise_50_low'], r['local_rise_50_high'])} |"
-        )
+        lines.append(_run_cells(r, None if shifts is None else _shift_cell(shifts.get(r["run"]))))
     complete = summary.groupby("seed")["condition"].transform(lambda c: set(c) == set(INTERVENTIONS))
     failed = verdicts(summary[complete])
     held = [seed for seed, checks in failed.items() if not checks]
@@ -525,22 +559,13 @@ def real_table(summary: pd.DataFrame, real: RealSet = REAL) -> str:
         return "No run of the real-text set has been collected."
     lines = [
         f"| run | positional heads at {real.steps} | held-out loss at {real.steps} | vs unsteered (5–95%) "
-        f"| loss fall from {real.from_step} | loss changepoint | loss 50% point | drop shift vs unsteered (5–95%) "
+        f"| loss fall from {real.from_step} | loss changepoint | loss 50% point | {SHIFT_COLUMN} "
         f"| earliest {real.task.upper()} positional head's 50% point | device |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for r in summary.to_dict("records"):
-        versus = "–" if pd.isna(r.get("loss_vs_plain")) else (
-            f"{r['loss_vs_plain']:+.3f} [{r['loss_vs_plain_low']:+.3f}, {r['loss_vs_plain_high']:+.3f}]")  # fmt: skip
-        shift = "–" if pd.isna(r.get("drop_shift")) else (
-            f"{r['drop_shift']:+.0f} [{r['drop_shift_low']:+.0f}, {r['drop_shift_high']:+.0f}]")  # fmt: skip
-        lines.append(
-            f"| {r['run']} | {r['positional_heads_at_last']} | {r['final_heldout_loss']:.3f} | {versus} "
-            f"| {r['loss_fall']:.3f} "
-            f"| {_interval(r['loss_changepoint'], r['loss_changepoint_low'], r['loss_changepoint_high'])} "
-            f"| {_interval(r['loss_rise_50'], r['loss_rise_50_low'], r['loss_rise_50_high'])} | {shift} "
-            f"| {_interval(r['local_rise_50'], r['local_rise_50_low'], r['local_rise_50_high'])} | {r['device']} |"
-        )
+        shift = None if pd.isna(r.get("drop_shift")) else (r["drop_shift"], r["drop_shift_low"], r["drop_shift_high"])
+        lines.append(_run_cells(r, _shift_cell(shift))[:-1] + f"| {r['device']} |")
     complete = summary.groupby("seed")["condition"].transform(lambda c: set(c) == set(INTERVENTIONS))
     steered = summary[complete & (summary["condition"] != "plain")]
     seeds = sorted(summary.loc[complete, "seed"].unique())
