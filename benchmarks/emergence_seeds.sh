@@ -18,7 +18,7 @@
 #       # with [CLS] suppressed (cls-s0, -s1); tracked from step 1000, on the loss's plateau (the rule
 #       # fixed before the runs, docs/emergence.md), each tarball with its per-sequence held-out sums;
 #       # BERTJAX_SEEDS_STEERING_SEEDS="0" runs one seed's three runs (a CPU's way: with _SERIAL and
-#       # _BUDGET, ~1.5-2 h a run on 2 cores); `python docs/emergence_steering.py real --from OUT` reads them
+#       # _BUDGET, about an hour a run on 2 idle cores); `python docs/emergence_steering.py real --from OUT` reads them
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh prepare   # into .gpu-size/
 #   BERTJAX_SEEDS_SET=gpu-size bash benchmarks/emergence_seeds.sh run OUT
 #       # issue 48's GPU-size recipe (configs/pretrain/emergence-gpu.yaml: 8 layers × 8 heads,
@@ -27,7 +27,7 @@
 #       # per-sequence held-out sums and the lead/lag replicates (the joint intervals);
 #       # BERTJAX_SEEDS_GPU_SEEDS="1" (or "0 1", side by side), _STEPS and _EVERY change them
 #
-# The recipe's stream is cut to its first 12,000 documents (~10 M tokens, ~3 passes in 8000 steps)
+# The recipe's stream is cut to its first 12,000 documents (7.1 M tokens, 4 to 5 passes in 8000 steps)
 # so that both objectives' shards travel within the 64 MiB the device takes; the vocabulary is
 # trained on that cut and shared by the NSP data. The held-out set is prepared once, with the MLM
 # data (no NSP pairs), and every run of every set is scored on it (heldout.data_dir): the recipes
