@@ -138,6 +138,7 @@ def _coverage(paired=True, simulations=SIMULATIONS, seed=1):
 @pytest.mark.slow
 def test_the_smooth_50_interval_covers_the_planted_time_at_its_nominal_rate():
     coverage = _coverage()
+    print(f"coverage {coverage:.3f} of {SIMULATIONS}")  # shown by `pytest -rP`; docs/tracking.md quotes it
     assert abs(coverage - NOMINAL) <= 0.05, coverage
 
 
@@ -146,10 +147,12 @@ def test_the_smooth_50_interval_covers_the_planted_time_at_its_nominal_rate():
 def test_an_interval_too_narrow_or_too_wide_fails_the_coverage_bar(monkeypatch, interval):
     monkeypatch.setattr(changepoint, "INTERVAL", interval)
     coverage = _coverage(simulations=150)
+    print(f"coverage {coverage:.3f} of 150")
     assert abs(coverage - NOMINAL) > 0.05, coverage
 
 
 @pytest.mark.slow
 def test_resampling_each_evaluation_on_its_own_fails_the_coverage_bar():
     coverage = _coverage(paired=False, simulations=150)
+    print(f"coverage {coverage:.3f} of 150")
     assert abs(coverage - NOMINAL) > 0.05, coverage
