@@ -5,7 +5,9 @@ bertjax runs `train.trainer.Trainer`'s own compiled step (donated state fed back
 does); torch runs `transformers.BertForPreTraining` in train mode as a PyTorch user runs it: SDPA
 attention, `torch.autocast` to bf16 under `--dtype bfloat16`, `torch.optim.AdamW` (fused on CUDA)
 and global-norm clipping to 1.0, the settings bertjax's AdamW uses; `torch-compile` is the same
-under `torch.compile` (its first call compiles and is reported as `compile_s`). The backends' timed
+under `torch.compile` (its first call compiles and is reported as `compile_s`). AdamW on both sides,
+although bertjax's recipes pre-train with LAMB: torch.optim has no LAMB, and the comparison needs the
+same optimizer work on both (LAMB's update adds a per-layer norm pair to AdamW's). The backends' timed
 calls are interleaved (A B A B ...) so that machine noise hits all alike. One JSON line per backend,
 then one `speedup` line per torch backend (its median / bertjax's). Run it on an otherwise idle
 machine: under CPU contention torch's OpenMP threads slow down far more than XLA's, which inflates

@@ -45,7 +45,7 @@ def test_every_entry_point_runs_through_cli_and_takes_verbose(name, capsys):
 
 
 # What a command's `--help` must not wait for: the libraries that take seconds to import, and the
-# analyses other than the command's own (BENCHMARKS.md row 10 times it).
+# analyses other than the command's own (BENCHMARKS.md row 11 times it).
 NOT_FOR_HELP = ("jax", "flax", "optax", "orbax", "matplotlib", "pandas", "scipy", "spacy", "transformers", "torch",
                 "analysis.api", "analysis.ablation.kovaleva", "analysis.ablation.michel")  # fmt: skip
 
