@@ -38,7 +38,10 @@
 # Without a GPU: BERTJAX_SEEDS_SERIAL=1 runs the seeds one after another (a CPU gains nothing from
 # running them side by side, and the first seeds finish early), BERTJAX_SEEDS_BUDGET=SECONDS lifts
 # the per-stage time limits, and a run whose workdir holds checkpoints resumes from them.
+# BERTJAX_SEEDS_CALL_S (default 540; none when tiny or under _BUDGET) is the device call's limit
+# for all the stages together (benchmarks/call_budget.sh): the last stages are cut to fit it.
 set -euo pipefail
+source "$(dirname "$0")/call_budget.sh"
 mode=${1:?usage: bash benchmarks/emergence_seeds.sh prepare | run OUT}
 set_name=${BERTJAX_SEEDS_SET:-}
 [[ $set_name == gpu-size ]] && carry=${BERTJAX_SEEDS_DIR:-.gpu-size} || carry=${BERTJAX_SEEDS_DIR:-.gpu-seeds}
@@ -54,7 +57,8 @@ if [[ -n ${BERTJAX_SEEDS_TINY:-} ]]; then
   train_args=(model.preset=tiny model.max_position_embeddings=$length train.steps=6 train.global_batch_size=4
     heldout.every=2 probe.every=3 probe.n=8 checkpoint.log_spaced=3 "checkpoint.steps=[4]")
   track_args=(--n 8 --sas-n 8 --bootstrap 50 --batch-size 8)
-  mlm_seeds=(0) nsp_seeds=(0) budget_train=600 budget_track=600
+  # Generous: a dry run checks the commands, not their speed, on CPUs that may be shared.
+  mlm_seeds=(0) nsp_seeds=(0) budget_train=600 budget_track=600 budget_series=600
 else
   data_args=(data.max_documents=12000)
   train_args=(model.dtype=float32 heldout.every=100 probe.every=200
@@ -63,9 +67,12 @@ else
   mlm_seeds=(0 1 2) nsp_seeds=(0 1) budget_train=280 budget_track=190
 fi
 # The second track pass (tests and figures from the cache) takes well under a minute on a GPU, more on a CPU.
-budget_series=60
+budget_series=${budget_series:-60}
+call_limit=${BERTJAX_SEEDS_CALL_S-540}
+[[ -z ${BERTJAX_SEEDS_TINY:-} ]] || call_limit=${BERTJAX_SEEDS_CALL_S-}
 if [[ -n ${BERTJAX_SEEDS_BUDGET:-} ]]; then
   budget_train=$BERTJAX_SEEDS_BUDGET budget_track=$BERTJAX_SEEDS_BUDGET budget_series=$BERTJAX_SEEDS_BUDGET
+  call_limit=${BERTJAX_SEEDS_CALL_S-}
 fi
 if [[ $set_name == pre-ln ]]; then
   train_args+=(model.layer_norm_position=pre model.position_embedding_init=sinusoidal) nsp_seeds=() mlm_name=preln
@@ -130,7 +137,7 @@ one_run() {
   [[ -n $condition ]] && extra+=("intervene=${interventions[$condition]}")
   # The shards and the one held-out set stay where they were prepared (data_dir, heldout.data_dir).
   [[ -d $work/$name/checkpoints ]] || rm -rf "$work/$name"
-  timeout --signal=TERM --kill-after=20 "$budget_train" "$py" -m train.pretrain --config "$config" \
+  timeout --signal=TERM --kill-after=20 "$(call_budget "$budget_train" 20)" "$py" -m train.pretrain --config "$config" \
     --workdir "$work/$name" "${data_args[@]}" "${extra[@]}" "${train_args[@]}" "${heldout_args[@]}" train.seed="$seed" \
     "data_dir=$prepared/$objective/data-T$length" \
     "probe.task=conllu:$(realpath "$ewt")" >"$work/$name.train.log" 2>&1 || echo "$name: pretrain exit $?" >>"$work/$name.train.log"
@@ -142,7 +149,7 @@ one_run() {
     local correction=() out=track
     [[ $scope == series ]] && correction=(--correction holm --correction-scope series) out=track-holm-series
     # The second pass reads every step from the cache: tests and figures only.
-    timeout --signal=TERM --kill-after=20 "$([[ $scope == none ]] && echo "$budget_track" || echo "$budget_series")" \
+    timeout --signal=TERM --kill-after=20 "$(call_budget "$([[ $scope == none ]] && echo "$budget_track" || echo "$budget_series")" 20)" \
       "$py" -m analysis.track --run "$work/$name" \
       --task mrpc,sst2,qnli --glue-dir "$carry/glue" --max-length "$length" "${track_args[@]}" "${steps[@]+"${steps[@]}"}" --sas "$ewt" \
       "${parse_args[@]}" "${correction[@]}" --scores-cache "$work/$name.cache" --out "$work/$name/$out" \
@@ -152,6 +159,7 @@ one_run() {
 
 run() {
   out=${1:?usage: bash benchmarks/emergence_seeds.sh run OUT}
+  call_start "$call_limit"
   mkdir -p "$out" "$work" "$prepared"
   if compgen -G "$carry/wheels/*.whl" >/dev/null; then
     "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$work/site" \

@@ -497,13 +497,21 @@ def from_kwargs(
     sections: Sequence[Section] | None = None,
     **fixed: Any,
 ) -> T:
-    """The settings of `schema` from an API call's keyword arguments, named as the fields: a text
-    where the field takes another type is read as the flag's text would be (`roles="prev,next"`),
-    a path becomes its text (run.json records text), and an unknown name is a TypeError as Python
-    raises for any function. `tool` and `sections` as for `add_flags`; `fixed` over everything:
-    a keyword naming one of its settings is unknown too (`ckpt`, given by position)."""
+    """The settings of `schema` from an API call's keyword arguments, named as the fields or, where
+    a field's flag is named otherwise, as the flag (`task=` for clark's `--task`, whose field is
+    `inputs`): a text where the field takes another type is read as the flag's text would be
+    (`roles="prev,next"`), a path becomes its text (run.json records text), and an unknown name is
+    a TypeError as Python raises for any function. `tool` and `sections` as for `add_flags`;
+    `fixed` over everything: a keyword naming one of its settings is unknown too (`ckpt`, given by
+    position)."""
     names = taken(schema, sections) - set(fixed)
     fields = {f.name: f for f in flag_fields(schema) if f.name in names}
+    by_flag = {spec["flag"].removeprefix("--").replace("-", "_"): name for name, f in fields.items()
+               if (spec := f.metadata["setting"])["flag"] is not None}  # fmt: skip
+    for keyword, name in by_flag.items():
+        if keyword in kwargs and name in kwargs:
+            raise TypeError(f"got both {keyword}= and {name}=, which name the same setting")
+    kwargs = {by_flag.get(keyword, keyword): value for keyword, value in kwargs.items()}
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")

@@ -350,7 +350,7 @@ def tiny_classifier(work, tiny_hf) -> Path:
 
 
 def test_clark_call_gives_the_clis_tables_with_the_model_passed(work, tiny_hf, shared_data, monkeypatch):
-    settings = dict(analyses="surface,cluster", inputs="mrpc", glue_dir=str(shared_data / "glue"), n=8,
+    settings = dict(analyses="surface,cluster", task="mrpc", glue_dir=str(shared_data / "glue"), n=8,
                     cluster_n=8, batch_size=8, max_length=32)  # fmt: skip
     cli_out = work / "clark-cli"
     clark_cli.main(["--ckpt", str(tiny_hf), "--out", str(cli_out), *_flags(settings)])

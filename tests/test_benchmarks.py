@@ -302,6 +302,21 @@ def test_trace_kernels_sorts_kernels_by_kind():
     assert kind("loop_convert_multiply_fusion_11") == "other fusion"
 
 
+def test_a_stage_budget_is_cut_to_what_is_left_of_the_device_call():
+    """benchmarks/call_budget.sh, which both device scripts source: a stage gets its budget or what
+    is left of the call less its grace, whichever is less, and no limit without a call limit."""
+    script = (f"source {ROOT / 'benchmarks' / 'call_budget.sh'}; "
+              "call_start ''; call_budget 300 15; "
+              "call_start 100; call_budget 300 15; call_budget 50 15; "
+              "call_start 10; call_budget 300 15")  # fmt: skip
+    result = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    unlimited, cut, within, spent = (int(word) for word in result.stdout.split())
+    assert unlimited == 300
+    assert 84 <= cut <= 85  # 100 − 15, less a second if the clock ticked in between
+    assert within == 50
+    assert spent == 1
+
+
 @pytest.mark.slow
 def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_path):
     """benchmarks/gpu.sh, prepare then run, as on a lent GPU but tiny (BERTJAX_GPU_TINY): so that a
@@ -322,10 +337,10 @@ def test_the_gpu_session_script_runs_at_tiny_sizes_on_the_cpu(shared_data, tmp_p
     stages = [json.loads(line) for line in (out / "stages.jsonl").read_text().splitlines()]
     assert [s["stage"] for s in stages] == [
         "6a",
-        "6a-rbg",
-        "6a-attn0",
         "6b-cold",
         "6b-warm",
+        "6a-rbg",
+        "6a-attn0",
         "8",
         "14",
         "emergence",

@@ -122,6 +122,15 @@ def test_the_api_takes_the_flags_text_or_typed_values():
         settings.from_kwargs(heads.RolesConfig, {"n": "8"}, ckpt="c")
 
 
+def test_a_keyword_may_be_named_as_its_flag_where_the_field_is_named_otherwise():
+    # clark's `--task` sets the field `inputs`: the flag's name is the keyword the docs promise.
+    by_flag = settings.from_kwargs(ClarkConfig, {"task": "mrpc"}, ckpt="c")
+    assert by_flag == settings.from_kwargs(ClarkConfig, {"inputs": "mrpc"}, ckpt="c")
+    assert by_flag.inputs == "mrpc"
+    with pytest.raises(TypeError, match="got both task= and inputs="):
+        settings.from_kwargs(ClarkConfig, {"task": "mrpc", "inputs": "qnli"}, ckpt="c")
+
+
 def test_a_missing_required_setting_names_its_flag():
     with pytest.raises(UserError, match="required: --ckpt"):
         settings.make(heads.RolesConfig, {})
