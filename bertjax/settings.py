@@ -90,6 +90,13 @@ def flag_name(schema: type, field: dataclasses.Field) -> str:
     return f"--{name}"
 
 
+def keyword(field: dataclasses.Field) -> str:
+    """A setting's keyword in the API: its flag's name where the flag is named otherwise than the
+    field (clark's `--task`, field `inputs`), else the field's name."""
+    flag = field.metadata["setting"]["flag"]
+    return field.name if flag is None else flag.removeprefix("--").replace("-", "_")
+
+
 def flag_fields(schema: type) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(schema) if "setting" in f.metadata]
 
@@ -506,12 +513,12 @@ def from_kwargs(
     position)."""
     names = taken(schema, sections) - set(fixed)
     fields = {f.name: f for f in flag_fields(schema) if f.name in names}
-    by_flag = {spec["flag"].removeprefix("--").replace("-", "_"): name for name, f in fields.items()
-               if (spec := f.metadata["setting"])["flag"] is not None}  # fmt: skip
-    for keyword, name in by_flag.items():
-        if keyword in kwargs and name in kwargs:
-            raise TypeError(f"got both {keyword}= and {name}=, which name the same setting")
-    kwargs = {by_flag.get(keyword, keyword): value for keyword, value in kwargs.items()}
+    # The field's own name stays a keyword too (`inputs=`, as run.json records it).
+    by_flag = {keyword(f): name for name, f in fields.items() if keyword(f) != name}
+    for word, name in by_flag.items():
+        if word in kwargs and name in kwargs:
+            raise TypeError(f"got both {word}= and {name}=, which name the same setting")
+    kwargs = {by_flag.get(word, word): value for word, value in kwargs.items()}
     unknown = sorted(set(kwargs) - set(fields))
     if unknown:
         raise TypeError(f"unexpected keyword argument(s): {', '.join(unknown)}")
@@ -567,12 +574,12 @@ def with_settings(
         for schema in schemas:
             names = taken(schema, sections)
             for field in flag_fields(schema):
-                if field.name in names and field.name not in shown:
-                    shown.add(field.name)
+                if field.name in names and keyword(field) not in shown:
+                    shown.add(keyword(field))
                     default = defaults.get(field.name, field.default)
                     parameters.append(
                         inspect.Parameter(
-                            field.name,
+                            keyword(field),
                             inspect.Parameter.KEYWORD_ONLY,
                             default=default,
                             annotation=field_types(schema)[field.name],

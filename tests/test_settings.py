@@ -150,7 +150,10 @@ def test_the_api_signatures_list_every_setting_with_the_tools_default():
     assert inspect.signature(api.clark).parameters["cluster_n"].default == 300
     assert inspect.signature(api.prune).parameters["random_seeds"].default == 3
     for function, schema in ((api.ablate, KovalevaConfig), (api.clark, ClarkConfig)):
-        assert {f.name for f in settings.flag_fields(schema)} - {"ckpt"} <= set(inspect.signature(function).parameters)
+        assert {settings.keyword(f) for f in settings.flag_fields(schema)} - {"ckpt"} <= set(
+            inspect.signature(function).parameters
+        )
+    assert "task" in inspect.signature(api.clark).parameters  # clark's --task, whose field is `inputs`
 
 
 # The sets the heads tools took before the sections (issue 51): RolesConfig's settings but those of
