@@ -85,12 +85,14 @@ class MichelConfig:
     glue_dir: str | None = glue_dir_setting()
     split: str = setting("dev", choices=SPLITS, help="split of the metric")
     n: int | None = setting(None, help="first N examples of --split (default: all)")
-    importance_split: str = setting("dev", choices=SPLITS, help="split of the examples importance is estimated on")
+    importance_split: str = setting(
+        "dev", choices=SPLITS, help="split of the examples importance is estimated on (whatever --split is)"
+    )
     importance_n: int | None = setting(None, help="first N examples of --importance-split (default: --n)")
     max_length: int = max_length_setting()
     batch_size: int = batch_size_setting()
     metric: str | None = setting(None, help="metric of the pruning curve (default: the task's first, accuracy)")
-    prune_step: float = setting(0.1, help="fraction of all heads pruned per step (0.1; 0.05)")
+    prune_step: float = setting(0.1, help="fraction of all heads pruned per step (0.05 for a finer curve)")
     reestimate: bool = setting(False, help="re-estimate importance under the mask after each step")
     random_seeds: int = setting(3, help="random pruning orders to average")
     out: str = out_setting("prune_out")

@@ -120,7 +120,7 @@ def step_setting() -> Any:
 
 
 def glue_dir_setting() -> Any:
-    return setting(None, help="local GLUE directory (glue_data/<TASK>/<split>.tsv); default: the hub")
+    return setting(None, help="local GLUE directory holding <TASK>/<split>.tsv (MRPC/dev.tsv, ...); default: the hub")
 
 
 def max_length_setting() -> Any:
