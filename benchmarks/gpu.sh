@@ -67,7 +67,8 @@ else
   # 6b: a cold first run took 48 s, a warm one 5.4 s) and 370 for `emergence` (14: six steps
   # compiled, three of base at ~40 s each as in 6a; it rides with the emergence run because
   # `bench` has no time left): a minute of each call's 10 is left for the set-up, a stage's
-  # 15 s of grace after its budget, and the transfers (tests/test_benchmarks.py checks the sums).
+  # 15 s of grace after its budget, and the transfers; should a stage overrun, call_budget.sh cuts the
+  # later ones to what is left.
   budget=(6a=200 6b-cold=90 6b-warm=40 6a-rbg=60 6a-attn0=100 8=50 14=200 emergence=110 track=60)
   call_limit=${BERTJAX_GPU_CALL_S-540}
 fi
