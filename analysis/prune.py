@@ -6,8 +6,9 @@ iterative pruning (mask the least important remaining heads in steps of a fixed 
 heads, re-evaluating the metric on --split at each step, optionally re-estimating importance under
 the current mask), against random pruning orders.
 
-By default importance is estimated on the very examples the curve is measured on (in-sample, as
-HF's run_bertology does); `--importance-split train --importance-n N` keeps them apart.
+By default importance is estimated on dev (whatever --split is) and --n examples, so with the
+default `--split dev` on the very examples the curve is measured on (in-sample, as HF's
+run_bertology does); `--importance-split train --importance-n N` keeps them apart.
 
 Outputs are written into a temporary sibling of `--out` and renamed at the end.
 """
