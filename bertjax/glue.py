@@ -48,6 +48,9 @@ class TaskSpec:
         return len(self.labels)
 
 
+# The help of every command's --glue-dir (the analyses' and train.finetune's): one text, one layout.
+GLUE_DIR_HELP = "local GLUE directory holding <TASK>/<split>.tsv (MRPC/dev.tsv, ...); default: the hub"
+
 TASKS: dict[str, TaskSpec] = {
     "qnli": TaskSpec(
         name="qnli",

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bertjax import cli
-from bertjax.glue import TASKS
+from bertjax.glue import GLUE_DIR_HELP, TASKS
 from bertjax.settings import setting
 from train import config as train_config
 from train.config import FinetuneConfig, overrides_setting, print_config_setting
@@ -32,9 +32,7 @@ class FinetuneFlags:
     task: str = setting(help=f"one of {', '.join(TASKS)}")
     ckpt: str = setting(aliases=("--init",), help="checkpoint to start from: a bertjax run workdir or a HF-format directory (--init: the old spelling)")  # fmt: skip
     workdir: str = setting(help="run directory: checkpoints, logs, eval.json")
-    glue_dir: str | None = setting(
-        None, help="local GLUE directory holding <TASK>/<split>.tsv (MRPC/dev.tsv, ...); default: the hub"
-    )
+    glue_dir: str | None = setting(None, help=GLUE_DIR_HELP)
     seeds: int | None = setting(None, help="run this many seeds (train.seed, +1, ...) and report mean ± std", shown="the config's seeds, 1")  # fmt: skip
     config: str | None = setting(None, help="YAML file (default configs/finetune/<task>.yaml); e.g. configs/finetune/adamw.yaml")  # fmt: skip
     print_config: bool = print_config_setting()

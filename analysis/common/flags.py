@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertjax.errors import UserError
+from bertjax.glue import GLUE_DIR_HELP
 from bertjax.precision import MATMUL_PRECISIONS
 from bertjax.settings import comma_list, setting
 
@@ -120,7 +121,7 @@ def step_setting() -> Any:
 
 
 def glue_dir_setting() -> Any:
-    return setting(None, help="local GLUE directory holding <TASK>/<split>.tsv (MRPC/dev.tsv, ...); default: the hub")
+    return setting(None, help=GLUE_DIR_HELP)
 
 
 def max_length_setting() -> Any:
