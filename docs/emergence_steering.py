@@ -553,6 +553,15 @@ def summarize_real(real: RealSet = REAL) -> pd.DataFrame:
 SHIFT_WORDS = {"after": "later", "before": "earlier", "overlapping": "no shift detected"}
 
 
+def _direction(words: list[str]) -> str:
+    """The rule's reading across seeds: a direction only when every seed run shows it."""
+    if len(set(words)) != 1:
+        return "no direction across the seeds"
+    if words[0] == SHIFT_WORDS["overlapping"]:
+        return "no shift detected in any seed"
+    return f"{words[0]} in every seed"
+
+
 def real_table(summary: pd.DataFrame, real: RealSet = REAL) -> str:
     """The real-text set's table (one row per run) and its reading, by the rule in the docstring."""
     if summary.empty:
@@ -577,7 +586,7 @@ def real_table(summary: pd.DataFrame, real: RealSet = REAL) -> str:
         words = [] if rows.empty else [SHIFT_WORDS[events.relation_of_difference(low, high)]
                  for low, high in zip(rows["drop_shift_low"], rows["drop_shift_high"], strict=True)]  # fmt: skip
         counts = ", ".join(f"{word} in {words.count(word)}" for word in SHIFT_WORDS.values())
-        readings.append(f"{label}: the drop {counts}, of {len(words)} seeds.")
+        readings.append(f"{label}: the drop {counts}, of {len(words)} seeds; {_direction(words)}.")
     missing = [seed for seed in real.seeds if seed not in seeds]
     lines += ["", "**" + " ".join(readings) + "**"
               + (f" Seeds not run to the end: {', '.join(map(str, missing))}." if missing else "")]  # fmt: skip

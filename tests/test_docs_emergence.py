@@ -92,6 +92,31 @@ def test_the_real_text_summary_is_the_committed_runs(page_script):
     pd.testing.assert_frame_equal(pd.read_csv(path), pd.read_csv(io.StringIO(derived.to_csv(index=False))))
 
 
+def test_the_real_text_reading_states_a_direction_only_when_every_seed_shows_it(page_script):
+    """The rule fixed before the steered runs: per condition, a direction across seeds only when
+    every seed's drop shift interval lies on the same side of 0. Planted on the committed summary:
+    the seeds made to agree (later; no shift) and to disagree."""
+    steering = sys.modules["emergence_steering"]
+    summary = pd.read_csv(steering.REAL.committed / "summary.csv")
+    cls = summary["condition"] == "cls"
+
+    def reading(low: list[float], high: list[float]) -> str:
+        planted = summary.copy()
+        planted.loc[cls, "drop_shift_low"], planted.loc[cls, "drop_shift_high"] = low, high
+        line = steering.real_table(planted).splitlines()[-1]
+        return line[line.index("Suppressing [CLS]") :]
+
+    assert reading([20, 5], [60, 90]).endswith(
+        "later in 2, earlier in 0, no shift detected in 0, of 2 seeds; later in every seed.**"
+    )
+    assert reading([-20, -5], [-1, -2]).endswith("; earlier in every seed.**")
+    assert reading([-20, -5], [10, 2]).endswith("no shift detected in 2, of 2 seeds; no shift detected in any seed.**")
+    assert reading([20, -95], [60, -43]).endswith(
+        "later in 1, earlier in 1, no shift detected in 0, of 2 seeds; no direction across the seeds.**"
+    )
+    assert reading([20, -5], [60, 2]).endswith("; no direction across the seeds.**")
+
+
 def _steering_run(folder: Path, curve_replicates, point, onsets_seed: int = 0) -> Path:
     """A run folder as the real-text set's reader sees it: the track's run.json (how its resamples
     were drawn) and the lead/lag replicates of its held-out loss curve's events."""
