@@ -118,9 +118,9 @@ def run_member(member: Member) -> None:
 
 
 def split_words(member: Member) -> int:
-    from transformers import BertTokenizerFast
+    from transformers import BertTokenizer
 
-    tokenizer = BertTokenizerFast(vocab=str(WORK / member.name / "run" / "data-T32" / "vocab.txt"))
+    tokenizer = BertTokenizer(vocab=str(WORK / member.name / "run" / "data-T32" / "vocab.txt"))
     words = json.loads((language_dir(member) / "language.json").read_text())["words"]
     return sum(len(tokenizer.tokenize(w)) > 1 for w in words)
 

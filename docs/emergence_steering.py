@@ -273,6 +273,8 @@ def final_loss_difference(steered: Path, plain: Path, seed: int, last_step: int)
     from analysis.common.heldout import read_heldout_sequences
 
     a, b = read_heldout_sequences(steered), read_heldout_sequences(plain)
+    if a is None or b is None:
+        raise SystemExit(f"{steered} or {plain} kept no held-out per-sequence sums: the difference has no interval")
     if a.masked.shape != b.masked.shape or not (a.masked == b.masked).all():
         raise SystemExit(f"{steered} and {plain} were not evaluated on the same held-out sequences")
     last = list(a.steps).index(last_step), list(b.steps).index(last_step)
