@@ -456,6 +456,7 @@ BLOCKS: dict[str, Callable[[], str]] = {
     "steering-issue-plateau": lambda: emergence_steering.plateau_table(emergence_steering.SIZES["issue"]),
     "steering-issue-lr": lambda: steering("issue-lr1e-3"),
     "steering-real": lambda: emergence_steering.real_table(emergence_steering.summarize_real()),
+    "steering-real-attention": emergence_steering.real_role_attention,
     "synthetic": synthetic,
     "history-heldout": history_heldout,
     "history-roles": history_roles,

@@ -83,6 +83,8 @@ condition only when every seed run shows it. A seed's three runs train on one ki
 table says which). Reported beside it: the final held-out loss against the unsteered run (paired, as
 P2), the heads assigned prev, next or local on any task at step 8000, the loss changepoint, and
 MRPC's earliest positional head's 50% point.
+`real_role_attention`, added after the set had been read and descriptive only: how much of each
+steered role's attention every run has left at step 8000 on MRPC.
 
 The issue sizes' tables show each steered run's drop shift (as `real`'s, below) where the set's
 lead/lag replicates are committed (kept from the `issue-lr1e-3` set on; added to its table after its
@@ -552,6 +554,7 @@ def summarize_real(real: RealSet = REAL) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+ROLE_LABELS = {"prev": "prev", "next": "next", "cls": "[CLS]"}
 SHIFT_WORDS = {"after": "later", "before": "earlier", "overlapping": "no shift detected"}
 
 
@@ -592,6 +595,28 @@ def real_table(summary: pd.DataFrame, real: RealSet = REAL) -> str:
     missing = [seed for seed in real.seeds if seed not in seeds]
     lines += ["", "**" + " ".join(readings) + "**"
               + (f" Seeds not run to the end: {', '.join(map(str, missing))}." if missing else "")]  # fmt: skip
+    return "\n".join(lines)
+
+
+STEERED_ROLES = ("prev", "next", "cls")
+
+
+def real_role_attention(real: RealSet = REAL) -> str:
+    """Per run, how much of each steered role's attention is left at the last step on `real.task`:
+    the mean over every head of the head's β̄ (track.csv's `mean`), and the largest. Descriptive,
+    added after the set had been read; not part of its rule."""
+    lines = [
+        "| run | " + " | ".join(f"{ROLE_LABELS[role]} β̄ at {real.steps}: mean over heads (largest)" for role in STEERED_ROLES) + " |",
+        "| --- |" + " --- |" * len(STEERED_ROLES),
+    ]  # fmt: skip
+    for run in real.runs():
+        path = real.committed / run.name / "track.csv.gz"
+        if not path.exists():
+            continue
+        track = pd.read_csv(path)
+        last = track[(track["step"] == real.steps) & (track["task"] == real.task)]
+        cells = [last.loc[last["role"] == role, "mean"].agg(["mean", "max"]) for role in STEERED_ROLES]
+        lines.append(f"| {run.name} | " + " | ".join(f"{c['mean']:.2f} ({c['max']:.2f})" for c in cells) + " |")
     return "\n".join(lines)
 
 

@@ -34,7 +34,8 @@ def _block(page_script, page: str, name: str) -> str:
 @pytest.mark.parametrize("name", ["headline", "seeds-data", "seeds-runs", "seeds-convention", "seeds-onsets", "seeds-contrasts", "seeds-cls",
                                   "seeds-corrected", "seeds-lengths", "synthetic", "family", "family-verdict",
                                   "history-heldout", "history-roles", "history-changepoints", "plateau", "gpu-size",
-                                  "steering", "steering-issue", "steering-issue-plateau", "steering-issue-lr", "steering-real"])  # fmt: skip
+                                  "steering", "steering-issue", "steering-issue-plateau", "steering-issue-lr", "steering-real",
+                                  "steering-real-attention"])  # fmt: skip
 def test_each_block_of_the_page_is_what_the_files_give(page_script, generated, name):
     assert set(generated) == set(page_script.BLOCKS)
     assert _block(page_script, (DOCS / "emergence.md").read_text(), name) == generated[name]
@@ -115,6 +116,22 @@ def test_the_real_text_reading_states_a_direction_only_when_every_seed_shows_it(
         "later in 1, earlier in 1, no shift detected in 0, of 2 seeds; no direction across the seeds.**"
     )
     assert reading([20, -5], [60, 2]).endswith("; no direction across the seeds.**")
+
+
+def test_the_role_attention_table_reads_the_last_step_of_the_set_task_only(page_script, tmp_path):
+    """Each cell is the mean over heads of β̄ and the largest, at the set's last step on its task:
+    rows of another step or task, planted with other values, must not enter it."""
+    steering = sys.modules["emergence_steering"]
+    real = steering.RealSet(tmp_path, steps=8000, task="mrpc", seeds=(0,))
+    rows = [
+        dict(step=step, task=task, layer=0, head=head, role=role, mean=value + 100 * (step != 8000) + 50 * (task != "mrpc"))
+        for step in (1000, 8000) for task in ("mrpc", "sst2") for role, values in
+        (("prev", (1.0, 4.0)), ("next", (2.0, 2.5)), ("cls", (0.5, 9.0))) for head, value in enumerate(values)
+    ]  # fmt: skip
+    (tmp_path / "s0-plain").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "s0-plain" / "track.csv.gz", index=False)
+    table = steering.real_role_attention(real).splitlines()
+    assert table[2:] == ["| s0-plain | 2.50 (4.00) | 2.25 (2.50) | 4.75 (9.00) |"]
 
 
 def _steering_run(folder: Path, curve_replicates, point, onsets_seed: int = 0) -> Path:
