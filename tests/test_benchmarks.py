@@ -429,7 +429,10 @@ def test_the_emergence_seeds_script_runs_at_tiny_sizes_on_the_cpu(shared_data, t
     assert list(summary["run"]) == ["s0-plain", "s0-positional", "s0-cls"] and (summary["device"] == "cpu").all()
     assert summary["drop_shift"].notna().tolist() == [False, True, True]
     assert summary["loss_vs_plain"].notna().tolist() == [False, True, True]
-    assert "of 1 seeds." in steering.real_table(summary, real)
+    assert "of 1 seeds;" in steering.real_table(summary, real)
+    assert [line.split(" |")[0] for line in steering.real_role_attention(real).splitlines()[2:]] == [
+        "| s0-plain", "| s0-positional", "| s0-cls"
+    ]  # fmt: skip
     assert not list((tmp_path / "committed").rglob("checkpoints"))
     # A run folder still training (a CPU's work folder) is skipped, not read.
     (tmp_path / "busy" / "plain-s0").mkdir(parents=True)
