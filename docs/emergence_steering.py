@@ -83,8 +83,8 @@ condition only when every seed run shows it. A seed's three runs train on one ki
 table says which). Reported beside it: the final held-out loss against the unsteered run (paired, as
 P2), the heads assigned prev, next or local on any task at step 8000, the loss changepoint, and
 MRPC's earliest positional head's 50% point.
-`real_role_attention`, added after the set had been read and descriptive only: how much of each
-steered role's attention every run has left at step 8000 on MRPC.
+`real_role_attention`, added after the set had been read and descriptive only: each steered role's
+β̄ (its bias) every run has left at step 8000 on MRPC.
 
 The issue sizes' tables show each steered run's drop shift (as `real`'s, below) where the set's
 lead/lag replicates are committed (kept from the `issue-lr1e-3` set on; added to its table after its
@@ -602,7 +602,7 @@ STEERED_ROLES = ("prev", "next", "cls")
 
 
 def real_role_attention(real: RealSet = REAL) -> str:
-    """Per run, how much of each steered role's attention is left at the last step on `real.task`:
+    """Per run, how much of each steered role's bias is left at the last step on `real.task`:
     the mean over every head of the head's β̄ (track.csv's `mean`), and the largest. Descriptive,
     added after the set had been read; not part of its rule."""
     lines = [
